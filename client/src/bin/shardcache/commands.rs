@@ -1,0 +1,157 @@
+//! The CLI's subcommands, each a thin layer over the SDK.
+
+use std::{
+    io::{IsTerminal, Write},
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use shardcache_client::{
+    Client,
+    dataset_gen::{GenSpec, generate as generate_dataset},
+};
+use shardcache_proto::units::ByteSize;
+use tokio::io::AsyncWriteExt;
+
+async fn connect(endpoint: &str) -> anyhow::Result<Client> {
+    Ok(Client::connect(endpoint).await?)
+}
+
+pub fn generate(
+    dir: PathBuf,
+    dataset: String,
+    shards: u32,
+    shard_size: ByteSize,
+    record_size: ByteSize,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let spec = GenSpec { dir, dataset, shards, shard_size: shard_size.0, record_size: record_size.0, seed };
+    let report = generate_dataset(&spec)?;
+    println!(
+        "generated {}: {} shards x {} = {} bytes, {} records of {} ({} tokens each), seed {}, in {:.2} s",
+        report.dataset_dir.display(),
+        shards,
+        shard_size,
+        report.bytes,
+        report.records,
+        record_size,
+        record_size.0 / 4,
+        seed,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+pub async fn ls(endpoint: &str, dataset: Option<&str>) -> anyhow::Result<()> {
+    let client = connect(endpoint).await?;
+    let mut out = std::io::stdout().lock();
+    match dataset {
+        None => {
+            writeln!(out, "{:<32} {:>8} {:>16} {:>12}", "DATASET", "SHARDS", "BYTES", "RECORD")?;
+            for d in client.list_datasets().await? {
+                let record =
+                    if d.record_size == 0 { "-".into() } else { ByteSize(d.record_size.into()).to_string() };
+                writeln!(out, "{:<32} {:>8} {:>16} {:>12}", d.name, d.shard_count, d.total_bytes, record)?;
+            }
+        }
+        Some(dataset) => {
+            writeln!(out, "{:<40} {:>14}  VERSION", "SHARD", "BYTES")?;
+            for s in client.list_shards(dataset).await? {
+                writeln!(out, "{:<40} {:>14}  {}", s.shard, s.size, s.version)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn stat(endpoint: &str, dataset: &str, shard: &str) -> anyhow::Result<()> {
+    let info = connect(endpoint).await?.stat(dataset, shard).await?;
+    println!("dataset:     {}", info.dataset);
+    println!("shard:       {}", info.shard);
+    println!("size:        {} bytes", info.size);
+    println!("version:     {}", info.version);
+    println!("chunk size:  {}", ByteSize(info.chunk_size.into()));
+    let record =
+        if info.record_size == 0 { "unknown".into() } else { ByteSize(info.record_size.into()).to_string() };
+    println!("record size: {record}");
+    Ok(())
+}
+
+pub async fn get(endpoint: &str, dataset: &str, shard: &str, output: &Path) -> anyhow::Result<()> {
+    let client = connect(endpoint).await?;
+    let started = Instant::now();
+    let mut stream = client.stream_shard(dataset, shard, 0, None).await?;
+    let progress = progress_bar(stream.end());
+    let file_name = output.file_name().and_then(|n| n.to_str()).unwrap_or("shard");
+    let partial = output.with_file_name(format!(".{file_name}.partial"));
+    let result = async {
+        let mut file = tokio::fs::File::create(&partial)
+            .await
+            .with_context(|| format!("cannot create {}", partial.display()))?;
+        let (mut chunks, mut version) = (0u64, String::new());
+        while let Some(chunk) = stream.next_chunk().await? {
+            file.write_all(&chunk.data)
+                .await
+                .with_context(|| format!("cannot write {}", partial.display()))?;
+            progress.inc(chunk.data.len() as u64);
+            chunks += 1;
+            version = chunk.version;
+        }
+        file.sync_all().await?;
+        tokio::fs::rename(&partial, output)
+            .await
+            .with_context(|| format!("cannot write {}", output.display()))?;
+        anyhow::Ok((chunks, version))
+    }
+    .await;
+    progress.finish_and_clear();
+    let (chunks, version) = match result {
+        Ok(done) => done,
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(e);
+        }
+    };
+    let (bytes, secs) = (stream.end(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "{dataset}/{shard} -> {}: {bytes} bytes in {chunks} chunks, CRC32C verified, version {version}, \
+         {secs:.2} s ({:.1} MB/s)",
+        output.display(),
+        bytes as f64 / secs.max(1e-9) / 1e6
+    );
+    Ok(())
+}
+
+pub async fn cat(
+    endpoint: &str,
+    dataset: &str,
+    shard: &str,
+    offset: u64,
+    length: Option<u64>,
+) -> anyhow::Result<()> {
+    let client = connect(endpoint).await?;
+    let mut stream = client.stream_shard(dataset, shard, offset, length).await?;
+    let mut out = tokio::io::stdout();
+    while let Some(chunk) = stream.next_chunk().await? {
+        out.write_all(&chunk.data).await?;
+    }
+    out.flush().await?;
+    Ok(())
+}
+
+/// A byte progress bar on stderr when it is a terminal; hidden otherwise (pipes, CI).
+fn progress_bar(total: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}

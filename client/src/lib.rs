@@ -1,0 +1,21 @@
+//! shardcache client SDK: verified reads from a hub or a spoke cache.
+//!
+//! ```no_run
+//! # async fn demo() -> shardcache_client::Result<()> {
+//! use shardcache_client::{Client, Range};
+//! let client = Client::connect("http://127.0.0.1:7070").await?;
+//! let sample = client.read_range(&Range::new("c4", "shard-00000.bin", 0, 16384)).await?;
+//! assert_eq!(sample.data.len(), 16384); // CRC32C, offset and length already checked
+//! # Ok(()) }
+//! ```
+//!
+//! - [`client`]: the [`Client`] and its verified [`ShardStream`];
+//! - [`dataset_gen`]: the synthetic tokenised dataset generator behind `shardcache gen`;
+//! - [`error`]: what can go wrong, with the gRPC code where the server gave one.
+
+pub mod client;
+pub mod dataset_gen;
+pub mod error;
+
+pub use client::{Client, Range, ShardStream, Verified};
+pub use error::{Error, Result};

@@ -1,0 +1,102 @@
+//! Command-line flags of `hub-server`; every flag is also an environment variable.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::Parser;
+use shardcache_proto::units::ByteSize;
+
+use crate::{Error, server::ServeOptions, service::ReadLimits};
+
+/// Smallest and largest `--chunk-size`. Below 64 KiB per-message overhead (headers,
+/// CRC, a task wake-up) dominates; above 8 MiB a single message delays every other
+/// stream on the connection and read-ahead memory grows.
+pub const CHUNK_SIZE_RANGE: (u64, u64) = (64 << 10, 8 << 20);
+/// Largest `--max-read`; the client SDK accepts responses up to a bit more than this.
+pub const MAX_READ_LIMIT: u64 = 64 << 20;
+
+/// Serves dataset shards from a local directory over gRPC.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "hub-server", version, about)]
+pub struct HubArgs {
+    /// Directory to serve: each top-level folder is a dataset, each file below it a shard.
+    #[arg(long, env = "HUB_ROOT")]
+    pub root: PathBuf,
+
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, env = "HUB_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+
+    /// Size of the chunks StreamShard sends (64KiB to 8MiB).
+    #[arg(long, env = "HUB_CHUNK_SIZE", default_value = "1MiB")]
+    pub chunk_size: ByteSize,
+
+    /// Largest read one ReadRange or ReadRanges call may return (at most 64MiB).
+    #[arg(long, env = "HUB_MAX_READ", default_value = "16MiB")]
+    pub max_read: ByteSize,
+
+    /// Requests in flight across all connections before new ones get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "HUB_MAX_CONCURRENCY", default_value_t = 256)]
+    pub max_concurrency: usize,
+
+    /// Time a request may take to produce its response headers (e.g. 30s, 2m).
+    #[arg(long, env = "HUB_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+}
+
+impl HubArgs {
+    /// The serving options these flags describe, or which flag is out of range.
+    pub fn serve_options(&self) -> Result<ServeOptions, Error> {
+        let (lo, hi) = CHUNK_SIZE_RANGE;
+        if !(lo..=hi).contains(&self.chunk_size.0) {
+            return Err(Error::Config(format!(
+                "--chunk-size {} is outside {}..={}",
+                self.chunk_size,
+                ByteSize(lo),
+                ByteSize(hi)
+            )));
+        }
+        if self.max_read.0 == 0 || self.max_read.0 > MAX_READ_LIMIT {
+            return Err(Error::Config(format!(
+                "--max-read {} must be between 1B and {}",
+                self.max_read,
+                ByteSize(MAX_READ_LIMIT)
+            )));
+        }
+        if self.max_concurrency == 0 {
+            return Err(Error::Config("--max-concurrency must be at least 1".into()));
+        }
+        Ok(ServeOptions {
+            // Checked against CHUNK_SIZE_RANGE above, so it fits in u32.
+            limits: ReadLimits { chunk_size: self.chunk_size.0 as u32, max_read: self.max_read.0 },
+            max_concurrency: self.max_concurrency,
+            request_timeout: self.request_timeout,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> HubArgs {
+        let mut argv = vec!["hub-server", "--root", "/tmp"];
+        argv.extend_from_slice(extra);
+        HubArgs::try_parse_from(argv).expect("flags parse")
+    }
+
+    #[test]
+    fn defaults_work_on_a_laptop() {
+        let options = args(&[]).serve_options().expect("defaults are valid");
+        assert_eq!(options.limits.chunk_size, 1 << 20);
+        assert_eq!(options.limits.max_read, 16 << 20);
+        assert_eq!(args(&[]).listen.to_string(), "127.0.0.1:7070");
+    }
+
+    #[test]
+    fn out_of_range_flags_name_the_flag() {
+        let err = args(&["--chunk-size", "16MiB"]).serve_options().unwrap_err().to_string();
+        assert!(err.contains("--chunk-size 16MiB is outside 64KiB..=8MiB"), "{err}");
+        let err = args(&["--max-read", "1GiB"]).serve_options().unwrap_err().to_string();
+        assert!(err.contains("--max-read 1GiB"), "{err}");
+    }
+}

@@ -1,0 +1,72 @@
+//! Everything that can go wrong serving a read, and the one place that picks the gRPC
+//! status code for each.
+
+use shardcache_proto::{names::NameError, range::RangeError};
+
+/// Errors of the hub's sources and services.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Name(#[from] NameError),
+    #[error(transparent)]
+    Range(#[from] RangeError),
+    #[error("dataset {dataset:?} not found")]
+    DatasetNotFound { dataset: String },
+    #[error("shard {shard:?} not found in dataset {dataset:?}")]
+    ShardNotFound { dataset: String, shard: String },
+    #[error("shard {shard:?} in dataset {dataset:?} is not a regular file")]
+    NotAFile { dataset: String, shard: String },
+    #[error("{what} resolves outside the served root (a symlink leading out of it); it is not served")]
+    OutsideRoot { what: String },
+    #[error(
+        "shard {shard:?} in dataset {dataset:?} is at version {found}, not {expected}: it changed \
+         since it was stat'ed or while it was read; stat it again and restart the read"
+    )]
+    VersionChanged { dataset: String, shard: String, expected: String, found: String },
+    #[error("page token {token:?} is not one this server issued; start listing again without a token")]
+    BadPageToken { token: String },
+    #[error("cannot read {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("internal error: {0}")]
+    Internal(String),
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An I/O error while working on `what` (a dataset or `dataset/shard`, never a host path).
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { what: what.into(), source }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(err: Error) -> Self {
+        use tonic::Status;
+        let message = err.to_string();
+        match err {
+            Error::Name(e) => e.into(),
+            Error::Range(e) => e.into(),
+            Error::BadPageToken { .. } | Error::OutsideRoot { .. } => Status::invalid_argument(message),
+            Error::DatasetNotFound { .. } | Error::ShardNotFound { .. } | Error::NotAFile { .. } => {
+                Status::not_found(message)
+            }
+            Error::VersionChanged { .. } => Status::aborted(message),
+            Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                Status::permission_denied(message)
+            }
+            Error::Io { .. } | Error::Internal(_) | Error::Transport(_) | Error::Config(_) => {
+                tracing::error!(error = %message, "internal error");
+                Status::internal(message)
+            }
+        }
+    }
+}

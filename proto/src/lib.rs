@@ -1,0 +1,25 @@
+//! The shardcache wire contract, shared by the hub, the spoke cache and the client SDK.
+//!
+//! Everything both ends of a connection must agree on lives here, so that the hub and
+//! the spoke answer a bad request with the same status and the same words:
+//! - [`v1`]: the generated `shardcache.v1` messages, clients and servers;
+//! - [`names`]: which dataset and shard names are acceptable, checked before a name
+//!   touches a filesystem path or a cache key;
+//! - [`range`]: which byte ranges a read may ask for;
+//! - [`checksum`]: the CRC32C every data message carries;
+//! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them.
+
+pub mod checksum;
+pub mod names;
+pub mod range;
+pub mod units;
+
+/// Generated code for package `shardcache.v1`.
+#[allow(missing_debug_implementations, clippy::all)]
+pub mod v1 {
+    tonic::include_proto!("shardcache.v1");
+}
+
+/// Encoded `FileDescriptorSet` of `shardcache.v1`, for gRPC server reflection, so that
+/// grpcurl and ghz work against a server without the `.proto` files.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("shardcache_descriptor");
