@@ -71,13 +71,13 @@ pub fn generate(spec: &GenSpec) -> Result<GenReport, GenError> {
     if let Err(e) = DatasetName::new(&spec.dataset) {
         return Err(invalid(e.to_string()));
     }
-    if spec.record_size == 0 || spec.record_size % 4 != 0 {
+    if spec.record_size == 0 || !spec.record_size.is_multiple_of(4) {
         return Err(invalid(format!(
             "--record-size {} must be a positive multiple of 4 (u32 tokens)",
             spec.record_size
         )));
     }
-    if spec.shard_size == 0 || spec.shard_size % spec.record_size != 0 {
+    if spec.shard_size == 0 || !spec.shard_size.is_multiple_of(spec.record_size) {
         return Err(invalid(format!(
             "--shard-size {} must be a positive multiple of --record-size {}",
             spec.shard_size, spec.record_size

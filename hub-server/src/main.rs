@@ -14,6 +14,9 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = HubArgs::parse();
+    // Handlers first: a SIGTERM that arrives right after we report the address must
+    // still mean a graceful stop, not the default of dying on the spot.
+    let shutdown = shutdown_signal()?;
     let options = args.serve_options()?;
     let source = LocalSource::new(&args.root)
         .with_context(|| format!("cannot serve --root {}", args.root.display()))?;
@@ -24,27 +27,22 @@ async fn main() -> anyhow::Result<()> {
     // One line on stdout, the contract for scripts and tests that start us on port 0.
     println!("hub-server listening on {addr}");
     tracing::info!(%addr, root = %source.root().display(), ?options, "serving");
-    hub_server::serve(listener, Arc::new(source), options, shutdown_signal()).await?;
+    hub_server::serve(listener, Arc::new(source), options, shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM (`docker stop`, Kubernetes).
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sigterm) => {
-                sigterm.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the server");
-                std::future::pending::<()>().await
-            }
+/// Installs SIGINT (Ctrl-C) and SIGTERM (`docker stop`, Kubernetes) handlers now and
+/// returns a future that resolves on either.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
-    }
-    tracing::info!("shutting down: finishing in-flight requests");
+        tracing::info!("shutting down: finishing in-flight requests");
+    })
 }

@@ -171,9 +171,8 @@ impl<S: Source> ShardReader for ReadService<S> {
         // A batch usually hits few shards many times: open each once.
         let mut handles: HashMap<(&str, &str), S::Shard> = HashMap::new();
         for r in &ranges {
-            let key = (r.dataset.as_str(), r.shard.as_str());
-            if !handles.contains_key(&key) {
-                handles.insert(key, self.open(&r.dataset, &r.shard, "").await?);
+            if let std::collections::hash_map::Entry::Vacant(slot) = handles.entry((&r.dataset, &r.shard)) {
+                slot.insert(self.open(&r.dataset, &r.shard, "").await?);
             }
         }
         let reads = ranges.iter().map(|r| {

@@ -53,7 +53,7 @@ impl fmt::Display for ByteSize {
     /// The largest binary unit that divides the size exactly (`16KiB`, `1536KiB`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (name, factor) in [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-            if self.0 >= factor && self.0 % factor == 0 {
+            if self.0 >= factor && self.0.is_multiple_of(factor) {
                 return write!(f, "{}{name}", self.0 / factor);
             }
         }

@@ -63,6 +63,11 @@ impl TestHub {
         Client::connect(&self.endpoint).await.unwrap()
     }
 
+    /// A raw channel, for the generated clients of other services (health, reflection).
+    pub async fn channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Channel::from_shared(self.endpoint.clone()).unwrap().connect().await.unwrap()
+    }
+
     /// Graceful stop; returns what `serve` returned.
     pub async fn stop(mut self) -> hub_server::Result<()> {
         if let Some(tx) = self.shutdown.take() {
@@ -100,6 +105,26 @@ pub fn write_pattern(path: &Path, len: usize, salt: u8) -> Vec<u8> {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, &data).unwrap();
     data
+}
+
+/// Overwrites `path` in place (same inode, same size) with `data`, and makes sure the
+/// change is visible in ctime: a rewrite within the same filesystem clock tick (a few
+/// ms) as the previous write would be invisible to any timestamp-based version, so the
+/// write is repeated until the tick has moved (bounded).
+pub fn rewrite_in_place(path: &Path, data: &[u8]) {
+    use std::{io::Write, os::unix::fs::MetadataExt};
+    let stamp = |m: &std::fs::Metadata| (m.ctime(), m.ctime_nsec());
+    let before = stamp(&std::fs::metadata(path).unwrap());
+    for _ in 0..1000 {
+        let mut file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        file.write_all(data).unwrap();
+        file.sync_all().unwrap();
+        if stamp(&file.metadata().unwrap()) != before {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("ctime of {} never moved", path.display());
 }
 
 pub fn sha256(data: &[u8]) -> String {

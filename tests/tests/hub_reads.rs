@@ -185,3 +185,21 @@ async fn generated_dataset_streams_back_identical() {
     }
     hub.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn graceful_shutdown_lets_an_open_stream_finish() {
+    let root = tempfile::tempdir().unwrap();
+    let data = write_pattern(&root.path().join("ds/s.bin"), 32 * CHUNK as usize, 2);
+    let hub = TestHub::start(root.path()).await;
+    let client = hub.client().await;
+    let mut stream = client.stream_shard("ds", "s.bin", 0, None).await.unwrap();
+    let mut got = stream.next_chunk().await.unwrap().unwrap().data.to_vec();
+    let stopping = tokio::spawn(hub.stop());
+    while let Some(chunk) = stream.next_chunk().await.unwrap() {
+        got.extend_from_slice(&chunk.data);
+    }
+    assert_eq!(sha256(&got), sha256(&data));
+    stopping.await.unwrap().unwrap();
+    // And once stopped, it no longer accepts work.
+    assert!(client.stat("ds", "s.bin").await.is_err());
+}

@@ -142,12 +142,12 @@ impl LocalSource {
         let opened = file.metadata().map_err(|e| Error::io(what, e))?;
         let version = version_of(&opened);
         let mut cache = self.lock_open_files();
-        if cache.by_path.len() >= MAX_OPEN_FILES {
-            if let Some(oldest) =
-                cache.by_path.iter().min_by_key(|(_, c)| c.last_used).map(|(p, _)| p.clone())
-            {
-                cache.by_path.remove(&oldest);
-            }
+        let full = cache.by_path.len() >= MAX_OPEN_FILES;
+        if let Some(oldest) = full
+            .then(|| cache.by_path.iter().min_by_key(|(_, c)| c.last_used).map(|(p, _)| p.clone()))
+            .flatten()
+        {
+            cache.by_path.remove(&oldest);
         }
         let tick = cache.tick;
         cache.by_path.insert(
