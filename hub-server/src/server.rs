@@ -5,7 +5,7 @@ use std::{future::Future, time::Duration};
 
 use shardcache_proto::{FILE_DESCRIPTOR_SET, v1::shard_reader_server::ShardReaderServer};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 use crate::{
     Error, Result,
@@ -50,17 +50,25 @@ pub async fn serve<S: Source>(
         .max_encoding_message_size(usize::MAX);
 
     tonic::transport::Server::builder()
-        // Outermost: a span per request, so every log line below carries the method.
+        // A span per request, so every log line of a request carries its method.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
-        // Before any work: reject what is over the global limit, cheaply and at once.
-        .layer(ShedLayer::new(options.max_concurrency))
-        // Inside the limit: a request stuck on a slow disk gives its slot back (CANCELLED).
+        // tonic wraps this around everything below: a request that cannot produce its
+        // headers in time (a stuck disk) ends with CANCELLED and gives its slot back.
         .timeout(options.request_timeout)
+        // In front of the services: over the global limit, refuse at once and cheaply.
+        .layer(ShedLayer::new(options.max_concurrency))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(reader)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await?;
     Ok(())
+}
+
+/// Accepted connections with `TCP_NODELAY`: tonic sets it only on listeners it binds
+/// itself. Without it a small response (a 16 KiB sample) waits for the client's delayed
+/// ACK: measured 44 ms p50 per ReadRange on loopback, against well under 1 ms with it.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }

@@ -58,6 +58,16 @@ struct OpenFiles {
     tick: u64,
 }
 
+impl OpenFiles {
+    /// Drops the descriptor used longest ago (a linear scan: rare, and 1024 entries).
+    fn evict_least_recent(&mut self) {
+        let oldest = self.by_path.iter().min_by_key(|(_, c)| c.last_used).map(|(p, _)| p.clone());
+        if let Some(oldest) = oldest {
+            self.by_path.remove(&oldest);
+        }
+    }
+}
+
 #[derive(Debug)]
 struct CachedFile {
     file: Arc<File>,
@@ -142,12 +152,8 @@ impl LocalSource {
         let opened = file.metadata().map_err(|e| Error::io(what, e))?;
         let version = version_of(&opened);
         let mut cache = self.lock_open_files();
-        let full = cache.by_path.len() >= MAX_OPEN_FILES;
-        if let Some(oldest) = full
-            .then(|| cache.by_path.iter().min_by_key(|(_, c)| c.last_used).map(|(p, _)| p.clone()))
-            .flatten()
-        {
-            cache.by_path.remove(&oldest);
+        if cache.by_path.len() >= MAX_OPEN_FILES {
+            cache.evict_least_recent();
         }
         let tick = cache.tick;
         cache.by_path.insert(
@@ -307,5 +313,45 @@ impl OpenShard {
             return Err(self.changed(now));
         }
         Ok(Bytes::from(buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(n: &str) -> ShardName {
+        ShardName::new(n).unwrap()
+    }
+
+    #[tokio::test]
+    async fn descriptors_are_reused_until_the_file_changes_and_stay_bounded() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("ds")).unwrap();
+        std::fs::write(root.path().join("ds/a.bin"), b"first").unwrap();
+        let source = Arc::new(LocalSource::new(root.path()).unwrap());
+        let ds = DatasetName::new("ds").unwrap();
+
+        let one = source.open(&ds, &name("a.bin")).await.unwrap();
+        let two = source.open(&ds, &name("a.bin")).await.unwrap();
+        assert!(Arc::ptr_eq(&one.0.file, &two.0.file), "same version: same descriptor");
+
+        // Replace the file (new inode): a new descriptor, the new bytes, the new version.
+        std::fs::write(root.path().join("ds/b.tmp"), b"second!").unwrap();
+        std::fs::rename(root.path().join("ds/b.tmp"), root.path().join("ds/a.bin")).unwrap();
+        let three = source.open(&ds, &name("a.bin")).await.unwrap();
+        assert!(!Arc::ptr_eq(&one.0.file, &three.0.file));
+        assert_ne!(one.meta().version, three.meta().version);
+        assert_eq!(&three.read_at(0, 7).await.unwrap()[..], b"second!");
+        // The old handle never returns the new bytes: replacing the file unlinked the old
+        // inode, which moved its ctime, so reads through the old handle are refused.
+        assert!(matches!(one.read_at(0, 5).await, Err(Error::VersionChanged { .. })));
+
+        for i in 0..MAX_OPEN_FILES + 10 {
+            let shard = format!("f{i}");
+            std::fs::write(root.path().join("ds").join(&shard), b"x").unwrap();
+            source.open(&ds, &name(&shard)).await.unwrap();
+        }
+        assert_eq!(source.lock_open_files().by_path.len(), MAX_OPEN_FILES);
     }
 }
