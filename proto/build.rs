@@ -4,10 +4,12 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "shardcache/v1/shardcache.proto";
-    println!("cargo:rerun-if-changed={proto}");
+    let protos = ["shardcache/v1/shardcache.proto", "shardcache/v1/cache.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    let descriptors = protox::compile([proto], ["."])?;
+    let descriptors = protox::compile(protos, ["."])?;
     let descriptor_path = out_dir.join("shardcache_descriptor.bin");
     std::fs::write(&descriptor_path, prost::Message::encode_to_vec(&descriptors))?;
     tonic_prost_build::configure()
@@ -15,6 +17,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".shardcache.v1.Chunk.data")
         .file_descriptor_set_path(&descriptor_path)
         .skip_protoc_run()
-        .compile_protos(&[proto], &["."])?;
+        .compile_protos(&protos, &["."])?;
     Ok(())
 }

@@ -8,8 +8,9 @@ use bytes::Bytes;
 use shardcache_proto::{
     checksum,
     v1::{
-        Chunk, DatasetInfo, ListDatasetsRequest, ListShardsRequest, ReadRangeRequest, ReadRangesRequest,
-        ShardInfo, StatShardRequest, StreamShardRequest, shard_reader_client::ShardReaderClient,
+        Chunk, DatasetInfo, ListDatasetsRequest, ListShardsRequest, ListShardsResponse, ReadRangeRequest,
+        ReadRangesRequest, ShardInfo, StatShardRequest, StreamShardRequest,
+        shard_reader_client::ShardReaderClient,
     },
 };
 use tonic::transport::{Channel, Endpoint};
@@ -99,14 +100,24 @@ impl Client {
         Ok(response.map_err(|s| self.status(s))?.into_inner().datasets)
     }
 
+    /// One page of `dataset`'s shards (`page_size` 0: the server's default).
+    pub async fn list_shards_page(
+        &self,
+        dataset: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<ListShardsResponse> {
+        let request =
+            ListShardsRequest { dataset: dataset.to_owned(), page_size, page_token: page_token.to_owned() };
+        Ok(self.reader.clone().list_shards(request).await.map_err(|s| self.status(s))?.into_inner())
+    }
+
     /// Every shard of `dataset`, following pages to the end.
     pub async fn list_shards(&self, dataset: &str) -> Result<Vec<ShardInfo>> {
         let mut shards = Vec::new();
         let mut page_token = String::new();
         loop {
-            let request = ListShardsRequest { dataset: dataset.to_owned(), page_size: 0, page_token };
-            let page =
-                self.reader.clone().list_shards(request).await.map_err(|s| self.status(s))?.into_inner();
+            let page = self.list_shards_page(dataset, 0, &page_token).await?;
             shards.extend(page.shards);
             if page.next_page_token.is_empty() {
                 return Ok(shards);

@@ -10,12 +10,15 @@
 //! ```
 //!
 //! - [`client`]: the [`Client`] and its verified [`ShardStream`];
+//! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict, pin);
 //! - [`dataset_gen`]: the synthetic tokenised dataset generator behind `shardcache gen`;
 //! - [`error`]: what can go wrong, with the gRPC code where the server gave one.
 
 pub mod client;
+pub mod control;
 pub mod dataset_gen;
 pub mod error;
 
 pub use client::{Client, Range, ShardStream, Verified};
+pub use control::{CacheClient, PrefetchStream};
 pub use error::{Error, Result};

@@ -3,17 +3,17 @@
 //!
 //! - [`source`]: where bytes come from (a local directory; S3 later), version-checked;
 //! - [`service`]: the gRPC read service: validation, limits, CRC32C on every chunk;
-//! - [`limits`]: global load shedding (RESOURCE_EXHAUSTED);
 //! - [`server`]: assembly of health, reflection, layers and graceful shutdown;
+//! - [`stats`]: counters of what was served;
 //! - [`config`]: flags and environment variables;
 //! - [`error`]: the crate's errors and their gRPC status codes.
 
 pub mod config;
 pub mod error;
-pub mod limits;
 pub mod server;
 pub mod service;
 pub mod source;
+pub mod stats;
 
 pub use error::{Error, Result};
 pub use server::{ServeOptions, serve};

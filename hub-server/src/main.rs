@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use hub_server::{config::HubArgs, source::local::LocalSource};
+use hub_server::{config::HubArgs, source::local::LocalSource, stats::HubStats};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -16,7 +16,7 @@ async fn main() -> anyhow::Result<()> {
     let args = HubArgs::parse();
     // Handlers first: a SIGTERM that arrives right after we report the address must
     // still mean a graceful stop, not the default of dying on the spot.
-    let shutdown = shutdown_signal()?;
+    let shutdown = shardcache_proto::serving::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
     let options = args.serve_options()?;
     let source = LocalSource::new(&args.root)
         .with_context(|| format!("cannot serve --root {}", args.root.display()))?;
@@ -27,22 +27,8 @@ async fn main() -> anyhow::Result<()> {
     // One line on stdout, the contract for scripts and tests that start us on port 0.
     println!("hub-server listening on {addr}");
     tracing::info!(%addr, root = %source.root().display(), ?options, "serving");
-    hub_server::serve(listener, Arc::new(source), options, shutdown).await?;
-    tracing::info!("stopped");
+    let stats = Arc::new(HubStats::default());
+    hub_server::serve(listener, Arc::new(source), options, stats.clone(), shutdown).await?;
+    tracing::info!(served = ?stats.snapshot(), "stopped");
     Ok(())
-}
-
-/// Installs SIGINT (Ctrl-C) and SIGTERM (`docker stop`, Kubernetes) handlers now and
-/// returns a future that resolves on either.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    Ok(async move {
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-        tracing::info!("shutting down: finishing in-flight requests");
-    })
 }

@@ -1,7 +1,7 @@
 //! The `shardcache.v1.ShardReader` service over any [`Source`]: validates every request,
 //! enforces the read limits, and stamps each chunk with its CRC32C and version.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use bytes::Bytes;
 use futures::future::try_join_all;
@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     Error, Result,
     source::{ShardHandle, ShardMeta, Source},
+    stats::HubStats,
 };
 
 /// Shards per `ListShards` page when the request does not say.
@@ -46,11 +47,12 @@ pub struct ReadLimits {
 pub struct ReadService<S> {
     source: S,
     limits: ReadLimits,
+    stats: Arc<HubStats>,
 }
 
 impl<S: Source> ReadService<S> {
-    pub fn new(source: S, limits: ReadLimits) -> Self {
-        Self { source, limits }
+    pub fn new(source: S, limits: ReadLimits, stats: Arc<HubStats>) -> Self {
+        Self { source, limits, stats }
     }
 
     /// Opens a shard, holding it to `expected_version` when the client gave one.
@@ -104,6 +106,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         &self,
         _request: Request<ListDatasetsRequest>,
     ) -> Result<Response<ListDatasetsResponse>, Status> {
+        self.stats.stat_request();
         let mut datasets = Vec::new();
         for meta in self.source.list_datasets().await? {
             let shards = self.source.list_shards(&DatasetName::new(&meta.name)?).await?;
@@ -121,6 +124,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         &self,
         request: Request<ListShardsRequest>,
     ) -> Result<Response<ListShardsResponse>, Status> {
+        self.stats.stat_request();
         let req = request.into_inner();
         let dataset = DatasetName::new(&req.dataset)?;
         let meta = self.source.dataset(&dataset).await?;
@@ -147,6 +151,7 @@ impl<S: Source> ShardReader for ReadService<S> {
     }
 
     async fn stat_shard(&self, request: Request<StatShardRequest>) -> Result<Response<ShardInfo>, Status> {
+        self.stats.stat_request();
         let req = request.into_inner();
         let handle = self.open(&req.dataset, &req.shard, "").await?;
         let dataset = self.source.dataset(&DatasetName::new(&req.dataset)?).await?;
@@ -154,16 +159,20 @@ impl<S: Source> ShardReader for ReadService<S> {
     }
 
     async fn read_range(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
+        self.stats.read_request();
         let req = request.into_inner();
         range::check_total(req.length, self.limits.max_read)?;
         let handle = self.open(&req.dataset, &req.shard, &req.expected_version).await?;
-        Ok(Response::new(read_checked(&handle, req.offset, req.length).await?))
+        let chunk = read_checked(&handle, req.offset, req.length).await?;
+        self.stats.served(chunk.data.len());
+        Ok(Response::new(chunk))
     }
 
     async fn read_ranges(
         &self,
         request: Request<ReadRangesRequest>,
     ) -> Result<Response<ReadRangesResponse>, Status> {
+        self.stats.read_request();
         let ranges = request.into_inner().ranges;
         range::check_count(ranges.len())?;
         let total = ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.length));
@@ -183,6 +192,7 @@ impl<S: Source> ShardReader for ReadService<S> {
             }
         });
         let chunks = try_join_all(reads).await?;
+        self.stats.served(chunks.iter().map(|c| c.data.len()).sum());
         Ok(Response::new(ReadRangesResponse { chunks }))
     }
 
@@ -192,6 +202,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         &self,
         request: Request<StreamShardRequest>,
     ) -> Result<Response<Self::StreamShardStream>, Status> {
+        self.stats.read_request();
         let req = request.into_inner();
         let handle = self.open(&req.dataset, &req.shard, &req.expected_version).await?;
         let size = handle.meta().size;
@@ -199,6 +210,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         range::check_within(req.offset, length, size).map_err(Error::from)?;
         let (end, chunk_size) = (req.offset + length, u64::from(self.limits.chunk_size));
         let (tx, rx) = mpsc::channel(STREAM_READ_AHEAD);
+        let stats = self.stats.clone();
         tokio::spawn(async move {
             let mut pos = req.offset;
             while pos < end {
@@ -207,6 +219,9 @@ impl<S: Source> ShardReader for ReadService<S> {
                 let len = (chunk_size - pos % chunk_size).min(end - pos);
                 let result = handle.read_at(pos, len as usize).await;
                 let message = result.map(|data| chunk(pos, data, &handle.meta().version));
+                if let Ok(chunk) = &message {
+                    stats.served(chunk.data.len());
+                }
                 let failed = message.is_err();
                 // A send fails when the client went away: stop reading for it.
                 if tx.send(message.map_err(Status::from)).await.is_err() || failed {

@@ -7,11 +7,15 @@
 //!   touches a filesystem path or a cache key;
 //! - [`range`]: which byte ranges a read may ask for;
 //! - [`checksum`]: the CRC32C every data message carries;
-//! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them.
+//! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them;
+//! - [`serving`] and [`shed`]: what both servers need to serve the contract alike
+//!   (load shedding to RESOURCE_EXHAUSTED, reflection, `TCP_NODELAY`, shutdown).
 
 pub mod checksum;
 pub mod names;
 pub mod range;
+pub mod serving;
+pub mod shed;
 pub mod units;
 
 /// Generated code for package `shardcache.v1`.

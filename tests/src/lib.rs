@@ -17,11 +17,16 @@ use std::{
     time::Duration,
 };
 
-use hub_server::{ServeOptions, service::ReadLimits, source::local::LocalSource};
+use hub_server::{ServeOptions, service::ReadLimits, source::local::LocalSource, stats::HubStats};
 use sha2::{Digest, Sha256};
 use shardcache_client::{
-    Client,
+    CacheClient, Client,
     dataset_gen::{GenSpec, generate},
+};
+use spoke_cache::{
+    SpokeOptions,
+    cache::{Cache, CacheConfig},
+    store::StoreOptions,
 };
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 
@@ -39,6 +44,8 @@ pub fn test_options() -> ServeOptions {
 pub struct TestHub {
     pub addr: SocketAddr,
     pub endpoint: String,
+    /// What this hub has served: a warm spoke must not move these.
+    pub stats: Arc<HubStats>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<hub_server::Result<()>>>,
 }
@@ -53,10 +60,11 @@ impl TestHub {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(hub_server::serve(listener, source, options, async {
+        let stats = Arc::new(HubStats::default());
+        let task = tokio::spawn(hub_server::serve(listener, source, options, stats.clone(), async {
             let _ = rx.await;
         }));
-        Self { addr, endpoint: format!("http://{addr}"), shutdown: Some(tx), task: Some(task) }
+        Self { addr, endpoint: format!("http://{addr}"), stats, shutdown: Some(tx), task: Some(task) }
     }
 
     pub async fn client(&self) -> Client {
@@ -78,6 +86,121 @@ impl TestHub {
 }
 
 impl Drop for TestHub {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Logs of the servers under test, when `RUST_LOG` asks for them (e.g.
+/// `RUST_LOG=spoke_cache=debug cargo test ...`); silent otherwise.
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// Spoke options for tests: small chunks, a long TTL (tests that need revalidation
+/// set it), whole-shard fetch on.
+pub fn spoke_options(hub: &str) -> SpokeOptions {
+    SpokeOptions {
+        hubs: vec![hub.to_owned()],
+        cache: CacheConfig {
+            capacity: 1 << 30,
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+            chunk_size: 256 << 10,
+            revalidate_after: Duration::from_secs(3600),
+            fetch_whole_shard: true,
+            read_ahead_chunks: 2,
+            shard_fetch_parallelism: 4,
+        },
+        store: StoreOptions::default(),
+        max_read: 1 << 20,
+        max_concurrency: 1024,
+    }
+}
+
+/// A spoke served in-process on `127.0.0.1:0` over a cache directory; stops when dropped.
+#[derive(Debug)]
+pub struct TestSpoke {
+    pub endpoint: String,
+    pub metrics_addr: SocketAddr,
+    pub cache: Arc<Cache>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<spoke_cache::Result<()>>>,
+}
+
+impl TestSpoke {
+    pub async fn start(cache_dir: &Path, options: SpokeOptions) -> Self {
+        init_logging();
+        let cache = spoke_cache::open_cache(cache_dir, &options).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics_addr) = (listener.local_addr().unwrap(), metrics.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel();
+        let served = cache.clone();
+        let task = tokio::spawn(async move {
+            spoke_cache::serve(listener, metrics, served, &options, async {
+                let _ = rx.await;
+            })
+            .await
+        });
+        Self { endpoint: format!("http://{addr}"), metrics_addr, cache, shutdown: Some(tx), task: Some(task) }
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.endpoint).await.unwrap()
+    }
+
+    pub async fn control(&self) -> CacheClient {
+        CacheClient::connect(&self.endpoint).await.unwrap()
+    }
+
+    /// The Prometheus page, fetched over HTTP like a scraper would.
+    pub async fn scrape(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut socket = tokio::net::TcpStream::connect(self.metrics_addr).await.unwrap();
+        socket.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut page = String::new();
+        socket.read_to_string(&mut page).await.unwrap();
+        assert!(page.starts_with("HTTP/1.0 200 OK"), "{page}");
+        page
+    }
+
+    /// The value of one metric line (`name{labels}`) on the metrics page.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let page = self.scrape().await;
+        page.lines()
+            .find_map(|l| {
+                l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap())
+            })
+            .unwrap_or_else(|| panic!("no {series} in\n{page}"))
+    }
+
+    /// Graceful stop; returns once the cache (and its RocksDB) is closed, so the same
+    /// directory can be opened again. Background shard fetches still running hold the
+    /// cache until they finish: bounded wait for them.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.task.take().unwrap().await.unwrap().unwrap();
+        for _ in 0..1000 {
+            if Arc::strong_count(&self.cache) == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the cache is still in use 10 s after the spoke stopped");
+    }
+}
+
+impl Drop for TestSpoke {
     fn drop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
@@ -176,4 +299,78 @@ impl Drop for HubProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A `spoke-cache` child process on `127.0.0.1:0`; killed when dropped.
+#[derive(Debug)]
+pub struct SpokeProcess {
+    pub child: Child,
+    pub endpoint: String,
+    pub metrics_addr: String,
+}
+
+impl SpokeProcess {
+    pub fn start(hub: &str, cache_dir: &Path, extra_args: &[&str]) -> Self {
+        let mut child = Command::new(binary("spoke-cache"))
+            .args(["--hub", hub, "--cache-dir", cache_dir.to_str().unwrap()])
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--chunk-size", "256KiB"])
+            .args(extra_args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let rest = line
+            .trim()
+            .strip_prefix("spoke-cache listening on ")
+            .unwrap_or_else(|| panic!("spoke-cache did not report its address; it printed {line:?}"));
+        let (addr, metrics) = rest.split_once(" metrics on ").unwrap();
+        Self { endpoint: format!("http://{addr}"), metrics_addr: metrics.to_owned(), child }
+    }
+
+    /// `kill -9`: no shutdown, no flush.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SpokeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every byte of every shard in `dataset_dir`, read through `client`, equals the file.
+pub async fn assert_dataset_reads_back(client: &Client, dataset: &str, dataset_dir: &Path) {
+    for shard in client.list_shards(dataset).await.unwrap() {
+        let mut stream = client.stream_shard(dataset, &shard.shard, 0, None).await.unwrap();
+        let mut got = Vec::new();
+        while let Some(chunk) = stream.next_chunk().await.unwrap() {
+            got.extend_from_slice(&chunk.data);
+        }
+        let want = std::fs::read(dataset_dir.join(&shard.shard)).unwrap();
+        assert_eq!(sha256(&got), sha256(&want), "{dataset}/{}", shard.shard);
+    }
+}
+
+/// Disk usage of a directory tree in bytes (allocated blocks, like `du`).
+pub fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else {
+                total += meta.blocks() * 512;
+            }
+        }
+    }
+    total
 }

@@ -96,7 +96,7 @@ impl ShardReader for Damaging {
 
 async fn damaging_server(root: &std::path::Path, damage: Damage) -> Client {
     let source = Arc::new(LocalSource::new(root).unwrap());
-    let inner = ReadService::new(source, test_options().limits);
+    let inner = ReadService::new(source, test_options().limits, Default::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(

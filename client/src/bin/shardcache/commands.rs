@@ -9,7 +9,7 @@ use std::{
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shardcache_client::{
-    Client,
+    CacheClient, Client,
     dataset_gen::{GenSpec, generate as generate_dataset},
 };
 use shardcache_proto::units::ByteSize;
@@ -149,9 +149,84 @@ fn progress_bar(total: u64) -> ProgressBar {
     }
     let bar = ProgressBar::new(total);
     if let Ok(style) =
-        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
     {
         bar.set_style(style);
     }
     bar
+}
+
+pub async fn status(endpoint: &str) -> anyhow::Result<()> {
+    let status = CacheClient::connect(endpoint).await?.status().await?;
+    let percent = status.used_bytes as f64 * 100.0 / status.capacity_bytes.max(1) as f64;
+    println!(
+        "cache: {} of {} used ({percent:.1}%), {} shards evicted ({} bytes), {} checksum failures, hubs {}",
+        status.used_bytes,
+        status.capacity_bytes,
+        status.evicted_shards,
+        status.evicted_bytes,
+        status.checksum_failures,
+        status.hubs.join(",")
+    );
+    println!(
+        "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14}",
+        "DATASET", "SHARDS", "CACHED", "PINNED", "HITS", "MISSES", "HIT%", "UPSTREAM"
+    );
+    for d in status.datasets {
+        let total = d.hit_requests + d.miss_requests;
+        let hit = if total == 0 {
+            "-".to_owned()
+        } else {
+            format!("{:.1}", d.hit_requests as f64 * 100.0 / total as f64)
+        };
+        println!(
+            "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14}",
+            d.dataset,
+            d.cached_shards,
+            d.cached_bytes,
+            d.pinned_shards,
+            d.hit_requests,
+            d.miss_requests,
+            hit,
+            d.upstream_bytes
+        );
+    }
+    Ok(())
+}
+
+pub async fn warm(endpoint: &str, dataset: &str, shards: &[String], parallelism: u32) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut stream = CacheClient::connect(endpoint).await?.prefetch(dataset, shards, parallelism).await?;
+    let mut bar: Option<ProgressBar> = None;
+    let mut last = Default::default();
+    while let Some(progress) = stream.next().await? {
+        let bar = bar.get_or_insert_with(|| progress_bar(progress.bytes_total));
+        bar.set_position(progress.bytes_done);
+        last = progress;
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let last: shardcache_proto::v1::PrefetchProgress = last;
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "warmed {dataset}: {} shards, {} bytes cached, {} fetched from the hub in {secs:.2} s ({:.1} MB/s)",
+        last.shards_done,
+        last.bytes_done,
+        last.bytes_fetched,
+        last.bytes_fetched as f64 / secs.max(1e-9) / 1e6
+    );
+    Ok(())
+}
+
+pub async fn evict(endpoint: &str, dataset: &str, shards: &[String]) -> anyhow::Result<()> {
+    let evicted = CacheClient::connect(endpoint).await?.evict(dataset, shards).await?;
+    println!("evicted {} shards, {} bytes", evicted.shards, evicted.bytes);
+    Ok(())
+}
+
+pub async fn pin(endpoint: &str, dataset: &str, shards: &[String], pinned: bool) -> anyhow::Result<()> {
+    let changed = CacheClient::connect(endpoint).await?.pin(dataset, shards, pinned).await?;
+    println!("{} {changed} shards", if pinned { "pinned" } else { "unpinned" });
+    Ok(())
 }

@@ -11,7 +11,7 @@ use shardcache_proto::units::ByteSize;
 #[derive(Debug, Parser)]
 #[command(name = "shardcache", version, about)]
 struct Cli {
-    /// Server to talk to: a hub or a spoke cache.
+    /// Server to talk to: a hub or a spoke cache (status, warm, evict, pin: a spoke).
     #[arg(long, env = "SHARDCACHE_ENDPOINT", default_value = "http://127.0.0.1:7070", global = true)]
     endpoint: String,
 
@@ -43,6 +43,23 @@ enum Command {
         #[arg(long)]
         length: Option<u64>,
     },
+    /// Show a spoke cache's occupancy and per-dataset hits, misses and upstream bytes.
+    Status,
+    /// Fetch a dataset (or the listed shards, in order) into a spoke cache.
+    Warm {
+        dataset: String,
+        /// Shards to fetch, in this order; the whole dataset when none.
+        shards: Vec<String>,
+        /// Shards fetched at once (0: the spoke's default).
+        #[arg(long, default_value_t = 0)]
+        parallelism: u32,
+    },
+    /// Drop a dataset (or the listed shards) from a spoke cache.
+    Evict { dataset: String, shards: Vec<String> },
+    /// Keep a dataset's cached shards (or the listed shards) from eviction.
+    Pin { dataset: String, shards: Vec<String> },
+    /// Undo `pin`.
+    Unpin { dataset: String, shards: Vec<String> },
     /// Write a synthetic tokenised dataset shaped like the seed's (16 KiB token windows).
     Gen {
         /// Parent folder (the hub's --root); the dataset goes in DIR/DATASET.
@@ -86,5 +103,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cat { dataset, shard, offset, length } => {
             commands::cat(&cli.endpoint, &dataset, &shard, offset, length).await
         }
+        Command::Status => commands::status(&cli.endpoint).await,
+        Command::Warm { dataset, shards, parallelism } => {
+            commands::warm(&cli.endpoint, &dataset, &shards, parallelism).await
+        }
+        Command::Evict { dataset, shards } => commands::evict(&cli.endpoint, &dataset, &shards).await,
+        Command::Pin { dataset, shards } => commands::pin(&cli.endpoint, &dataset, &shards, true).await,
+        Command::Unpin { dataset, shards } => commands::pin(&cli.endpoint, &dataset, &shards, false).await,
     }
 }

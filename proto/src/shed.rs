@@ -1,4 +1,5 @@
-//! Load shedding: a global cap on requests in flight, answered with RESOURCE_EXHAUSTED.
+//! Load shedding for the hub and the spoke: a global cap on requests in flight,
+//! answered with RESOURCE_EXHAUSTED.
 //!
 //! tonic's own `concurrency_limit_per_connection` + `load_shed` count per connection and
 //! release the slot when the response *headers* are ready, so one client with many

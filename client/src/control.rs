@@ -1,0 +1,95 @@
+//! [`CacheClient`]: the spoke's cache-control API (prefetch, status, evict, pin).
+
+use shardcache_proto::v1::{
+    EvictRequest, EvictResponse, PinRequest, PrefetchProgress, PrefetchRequest, ShardRef, StatusRequest,
+    StatusResponse, cache_control_client::CacheControlClient,
+};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{Error, Result};
+
+/// A connection to a spoke's cache control. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CacheClient {
+    control: CacheControlClient<Channel>,
+    endpoint: String,
+}
+
+impl CacheClient {
+    pub async fn connect(endpoint: &str) -> Result<Self> {
+        let channel = Endpoint::from_shared(endpoint.to_owned())
+            .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?
+            .connect()
+            .await
+            .map_err(|source| Error::Connect { endpoint: endpoint.to_owned(), source })?;
+        Ok(Self { control: CacheControlClient::new(channel), endpoint: endpoint.to_owned() })
+    }
+
+    fn status_error(&self, status: tonic::Status) -> Error {
+        Error::Status { endpoint: self.endpoint.clone(), status }
+    }
+
+    /// Occupancy and per-dataset counters.
+    pub async fn status(&self) -> Result<StatusResponse> {
+        let response = self.control.clone().status(StatusRequest {}).await;
+        Ok(response.map_err(|s| self.status_error(s))?.into_inner())
+    }
+
+    /// Starts fetching `shards` of `dataset` (all of them when empty) in order; the
+    /// stream reports progress after each shard.
+    pub async fn prefetch(
+        &self,
+        dataset: &str,
+        shards: &[String],
+        parallelism: u32,
+    ) -> Result<PrefetchStream> {
+        let request = PrefetchRequest {
+            dataset: dataset.to_owned(),
+            shards: shards
+                .iter()
+                .map(|s| ShardRef { dataset: dataset.to_owned(), shard: s.clone() })
+                .collect(),
+            parallelism,
+        };
+        let stream =
+            self.control.clone().prefetch(request).await.map_err(|s| self.status_error(s))?.into_inner();
+        Ok(PrefetchStream { stream, client: self.clone() })
+    }
+
+    /// Drops `shards` of `dataset` (all of them when empty) from the cache.
+    pub async fn evict(&self, dataset: &str, shards: &[String]) -> Result<EvictResponse> {
+        let request = EvictRequest { dataset: dataset.to_owned(), shards: shards.to_vec() };
+        Ok(self.control.clone().evict(request).await.map_err(|s| self.status_error(s))?.into_inner())
+    }
+
+    /// Pins (or unpins) shards; returns how many changed.
+    pub async fn pin(&self, dataset: &str, shards: &[String], pinned: bool) -> Result<u64> {
+        let request = PinRequest { dataset: dataset.to_owned(), shards: shards.to_vec() };
+        let mut control = self.control.clone();
+        let response = if pinned { control.pin(request).await } else { control.unpin(request).await };
+        Ok(response.map_err(|s| self.status_error(s))?.into_inner().shards)
+    }
+}
+
+/// Progress of a prefetch.
+#[derive(Debug)]
+pub struct PrefetchStream {
+    stream: tonic::Streaming<PrefetchProgress>,
+    client: CacheClient,
+}
+
+impl PrefetchStream {
+    /// The next progress report; `Ok(None)` when the prefetch is complete.
+    pub async fn next(&mut self) -> Result<Option<PrefetchProgress>> {
+        self.stream.message().await.map_err(|s| self.client.status_error(s))
+    }
+
+    /// Waits for the end; returns the last report.
+    pub async fn finish(mut self) -> Result<PrefetchProgress> {
+        let mut last = PrefetchProgress::default();
+        while let Some(progress) = self.next().await? {
+            last = progress;
+        }
+        Ok(last)
+    }
+}

@@ -1,0 +1,624 @@
+//! The read-through cache: which shard versions are cached, which of their chunks are
+//! present, and how a miss becomes exactly one upstream fetch.
+//!
+//! - An [`Entry`] is one shard *version* with its own store id. A new version found at
+//!   revalidation replaces the entry (new id), so bytes of two versions never mix.
+//! - A read serves present chunks from the store (CRC-checked per page) and fetches the
+//!   others; concurrent misses on one chunk share one fetch (`inflight`), which runs in
+//!   its own task so a reader that goes away does not cancel it for the others.
+//! - A chunk becomes visible (its presence bit set in memory) only after its pages and
+//!   record are written (`admit`), so a reader never sees half a chunk.
+//! - Versions are revalidated with the hub after `revalidate_after`; when the hub cannot
+//!   be reached, cached shards are served as they are and misses fail with UNAVAILABLE.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use bytes::{Bytes, BytesMut};
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared},
+};
+use shardcache_proto::{
+    names::{DatasetName, ShardName},
+    v1::ShardInfo,
+};
+use tokio::sync::Notify;
+
+use crate::{
+    Error, Result,
+    metrics::Metrics,
+    store::{PageFault, ShardRecord, Store},
+    upstream::Upstream,
+};
+
+/// How the cache behaves; see `config.rs` for the flags.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub capacity: u64,
+    /// Eviction starts above `capacity x high_watermark`...
+    pub high_watermark: f64,
+    /// ...and stops below `capacity x low_watermark`.
+    pub low_watermark: f64,
+    /// Unit of fetching and of presence; a multiple of the store's page size.
+    pub chunk_size: u64,
+    /// Time after which a cached shard's version is checked with the hub again.
+    pub revalidate_after: Duration,
+    /// On the first miss in a shard, fetch the whole shard in the background.
+    pub fetch_whole_shard: bool,
+    /// After reading chunk `i`, fetch chunks `i+1..=i+n` in the background.
+    pub read_ahead_chunks: u64,
+    /// Chunk fetches in flight for one shard's background fetch.
+    pub shard_fetch_parallelism: usize,
+}
+
+type ShardKey = (String, String);
+type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
+
+/// One cached shard version.
+#[derive(Debug)]
+pub struct Entry {
+    pub dataset: String,
+    pub shard: String,
+    pub id: u64,
+    pub version: String,
+    pub size: u64,
+    pub chunk_size: u64,
+    pub record_size: u32,
+    state: Mutex<EntryState>,
+    /// Serialises writes of this entry's record (admissions, pins, eviction), so the
+    /// record on disk is always the latest one.
+    admit: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug)]
+struct EntryState {
+    record: ShardRecord,
+    /// Milliseconds since the cache started, at the last read (for LRU).
+    last_access: u64,
+    /// Prefetch plans currently holding this shard.
+    prefetching: u32,
+    evicted: bool,
+    whole_fetch_started: bool,
+}
+
+impl Entry {
+    fn state(&self) -> MutexGuard<'_, EntryState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn has_chunk(&self, index: u64) -> bool {
+        let state = self.state();
+        !state.evicted && state.record.has_chunk(index)
+    }
+
+    pub fn cached_bytes(&self) -> u64 {
+        let state = self.state();
+        if state.evicted { 0 } else { state.record.cached_bytes() }
+    }
+
+    pub fn is_pinned(&self) -> bool {
+        self.state().record.pinned
+    }
+
+    pub fn is_complete(&self) -> bool {
+        (0..self.chunk_count()).all(|i| self.has_chunk(i))
+    }
+
+    pub fn chunk_count(&self) -> u64 {
+        self.size.div_ceil(self.chunk_size)
+    }
+
+    /// `(offset, length)` of chunk `index`.
+    pub fn chunk_range(&self, index: u64) -> (u64, u64) {
+        let offset = index * self.chunk_size;
+        (offset, self.size.saturating_sub(offset).min(self.chunk_size))
+    }
+
+    pub fn info(&self) -> ShardInfo {
+        ShardInfo {
+            dataset: self.dataset.clone(),
+            shard: self.shard.clone(),
+            size: self.size,
+            version: self.version.clone(),
+            chunk_size: self.chunk_size as u32,
+            record_size: self.record_size,
+        }
+    }
+}
+
+/// The cache.
+#[derive(Debug)]
+pub struct Cache {
+    pub(crate) store: Arc<Store>,
+    pub(crate) upstream: Upstream,
+    pub(crate) config: CacheConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    index: Mutex<HashMap<ShardKey, Arc<Entry>>>,
+    inflight: Mutex<HashMap<(u64, u64), SharedFetch>>,
+    next_id: AtomicU64,
+    used: AtomicU64,
+    started: Instant,
+    pub(crate) evict_wakeup: Notify,
+    /// Eviction passes running (see `evict.rs`).
+    pub(crate) evicting: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs store work on the blocking pool.
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(Error::Internal(format!("store task failed: {e}"))))
+}
+
+impl Cache {
+    /// Loads what `store` holds; usable at once, before any hub answers.
+    pub fn open(
+        store: Store,
+        upstream: Upstream,
+        config: CacheConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>> {
+        let records = store.load_records()?;
+        let next_id = records.iter().map(|(_, _, r)| r.id + 1).max().unwrap_or(1);
+        // Pages with no record (a crash between writing pages of a replaced version and
+        // its record) are unreachable: drop them.
+        store.delete_ids_from(next_id)?;
+        let mut index = HashMap::new();
+        let mut used = 0;
+        for (dataset, shard, record) in records {
+            if record.chunk_size == 0 || u64::from(record.chunk_size) != config.chunk_size {
+                // Cached with another chunk size: drop rather than reinterpret.
+                store.delete_shard(record.id, Some((&dataset, &shard)))?;
+                continue;
+            }
+            used += record.cached_bytes();
+            let entry = Entry {
+                dataset: dataset.clone(),
+                shard: shard.clone(),
+                id: record.id,
+                version: record.version.clone(),
+                size: record.size,
+                chunk_size: u64::from(record.chunk_size),
+                record_size: record.record_size,
+                state: Mutex::new(EntryState {
+                    record,
+                    last_access: 0,
+                    prefetching: 0,
+                    evicted: false,
+                    whole_fetch_started: false,
+                }),
+                admit: tokio::sync::Mutex::new(()),
+            };
+            index.insert((dataset, shard), Arc::new(entry));
+        }
+        tracing::info!(shards = index.len(), used_bytes = used, "cache loaded");
+        Ok(Arc::new(Self {
+            store: Arc::new(store),
+            upstream,
+            config,
+            metrics,
+            index: Mutex::new(index),
+            inflight: Mutex::default(),
+            next_id: AtomicU64::new(next_id),
+            used: AtomicU64::new(used),
+            started: Instant::now(),
+            evict_wakeup: Notify::new(),
+            evicting: AtomicU64::new(0),
+        }))
+    }
+
+    fn index(&self) -> MutexGuard<'_, HashMap<ShardKey, Arc<Entry>>> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    /// Every cached entry.
+    pub fn entries(&self) -> Vec<Arc<Entry>> {
+        self.index().values().cloned().collect()
+    }
+
+    fn touch(&self, entry: &Entry) {
+        entry.state().last_access = self.started.elapsed().as_millis() as u64;
+    }
+
+    /// The cached entry of a shard, checked with the hub when its TTL has passed, or a
+    /// new entry from the hub's `StatShard`.
+    pub async fn entry(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
+        let key = (dataset.to_string(), shard.to_string());
+        let cached = self.index().get(&key).cloned();
+        let Some(entry) = cached else {
+            let info = self.upstream.stat(dataset.as_str(), shard.as_str()).await?;
+            return self.install(key, info).await;
+        };
+        let validated_at = entry.state().record.validated_at_ms;
+        let age = Duration::from_millis(now_ms().saturating_sub(validated_at));
+        if age < self.config.revalidate_after {
+            self.touch(&entry);
+            return Ok(entry);
+        }
+        match self.upstream.stat(dataset.as_str(), shard.as_str()).await {
+            Ok(info) if info.version == entry.version && info.size == entry.size => {
+                let record = {
+                    let mut state = entry.state();
+                    state.record.validated_at_ms = now_ms();
+                    state.record.clone()
+                };
+                self.persist_record(&entry, record).await?;
+                self.touch(&entry);
+                Ok(entry)
+            }
+            Ok(info) => {
+                tracing::info!(dataset = %dataset, shard = %shard, old = %entry.version, new = %info.version, "shard changed on the hub");
+                self.drop_entry(&entry, false).await;
+                self.install(key, info).await
+            }
+            Err(Error::HubUnavailable { hub, message }) => {
+                tracing::warn!(%hub, %message, dataset = %dataset, shard = %shard, "cannot revalidate: serving the cached version");
+                self.touch(&entry);
+                Ok(entry)
+            }
+            Err(e) if e.code() == tonic::Code::NotFound => {
+                self.drop_entry(&entry, true).await;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Adds an entry for a shard version the hub just described.
+    async fn install(self: &Arc<Self>, key: ShardKey, info: ShardInfo) -> Result<Arc<Entry>> {
+        let entry = {
+            let mut index = self.index();
+            if let Some(existing) = index.get(&key).filter(|e| e.version == info.version) {
+                return Ok(existing.clone());
+            }
+            let record = ShardRecord {
+                id: self.next_id.fetch_add(1, Relaxed),
+                version: info.version.clone(),
+                size: info.size,
+                chunk_size: self.config.chunk_size as u32,
+                record_size: info.record_size,
+                present: Vec::new(),
+                pinned: false,
+                validated_at_ms: now_ms(),
+            };
+            let entry = Arc::new(Entry {
+                dataset: key.0.clone(),
+                shard: key.1.clone(),
+                id: record.id,
+                version: info.version,
+                size: info.size,
+                chunk_size: self.config.chunk_size,
+                record_size: info.record_size,
+                state: Mutex::new(EntryState {
+                    record,
+                    last_access: self.started.elapsed().as_millis() as u64,
+                    prefetching: 0,
+                    evicted: false,
+                    whole_fetch_started: false,
+                }),
+                admit: tokio::sync::Mutex::new(()),
+            });
+            index.insert(key, entry.clone());
+            entry
+        };
+        let record = entry.state().record.clone();
+        self.persist_record(&entry, record).await?;
+        Ok(entry)
+    }
+
+    async fn persist_record(&self, entry: &Arc<Entry>, record: ShardRecord) -> Result<()> {
+        let _serial = entry.admit.lock().await;
+        if entry.state().evicted {
+            return Ok(());
+        }
+        let (store, dataset, shard) = (self.store.clone(), entry.dataset.clone(), entry.shard.clone());
+        blocking(move || store.put_record(&dataset, &shard, &record)).await
+    }
+
+    /// Removes `entry` from the index and its pages from the store. `with_record`: also
+    /// delete the record (not when a newer version takes its key).
+    pub(crate) async fn drop_entry(&self, entry: &Arc<Entry>, with_record: bool) -> u64 {
+        let _serial = entry.admit.lock().await;
+        let bytes = {
+            let mut state = entry.state();
+            if state.evicted {
+                return 0;
+            }
+            state.evicted = true;
+            state.record.cached_bytes()
+        };
+        {
+            let mut index = self.index();
+            let key = (entry.dataset.clone(), entry.shard.clone());
+            if index.get(&key).is_some_and(|e| e.id == entry.id) {
+                index.remove(&key);
+            }
+        }
+        self.used.fetch_sub(bytes, Relaxed);
+        let (store, id, dataset, shard) =
+            (self.store.clone(), entry.id, entry.dataset.clone(), entry.shard.clone());
+        let deleted = blocking(move || {
+            store.delete_shard(id, with_record.then_some((dataset.as_str(), shard.as_str())))
+        })
+        .await;
+        if let Err(e) = deleted {
+            tracing::error!(error = %e, "could not delete an evicted shard's pages");
+        }
+        bytes
+    }
+
+    /// Reads `[offset, offset + length)` of `entry` (inside the shard: checked by the
+    /// caller), from the store where present and from the hub where not.
+    pub async fn read(self: &Arc<Self>, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Bytes> {
+        let counters = self.metrics.dataset(&entry.dataset);
+        if length == 0 {
+            counters.hit_requests.fetch_add(1, Relaxed);
+            return Ok(Bytes::new());
+        }
+        let end = offset + length;
+        let (first, last) = (offset / entry.chunk_size, (end - 1) / entry.chunk_size);
+        let mut parts = Vec::with_capacity((last - first + 1) as usize);
+        let mut missed = false;
+        for index in first..=last {
+            let (chunk_start, chunk_len) = entry.chunk_range(index);
+            let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
+            let stored =
+                if entry.has_chunk(index) { self.read_stored(entry, index, from, to).await? } else { None };
+            let part = match stored {
+                Some(bytes) => bytes,
+                None => {
+                    missed = true;
+                    let chunk = self.fetch_chunk(entry, index).await?;
+                    chunk.slice((from - chunk_start) as usize..(to - chunk_start) as usize)
+                }
+            };
+            parts.push(part);
+        }
+        self.after_read(entry, last, missed);
+        let (requests, bytes) = if missed {
+            (&counters.miss_requests, &counters.miss_bytes)
+        } else {
+            (&counters.hit_requests, &counters.hit_bytes)
+        };
+        requests.fetch_add(1, Relaxed);
+        bytes.fetch_add(length, Relaxed);
+        Ok(concat(parts))
+    }
+
+    /// Stored bytes `[from, to)` of chunk `index`, or `None` when they must be fetched
+    /// (a missing or corrupt page: the chunk is then marked absent).
+    async fn read_stored(&self, entry: &Arc<Entry>, index: u64, from: u64, to: u64) -> Result<Option<Bytes>> {
+        let (store, id) = (self.store.clone(), entry.id);
+        match blocking(move || store.read(id, from, to - from)).await? {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(fault) => {
+                if let PageFault::Corrupt { page } = fault {
+                    self.metrics.checksum_failures.fetch_add(1, Relaxed);
+                    tracing::error!(dataset = %entry.dataset, shard = %entry.shard, page, "stored page failed its checksum; refetching");
+                } else {
+                    tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, ?fault, "stored chunk incomplete; refetching");
+                }
+                self.forget_chunk(entry, index).await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Marks chunk `index` absent (its pages are overwritten by the refetch).
+    async fn forget_chunk(&self, entry: &Arc<Entry>, index: u64) {
+        let record = {
+            let mut state = entry.state();
+            // An evicted entry's bytes were already taken off `used` as a whole.
+            if state.evicted || !state.record.has_chunk(index) {
+                return;
+            }
+            state.record.set_chunk(index, false);
+            state.record.clone()
+        };
+        self.used.fetch_sub(entry.chunk_range(index).1, Relaxed);
+        if let Err(e) = self.persist_record(entry, record).await {
+            tracing::error!(error = %e, "could not mark a chunk absent");
+        }
+    }
+
+    /// Read-ahead and whole-shard fetch, in the background.
+    fn after_read(self: &Arc<Self>, entry: &Arc<Entry>, last: u64, missed: bool) {
+        let start_whole = missed && self.config.fetch_whole_shard && {
+            let mut state = entry.state();
+            !std::mem::replace(&mut state.whole_fetch_started, true)
+        };
+        if start_whole {
+            let (cache, entry) = (self.clone(), entry.clone());
+            tokio::spawn(async move {
+                if let Err(e) = cache.fetch_shard(&entry).await {
+                    tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, error = %e, "background shard fetch failed");
+                }
+            });
+            return;
+        }
+        for index in
+            (last + 1..=last + self.config.read_ahead_chunks).take_while(|&i| i < entry.chunk_count())
+        {
+            if !entry.has_chunk(index) {
+                // Started by `fetch_chunk` itself; the result is only wanted in the store.
+                drop(self.fetch_chunk(entry, index));
+            }
+        }
+    }
+
+    /// Fetches every absent chunk of `entry`, `shard_fetch_parallelism` at a time.
+    /// Returns the bytes that crossed the link.
+    pub async fn fetch_shard(self: &Arc<Self>, entry: &Arc<Entry>) -> Result<u64> {
+        use futures::stream::{self, StreamExt, TryStreamExt};
+        let missing: Vec<u64> = (0..entry.chunk_count()).filter(|&i| !entry.has_chunk(i)).collect();
+        stream::iter(missing)
+            .map(|index| {
+                let fetch = self.fetch_chunk(entry, index);
+                async move { fetch.await.map(|bytes| bytes.len() as u64) }
+            })
+            .buffer_unordered(self.config.shard_fetch_parallelism.max(1))
+            .try_fold(0, |sum, n| async move { Ok(sum + n) })
+            .await
+    }
+
+    /// The shared fetch of chunk `index`: started here unless one is already running.
+    pub(crate) fn fetch_chunk(self: &Arc<Self>, entry: &Arc<Entry>, index: u64) -> SharedFetch {
+        let key = (entry.id, index);
+        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(running) = inflight.get(&key) {
+            return running.clone();
+        }
+        let (cache, entry) = (self.clone(), entry.clone());
+        // Checked under the lock: a fetch sets the presence bit before it leaves
+        // `inflight`, so a chunk is either present here or its fetch is registered.
+        if entry.has_chunk(index) {
+            return async move {
+                let (offset, length) = entry.chunk_range(index);
+                match cache.read_stored(&entry, index, offset, offset + length).await? {
+                    Some(bytes) => Ok(bytes),
+                    None => cache.fetch_chunk(&entry, index).await,
+                }
+            }
+            .boxed()
+            .shared();
+        }
+        let task = tokio::spawn(async move {
+            let result = cache.fetch_and_admit(&entry, index).await;
+            // Removed only after this fetch was registered: the lock is held until then.
+            cache.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+            result
+        });
+        let shared = async move {
+            task.await.unwrap_or_else(|e| Err(Error::Internal(format!("fetch task failed: {e}"))))
+        }
+        .boxed()
+        .shared();
+        inflight.insert(key, shared.clone());
+        shared
+    }
+
+    async fn fetch_and_admit(self: &Arc<Self>, entry: &Arc<Entry>, index: u64) -> Result<Bytes> {
+        let (offset, length) = entry.chunk_range(index);
+        let started = Instant::now();
+        self.metrics.upstream_requests.fetch_add(1, Relaxed);
+        let fetched = self.upstream.read(&entry.dataset, &entry.shard, offset, length, &entry.version).await;
+        let data = match fetched {
+            Ok(data) => data,
+            Err(e) if e.code() == tonic::Code::Aborted => {
+                // The hub has a newer version: check it at the next access.
+                entry.state().record.validated_at_ms = 0;
+                return Err(Error::VersionChanged {
+                    dataset: entry.dataset.clone(),
+                    shard: entry.shard.clone(),
+                    expected: entry.version.clone(),
+                    found: "a newer version on the hub".into(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        self.metrics.fetch_latency.observe(started.elapsed());
+        self.metrics.dataset(&entry.dataset).upstream_bytes.fetch_add(length, Relaxed);
+        if let Err(e) = self.admit(entry, index, data.clone()).await {
+            // Serving the verified bytes is still right; only caching them failed.
+            tracing::error!(error = %e, "could not store a fetched chunk");
+        }
+        Ok(data)
+    }
+
+    /// Writes a verified chunk, then makes it visible.
+    async fn admit(&self, entry: &Arc<Entry>, index: u64, data: Bytes) -> Result<()> {
+        let _serial = entry.admit.lock().await;
+        let record = {
+            let state = entry.state();
+            if state.evicted || state.record.has_chunk(index) {
+                return Ok(());
+            }
+            let mut record = state.record.clone();
+            record.set_chunk(index, true);
+            record
+        };
+        let (store, dataset, shard) = (self.store.clone(), entry.dataset.clone(), entry.shard.clone());
+        let offset = index * entry.chunk_size;
+        blocking(move || store.admit_chunk(&dataset, &shard, &record, offset, &data)).await?;
+        entry.state().record.set_chunk(index, true);
+        let used = self.used.fetch_add(entry.chunk_range(index).1, Relaxed) + entry.chunk_range(index).1;
+        if used as f64 > self.config.capacity as f64 * self.config.high_watermark {
+            self.evict_wakeup.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Sets or clears the pin of `entry`; true when it changed.
+    pub async fn set_pinned(&self, entry: &Arc<Entry>, pinned: bool) -> Result<bool> {
+        let record = {
+            let mut state = entry.state();
+            if state.record.pinned == pinned {
+                return Ok(false);
+            }
+            state.record.pinned = pinned;
+            state.record.clone()
+        };
+        self.persist_record(entry, record).await?;
+        Ok(true)
+    }
+
+    /// Marks `entry` as part of a running prefetch (or no longer).
+    pub fn hold_for_prefetch(&self, entry: &Entry, hold: bool) {
+        let mut state = entry.state();
+        if hold {
+            state.prefetching += 1;
+        } else {
+            state.prefetching = state.prefetching.saturating_sub(1);
+        }
+    }
+
+    /// The least recently used entry that may be evicted: never a pinned one; one held
+    /// by a prefetch only when nothing else is left.
+    pub(crate) fn eviction_victim(&self) -> Option<Arc<Entry>> {
+        let index = self.index();
+        let candidates = index.values().filter_map(|e| {
+            let state = e.state();
+            let evictable = !state.record.pinned && !state.evicted && state.record.cached_bytes() > 0;
+            evictable.then(|| (state.prefetching > 0, state.last_access, e.clone()))
+        });
+        candidates.min_by_key(|(held, last_access, _)| (*held, *last_access)).map(|(_, _, e)| e)
+    }
+
+    /// An entry from the index, without contacting the hub.
+    pub fn cached_entry(&self, dataset: &str, shard: &str) -> Option<Arc<Entry>> {
+        self.index().get(&(dataset.to_owned(), shard.to_owned())).cloned()
+    }
+}
+
+/// Joins parts without copying when there is only one.
+fn concat(mut parts: Vec<Bytes>) -> Bytes {
+    if parts.len() == 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    for part in parts {
+        out.extend_from_slice(&part);
+    }
+    out.freeze()
+}

@@ -1,0 +1,110 @@
+//! Command-line flags of `spoke-cache`; every flag is also an environment variable.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::Parser;
+use shardcache_proto::units::ByteSize;
+
+use crate::{Error, cache::CacheConfig, store::PAGE_SIZE};
+
+/// Read-through cache of hub shards in RocksDB on local disk.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "spoke-cache", version, about)]
+pub struct SpokeArgs {
+    /// Hub to fetch from; repeat (or separate with commas) for several hubs over one source.
+    #[arg(long = "hub", env = "SPOKE_HUB", value_delimiter = ',', required = true)]
+    pub hubs: Vec<String>,
+
+    /// Directory of the cache (RocksDB); created if missing; survives restarts.
+    #[arg(long, env = "SPOKE_CACHE_DIR", default_value = "./spoke-cache-data")]
+    pub cache_dir: PathBuf,
+
+    /// Bytes of shard data to keep; eviction keeps the cache under this.
+    #[arg(long, env = "SPOKE_CAPACITY", default_value = "10GiB")]
+    pub capacity: ByteSize,
+
+    /// Address for the read and cache-control API (port 0 picks one; it is printed).
+    #[arg(long, env = "SPOKE_LISTEN", default_value = "127.0.0.1:7071")]
+    pub listen: SocketAddr,
+
+    /// Address for Prometheus metrics (`GET /metrics`).
+    #[arg(long, env = "SPOKE_METRICS_LISTEN", default_value = "127.0.0.1:9071")]
+    pub metrics_listen: SocketAddr,
+
+    /// Unit of fetching and caching; a multiple of 64KiB, up to 8MiB.
+    #[arg(long, env = "SPOKE_CHUNK_SIZE", default_value = "1MiB")]
+    pub chunk_size: ByteSize,
+
+    /// Largest read one ReadRange or ReadRanges call may return (as on the hub).
+    #[arg(long, env = "SPOKE_MAX_READ", default_value = "16MiB")]
+    pub max_read: ByteSize,
+
+    /// Check a cached shard's version with the hub after this long (e.g. 30s, 5m, 0s).
+    #[arg(long, env = "SPOKE_REVALIDATE_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub revalidate_after: Duration,
+
+    /// On the first miss in a shard, fetch the rest of it in the background.
+    #[arg(long, env = "SPOKE_FETCH_WHOLE_SHARD", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fetch_whole_shard: bool,
+
+    /// Chunks to fetch ahead of a sequential reader.
+    #[arg(long, env = "SPOKE_READ_AHEAD_CHUNKS", default_value_t = 4)]
+    pub read_ahead_chunks: u64,
+
+    /// Chunk fetches in flight per shard being fetched.
+    #[arg(long, env = "SPOKE_SHARD_FETCH_PARALLELISM", default_value_t = 8)]
+    pub shard_fetch_parallelism: usize,
+
+    /// Requests in flight before new ones get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SPOKE_MAX_CONCURRENCY", default_value_t = 1024)]
+    pub max_concurrency: usize,
+}
+
+/// Eviction starts above 95% of the capacity and frees down to 85%: a 10% band means one
+/// eviction pass (and one compaction) per ~10% of capacity written, not one per chunk.
+pub const HIGH_WATERMARK: f64 = 0.95;
+pub const LOW_WATERMARK: f64 = 0.85;
+
+impl SpokeArgs {
+    pub fn cache_config(&self) -> Result<CacheConfig, Error> {
+        let chunk = self.chunk_size.0;
+        if chunk == 0 || !chunk.is_multiple_of(PAGE_SIZE) || chunk > 8 << 20 {
+            return Err(Error::Config(format!(
+                "--chunk-size {} must be a multiple of {} and at most 8MiB",
+                self.chunk_size,
+                ByteSize(PAGE_SIZE)
+            )));
+        }
+        if self.capacity.0 < chunk {
+            return Err(Error::Config(format!("--capacity {} is smaller than one chunk", self.capacity)));
+        }
+        Ok(CacheConfig {
+            capacity: self.capacity.0,
+            high_watermark: HIGH_WATERMARK,
+            low_watermark: LOW_WATERMARK,
+            chunk_size: chunk,
+            revalidate_after: self.revalidate_after,
+            fetch_whole_shard: self.fetch_whole_shard,
+            read_ahead_chunks: self.read_ahead_chunks,
+            shard_fetch_parallelism: self.shard_fetch_parallelism.max(1),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_bad_chunk_sizes() {
+        let args = SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1,http://b:2"]).unwrap();
+        assert_eq!(args.hubs, ["http://a:1", "http://b:2"]);
+        let config = args.cache_config().unwrap();
+        assert_eq!(config.chunk_size, 1 << 20);
+        assert!(config.fetch_whole_shard);
+        let bad = SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1", "--chunk-size", "100KiB"])
+            .unwrap();
+        assert!(bad.cache_config().unwrap_err().to_string().contains("multiple of 64KiB"));
+        assert!(SpokeArgs::try_parse_from(["spoke-cache"]).is_err(), "--hub is required");
+    }
+}

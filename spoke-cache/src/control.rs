@@ -1,0 +1,231 @@
+//! The `shardcache.v1.CacheControl` service: prefetch with progress, status, evict, pin.
+
+use std::sync::{Arc, atomic::Ordering::Relaxed};
+
+use futures::stream::{self, StreamExt};
+use shardcache_proto::{
+    names::{DatasetName, ShardName},
+    v1::{
+        DatasetStatus, EvictRequest, EvictResponse, PinRequest, PinResponse, PrefetchProgress,
+        PrefetchRequest, StatusRequest, StatusResponse, cache_control_server::CacheControl,
+    },
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    Result,
+    cache::{Cache, Entry},
+};
+
+/// Shards a prefetch fetches at once when the request does not say. Each shard fetch
+/// itself keeps `shard_fetch_parallelism` chunks in flight.
+pub const DEFAULT_PREFETCH_PARALLELISM: usize = 4;
+
+/// `CacheControl` over the cache.
+#[derive(Debug)]
+pub struct Control {
+    cache: Arc<Cache>,
+}
+
+impl Control {
+    pub fn new(cache: Arc<Cache>) -> Self {
+        Self { cache }
+    }
+
+    /// The shards a request names: the listed ones, or every shard of `dataset` from the hub.
+    async fn plan(
+        &self,
+        dataset: &str,
+        shards: Vec<(String, String)>,
+    ) -> Result<Vec<(DatasetName, ShardName)>> {
+        let shards = if shards.is_empty() {
+            DatasetName::new(dataset)?;
+            let listed =
+                self.cache.upstream.list(|hub| async move { hub.list_shards(dataset).await }).await?;
+            listed.into_iter().map(|s| (dataset.to_owned(), s.shard)).collect()
+        } else {
+            shards
+        };
+        shards.into_iter().map(|(d, s)| Ok((DatasetName::new(&d)?, ShardName::new(&s)?))).collect()
+    }
+
+    /// Cached entries named by an evict or pin request (no hub involved).
+    fn cached(&self, dataset: &str, shards: &[String]) -> Result<Vec<Arc<Entry>>> {
+        DatasetName::new(dataset)?;
+        if shards.is_empty() {
+            return Ok(self.cache.entries().into_iter().filter(|e| e.dataset == dataset).collect());
+        }
+        let mut entries = Vec::new();
+        for shard in shards {
+            ShardName::new(shard)?;
+            entries.extend(self.cache.cached_entry(dataset, shard));
+        }
+        Ok(entries)
+    }
+}
+
+#[tonic::async_trait]
+impl CacheControl for Control {
+    type PrefetchStream = ReceiverStream<Result<PrefetchProgress, Status>>;
+
+    async fn prefetch(
+        &self,
+        request: Request<PrefetchRequest>,
+    ) -> Result<Response<Self::PrefetchStream>, Status> {
+        let req = request.into_inner();
+        let listed = req.shards.into_iter().map(|s| (s.dataset, s.shard)).collect();
+        let plan = self.plan(&req.dataset, listed).await?;
+        let parallelism = match req.parallelism as usize {
+            0 => DEFAULT_PREFETCH_PARALLELISM,
+            n => n.min(64),
+        };
+        // Resolve every shard first (size and version), so progress has a total.
+        let cache = self.cache.clone();
+        let entries: Vec<Arc<Entry>> = stream::iter(plan)
+            .map(|(d, s)| {
+                let cache = cache.clone();
+                async move { cache.entry(&d, &s).await }
+            })
+            .buffered(16)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_>>()?;
+        for entry in &entries {
+            cache.hold_for_prefetch(entry, true);
+        }
+        let mut progress = PrefetchProgress {
+            shards_total: entries.len() as u64,
+            bytes_total: entries.iter().map(|e| e.size).sum(),
+            ..Default::default()
+        };
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            let _ = tx.send(Ok(progress.clone())).await;
+            // In plan order, `parallelism` shards at a time.
+            let mut fetches = stream::iter(entries.iter().cloned())
+                .map(|entry| {
+                    let cache = cache.clone();
+                    async move { (cache.fetch_shard(&entry).await, entry) }
+                })
+                .buffered(parallelism);
+            let mut failed = false;
+            while let Some((result, entry)) = fetches.next().await {
+                match result {
+                    Ok(fetched) => {
+                        progress.shards_done += 1;
+                        progress.bytes_done += entry.size;
+                        progress.bytes_fetched += fetched;
+                        progress.last_shard = format!("{}/{}", entry.dataset, entry.shard);
+                        if tx.send(Ok(progress.clone())).await.is_err() {
+                            break; // the client went away; stop fetching for it
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            drop(fetches);
+            for entry in &entries {
+                cache.hold_for_prefetch(entry, false);
+            }
+            if !failed
+                && cache.used_bytes() as f64 > cache.config.capacity as f64 * cache.config.high_watermark
+            {
+                cache.evict_wakeup.notify_one();
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let cache = &self.cache;
+        let mut datasets: std::collections::BTreeMap<String, DatasetStatus> = Default::default();
+        for entry in cache.entries() {
+            let status = datasets.entry(entry.dataset.clone()).or_default();
+            let bytes = entry.cached_bytes();
+            status.cached_shards += u64::from(bytes > 0);
+            status.cached_bytes += bytes;
+            status.pinned_shards += u64::from(entry.is_pinned());
+        }
+        for (name, counters) in cache.metrics.datasets() {
+            let status = datasets.entry(name).or_default();
+            status.hit_requests = counters.hit_requests.load(Relaxed);
+            status.miss_requests = counters.miss_requests.load(Relaxed);
+            status.hit_bytes = counters.hit_bytes.load(Relaxed);
+            status.miss_bytes = counters.miss_bytes.load(Relaxed);
+            status.upstream_bytes = counters.upstream_bytes.load(Relaxed);
+        }
+        let datasets =
+            datasets.into_iter().map(|(dataset, status)| DatasetStatus { dataset, ..status }).collect();
+        Ok(Response::new(StatusResponse {
+            capacity_bytes: cache.config.capacity,
+            used_bytes: cache.used_bytes(),
+            datasets,
+            evicted_shards: cache.metrics.evicted_shards.load(Relaxed),
+            evicted_bytes: cache.metrics.evicted_bytes.load(Relaxed),
+            checksum_failures: cache.metrics.checksum_failures.load(Relaxed),
+            hubs: cache.upstream.urls(),
+        }))
+    }
+
+    async fn evict(&self, request: Request<EvictRequest>) -> Result<Response<EvictResponse>, Status> {
+        let req = request.into_inner();
+        let entries = self.cached(&req.dataset, &req.shards)?;
+        let (mut shards, mut bytes) = (0, 0);
+        let (mut lowest, mut highest) = (u64::MAX, 0);
+        for entry in &entries {
+            bytes += self.cache.drop_entry(entry, true).await;
+            shards += 1;
+            lowest = lowest.min(entry.id);
+            highest = highest.max(entry.id);
+        }
+        if shards > 0 {
+            self.cache.metrics.evicted_shards.fetch_add(shards, Relaxed);
+            self.cache.metrics.evicted_bytes.fetch_add(bytes, Relaxed);
+            self.cache.reclaim(lowest, highest + 1).await;
+        }
+        Ok(Response::new(EvictResponse { shards, bytes }))
+    }
+
+    async fn pin(&self, request: Request<PinRequest>) -> Result<Response<PinResponse>, Status> {
+        let req = request.into_inner();
+        // Named shards are pinned even before they are cached (pin, then prefetch);
+        // a whole dataset means its cached shards.
+        let entries = if req.shards.is_empty() {
+            self.cached(&req.dataset, &[])?
+        } else {
+            let mut entries = Vec::new();
+            for (dataset, shard) in self
+                .plan(&req.dataset, req.shards.iter().map(|s| (req.dataset.clone(), s.clone())).collect())
+                .await?
+            {
+                entries.push(self.cache.entry(&dataset, &shard).await?);
+            }
+            entries
+        };
+        set_pins(&self.cache, entries, true).await
+    }
+
+    async fn unpin(&self, request: Request<PinRequest>) -> Result<Response<PinResponse>, Status> {
+        set_pins(&self.cache, self.cached(&request.get_ref().dataset, &request.get_ref().shards)?, false)
+            .await
+    }
+}
+
+async fn set_pins(
+    cache: &Cache,
+    entries: Vec<Arc<Entry>>,
+    pinned: bool,
+) -> Result<Response<PinResponse>, Status> {
+    let mut changed = 0;
+    for entry in &entries {
+        changed += u64::from(cache.set_pinned(entry, pinned).await.map_err(Status::from)?);
+    }
+    Ok(Response::new(PinResponse { shards: changed }))
+}

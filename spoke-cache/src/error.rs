@@ -1,0 +1,74 @@
+//! Errors of the spoke cache and the one place that picks their gRPC status codes.
+//!
+//! Errors are `Clone`: one upstream fetch is shared by every reader waiting on the same
+//! chunk, and each of them gets the fetch's error.
+
+use shardcache_proto::{names::NameError, range::RangeError};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Name(#[from] NameError),
+    #[error(transparent)]
+    Range(#[from] RangeError),
+    /// The hub answered with an error status; passed on with its code.
+    #[error("hub {hub}: {message}")]
+    Hub { hub: String, code: tonic::Code, message: String },
+    /// No hub could be reached, and the bytes are not cached.
+    #[error("hub {hub} is unreachable and the data is not cached: {message}")]
+    HubUnavailable { hub: String, message: String },
+    /// The hub sent bytes that failed verification (checksum, offsets).
+    #[error("hub {hub} sent data that failed verification: {message}")]
+    HubCorrupt { hub: String, message: String },
+    #[error(
+        "shard {shard:?} in dataset {dataset:?} is at version {found}, not {expected}; stat it again and \
+         restart the read"
+    )]
+    VersionChanged { dataset: String, shard: String, expected: String, found: String },
+    #[error("cache storage failed while {what}: {message}")]
+    Store { what: String, message: String },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("gRPC server failed: {0}")]
+    Transport(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Storage reported damaged files (as opposed to, say, a permission problem).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, Error::Store { message, .. }
+            if ["Corruption", "checksum mismatch", "Invalid argument"].iter().any(|m| message.contains(m)))
+    }
+
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Error::Name(_) | Error::Range(_) => Code::InvalidArgument,
+            Error::Hub { code, .. } => *code,
+            Error::HubUnavailable { .. } | Error::HubCorrupt { .. } => Code::Unavailable,
+            Error::VersionChanged { .. } => Code::Aborted,
+            Error::Store { .. } | Error::Config(_) | Error::Transport(_) | Error::Internal(_) => {
+                Code::Internal
+            }
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(err: Error) -> Self {
+        let code = err.code();
+        let message = match err {
+            // The hub's own words: a client cannot tell a spoke from a hub by its errors.
+            Error::Hub { message, .. } => message,
+            other => other.to_string(),
+        };
+        if code == tonic::Code::Internal {
+            tracing::error!(error = %message, "internal error");
+        }
+        tonic::Status::new(code, message)
+    }
+}

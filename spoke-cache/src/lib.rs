@@ -1,0 +1,25 @@
+//! shardcache spoke: a read-through cache of hub shards in RocksDB on local disk,
+//! serving the hub's read API (`shardcache.v1.ShardReader`) plus cache control.
+//!
+//! - [`store`]: RocksDB layout: shard pages with CRC32C, shard records;
+//! - [`cache`]: entries per shard version, read-through, request coalescing, admission;
+//! - [`upstream`]: the hubs, through the verifying client SDK;
+//! - [`evict`]: capacity, watermarks, LRU eviction, disk reclamation;
+//! - [`service`]: the read API over the cache;
+//! - [`control`]: prefetch, status, evict, pin;
+//! - [`metrics`]: counters and histograms, Prometheus text on an HTTP port;
+//! - [`server`]: assembly and graceful shutdown; [`config`]: flags.
+
+pub mod cache;
+pub mod config;
+pub mod control;
+pub mod error;
+pub mod evict;
+pub mod metrics;
+pub mod server;
+pub mod service;
+pub mod store;
+pub mod upstream;
+
+pub use error::{Error, Result};
+pub use server::{SpokeOptions, open_cache, serve};

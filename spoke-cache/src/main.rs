@@ -1,0 +1,38 @@
+//! `spoke-cache`: parse flags, open the cache, serve until SIGTERM or SIGINT.
+
+use anyhow::Context;
+use clap::Parser;
+use spoke_cache::{SpokeOptions, config::SpokeArgs, store::StoreOptions};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = SpokeArgs::parse();
+    let shutdown = shardcache_proto::serving::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
+    let options = SpokeOptions {
+        hubs: args.hubs.clone(),
+        cache: args.cache_config()?,
+        store: StoreOptions::default(),
+        max_read: args.max_read.0,
+        max_concurrency: args.max_concurrency,
+    };
+    let cache = spoke_cache::open_cache(&args.cache_dir, &options)
+        .with_context(|| format!("cannot open --cache-dir {}", args.cache_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} for metrics", args.metrics_listen))?;
+    let (addr, metrics_addr) = (listener.local_addr()?, metrics_listener.local_addr()?);
+    // The contract for scripts and tests that start us on port 0.
+    println!("spoke-cache listening on {addr} metrics on {metrics_addr}");
+    tracing::info!(%addr, %metrics_addr, hubs = ?args.hubs, cache_dir = %args.cache_dir.display(), "serving");
+    spoke_cache::serve(listener, metrics_listener, cache, &options, shutdown).await?;
+    tracing::info!("stopped");
+    Ok(())
+}

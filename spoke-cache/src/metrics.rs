@@ -1,0 +1,237 @@
+//! What the spoke counts, served in Prometheus text format on `--metrics-listen` and
+//! summarised by the `Status` RPC.
+//!
+//! Hand-rolled rather than a metrics crate: a few counters, gauges and two histograms,
+//! all relaxed atomics on the read path, rendered on scrape.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+/// Upper bounds (seconds) of the latency histogram buckets: 50 us to 10 s, covering a
+/// warm page read (~100 us) up to a cold fetch across a slow link.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// Per-dataset counters.
+#[derive(Debug, Default)]
+pub struct DatasetCounters {
+    pub hit_requests: AtomicU64,
+    pub miss_requests: AtomicU64,
+    pub hit_bytes: AtomicU64,
+    pub miss_bytes: AtomicU64,
+    pub upstream_bytes: AtomicU64,
+}
+
+/// A latency histogram with fixed buckets.
+#[derive(Debug)]
+pub struct Histogram {
+    counts: Vec<AtomicU64>,
+    sum_nanos: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self {
+            counts: LATENCY_BUCKETS.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_nanos: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn observe(&self, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|&b| secs <= b) {
+            self.counts[i].fetch_add(1, Relaxed);
+        }
+        self.sum_nanos.fetch_add(elapsed.as_nanos() as u64, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, count) in LATENCY_BUCKETS.iter().zip(&self.counts) {
+            cumulative += count.load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum_nanos.load(Relaxed) as f64 / 1e9);
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// Everything the spoke counts.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    datasets: Mutex<BTreeMap<String, Arc<DatasetCounters>>>,
+    pub checksum_failures: AtomicU64,
+    pub evicted_shards: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub upstream_requests: AtomicU64,
+    /// Time to answer a read RPC (ReadRange, ReadRanges, one StreamShard chunk).
+    pub read_latency: Histogram,
+    /// Time of one upstream chunk fetch, hub round trip included.
+    pub fetch_latency: Histogram,
+}
+
+/// Occupancy the cache reports at scrape time.
+#[derive(Debug, Default, Clone)]
+pub struct Occupancy {
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub disk_bytes: u64,
+    /// Per dataset: (cached shards, cached bytes, pinned shards).
+    pub datasets: BTreeMap<String, (u64, u64, u64)>,
+}
+
+impl Metrics {
+    pub fn dataset(&self, dataset: &str) -> Arc<DatasetCounters> {
+        let mut map = self.datasets.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(dataset.to_owned()).or_default().clone()
+    }
+
+    pub fn datasets(&self) -> BTreeMap<String, Arc<DatasetCounters>> {
+        self.datasets.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self, occupancy: &Occupancy) -> String {
+        let mut out = String::new();
+        let counters: [(&str, &str, fn(&DatasetCounters) -> &AtomicU64); 5] = [
+            ("shardcache_spoke_hit_requests_total", "Read requests served wholly from the cache", |d| {
+                &d.hit_requests
+            }),
+            ("shardcache_spoke_miss_requests_total", "Read requests that needed the hub", |d| {
+                &d.miss_requests
+            }),
+            ("shardcache_spoke_hit_bytes_total", "Bytes served from the cache", |d| &d.hit_bytes),
+            ("shardcache_spoke_miss_bytes_total", "Bytes served by requests that needed the hub", |d| {
+                &d.miss_bytes
+            }),
+            ("shardcache_spoke_upstream_bytes_total", "Bytes fetched from the hub", |d| &d.upstream_bytes),
+        ];
+        let datasets = self.datasets();
+        for (name, help, field) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (dataset, c) in &datasets {
+                let _ = writeln!(out, "{name}{{dataset=\"{}\"}} {}", escape(dataset), field(c).load(Relaxed));
+            }
+        }
+        let globals = [
+            (
+                "shardcache_spoke_checksum_failures_total",
+                "Stored pages that failed their CRC32C and were refetched",
+                &self.checksum_failures,
+            ),
+            ("shardcache_spoke_evicted_shards_total", "Shards evicted", &self.evicted_shards),
+            ("shardcache_spoke_evicted_bytes_total", "Bytes evicted", &self.evicted_bytes),
+            (
+                "shardcache_spoke_upstream_requests_total",
+                "Chunk fetches sent to the hub",
+                &self.upstream_requests,
+            ),
+        ];
+        for (name, help, value) in globals {
+            let _ =
+                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
+        }
+        let gauges = [
+            ("shardcache_spoke_capacity_bytes", "Configured cache capacity", occupancy.capacity_bytes),
+            ("shardcache_spoke_used_bytes", "Bytes of cached chunks", occupancy.used_bytes),
+            ("shardcache_spoke_disk_bytes", "Bytes of live RocksDB files", occupancy.disk_bytes),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+        }
+        let name = "shardcache_spoke_cached_bytes";
+        let _ = writeln!(out, "# HELP {name} Cached bytes per dataset\n# TYPE {name} gauge");
+        for (dataset, (_, bytes, _)) in &occupancy.datasets {
+            let _ = writeln!(out, "{name}{{dataset=\"{}\"}} {bytes}", escape(dataset));
+        }
+        self.read_latency.render(&mut out, "shardcache_spoke_read_seconds", "Time to answer a read");
+        self.fetch_latency.render(
+            &mut out,
+            "shardcache_spoke_fetch_seconds",
+            "Time of one chunk fetch from the hub",
+        );
+        out
+    }
+}
+
+fn escape(label: &str) -> String {
+    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves. A minimal HTTP/1.0
+/// responder: one request per connection, which is all a Prometheus scrape needs.
+pub async fn serve_metrics<F>(
+    listener: TcpListener,
+    render: F,
+    shutdown: impl std::future::Future<Output = ()>,
+) where
+    F: Fn() -> String + Send + Sync + 'static,
+{
+    let render = Arc::new(render);
+    tokio::pin!(shutdown);
+    loop {
+        let (mut socket, _) = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics accept failed");
+                    continue;
+                }
+            },
+        };
+        let render = render.clone();
+        tokio::spawn(async move {
+            let mut request = vec![0u8; 4096];
+            let mut filled = 0;
+            // Read the request head (bounded: 4 KiB, 5 s).
+            let read_head = async {
+                while filled < request.len() {
+                    let n = socket.read(&mut request[filled..]).await?;
+                    if n == 0 || request[..filled + n].windows(4).any(|w| w == b"\r\n\r\n") {
+                        filled += n;
+                        break;
+                    }
+                    filled += n;
+                }
+                std::io::Result::Ok(())
+            };
+            if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
+                return;
+            }
+            let head = String::from_utf8_lossy(&request[..filled]);
+            let (status, body) = if head.starts_with("GET /metrics ") || head.starts_with("GET / ") {
+                ("200 OK", render())
+            } else {
+                ("404 Not Found", "try GET /metrics\n".to_owned())
+            };
+            let response = format!(
+                "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(response.as_bytes()).await;
+            let _ = socket.shutdown().await;
+        });
+    }
+}

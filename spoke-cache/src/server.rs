@@ -1,0 +1,126 @@
+//! Assembles the spoke: opens the cache, then serves health, reflection, the read API and
+//! cache control on one listener and metrics on another, until shutdown.
+
+use std::{future::Future, path::Path, sync::Arc};
+
+use shardcache_proto::{
+    serving::{self, ShedLayer, incoming},
+    v1::{cache_control_server::CacheControlServer, shard_reader_server::ShardReaderServer},
+};
+use tokio::net::TcpListener;
+
+use crate::{
+    Error, Result,
+    cache::{Cache, CacheConfig},
+    control::Control,
+    evict::run_evictor,
+    metrics::{Metrics, Occupancy, serve_metrics},
+    service::CachedReader,
+    store::{Store, StoreOptions},
+    upstream::Upstream,
+};
+
+/// Everything the spoke needs to serve.
+#[derive(Debug, Clone)]
+pub struct SpokeOptions {
+    pub hubs: Vec<String>,
+    pub cache: CacheConfig,
+    pub store: StoreOptions,
+    pub max_read: u64,
+    pub max_concurrency: usize,
+}
+
+/// Opens the cache in `dir`. A cache whose files are damaged (RocksDB reports
+/// corruption while opening or loading it) is wiped and started empty, with an error
+/// in the log: the hub has every byte, so a broken cache costs a refill, never a
+/// refusal to start, and its damaged files do not keep taking the disk.
+pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
+    let upstream = Upstream::new(&options.hubs)?;
+    let create = |dir: &Path| {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::Config(format!("cannot create --cache-dir {}: {e}", dir.display())))
+    };
+    create(dir)?;
+    let open = || {
+        let store = Store::open(dir, &options.store)?;
+        Cache::open(store, upstream.clone(), options.cache.clone(), Arc::new(Metrics::default()))
+    };
+    match open() {
+        Err(e) if e.is_damage() => {
+            tracing::error!(error = %e, dir = %dir.display(), "cache files are damaged; wiping the cache and starting empty");
+            std::fs::remove_dir_all(dir).map_err(|io| {
+                Error::Config(format!("cannot wipe the damaged cache {}: {io}", dir.display()))
+            })?;
+            create(dir)?;
+            open()
+        }
+        other => other,
+    }
+}
+
+/// Serves `cache` on `listener` (gRPC) and `metrics_listener` (Prometheus) until
+/// `shutdown` resolves; in-flight requests finish first.
+pub async fn serve(
+    listener: TcpListener,
+    metrics_listener: TcpListener,
+    cache: Arc<Cache>,
+    options: &SpokeOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    let evictor = tokio::spawn(run_evictor(cache.clone(), stopped()));
+    let scraped = cache.clone();
+    let metrics = tokio::spawn(serve_metrics(
+        metrics_listener,
+        move || scraped.metrics.render(&occupancy(&scraped)),
+        stopped(),
+    ));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<ShardReaderServer<CachedReader>>().await;
+    let (reflection_v1, reflection_v1alpha) =
+        serving::reflection().map_err(|e| Error::Internal(e.to_string()))?;
+    let reader = ShardReaderServer::new(CachedReader::new(cache.clone(), options.max_read))
+        .max_encoding_message_size(usize::MAX);
+    let control = CacheControlServer::new(Control::new(cache.clone()));
+
+    let served = tonic::transport::Server::builder()
+        // A span per request, so every log line of a request carries its method.
+        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // In front of the services: over the global limit, refuse at once and cheaply.
+        .layer(ShedLayer::new(options.max_concurrency))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(reader)
+        .add_service(control)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .await;
+    let _ = stop_tx.send(true);
+    let _ = tokio::join!(evictor, metrics);
+    served.map_err(|e| Error::Transport(e.to_string()))
+}
+
+/// Occupancy for metrics.
+fn occupancy(cache: &Cache) -> Occupancy {
+    let mut occupancy = Occupancy {
+        capacity_bytes: cache.config.capacity,
+        used_bytes: cache.used_bytes(),
+        disk_bytes: cache.store.disk_bytes(),
+        ..Default::default()
+    };
+    for entry in cache.entries() {
+        let slot = occupancy.datasets.entry(entry.dataset.clone()).or_default();
+        let bytes = entry.cached_bytes();
+        slot.0 += u64::from(bytes > 0);
+        slot.1 += bytes;
+        slot.2 += u64::from(entry.is_pinned());
+    }
+    occupancy
+}

@@ -1,0 +1,162 @@
+//! The `shardcache.v1.ShardReader` service of the spoke: the hub's API, answered from
+//! the cache. Requests are validated with the same rules and words as the hub's, so a
+//! client cannot tell the two apart except by speed.
+
+use std::{sync::Arc, time::Instant};
+
+use shardcache_proto::{
+    checksum::crc32c,
+    names::{DatasetName, ShardName},
+    range,
+    v1::{
+        Chunk, ListDatasetsRequest, ListDatasetsResponse, ListShardsRequest, ListShardsResponse,
+        ReadRangeRequest, ReadRangesRequest, ReadRangesResponse, ShardInfo, StatShardRequest,
+        StreamShardRequest, shard_reader_server::ShardReader,
+    },
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    Error, Result,
+    cache::{Cache, Entry},
+};
+
+/// Chunks a stream reads ahead of the client, as on the hub.
+pub const STREAM_READ_AHEAD: usize = 2;
+
+/// `ShardReader` over the cache.
+#[derive(Debug)]
+pub struct CachedReader {
+    cache: Arc<Cache>,
+    max_read: u64,
+}
+
+impl CachedReader {
+    pub fn new(cache: Arc<Cache>, max_read: u64) -> Self {
+        Self { cache, max_read }
+    }
+
+    async fn entry(&self, dataset: &str, shard: &str, expected_version: &str) -> Result<Arc<Entry>> {
+        let entry = self.cache.entry(&DatasetName::new(dataset)?, &ShardName::new(shard)?).await?;
+        if !expected_version.is_empty() && expected_version != entry.version {
+            return Err(Error::VersionChanged {
+                dataset: dataset.to_owned(),
+                shard: shard.to_owned(),
+                expected: expected_version.to_owned(),
+                found: entry.version.clone(),
+            });
+        }
+        Ok(entry)
+    }
+
+    async fn read(&self, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Chunk> {
+        range::check_within(offset, length, entry.size)?;
+        let data = self.cache.read(entry, offset, length).await?;
+        Ok(Chunk { offset, crc32c: crc32c(&data), data, version: entry.version.clone() })
+    }
+}
+
+#[tonic::async_trait]
+impl ShardReader for CachedReader {
+    async fn list_datasets(
+        &self,
+        _request: Request<ListDatasetsRequest>,
+    ) -> Result<Response<ListDatasetsResponse>, Status> {
+        let datasets = self.cache.upstream.list(|hub| async move { hub.list_datasets().await }).await?;
+        Ok(Response::new(ListDatasetsResponse { datasets }))
+    }
+
+    async fn list_shards(
+        &self,
+        request: Request<ListShardsRequest>,
+    ) -> Result<Response<ListShardsResponse>, Status> {
+        // Listing is metadata: passed through to the hub, page by page.
+        let req = request.into_inner();
+        DatasetName::new(&req.dataset).map_err(Error::from)?;
+        let req = &req;
+        let page = self
+            .cache
+            .upstream
+            .list(
+                |hub| async move { hub.list_shards_page(&req.dataset, req.page_size, &req.page_token).await },
+            )
+            .await?;
+        let shards = page
+            .shards
+            .into_iter()
+            .map(|s| ShardInfo { chunk_size: self.cache.config.chunk_size as u32, ..s })
+            .collect();
+        Ok(Response::new(ListShardsResponse { shards, next_page_token: page.next_page_token }))
+    }
+
+    async fn stat_shard(&self, request: Request<StatShardRequest>) -> Result<Response<ShardInfo>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(self.entry(&req.dataset, &req.shard, "").await?.info()))
+    }
+
+    async fn read_range(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
+        let started = Instant::now();
+        let req = request.into_inner();
+        range::check_total(req.length, self.max_read).map_err(Error::from)?;
+        let entry = self.entry(&req.dataset, &req.shard, &req.expected_version).await?;
+        let chunk = self.read(&entry, req.offset, req.length).await?;
+        self.cache.metrics.read_latency.observe(started.elapsed());
+        Ok(Response::new(chunk))
+    }
+
+    async fn read_ranges(
+        &self,
+        request: Request<ReadRangesRequest>,
+    ) -> Result<Response<ReadRangesResponse>, Status> {
+        let started = Instant::now();
+        let ranges = request.into_inner().ranges;
+        range::check_count(ranges.len()).map_err(Error::from)?;
+        let total = ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.length));
+        range::check_total(total, self.max_read).map_err(Error::from)?;
+        let reads = ranges.iter().map(|r| async move {
+            let entry = self.entry(&r.dataset, &r.shard, &r.expected_version).await?;
+            self.read(&entry, r.offset, r.length).await
+        });
+        let chunks = futures::future::try_join_all(reads).await?;
+        self.cache.metrics.read_latency.observe(started.elapsed());
+        Ok(Response::new(ReadRangesResponse { chunks }))
+    }
+
+    type StreamShardStream = ReceiverStream<Result<Chunk, Status>>;
+
+    async fn stream_shard(
+        &self,
+        request: Request<StreamShardRequest>,
+    ) -> Result<Response<Self::StreamShardStream>, Status> {
+        let req = request.into_inner();
+        let entry = self.entry(&req.dataset, &req.shard, &req.expected_version).await?;
+        let length = req.length.unwrap_or(entry.size.saturating_sub(req.offset));
+        range::check_within(req.offset, length, entry.size).map_err(Error::from)?;
+        let (end, chunk_size) = (req.offset + length, entry.chunk_size);
+        let (tx, rx) = mpsc::channel(STREAM_READ_AHEAD);
+        let cache = self.cache.clone();
+        tokio::spawn(async move {
+            let mut pos = req.offset;
+            while pos < end {
+                let started = Instant::now();
+                // Chunk boundaries as on the hub: multiples of the chunk size.
+                let len = (chunk_size - pos % chunk_size).min(end - pos);
+                let message = cache.read(&entry, pos, len).await.map(|data| Chunk {
+                    offset: pos,
+                    crc32c: crc32c(&data),
+                    data,
+                    version: entry.version.clone(),
+                });
+                cache.metrics.read_latency.observe(started.elapsed());
+                let failed = message.is_err();
+                if tx.send(message.map_err(Status::from)).await.is_err() || failed {
+                    break;
+                }
+                pos += len;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

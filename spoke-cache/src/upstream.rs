@@ -1,0 +1,140 @@
+//! The hubs this spoke fetches from, through the verifying client SDK.
+//!
+//! Connections are lazy: the spoke starts (and serves what it has cached) while its hubs
+//! are down. With several `--hub` URLs (stateless hubs over one shared source) a shard
+//! always goes to the same hub first (rendezvous hashing, so adding a hub moves few
+//! shards), and a hub that cannot be reached is skipped for the next one.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use shardcache_client::{Client, Range};
+use shardcache_proto::v1::ShardInfo;
+use tonic::transport::Endpoint;
+
+use crate::{Error, Result};
+
+/// How long to wait for a TCP connection to a hub. A hub across a 60 ms link answers a
+/// SYN in ~60 ms; 3 s covers retransmits without letting an uncached read hang.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The hubs, in `--hub` order.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    hubs: Vec<Client>,
+}
+
+impl Upstream {
+    /// Prepares (lazy) connections to `urls`.
+    pub fn new(urls: &[String]) -> Result<Self> {
+        if urls.is_empty() {
+            return Err(Error::Config("at least one --hub URL is needed".into()));
+        }
+        let hubs = urls
+            .iter()
+            .map(|url| {
+                let endpoint = Endpoint::from_shared(url.clone())
+                    .map_err(|e| Error::Config(format!("--hub {url:?} is not a valid URL: {e}")))?
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .tcp_nodelay(true);
+                Ok(Client::from_channel(endpoint.connect_lazy(), url))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { hubs })
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.hubs.iter().map(|h| h.endpoint().to_owned()).collect()
+    }
+
+    /// Hubs in the order to try for `dataset/shard`: highest rendezvous score first.
+    fn order(&self, dataset: &str, shard: &str) -> Vec<&Client> {
+        let mut hubs: Vec<_> = self.hubs.iter().collect();
+        if hubs.len() > 1 {
+            hubs.sort_by_key(|hub| std::cmp::Reverse(score(hub.endpoint(), dataset, shard)));
+        }
+        hubs
+    }
+
+    /// Runs `call` on the hubs for this shard until one answers; errors other than
+    /// "unreachable" are final (the hubs share one source, so they would agree).
+    async fn first_answer<T, F, Fut>(&self, dataset: &str, shard: &str, call: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = shardcache_client::Result<T>>,
+    {
+        let mut last = None;
+        for hub in self.order(dataset, shard) {
+            match call(hub.clone()).await {
+                Ok(answer) => return Ok(answer),
+                Err(e) => {
+                    let e = classify(hub.endpoint(), e);
+                    if !matches!(e, Error::HubUnavailable { .. }) {
+                        return Err(e);
+                    }
+                    tracing::warn!(hub = hub.endpoint(), error = %e, "hub unreachable");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Config("no hubs".into())))
+    }
+
+    pub async fn stat(&self, dataset: &str, shard: &str) -> Result<ShardInfo> {
+        self.first_answer(dataset, shard, |hub| async move { hub.stat(dataset, shard).await }).await
+    }
+
+    /// Reads one range at `version`; the SDK has verified CRC, offset and length.
+    pub async fn read(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: u64,
+        version: &str,
+    ) -> Result<Bytes> {
+        let mut range = Range::new(dataset, shard, offset, length);
+        range.expected_version = Some(version.to_owned());
+        let range = &range;
+        self.first_answer(dataset, shard, |hub| async move { hub.read_range(range).await.map(|v| v.data) })
+            .await
+    }
+
+    /// The hub for listing calls (the first one that answers).
+    pub async fn list<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = shardcache_client::Result<T>>,
+    {
+        self.first_answer("", "", call).await
+    }
+}
+
+/// Rendezvous (highest random weight) score of a hub for a shard: FNV-1a.
+fn score(hub: &str, dataset: &str, shard: &str) -> u64 {
+    [hub.as_bytes(), &[0], dataset.as_bytes(), &[0], shard.as_bytes()]
+        .concat()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// Maps an SDK error to the spoke's: unreachable hubs become `HubUnavailable`.
+fn classify(hub: &str, err: shardcache_client::Error) -> Error {
+    use shardcache_client::Error as E;
+    let hub = hub.to_owned();
+    match err {
+        // tonic reports a refused or failed connection as UNAVAILABLE.
+        E::Status { status, .. } if status.code() == tonic::Code::Unavailable => {
+            Error::HubUnavailable { hub, message: status.message().to_owned() }
+        }
+        E::Status { status, .. } => {
+            Error::Hub { hub, code: status.code(), message: status.message().to_owned() }
+        }
+        E::Endpoint { source, .. } | E::Connect { source, .. } => {
+            Error::HubUnavailable { hub, message: source.to_string() }
+        }
+        e @ (E::Checksum { .. } | E::Protocol { .. } | E::VersionChanged { .. }) => {
+            Error::HubCorrupt { hub, message: e.to_string() }
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! The spoke stays under its capacity on disk, evicts least recently used shards first,
+//! never evicts pinned ones, and keeps serving correct bytes throughout.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use shardcache_tests::{
+    TestHub, TestSpoke, assert_dataset_reads_back, disk_usage, make_dataset, spoke_options,
+};
+
+/// Waits (bounded) until the evictor has brought `used` back under the high watermark
+/// and finished compacting what it evicted.
+async fn settled(spoke: &TestSpoke) {
+    let limit = (spoke.cache.config().capacity as f64 * spoke.cache.config().high_watermark) as u64;
+    for _ in 0..2000 {
+        if spoke.cache.used_bytes() <= limit && !spoke.cache.is_evicting() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("eviction did not bring {} under {limit}", spoke.cache.used_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dataset_four_times_the_capacity_read_twice_stays_under_capacity_on_disk() {
+    const MIB: u64 = 1 << 20;
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "ds", 16, 64 * MIB); // 1 GiB
+    let hub = TestHub::start(root.path()).await;
+    let mut options = spoke_options(&hub.endpoint);
+    options.cache.capacity = 256 * MIB;
+    options.cache.chunk_size = MIB;
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let client = spoke.client().await;
+    let bound = 256 * MIB * 11 / 10 + 64 * MIB;
+    let mut peak = 0;
+    for _pass in 0..2 {
+        for shard in client.list_shards("ds").await.unwrap() {
+            let mut stream = client.stream_shard("ds", &shard.shard, 0, None).await.unwrap();
+            let mut got = Vec::new();
+            while let Some(chunk) = stream.next_chunk().await.unwrap() {
+                got.extend_from_slice(&chunk.data);
+            }
+            assert_eq!(got, std::fs::read(dir.join(&shard.shard)).unwrap(), "{}", shard.shard);
+            settled(&spoke).await;
+            peak = peak.max(disk_usage(cache_dir.path()));
+            let listing = || {
+                let mut files: Vec<_> = std::fs::read_dir(cache_dir.path())
+                    .unwrap()
+                    .flatten()
+                    .map(|e| format!("{} {}", e.file_name().to_string_lossy(), e.metadata().unwrap().len()))
+                    .collect();
+                files.sort();
+                files.join("\n")
+            };
+            assert!(
+                peak < bound,
+                "du of the cache dir is {peak} bytes, over {bound}; used {}:\n{}",
+                spoke.cache.used_bytes(),
+                listing()
+            );
+        }
+    }
+    let status = spoke.control().await.status().await.unwrap();
+    assert!(status.evicted_shards >= 24, "{status:?}");
+    assert!(status.used_bytes <= 256 * MIB);
+    eprintln!("peak du {} MiB for a 256 MiB cache", peak / MIB);
+}
+
+#[tokio::test]
+async fn least_recently_used_goes_first_and_pinned_shards_stay() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "ds", 6, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let mut options = spoke_options(&hub.endpoint);
+    options.cache.capacity = 4 << 20; // room for four 1 MiB shards (3.4 at the low mark)
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let control = spoke.control().await;
+    let names: Vec<String> = (0..6).map(shardcache_client::dataset_gen::shard_name).collect();
+    control.prefetch("ds", &names[..3], 1).await.unwrap().finish().await.unwrap();
+    control.pin("ds", &names[..1], true).await.unwrap(); // shard 0: pinned, oldest
+    // Touch shard 1 so that shard 2 is the least recently used unpinned one.
+    let client = spoke.client().await;
+    client.read_range(&shardcache_client::Range::new("ds", &names[1], 0, 10)).await.unwrap();
+    control.prefetch("ds", &names[3..5], 1).await.unwrap().finish().await.unwrap();
+    settled(&spoke).await;
+    let cached: Vec<bool> = names
+        .iter()
+        .map(|n| spoke.cache.cached_entry("ds", n).is_some_and(|e| e.cached_bytes() > 0))
+        .collect();
+    assert!(cached[0], "pinned shard evicted: {cached:?}");
+    assert!(!cached[2], "the least recently used shard stayed: {cached:?}");
+    assert!(spoke.cache.used_bytes() <= 4 << 20);
+    assert_dataset_reads_back(&client, "ds", &dir).await;
+}

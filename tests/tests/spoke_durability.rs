@@ -1,0 +1,155 @@
+//! The spoke across restarts, crashes, damaged files, changed shards and a hub that is
+//! down: it serves only correct bytes, or a precise error.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use shardcache_client::{CacheClient, Client, Range};
+use shardcache_tests::{
+    SpokeProcess, TestHub, TestSpoke, assert_dataset_reads_back, make_dataset, rewrite_in_place, sha256,
+    spoke_options, write_pattern,
+};
+use tonic::Code;
+
+#[tokio::test]
+async fn restart_serves_at_once_without_the_hub() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "ds", 2, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
+    spoke.stop().await;
+    let endpoint = hub.endpoint.clone();
+    hub.stop().await.unwrap();
+
+    // Hub gone, TTL expired: cached shards are served as they are.
+    let mut options = spoke_options(&endpoint);
+    options.cache.revalidate_after = Duration::ZERO;
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let client = spoke.client().await;
+    for shard in ["shard-00000.bin", "shard-00001.bin"] {
+        let mut stream = client.stream_shard("ds", shard, 0, None).await.unwrap();
+        let mut got = Vec::new();
+        while let Some(chunk) = stream.next_chunk().await.unwrap() {
+            got.extend_from_slice(&chunk.data);
+        }
+        assert_eq!(sha256(&got), sha256(&std::fs::read(dir.join(shard)).unwrap()));
+    }
+    // Not cached: UNAVAILABLE naming the hub, promptly rather than hanging.
+    let err = client.read_range(&Range::new("ds", "shard-00009.bin", 0, 10)).await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::Unavailable), "{err}");
+    assert!(err.to_string().contains(&endpoint), "{err}");
+}
+
+#[tokio::test]
+async fn a_shard_changed_on_the_hub_is_served_new_after_the_ttl_never_mixed() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let path = root.path().join("ds/s.bin");
+    let old = write_pattern(&path, 4 * (256 << 10), 1);
+    let hub = TestHub::start(root.path()).await;
+
+    // A long TTL: the cached version keeps being served, whole and consistent.
+    let cache_long = tempfile::tempdir().unwrap();
+    let spoke_long = TestSpoke::start(cache_long.path(), spoke_options(&hub.endpoint)).await;
+    let long = spoke_long.client().await;
+    spoke_long.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
+
+    // TTL zero: every access checks the version.
+    let mut options = spoke_options(&hub.endpoint);
+    options.cache.revalidate_after = Duration::ZERO;
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let client = spoke.client().await;
+    let first = client.read_range(&Range::new("ds", "s.bin", 0, 4 * (256 << 10))).await.unwrap();
+    assert_eq!(first.data, old);
+
+    let new: Vec<u8> = old.iter().map(|b| b.wrapping_add(1)).collect();
+    rewrite_in_place(&path, &new);
+    let second = client.read_range(&Range::new("ds", "s.bin", 0, 4 * (256 << 10))).await.unwrap();
+    assert_eq!(second.data, new, "after the TTL the new bytes");
+    assert_ne!(second.version, first.version);
+    let stale = long.read_range(&Range::new("ds", "s.bin", 0, 4 * (256 << 10))).await.unwrap();
+    assert_eq!(stale.data, old, "inside the TTL: the cached version, whole");
+    assert_eq!(stale.version, first.version);
+}
+
+#[tokio::test]
+async fn a_corrupted_page_on_disk_is_detected_refetched_and_counted() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = write_pattern(&root.path().join("ds/s.bin"), 1 << 20, 9);
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
+    let id = spoke.cache.cached_entry("ds", "s.bin").unwrap().id;
+    spoke.stop().await;
+
+    // Flip one byte of page 2 in the stored value, as a bad disk would.
+    {
+        let mut options = rocksdb::Options::default();
+        options.create_if_missing(false);
+        let db = rocksdb::DB::open_cf(&options, cache_dir.path(), ["pages", "shards"]).unwrap();
+        let pages = db.cf_handle("pages").unwrap();
+        let key = spoke_cache::store::page_key(id, 2);
+        let mut value = db.get_cf(pages, key).unwrap().unwrap();
+        value[100] ^= 0xff;
+        db.put_cf(pages, key, value).unwrap();
+    }
+
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    let before = hub.stats.snapshot().bytes_served;
+    let got = spoke.client().await.read_range(&Range::new("ds", "s.bin", 0, 1 << 20)).await.unwrap();
+    assert_eq!(got.data, data, "the damaged page was not served");
+    assert_eq!(spoke.metric("shardcache_spoke_checksum_failures_total").await, 1.0);
+    assert_eq!(
+        hub.stats.snapshot().bytes_served - before,
+        256 << 10,
+        "exactly the damaged chunk was refetched"
+    );
+    let again = spoke.client().await.read_range(&Range::new("ds", "s.bin", 0, 1 << 20)).await.unwrap();
+    assert_eq!(again.data, data);
+    assert_eq!(spoke.metric("shardcache_spoke_checksum_failures_total").await, 1.0, "and stored again, good");
+}
+
+#[tokio::test]
+async fn kill_9_during_prefetch_then_restart_serves_only_correct_bytes() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "ds", 8, 4 << 20);
+    let hub = TestHub::start(root.path()).await;
+    for round in 0..3 {
+        let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &[]);
+        let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
+        let mut progress = control.prefetch("ds", &[], 2).await.unwrap();
+        // Let it get some way (a different way each round), then kill it mid-write.
+        for _ in 0..=round {
+            progress.next().await.unwrap();
+        }
+        spoke.kill();
+    }
+    let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &[]);
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    assert_dataset_reads_back(&client, "ds", &dir).await;
+}
+
+#[tokio::test]
+async fn damaged_cache_files_do_not_crash_the_spoke() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "ds", 2, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
+    spoke.stop().await;
+    // Scribble over every RocksDB file: SSTs, manifest, WAL, options.
+    for entry in std::fs::read_dir(cache_dir.path()).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_file() && !path.ends_with("LOCK") {
+            let mut bytes = std::fs::read(&path).unwrap();
+            for b in bytes.iter_mut().skip(7).step_by(97) {
+                *b ^= 0x5a;
+            }
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+    let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &[]);
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    assert_dataset_reads_back(&client, "ds", &dir).await;
+}

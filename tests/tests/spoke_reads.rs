@@ -1,0 +1,151 @@
+//! The spoke answers exactly like the hub, cold and warm; a warm read never calls the
+//! hub; concurrent cold readers of one shard cause one upstream transfer of it.
+
+#![allow(clippy::unwrap_used)]
+
+use futures::future::join_all;
+use shardcache_client::{Client, Range};
+use shardcache_tests::{TestHub, TestSpoke, make_dataset, sha256, spoke_options, write_pattern};
+
+async fn stream_all(
+    client: &Client,
+    dataset: &str,
+    shard: &str,
+    offset: u64,
+    length: Option<u64>,
+) -> Vec<u8> {
+    let mut stream = client.stream_shard(dataset, shard, offset, length).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next_chunk().await.unwrap() {
+        out.extend_from_slice(&chunk.data);
+    }
+    out
+}
+
+/// Every read RPC, compared between hub and spoke.
+async fn same_answers(hub: &Client, spoke: &Client, len: u64) {
+    let (hs, ss) = (hub.stat("ds", "s.bin").await.unwrap(), spoke.stat("ds", "s.bin").await.unwrap());
+    assert_eq!((hs.size, &hs.version, hs.record_size), (ss.size, &ss.version, ss.record_size));
+    let chunk = 256 << 10;
+    for (offset, length) in
+        [(0, 0), (0, 1), (chunk - 1, 2), (chunk, chunk), (len - 10, 10), (12345, 16384), (len, 0)]
+    {
+        let range = Range::new("ds", "s.bin", offset, length);
+        let (a, b) = (hub.read_range(&range).await.unwrap(), spoke.read_range(&range).await.unwrap());
+        assert_eq!((a.data, a.version), (b.data, b.version), "{offset}+{length}");
+    }
+    let batch: Vec<_> =
+        (0..24).map(|i| Range::new("ds", "s.bin", (i * 37_000) % (len - 16384), 16384)).collect();
+    let (a, b) = (hub.read_ranges(&batch).await.unwrap(), spoke.read_ranges(&batch).await.unwrap());
+    assert_eq!(a, b);
+    for (offset, length) in [(0, None), (100, Some(chunk * 2)), (chunk * 3 + 7, None)] {
+        assert_eq!(
+            sha256(&stream_all(hub, "ds", "s.bin", offset, length).await),
+            sha256(&stream_all(spoke, "ds", "s.bin", offset, length).await)
+        );
+    }
+    let (hl, sl) = (hub.list_shards("ds").await.unwrap(), spoke.list_shards("ds").await.unwrap());
+    assert_eq!(
+        hl.iter().map(|s| (&s.shard, s.size, &s.version)).collect::<Vec<_>>(),
+        sl.iter().map(|s| (&s.shard, s.size, &s.version)).collect::<Vec<_>>()
+    );
+    // Errors too: same code, same words.
+    for range in [
+        Range::new("ds", "../x", 0, 1),
+        Range::new("ds", "nope.bin", 0, 1),
+        Range::new("ds", "s.bin", len, 1),
+    ] {
+        let (a, b) = (hub.read_range(&range).await.unwrap_err(), spoke.read_range(&range).await.unwrap_err());
+        assert_eq!(a.code(), b.code(), "{range:?}: {a} / {b}");
+    }
+}
+
+#[tokio::test]
+async fn spoke_bytes_equal_hub_bytes_cold_and_warm_and_warm_reads_stay_local() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let len = 10 * (256 << 10) + 777; // ten chunks and a short one
+    write_pattern(&root.path().join("ds/s.bin"), len as usize, 3);
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    let (hub_client, spoke_client) = (hub.client().await, spoke.client().await);
+
+    same_answers(&hub_client, &spoke_client, len).await; // cold (and warming)
+    // Make sure the whole shard is in, then count hub traffic during warm reads.
+    spoke.control().await.prefetch("ds", &["s.bin".into()], 0).await.unwrap().finish().await.unwrap();
+    let before = hub.stats.snapshot();
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        again.push(stream_all(&spoke_client, "ds", "s.bin", 0, None).await);
+        spoke_client.read_range(&Range::new("ds", "s.bin", 5000, 16384)).await.unwrap();
+        spoke_client.stat("ds", "s.bin").await.unwrap();
+    }
+    let after = hub.stats.snapshot();
+    assert_eq!(after.read_requests, before.read_requests, "a warm read went to the hub");
+    assert_eq!(after.bytes_served, before.bytes_served);
+    assert_eq!(after.stat_requests, before.stat_requests, "inside the TTL no revalidation");
+    assert_eq!(sha256(&again[2]), sha256(&std::fs::read(root.path().join("ds/s.bin")).unwrap()));
+    same_answers(&hub_client, &spoke_client, len).await; // warm
+
+    let status = spoke.control().await.status().await.unwrap();
+    let ds = status.datasets.iter().find(|d| d.dataset == "ds").unwrap();
+    assert_eq!(ds.cached_bytes, len);
+    assert!(ds.hit_requests > 0 && ds.miss_requests > 0, "{ds:?}");
+    assert_eq!(ds.upstream_bytes, len, "each byte crossed the link once");
+    assert_eq!(spoke.metric("shardcache_spoke_upstream_bytes_total{dataset=\"ds\"}").await, len as f64);
+    assert_eq!(spoke.metric("shardcache_spoke_used_bytes").await, len as f64);
+}
+
+#[tokio::test]
+async fn sixty_four_cold_readers_cause_one_upstream_transfer() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "ds", 1, 4 << 20); // 16 chunks of 256 KiB
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    let client = spoke.client().await;
+    let readers = (0..64).map(|_| {
+        let client = client.clone();
+        async move { stream_all(&client, "ds", "shard-00000.bin", 0, None).await }
+    });
+    let results = join_all(readers).await;
+    let want = sha256(&std::fs::read(dir.join("shard-00000.bin")).unwrap());
+    assert!(results.iter().all(|r| sha256(r) == want));
+    let served = hub.stats.snapshot();
+    assert_eq!(served.bytes_served, 4 << 20, "the shard crossed the link exactly once");
+    assert_eq!(served.read_requests, 16, "one fetch per chunk");
+}
+
+#[tokio::test]
+async fn prefetch_reports_progress_and_pin_evict_work() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    make_dataset(root.path(), "ds", 4, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    let control = spoke.control().await;
+
+    let plan = vec!["shard-00002.bin".to_owned(), "shard-00000.bin".to_owned()];
+    let mut stream = control.prefetch("ds", &plan, 1).await.unwrap();
+    let mut reports = Vec::new();
+    while let Some(progress) = stream.next().await.unwrap() {
+        reports.push(progress);
+    }
+    let last = reports.last().unwrap();
+    assert_eq!(
+        (last.shards_total, last.shards_done, last.bytes_done, last.bytes_fetched),
+        (2, 2, 2 << 20, 2 << 20)
+    );
+    assert_eq!(reports[1].last_shard, "ds/shard-00002.bin", "the plan's order is kept");
+    // Whole dataset: the two cached shards are not fetched again.
+    let all = control.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
+    assert_eq!((all.shards_done, all.bytes_fetched), (4, 2 << 20));
+
+    assert_eq!(control.pin("ds", &["shard-00001.bin".into()], true).await.unwrap(), 1);
+    let evicted = control.evict("ds", &[]).await.unwrap();
+    assert_eq!((evicted.shards, evicted.bytes), (4, 4 << 20), "evict ignores pins: it is an explicit order");
+    let status = control.status().await.unwrap();
+    assert_eq!(status.used_bytes, 0);
+    // Evicted means refetched on the next read, and still correct.
+    let before = hub.stats.snapshot().bytes_served;
+    let data = spoke.client().await.read_range(&Range::new("ds", "shard-00003.bin", 0, 16384)).await.unwrap();
+    assert_eq!(data.data, std::fs::read(root.path().join("ds/shard-00003.bin")).unwrap()[..16384]);
+    assert!(hub.stats.snapshot().bytes_served > before);
+}
