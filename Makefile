@@ -4,12 +4,16 @@
 .PHONY: demo test deps build lint
 
 CARGO ?= cargo
+# RocksDB's C++ goes through ccache (installed by `make deps`): see scripts/ensure-deps.sh.
+export CC := ccache cc
+export CXX := ccache c++
+export CCACHE_DIR ?= $(HOME)/.cache/ccache
 
 deps:
 	@scripts/ensure-deps.sh
 
 demo: deps
-	$(CARGO) build --release --bins
+	$(CARGO) build --release --workspace --bins
 	@scripts/demo.sh
 
 lint: deps

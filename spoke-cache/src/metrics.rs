@@ -25,6 +25,9 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
+/// Picks one counter of a dataset's counters.
+type CounterField = fn(&DatasetCounters) -> &AtomicU64;
+
 /// Per-dataset counters.
 #[derive(Debug, Default)]
 pub struct DatasetCounters {
@@ -114,7 +117,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, occupancy: &Occupancy) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, fn(&DatasetCounters) -> &AtomicU64); 5] = [
+        let counters: [(&str, &str, CounterField); 5] = [
             ("shardcache_spoke_hit_requests_total", "Read requests served wholly from the cache", |d| {
                 &d.hit_requests
             }),

@@ -8,6 +8,8 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed setup should fail the test loudly
 
+pub mod bench;
+
 use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,

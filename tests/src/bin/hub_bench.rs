@@ -16,8 +16,11 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use hub_server::{ServeOptions, service::ReadLimits};
 use shardcache_client::{Client, Range};
-use shardcache_tests::{TestHub, make_dataset};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use shardcache_tests::{
+    TestHub,
+    bench::{mb_per_s, next_random, percentiles, raw_tcp},
+    make_dataset,
+};
 
 const SHARDS: u32 = 8;
 const SHARD_SIZE: u64 = 64 << 20;
@@ -75,38 +78,6 @@ async fn wide_window_client(endpoint: &str) -> Client {
     Client::from_channel(channel, endpoint)
 }
 
-/// MB/s of `streams` TCP connections writing `total` bytes between them over loopback.
-async fn raw_tcp(streams: usize, total: u64) -> f64 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let per_stream = total / streams as u64;
-    let sink = tokio::spawn(async move {
-        let mut readers = Vec::new();
-        for _ in 0..streams {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            readers.push(tokio::spawn(async move {
-                let mut buf = vec![0u8; 1 << 20];
-                while socket.read(&mut buf).await.unwrap() > 0 {}
-            }));
-        }
-        join_all(readers).await;
-    });
-    let started = Instant::now();
-    let writers = (0..streams).map(|_| async move {
-        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let buf = vec![7u8; 1 << 20];
-        let mut sent = 0;
-        while sent < per_stream {
-            socket.write_all(&buf).await.unwrap();
-            sent += buf.len() as u64;
-        }
-        socket.shutdown().await.unwrap();
-    });
-    join_all(writers).await;
-    sink.await.unwrap();
-    mb_per_s(per_stream * streams as u64, started.elapsed())
-}
-
 /// MB/s of reading every shard through StreamShard, `streams` shards at a time.
 async fn stream_all(client: &Client, streams: usize) -> f64 {
     let started = Instant::now();
@@ -127,9 +98,8 @@ async fn stream_all(client: &Client, streams: usize) -> f64 {
 }
 
 fn random_sample(rng: &mut u64) -> Range {
-    *rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-    let shard = (*rng >> 33) as u32 % SHARDS;
-    let record = (*rng >> 13) % (SHARD_SIZE / RECORD);
+    let shard = (next_random(rng) % u64::from(SHARDS)) as u32;
+    let record = next_random(rng) % (SHARD_SIZE / RECORD);
     Range::new("c4", shardcache_client::dataset_gen::shard_name(shard), record * RECORD, RECORD)
 }
 
@@ -158,17 +128,4 @@ async fn batches(client: &Client) -> (f64, f64, f64) {
     let samples_per_s = (BATCHES * BATCH) as f64 / started.elapsed().as_secs_f64();
     let (p50, p99) = percentiles(latencies);
     (p50, p99, samples_per_s)
-}
-
-/// p50 and p99 in microseconds.
-fn percentiles(mut latencies: Vec<Duration>) -> (f64, f64) {
-    latencies.sort();
-    let at = |q: f64| {
-        latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)].as_secs_f64() * 1e6
-    };
-    (at(0.50), at(0.99))
-}
-
-fn mb_per_s(bytes: u64, elapsed: Duration) -> f64 {
-    bytes as f64 / elapsed.as_secs_f64() / 1e6
 }

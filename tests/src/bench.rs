@@ -1,0 +1,67 @@
+//! Measurement helpers shared by the benchmark binaries (`src/bin/*_bench.rs`).
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// MB/s of `streams` TCP connections moving `total` bytes over loopback, in this process.
+pub async fn raw_tcp(streams: usize, total: u64) -> f64 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let per_stream = total / streams as u64;
+    let sink = tokio::spawn(async move {
+        let mut readers = Vec::new();
+        for _ in 0..streams {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            readers.push(tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 20];
+                while socket.read(&mut buf).await.unwrap() > 0 {}
+            }));
+        }
+        join_all(readers).await;
+    });
+    let started = std::time::Instant::now();
+    let writers = (0..streams).map(|_| async move {
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let buf = vec![7u8; 1 << 20];
+        let mut sent = 0;
+        while sent < per_stream {
+            socket.write_all(&buf).await.unwrap();
+            sent += buf.len() as u64;
+        }
+        socket.shutdown().await.unwrap();
+    });
+    join_all(writers).await;
+    sink.await.unwrap();
+    mb_per_s(per_stream * streams as u64, started.elapsed())
+}
+
+pub fn mb_per_s(bytes: u64, elapsed: Duration) -> f64 {
+    bytes as f64 / elapsed.as_secs_f64() / 1e6
+}
+
+/// p50 and p99 in microseconds.
+pub fn percentiles(mut latencies: Vec<Duration>) -> (f64, f64) {
+    latencies.sort();
+    let at = |q: f64| {
+        latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)].as_secs_f64() * 1e6
+    };
+    (at(0.50), at(0.99))
+}
+
+/// Peak resident set size (VmHWM) of a process, in MiB.
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// A small LCG for reproducible random offsets.
+pub fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+    *state >> 11
+}

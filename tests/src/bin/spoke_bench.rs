@@ -1,0 +1,118 @@
+//! `spoke-bench`: the spoke cache on this machine, as processes (release binaries), next
+//! to raw loopback TCP measured in the same run. Prints a markdown table.
+//!
+//! ```sh
+//! cargo build --release --bins && cargo run --release -p shardcache-tests --bin spoke-bench
+//! ```
+//!
+//! Rows: 16 clients streaming a 1 GiB dataset cold (through the spoke from the hub) and
+//! warm (from the spoke's disk), with the spoke's peak RSS after each; warm random 16 KiB
+//! ReadRange latency; restart time to the first served read with 10,000 cached chunks.
+
+#![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use shardcache_client::{CacheClient, Client, Range};
+use shardcache_tests::{
+    HubProcess, SpokeProcess,
+    bench::{mb_per_s, next_random, peak_rss_mib, percentiles, raw_tcp},
+    make_dataset,
+};
+
+const SHARDS: u32 = 16;
+const SHARD_SIZE: u64 = 64 << 20;
+const SAMPLE: u64 = 16 << 10;
+const RANDOM_READS: usize = 5000;
+
+#[tokio::main]
+async fn main() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", SHARDS, SHARD_SIZE);
+    let total = u64::from(SHARDS) * SHARD_SIZE;
+    let hub = HubProcess::start(root.path(), &[]);
+
+    println!("| measurement | result |");
+    println!("|---|---|");
+    let raw = raw_tcp(4, total).await;
+    println!("| raw loopback TCP, 4 streams, 1 GiB | {raw:.0} MB/s |");
+
+    let cache = tempfile::tempdir().unwrap();
+    let spoke =
+        SpokeProcess::start(&hub.endpoint, cache.path(), &["--chunk-size", "1MiB", "--capacity", "4GiB"]);
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    for phase in ["cold", "warm"] {
+        let mbs = stream_dataset(&client).await;
+        let rss = peak_rss_mib(spoke.child.id());
+        println!(
+            "| 16 clients stream 1 GiB, {phase} | {mbs:.0} MB/s ({:.0}% of raw TCP); spoke peak RSS {rss:.0} MiB |",
+            mbs * 100.0 / raw
+        );
+    }
+    let (p50, p99) = random_reads(&client).await;
+    println!(
+        "| warm random 16 KiB ReadRange, one at a time, n={RANDOM_READS} | p50 {p50:.0} us, p99 {p99:.0} us |"
+    );
+    drop(spoke);
+
+    // 10,000+ cached chunks: 10 shards of 64 MiB in 64 KiB chunks.
+    let cache = tempfile::tempdir().unwrap();
+    let args = ["--chunk-size", "64KiB", "--capacity", "4GiB"];
+    let spoke = SpokeProcess::start(&hub.endpoint, cache.path(), &args);
+    let shards: Vec<String> = (0..10).map(shardcache_client::dataset_gen::shard_name).collect();
+    CacheClient::connect(&spoke.endpoint)
+        .await
+        .unwrap()
+        .prefetch("c4", &shards, 0)
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
+    let pid = spoke.child.id().to_string();
+    let mut spoke = spoke;
+    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    spoke.child.wait().unwrap();
+    let started = Instant::now();
+    let spoke = SpokeProcess::start(&hub.endpoint, cache.path(), &args);
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    client.read_range(&Range::new("c4", &shards[3], 1 << 20, SAMPLE)).await.unwrap();
+    println!(
+        "| restart to first served read, 10,240 cached chunks (640 MiB) | {:.0} ms |",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+}
+
+/// 16 concurrent clients, each streaming one shard.
+async fn stream_dataset(client: &Client) -> f64 {
+    let started = Instant::now();
+    let reads = (0..SHARDS).map(|i| {
+        let client = client.clone();
+        async move {
+            let shard = shardcache_client::dataset_gen::shard_name(i);
+            let mut stream = client.stream_shard("c4", &shard, 0, None).await.unwrap();
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next_chunk().await.unwrap() {
+                n += chunk.data.len() as u64;
+            }
+            n
+        }
+    });
+    let bytes: u64 = join_all(reads).await.into_iter().sum();
+    mb_per_s(bytes, started.elapsed())
+}
+
+async fn random_reads(client: &Client) -> (f64, f64) {
+    let mut rng = 3;
+    let mut latencies: Vec<Duration> = Vec::with_capacity(RANDOM_READS);
+    for _ in 0..RANDOM_READS {
+        let shard =
+            shardcache_client::dataset_gen::shard_name((next_random(&mut rng) % u64::from(SHARDS)) as u32);
+        let offset = next_random(&mut rng) % (SHARD_SIZE / SAMPLE) * SAMPLE;
+        let started = Instant::now();
+        client.read_range(&Range::new("c4", shard, offset, SAMPLE)).await.unwrap();
+        latencies.push(started.elapsed());
+    }
+    percentiles(latencies)
+}
