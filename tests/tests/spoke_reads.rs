@@ -149,3 +149,45 @@ async fn prefetch_reports_progress_and_pin_evict_work() {
     assert_eq!(data.data, std::fs::read(root.path().join("ds/shard-00003.bin")).unwrap()[..16384]);
     assert!(hub.stats.snapshot().bytes_served > before);
 }
+
+/// Polls (bounded) until `done` holds.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{what} did not happen within 10 s");
+}
+
+#[tokio::test]
+async fn first_touch_fetches_the_whole_shard_or_reads_ahead_when_configured() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "ds", 2, 4 << 20); // 16 chunks of 256 KiB each
+    let hub = TestHub::start(root.path()).await;
+
+    // Whole-shard fetch (the default): one 16 KiB read brings the whole shard in.
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache.path(), spoke_options(&hub.endpoint)).await;
+    spoke.client().await.read_range(&Range::new("ds", "shard-00000.bin", 0, 16384)).await.unwrap();
+    let entry = spoke.cache.cached_entry("ds", "shard-00000.bin").unwrap();
+    eventually("whole-shard fetch", || entry.is_complete()).await;
+    assert_eq!(hub.stats.snapshot().bytes_served, 4 << 20);
+
+    // Whole-shard fetch off, read-ahead of 2: reading chunk 5 brings chunks 6 and 7.
+    let cache = tempfile::tempdir().unwrap();
+    let mut options = spoke_options(&hub.endpoint);
+    options.cache.fetch_whole_shard = false;
+    let spoke = TestSpoke::start(cache.path(), options).await;
+    spoke
+        .client()
+        .await
+        .read_range(&Range::new("ds", "shard-00001.bin", 5 * (256 << 10), 16384))
+        .await
+        .unwrap();
+    let entry = spoke.cache.cached_entry("ds", "shard-00001.bin").unwrap();
+    eventually("read-ahead", || entry.has_chunk(6) && entry.has_chunk(7)).await;
+    let present: Vec<u64> = (0..16).filter(|&i| entry.has_chunk(i)).collect();
+    assert_eq!(present, [5, 6, 7]);
+}
