@@ -4,10 +4,8 @@
 //! - An [`Entry`] is one shard *version* with its own store id. A new version found at
 //!   revalidation replaces the entry (new id), so bytes of two versions never mix.
 //! - A read serves present chunks from the store (CRC-checked per page) and fetches the
-//!   others; concurrent misses on one chunk share one fetch (`inflight`), which runs in
-//!   its own task so a reader that goes away does not cancel it for the others.
-//! - A chunk becomes visible (its presence bit set in memory) only after its pages and
-//!   record are written (`admit`), so a reader never sees half a chunk.
+//!   others through `fetch.rs` (one shared fetch per chunk; a chunk becomes visible only
+//!   once written and verified).
 //! - Versions are revalidated with the hub after `revalidate_after`; when the hub cannot
 //!   be reached, cached shards are served as they are and misses fail with UNAVAILABLE.
 
@@ -21,10 +19,7 @@ use std::{
 };
 
 use bytes::{Bytes, BytesMut};
-use futures::{
-    FutureExt,
-    future::{BoxFuture, Shared},
-};
+use futures::future::{BoxFuture, Shared};
 use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::ShardInfo,
@@ -59,7 +54,7 @@ pub struct CacheConfig {
 }
 
 type ShardKey = (String, String);
-type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
+pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 
 /// One cached shard version.
 #[derive(Debug)]
@@ -74,22 +69,22 @@ pub struct Entry {
     state: Mutex<EntryState>,
     /// Serialises writes of this entry's record (admissions, pins, eviction), so the
     /// record on disk is always the latest one.
-    admit: tokio::sync::Mutex<()>,
+    pub(crate) admit: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
-struct EntryState {
-    record: ShardRecord,
+pub(crate) struct EntryState {
+    pub(crate) record: ShardRecord,
     /// Milliseconds since the cache started, at the last read (for LRU).
     last_access: u64,
     /// Prefetch plans currently holding this shard.
     prefetching: u32,
-    evicted: bool,
+    pub(crate) evicted: bool,
     whole_fetch_started: bool,
 }
 
 impl Entry {
-    fn state(&self) -> MutexGuard<'_, EntryState> {
+    pub(crate) fn state(&self) -> MutexGuard<'_, EntryState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -141,9 +136,9 @@ pub struct Cache {
     pub(crate) config: CacheConfig,
     pub(crate) metrics: Arc<Metrics>,
     index: Mutex<HashMap<ShardKey, Arc<Entry>>>,
-    inflight: Mutex<HashMap<(u64, u64), SharedFetch>>,
+    pub(crate) inflight: Mutex<HashMap<(u64, u64), SharedFetch>>,
     next_id: AtomicU64,
-    used: AtomicU64,
+    pub(crate) used: AtomicU64,
     started: Instant,
     pub(crate) evict_wakeup: Notify,
     /// Eviction passes running (see `evict.rs`).
@@ -408,7 +403,13 @@ impl Cache {
 
     /// Stored bytes `[from, to)` of chunk `index`, or `None` when they must be fetched
     /// (a missing or corrupt page: the chunk is then marked absent).
-    async fn read_stored(&self, entry: &Arc<Entry>, index: u64, from: u64, to: u64) -> Result<Option<Bytes>> {
+    pub(crate) async fn read_stored(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<Option<Bytes>> {
         let (store, id) = (self.store.clone(), entry.id);
         match blocking(move || store.read(id, from, to - from)).await? {
             Ok(bytes) => Ok(Some(bytes)),
@@ -465,108 +466,6 @@ impl Cache {
                 drop(self.fetch_chunk(entry, index));
             }
         }
-    }
-
-    /// Fetches every absent chunk of `entry`, `shard_fetch_parallelism` at a time.
-    /// Returns the bytes that crossed the link.
-    pub async fn fetch_shard(self: &Arc<Self>, entry: &Arc<Entry>) -> Result<u64> {
-        use futures::stream::{self, StreamExt, TryStreamExt};
-        let missing: Vec<u64> = (0..entry.chunk_count()).filter(|&i| !entry.has_chunk(i)).collect();
-        stream::iter(missing)
-            .map(|index| {
-                let fetch = self.fetch_chunk(entry, index);
-                async move { fetch.await.map(|bytes| bytes.len() as u64) }
-            })
-            .buffer_unordered(self.config.shard_fetch_parallelism.max(1))
-            .try_fold(0, |sum, n| async move { Ok(sum + n) })
-            .await
-    }
-
-    /// The shared fetch of chunk `index`: started here unless one is already running.
-    pub(crate) fn fetch_chunk(self: &Arc<Self>, entry: &Arc<Entry>, index: u64) -> SharedFetch {
-        let key = (entry.id, index);
-        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(running) = inflight.get(&key) {
-            return running.clone();
-        }
-        let (cache, entry) = (self.clone(), entry.clone());
-        // Checked under the lock: a fetch sets the presence bit before it leaves
-        // `inflight`, so a chunk is either present here or its fetch is registered.
-        if entry.has_chunk(index) {
-            return async move {
-                let (offset, length) = entry.chunk_range(index);
-                match cache.read_stored(&entry, index, offset, offset + length).await? {
-                    Some(bytes) => Ok(bytes),
-                    None => cache.fetch_chunk(&entry, index).await,
-                }
-            }
-            .boxed()
-            .shared();
-        }
-        let task = tokio::spawn(async move {
-            let result = cache.fetch_and_admit(&entry, index).await;
-            // Removed only after this fetch was registered: the lock is held until then.
-            cache.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
-            result
-        });
-        let shared = async move {
-            task.await.unwrap_or_else(|e| Err(Error::Internal(format!("fetch task failed: {e}"))))
-        }
-        .boxed()
-        .shared();
-        inflight.insert(key, shared.clone());
-        shared
-    }
-
-    async fn fetch_and_admit(self: &Arc<Self>, entry: &Arc<Entry>, index: u64) -> Result<Bytes> {
-        let (offset, length) = entry.chunk_range(index);
-        let started = Instant::now();
-        self.metrics.upstream_requests.fetch_add(1, Relaxed);
-        let fetched = self.upstream.read(&entry.dataset, &entry.shard, offset, length, &entry.version).await;
-        let data = match fetched {
-            Ok(data) => data,
-            Err(e) if e.code() == tonic::Code::Aborted => {
-                // The hub has a newer version: check it at the next access.
-                entry.state().record.validated_at_ms = 0;
-                return Err(Error::VersionChanged {
-                    dataset: entry.dataset.clone(),
-                    shard: entry.shard.clone(),
-                    expected: entry.version.clone(),
-                    found: "a newer version on the hub".into(),
-                });
-            }
-            Err(e) => return Err(e),
-        };
-        self.metrics.fetch_latency.observe(started.elapsed());
-        self.metrics.dataset(&entry.dataset).upstream_bytes.fetch_add(length, Relaxed);
-        if let Err(e) = self.admit(entry, index, data.clone()).await {
-            // Serving the verified bytes is still right; only caching them failed.
-            tracing::error!(error = %e, "could not store a fetched chunk");
-        }
-        Ok(data)
-    }
-
-    /// Writes a verified chunk, then makes it visible.
-    async fn admit(&self, entry: &Arc<Entry>, index: u64, data: Bytes) -> Result<()> {
-        let _serial = entry.admit.lock().await;
-        let record = {
-            let state = entry.state();
-            if state.evicted || state.record.has_chunk(index) {
-                return Ok(());
-            }
-            let mut record = state.record.clone();
-            record.set_chunk(index, true);
-            record
-        };
-        let (store, dataset, shard) = (self.store.clone(), entry.dataset.clone(), entry.shard.clone());
-        let offset = index * entry.chunk_size;
-        blocking(move || store.admit_chunk(&dataset, &shard, &record, offset, &data)).await?;
-        entry.state().record.set_chunk(index, true);
-        let used = self.used.fetch_add(entry.chunk_range(index).1, Relaxed) + entry.chunk_range(index).1;
-        if used as f64 > self.config.capacity as f64 * self.config.high_watermark {
-            self.evict_wakeup.notify_one();
-        }
-        Ok(())
     }
 
     /// Sets or clears the pin of `entry`; true when it changed.

@@ -2,7 +2,8 @@
 //! serving the hub's read API (`shardcache.v1.ShardReader`) plus cache control.
 //!
 //! - [`store`]: RocksDB layout: shard pages with CRC32C, shard records;
-//! - [`cache`]: entries per shard version, read-through, request coalescing, admission;
+//! - [`cache`]: entries per shard version, read-through, revalidation;
+//! - [`fetch`]: upstream fetches, request coalescing, admission of verified chunks;
 //! - [`upstream`]: the hubs, through the verifying client SDK;
 //! - [`evict`]: capacity, watermarks, LRU eviction, disk reclamation;
 //! - [`service`]: the read API over the cache;
@@ -15,6 +16,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod evict;
+pub mod fetch;
 pub mod metrics;
 pub mod server;
 pub mod service;
