@@ -258,9 +258,13 @@ pub fn sha256(data: &[u8]) -> String {
 
 /// Path of a binary of this workspace, built by `cargo build --bins` (`make test` does).
 pub fn binary(name: &str) -> PathBuf {
-    // The test executable lives in target/<profile>/deps/.
+    // Tests live in target/<profile>/deps/, benchmark binaries in target/<profile>/.
     let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    let mut dir = exe.parent().unwrap();
+    if dir.ends_with("deps") {
+        dir = dir.parent().unwrap();
+    }
+    let path = dir.join(name);
     assert!(
         path.exists(),
         "{} is missing: run `cargo build --workspace --bins` first (`make test` does)",
@@ -315,7 +319,7 @@ impl SpokeProcess {
     pub fn start(hub: &str, cache_dir: &Path, extra_args: &[&str]) -> Self {
         let mut child = Command::new(binary("spoke-cache"))
             .args(["--hub", hub, "--cache-dir", cache_dir.to_str().unwrap()])
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--chunk-size", "256KiB"])
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
             .args(extra_args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())

@@ -116,7 +116,7 @@ async fn kill_9_during_prefetch_then_restart_serves_only_correct_bytes() {
     let dir = make_dataset(root.path(), "ds", 8, 4 << 20);
     let hub = TestHub::start(root.path()).await;
     for round in 0..3 {
-        let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &[]);
+        let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &["--chunk-size", "256KiB"]);
         let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
         let mut progress = control.prefetch("ds", &[], 2).await.unwrap();
         // Let it get some way (a different way each round), then kill it mid-write.
@@ -125,7 +125,7 @@ async fn kill_9_during_prefetch_then_restart_serves_only_correct_bytes() {
         }
         spoke.kill();
     }
-    let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &[]);
+    let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &["--chunk-size", "256KiB"]);
     let client = Client::connect(&spoke.endpoint).await.unwrap();
     assert_dataset_reads_back(&client, "ds", &dir).await;
 }
