@@ -58,6 +58,15 @@ impl Range {
     }
 }
 
+/// Connects a channel to `endpoint`, naming it in the error.
+pub(crate) async fn connect_channel(endpoint: &str) -> Result<Channel> {
+    Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?
+        .connect()
+        .await
+        .map_err(|source| Error::Connect { endpoint: endpoint.to_owned(), source })
+}
+
 /// A connection to a shardcache server. Cheap to clone; clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -68,12 +77,7 @@ pub struct Client {
 impl Client {
     /// Connects to `endpoint`, e.g. `http://127.0.0.1:7070`.
     pub async fn connect(endpoint: &str) -> Result<Self> {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
-            .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?
-            .connect()
-            .await
-            .map_err(|source| Error::Connect { endpoint: endpoint.to_owned(), source })?;
-        Ok(Self::from_channel(channel, endpoint))
+        Ok(Self::from_channel(connect_channel(endpoint).await?, endpoint))
     }
 
     /// Uses an existing channel (TLS, custom windows); `endpoint` names it in errors.

@@ -4,9 +4,9 @@ use shardcache_proto::v1::{
     EvictRequest, EvictResponse, PinRequest, PrefetchProgress, PrefetchRequest, ShardRef, StatusRequest,
     StatusResponse, cache_control_client::CacheControlClient,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-use crate::{Error, Result};
+use crate::{Error, Result, client::connect_channel};
 
 /// A connection to a spoke's cache control. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -17,11 +17,7 @@ pub struct CacheClient {
 
 impl CacheClient {
     pub async fn connect(endpoint: &str) -> Result<Self> {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
-            .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?
-            .connect()
-            .await
-            .map_err(|source| Error::Connect { endpoint: endpoint.to_owned(), source })?;
+        let channel = connect_channel(endpoint).await?;
         Ok(Self { control: CacheControlClient::new(channel), endpoint: endpoint.to_owned() })
     }
 

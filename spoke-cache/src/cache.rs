@@ -84,6 +84,27 @@ pub(crate) struct EntryState {
 }
 
 impl Entry {
+    /// The entry of the shard version `record` describes.
+    fn new(dataset: String, shard: String, record: ShardRecord, last_access: u64) -> Self {
+        Self {
+            dataset,
+            shard,
+            id: record.id,
+            version: record.version.clone(),
+            size: record.size,
+            chunk_size: u64::from(record.chunk_size),
+            record_size: record.record_size,
+            state: Mutex::new(EntryState {
+                record,
+                last_access,
+                prefetching: 0,
+                evicted: false,
+                whole_fetch_started: false,
+            }),
+            admit: tokio::sync::Mutex::new(()),
+        }
+    }
+
     pub(crate) fn state(&self) -> MutexGuard<'_, EntryState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -180,23 +201,7 @@ impl Cache {
                 continue;
             }
             used += record.cached_bytes();
-            let entry = Entry {
-                dataset: dataset.clone(),
-                shard: shard.clone(),
-                id: record.id,
-                version: record.version.clone(),
-                size: record.size,
-                chunk_size: u64::from(record.chunk_size),
-                record_size: record.record_size,
-                state: Mutex::new(EntryState {
-                    record,
-                    last_access: 0,
-                    prefetching: 0,
-                    evicted: false,
-                    whole_fetch_started: false,
-                }),
-                admit: tokio::sync::Mutex::new(()),
-            };
+            let entry = Entry::new(dataset.clone(), shard.clone(), record, 0);
             index.insert((dataset, shard), Arc::new(entry));
         }
         tracing::info!(shards = index.len(), used_bytes = used, "cache loaded");
@@ -297,23 +302,8 @@ impl Cache {
                 pinned: false,
                 validated_at_ms: now_ms(),
             };
-            let entry = Arc::new(Entry {
-                dataset: key.0.clone(),
-                shard: key.1.clone(),
-                id: record.id,
-                version: info.version,
-                size: info.size,
-                chunk_size: self.config.chunk_size,
-                record_size: info.record_size,
-                state: Mutex::new(EntryState {
-                    record,
-                    last_access: self.started.elapsed().as_millis() as u64,
-                    prefetching: 0,
-                    evicted: false,
-                    whole_fetch_started: false,
-                }),
-                admit: tokio::sync::Mutex::new(()),
-            });
+            let now = self.started.elapsed().as_millis() as u64;
+            let entry = Arc::new(Entry::new(key.0.clone(), key.1.clone(), record, now));
             index.insert(key, entry.clone());
             entry
         };

@@ -273,6 +273,21 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// Starts `command` and waits for the line on its stdout that starts with `prefix` (a
+/// server's "listening on" report); returns the child and the rest of that line.
+fn spawn_and_wait_for(mut command: Command, prefix: &str) -> (Child, String) {
+    let mut child =
+        command.env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let rest = line
+        .trim()
+        .strip_prefix(prefix)
+        .unwrap_or_else(|| panic!("expected {prefix:?} on stdout, got {line:?}"))
+        .to_owned();
+    (child, rest)
+}
+
 /// A `hub-server` child process on `127.0.0.1:0`; killed when dropped.
 #[derive(Debug)]
 pub struct HubProcess {
@@ -282,20 +297,9 @@ pub struct HubProcess {
 
 impl HubProcess {
     pub fn start(root: &Path, extra_args: &[&str]) -> Self {
-        let mut child = Command::new(binary("hub-server"))
-            .args(["--root", root.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-            .args(extra_args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("hub-server listening on ")
-            .unwrap_or_else(|| panic!("hub-server did not report its address; it printed {line:?}"));
+        let mut command = Command::new(binary("hub-server"));
+        command.args(["--root", root.to_str().unwrap(), "--listen", "127.0.0.1:0"]).args(extra_args);
+        let (child, addr) = spawn_and_wait_for(command, "hub-server listening on ");
         Self { endpoint: format!("http://{addr}"), child }
     }
 }
@@ -317,21 +321,12 @@ pub struct SpokeProcess {
 
 impl SpokeProcess {
     pub fn start(hub: &str, cache_dir: &Path, extra_args: &[&str]) -> Self {
-        let mut child = Command::new(binary("spoke-cache"))
+        let mut command = Command::new(binary("spoke-cache"));
+        command
             .args(["--hub", hub, "--cache-dir", cache_dir.to_str().unwrap()])
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-            .args(extra_args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let rest = line
-            .trim()
-            .strip_prefix("spoke-cache listening on ")
-            .unwrap_or_else(|| panic!("spoke-cache did not report its address; it printed {line:?}"));
+            .args(extra_args);
+        let (child, rest) = spawn_and_wait_for(command, "spoke-cache listening on ");
         let (addr, metrics) = rest.split_once(" metrics on ").unwrap();
         Self { endpoint: format!("http://{addr}"), metrics_addr: metrics.to_owned(), child }
     }
