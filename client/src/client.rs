@@ -256,6 +256,15 @@ impl ShardStream {
         Ok(Some(verified))
     }
 
+    /// The rest of the range, verified, in one buffer.
+    pub async fn read_to_end(mut self) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity((self.end - self.next_offset) as usize);
+        while let Some(chunk) = self.next_chunk().await? {
+            out.extend_from_slice(&chunk.data);
+        }
+        Ok(out)
+    }
+
     /// Offset the next chunk will start at.
     pub fn position(&self) -> u64 {
         self.next_offset

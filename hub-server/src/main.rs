@@ -5,14 +5,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use hub_server::{config::HubArgs, source::local::LocalSource, stats::HubStats};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .init();
+    shardcache_proto::serving::init_tracing();
     let args = HubArgs::parse();
     // Handlers first: a SIGTERM that arrives right after we report the address must
     // still mean a graceful stop, not the default of dying on the spot.

@@ -37,6 +37,17 @@ pub fn reflection() -> Result<
     Ok((builder().build_v1()?, builder().build_v1alpha()?))
 }
 
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`): the same for both servers.
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 /// Installs SIGINT (Ctrl-C) and SIGTERM (`docker stop`, Kubernetes) handlers *now* and
 /// returns a future that resolves on either. Installing them before the server reports
 /// its address means a SIGTERM sent right after is a graceful stop, not a kill.

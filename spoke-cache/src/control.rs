@@ -200,12 +200,10 @@ impl CacheControl for Control {
         let entries = if req.shards.is_empty() {
             self.cached(&req.dataset, &[])?
         } else {
+            let dataset = DatasetName::new(&req.dataset)?;
             let mut entries = Vec::new();
-            for (dataset, shard) in self
-                .plan(&req.dataset, req.shards.iter().map(|s| (req.dataset.clone(), s.clone())).collect())
-                .await?
-            {
-                entries.push(self.cache.entry(&dataset, &shard).await?);
+            for shard in &req.shards {
+                entries.push(self.cache.entry(&dataset, &ShardName::new(shard)?).await?);
             }
             entries
         };

@@ -3,14 +3,10 @@
 use anyhow::Context;
 use clap::Parser;
 use spoke_cache::{SpokeOptions, config::SpokeArgs, store::StoreOptions};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .init();
+    shardcache_proto::serving::init_tracing();
     let args = SpokeArgs::parse();
     let shutdown = shardcache_proto::serving::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
     let options = SpokeOptions {

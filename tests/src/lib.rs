@@ -348,11 +348,8 @@ impl Drop for SpokeProcess {
 /// Every byte of every shard in `dataset_dir`, read through `client`, equals the file.
 pub async fn assert_dataset_reads_back(client: &Client, dataset: &str, dataset_dir: &Path) {
     for shard in client.list_shards(dataset).await.unwrap() {
-        let mut stream = client.stream_shard(dataset, &shard.shard, 0, None).await.unwrap();
-        let mut got = Vec::new();
-        while let Some(chunk) = stream.next_chunk().await.unwrap() {
-            got.extend_from_slice(&chunk.data);
-        }
+        let got =
+            client.stream_shard(dataset, &shard.shard, 0, None).await.unwrap().read_to_end().await.unwrap();
         let want = std::fs::read(dataset_dir.join(&shard.shard)).unwrap();
         assert_eq!(sha256(&got), sha256(&want), "{dataset}/{}", shard.shard);
     }

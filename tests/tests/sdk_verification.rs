@@ -108,12 +108,7 @@ async fn damaging_server(root: &std::path::Path, damage: Damage) -> Client {
 }
 
 async fn read_stream(client: &Client, length: Option<u64>) -> Result<Vec<u8>, Error> {
-    let mut stream = client.stream_shard("ds", "s.bin", 0, length).await?;
-    let mut all = Vec::new();
-    while let Some(chunk) = stream.next_chunk().await? {
-        all.extend_from_slice(&chunk.data);
-    }
-    Ok(all)
+    client.stream_shard("ds", "s.bin", 0, length).await?.read_to_end().await
 }
 
 fn dataset() -> (tempfile::TempDir, Vec<u8>) {

@@ -29,11 +29,7 @@ async fn restart_serves_at_once_without_the_hub() {
     let spoke = TestSpoke::start(cache_dir.path(), options).await;
     let client = spoke.client().await;
     for shard in ["shard-00000.bin", "shard-00001.bin"] {
-        let mut stream = client.stream_shard("ds", shard, 0, None).await.unwrap();
-        let mut got = Vec::new();
-        while let Some(chunk) = stream.next_chunk().await.unwrap() {
-            got.extend_from_slice(&chunk.data);
-        }
+        let got = client.stream_shard("ds", shard, 0, None).await.unwrap().read_to_end().await.unwrap();
         assert_eq!(sha256(&got), sha256(&std::fs::read(dir.join(shard)).unwrap()));
     }
     // Not cached: UNAVAILABLE naming the hub, promptly rather than hanging.

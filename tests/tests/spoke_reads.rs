@@ -14,12 +14,7 @@ async fn stream_all(
     offset: u64,
     length: Option<u64>,
 ) -> Vec<u8> {
-    let mut stream = client.stream_shard(dataset, shard, offset, length).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.next_chunk().await.unwrap() {
-        out.extend_from_slice(&chunk.data);
-    }
-    out
+    client.stream_shard(dataset, shard, offset, length).await.unwrap().read_to_end().await.unwrap()
 }
 
 /// Every read RPC, compared between hub and spoke.
