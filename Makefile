@@ -1,5 +1,5 @@
 # shardcache: the two commands of the README.
-#   make demo   generate a small dataset, start a hub, read it through the CLI
+#   make demo   the seed experiment: hub, 60 ms WAN emulator, spoke, simulated trainer
 #   make test   formatting, lints and every test, exactly what CI runs
 .PHONY: demo test deps build lint
 
@@ -12,9 +12,9 @@ export CCACHE_DIR ?= $(HOME)/.cache/ccache
 deps:
 	@scripts/ensure-deps.sh
 
-# The demo runs the hub and the CLI only, so it does not wait for RocksDB's C++ build.
+# Release binaries: the demo measures, and a debug build would measure the debug build.
 demo: deps
-	$(CARGO) build --release -p hub-server -p shardcache-client
+	$(CARGO) build --release --workspace --bins
 	@scripts/demo.sh
 
 lint: deps

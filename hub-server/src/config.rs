@@ -3,7 +3,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
-use shardcache_proto::units::ByteSize;
+use shardcache_proto::{transport::Http2Settings, units::ByteSize};
 
 use crate::{Error, server::ServeOptions, service::ReadLimits};
 
@@ -41,6 +41,22 @@ pub struct HubArgs {
     /// Time a request may take to produce its response headers (e.g. 30s, 2m).
     #[arg(long, env = "HUB_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
+
+    /// HTTP/2 stream window for what clients send (requests are small; matches the spoke).
+    #[arg(long, env = "HUB_HTTP2_STREAM_WINDOW", default_value = "8MiB")]
+    pub http2_stream_window: ByteSize,
+
+    /// HTTP/2 connection window for what clients send.
+    #[arg(long, env = "HUB_HTTP2_CONNECTION_WINDOW", default_value = "64MiB")]
+    pub http2_connection_window: ByteSize,
+
+    /// Largest HTTP/2 frame the hub accepts (16KiB..16MiB); spokes set the size it sends.
+    #[arg(long, env = "HUB_HTTP2_MAX_FRAME_SIZE", default_value = "1MiB")]
+    pub http2_max_frame_size: ByteSize,
+
+    /// SO_SNDBUF of accepted connections; 0 = kernel autotuning (see README: long links).
+    #[arg(long, env = "HUB_SOCKET_SEND_BUFFER", default_value = "0")]
+    pub socket_send_buffer: ByteSize,
 }
 
 impl HubArgs {
@@ -70,6 +86,13 @@ impl HubArgs {
             limits: ReadLimits { chunk_size: self.chunk_size.0 as u32, max_read: self.max_read.0 },
             max_concurrency: self.max_concurrency,
             request_timeout: self.request_timeout,
+            http2: Http2Settings::new(
+                self.http2_stream_window.0,
+                self.http2_connection_window.0,
+                self.http2_max_frame_size.0,
+                self.socket_send_buffer.0,
+            )
+            .map_err(|e| Error::Config(format!("--http2-*/--socket-send-buffer: {e}")))?,
         })
     }
 }

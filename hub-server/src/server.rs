@@ -4,7 +4,8 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use shardcache_proto::{
-    serving::{self, ShedLayer, incoming},
+    serving::{self, ShedLayer},
+    transport::Http2Settings,
     v1::shard_reader_server::ShardReaderServer,
 };
 use tokio::net::TcpListener;
@@ -24,6 +25,8 @@ pub struct ServeOptions {
     pub max_concurrency: usize,
     /// Time a request may take to produce its response headers.
     pub request_timeout: Duration,
+    /// HTTP/2 windows and frames, socket send buffer.
+    pub http2: Http2Settings,
 }
 
 /// Serves `source` on `listener` until `shutdown` resolves, then lets in-flight
@@ -45,7 +48,9 @@ pub async fn serve<S: Source>(
         // Responses are bounded by --max-read; requests by the number of ranges.
         .max_encoding_message_size(usize::MAX);
 
-    tonic::transport::Server::builder()
+    options
+        .http2
+        .server()
         // A span per request, so every log line of a request carries its method.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
         // tonic wraps this around everything below: a request that cannot produce its
@@ -57,7 +62,7 @@ pub async fn serve<S: Source>(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(reader)
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(options.http2.incoming(listener), shutdown)
         .await?;
     Ok(())
 }

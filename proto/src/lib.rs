@@ -9,13 +9,15 @@
 //! - [`checksum`]: the CRC32C every data message carries;
 //! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them;
 //! - [`serving`] and [`shed`]: what both servers need to serve the contract alike
-//!   (load shedding to RESOURCE_EXHAUSTED, reflection, `TCP_NODELAY`, shutdown).
+//!   (load shedding to RESOURCE_EXHAUSTED, reflection, `TCP_NODELAY`, shutdown);
+//! - [`transport`]: the HTTP/2 windows, frames and connections of the long link.
 
 pub mod checksum;
 pub mod names;
 pub mod range;
 pub mod serving;
 pub mod shed;
+pub mod transport;
 pub mod units;
 
 /// Generated code for package `shardcache.v1`.

@@ -3,9 +3,12 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
-use shardcache_proto::units::ByteSize;
+use shardcache_proto::{
+    transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
+    units::ByteSize,
+};
 
-use crate::{Error, cache::CacheConfig, store::PAGE_SIZE};
+use crate::{Error, cache::CacheConfig, store::PAGE_SIZE, upstream::HubTransport};
 
 /// Read-through cache of hub shards in RocksDB on local disk.
 #[derive(Debug, Clone, Parser)]
@@ -58,6 +61,31 @@ pub struct SpokeArgs {
     /// Requests in flight before new ones get RESOURCE_EXHAUSTED.
     #[arg(long, env = "SPOKE_MAX_CONCURRENCY", default_value_t = 1024)]
     pub max_concurrency: usize,
+
+    /// HTTP/2 connections to each hub; fetches use them in turn.
+    #[arg(long, env = "SPOKE_HUB_CONNECTIONS", default_value_t = DEFAULT_HUB_CONNECTIONS)]
+    pub hub_connections: usize,
+
+    /// HTTP/2 stream window for hub responses (fixed; adaptive window is off).
+    #[arg(long, env = "SPOKE_HUB_STREAM_WINDOW", default_value = "8MiB")]
+    pub hub_stream_window: ByteSize,
+
+    /// HTTP/2 connection window for hub responses, per connection.
+    #[arg(long, env = "SPOKE_HUB_CONNECTION_WINDOW", default_value = "64MiB")]
+    pub hub_connection_window: ByteSize,
+
+    /// Largest HTTP/2 frame the hub may send (16KiB..16MiB).
+    #[arg(long, env = "SPOKE_HUB_MAX_FRAME_SIZE", default_value = "1MiB")]
+    pub hub_max_frame_size: ByteSize,
+
+    /// SO_RCVBUF of hub connections; 0 = kernel autotuning (see README: long links).
+    #[arg(long, env = "SPOKE_HUB_SOCKET_RECV_BUFFER", default_value = "0")]
+    pub hub_socket_recv_buffer: ByteSize,
+
+    /// Ignore the five flags above: one connection with tonic's default settings (to
+    /// measure what the tuning is worth).
+    #[arg(long, env = "SPOKE_HUB_TRANSPORT_DEFAULTS")]
+    pub hub_transport_defaults: bool,
 }
 
 /// Eviction starts above 95% of the capacity and frees down to 85%: a 10% band means one
@@ -66,6 +94,23 @@ pub const HIGH_WATERMARK: f64 = 0.95;
 pub const LOW_WATERMARK: f64 = 0.85;
 
 impl SpokeArgs {
+    pub fn hub_transport(&self) -> Result<HubTransport, Error> {
+        if self.hub_transport_defaults {
+            return Ok(HubTransport { connections: 1, http2: Http2Settings::DEFAULTS });
+        }
+        if self.hub_connections == 0 {
+            return Err(Error::Config("--hub-connections must be at least 1".into()));
+        }
+        let http2 = Http2Settings::new(
+            self.hub_stream_window.0,
+            self.hub_connection_window.0,
+            self.hub_max_frame_size.0,
+            self.hub_socket_recv_buffer.0,
+        )
+        .map_err(|e| Error::Config(format!("--hub-*: {e}")))?;
+        Ok(HubTransport { connections: self.hub_connections, http2 })
+    }
+
     pub fn cache_config(&self) -> Result<CacheConfig, Error> {
         let chunk = self.chunk_size.0;
         if chunk == 0 || !chunk.is_multiple_of(PAGE_SIZE) || chunk > 8 << 20 {
@@ -106,5 +151,12 @@ mod tests {
             .unwrap();
         assert!(bad.cache_config().unwrap_err().to_string().contains("multiple of 64KiB"));
         assert!(SpokeArgs::try_parse_from(["spoke-cache"]).is_err(), "--hub is required");
+        assert_eq!(args.hub_transport().unwrap(), HubTransport::default());
+        let plain =
+            SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1", "--hub-transport-defaults"]).unwrap();
+        assert_eq!(plain.hub_transport().unwrap().connections, 1);
+        let bad = SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1", "--hub-max-frame-size", "32MiB"])
+            .unwrap();
+        assert!(bad.hub_transport().unwrap_err().to_string().contains("max frame size"));
     }
 }

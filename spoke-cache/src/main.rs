@@ -11,6 +11,7 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = shardcache_proto::serving::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
     let options = SpokeOptions {
         hubs: args.hubs.clone(),
+        hub_transport: args.hub_transport()?,
         cache: args.cache_config()?,
         store: StoreOptions::default(),
         max_read: args.max_read.0,

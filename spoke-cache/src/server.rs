@@ -4,7 +4,8 @@
 use std::{future::Future, path::Path, sync::Arc};
 
 use shardcache_proto::{
-    serving::{self, ShedLayer, incoming},
+    serving::{self, ShedLayer},
+    transport::Http2Settings,
     v1::{cache_control_server::CacheControlServer, shard_reader_server::ShardReaderServer},
 };
 use tokio::net::TcpListener;
@@ -17,13 +18,14 @@ use crate::{
     metrics::{Metrics, Occupancy, serve_metrics},
     service::CachedReader,
     store::{Store, StoreOptions},
-    upstream::Upstream,
+    upstream::{HubTransport, Upstream},
 };
 
 /// Everything the spoke needs to serve.
 #[derive(Debug, Clone)]
 pub struct SpokeOptions {
     pub hubs: Vec<String>,
+    pub hub_transport: HubTransport,
     pub cache: CacheConfig,
     pub store: StoreOptions,
     pub max_read: u64,
@@ -35,7 +37,7 @@ pub struct SpokeOptions {
 /// in the log: the hub has every byte, so a broken cache costs a refill, never a
 /// refusal to start, and its damaged files do not keep taking the disk.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
-    let upstream = Upstream::new(&options.hubs)?;
+    let upstream = Upstream::new(&options.hubs, &options.hub_transport)?;
     let create = |dir: &Path| {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Config(format!("cannot create --cache-dir {}: {e}", dir.display())))
@@ -90,7 +92,9 @@ pub async fn serve(
         .max_encoding_message_size(usize::MAX);
     let control = CacheControlServer::new(Control::new(cache.clone()));
 
-    let served = tonic::transport::Server::builder()
+    // The spoke's own clients are near; the same large windows cost nothing.
+    let served = Http2Settings::TUNED
+        .server()
         // A span per request, so every log line of a request carries its method.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
         // In front of the services: over the global limit, refuse at once and cheaply.
@@ -100,7 +104,7 @@ pub async fn serve(
         .add_service(reflection_v1alpha)
         .add_service(reader)
         .add_service(control)
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(Http2Settings::TUNED.incoming(listener), shutdown)
         .await;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(evictor, metrics);

@@ -182,6 +182,9 @@ impl Store {
         let cache = Cache::new_lru_cache(options.block_cache_bytes);
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&cache);
+        // A page read is a point lookup: with a Bloom filter it skips the SST files
+        // (many L0 files right after a fill) that cannot hold the key.
+        table.set_bloom_filter(10.0, false);
         let mut pages = Options::default();
         pages.set_block_based_table_factory(&table);
         // Token ids barely compress; compression would only cost CPU on every read.
@@ -204,6 +207,13 @@ impl Store {
         db_options.set_atomic_flush(true);
         db_options.set_max_total_wal_size(2 * options.write_buffer_bytes as u64);
         db_options.set_max_background_jobs(2);
+        // Compactions run at low CPU priority (nice), so on a small machine they take
+        // the cores readers leave idle rather than adding milliseconds to sample reads
+        // (spoke-bench: warm random 16 KiB read p99 right after a 1 GiB fill, see
+        // BENCHMARKS.md). Flushes keep normal priority: a late flush stalls writes.
+        let mut env = rocksdb::Env::new().map_err(db_error("creating the RocksDB environment"))?;
+        env.lower_thread_pool_cpu_priority();
+        db_options.set_env(&env);
         db_options.set_keep_log_file_num(4);
         // No preallocation: `du` of the cache dir then shows what is really stored,
         // which is what `--capacity` promises (the Rust API has no setter for it).

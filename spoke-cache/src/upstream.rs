@@ -3,13 +3,23 @@
 //! Connections are lazy: the spoke starts (and serves what it has cached) while its hubs
 //! are down. With several `--hub` URLs (stateless hubs over one shared source) a shard
 //! always goes to the same hub first (rendezvous hashing, so adding a hub moves few
-//! shards), and a hub that cannot be reached is skipped for the next one.
+//! shards), and a hub that cannot be reached is skipped for the next one. Each hub gets
+//! several HTTP/2 connections with large windows (`shardcache_proto::transport`).
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering::Relaxed},
+    },
+    time::Duration,
+};
 
 use bytes::Bytes;
 use shardcache_client::{Client, Range};
-use shardcache_proto::v1::ShardInfo;
+use shardcache_proto::{
+    transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
+    v1::ShardInfo,
+};
 use tonic::transport::Endpoint;
 
 use crate::{Error, Result};
@@ -18,40 +28,101 @@ use crate::{Error, Result};
 /// SYN in ~60 ms; 3 s covers retransmits without letting an uncached read hang.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How the spoke talks to its hubs (flags `--hub-connections`, `--hub-*-window`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HubTransport {
+    /// HTTP/2 connections per hub; fetches take them in turn.
+    pub connections: usize,
+    pub http2: Http2Settings,
+}
+
+impl Default for HubTransport {
+    fn default() -> Self {
+        Self { connections: DEFAULT_HUB_CONNECTIONS, http2: Http2Settings::TUNED }
+    }
+}
+
+/// One hub: its connections, used in turn.
+#[derive(Debug)]
+struct Hub {
+    url: String,
+    connections: Vec<Client>,
+    next: AtomicUsize,
+}
+
+impl Hub {
+    fn connect_lazy(url: &str, transport: &HubTransport) -> Result<Self> {
+        let endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| Error::Config(format!("--hub {url:?} is not a valid URL: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let endpoint = transport.http2.endpoint(endpoint);
+        let connections = (0..transport.connections.max(1))
+            .map(|_| {
+                // Each lazily connected channel is its own TCP connection.
+                let channel = if transport.http2.socket_buffer == 0 {
+                    endpoint.connect_lazy()
+                } else {
+                    endpoint.connect_with_connector_lazy(sized_connector(transport.http2))
+                };
+                Client::from_channel(channel, url)
+            })
+            .collect();
+        Ok(Self { url: url.to_owned(), connections, next: AtomicUsize::new(0) })
+    }
+
+    /// The next connection in turn.
+    fn client(&self) -> Client {
+        let turn = self.next.fetch_add(1, Relaxed) % self.connections.len();
+        self.connections[turn].clone()
+    }
+}
+
+/// Connects with the socket receive buffer `http2.socket_buffer` (tonic's own connector
+/// cannot set it).
+fn sized_connector(
+    http2: Http2Settings,
+) -> impl tower::Service<
+    http::Uri,
+    Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>,
+    Error = std::io::Error,
+    Future = impl Send,
+> + Send
++ 'static {
+    tower::service_fn(move |uri: http::Uri| async move {
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no host:port in {uri}"));
+        let host = uri.host().ok_or_else(bad)?.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let port = uri.port_u16().unwrap_or(80);
+        let addr = tokio::net::lookup_host((host.as_str(), port)).await?.next().ok_or_else(bad)?;
+        Ok(hyper_util::rt::TokioIo::new(http2.connect(addr, CONNECT_TIMEOUT).await?))
+    })
+}
+
 /// The hubs, in `--hub` order.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    hubs: Vec<Client>,
+    hubs: Arc<Vec<Hub>>,
 }
 
 impl Upstream {
     /// Prepares (lazy) connections to `urls`.
-    pub fn new(urls: &[String]) -> Result<Self> {
+    pub fn new(urls: &[String], transport: &HubTransport) -> Result<Self> {
         if urls.is_empty() {
             return Err(Error::Config("at least one --hub URL is needed".into()));
         }
-        let hubs = urls
-            .iter()
-            .map(|url| {
-                let endpoint = Endpoint::from_shared(url.clone())
-                    .map_err(|e| Error::Config(format!("--hub {url:?} is not a valid URL: {e}")))?
-                    .connect_timeout(CONNECT_TIMEOUT)
-                    .tcp_nodelay(true);
-                Ok(Client::from_channel(endpoint.connect_lazy(), url))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self { hubs })
+        let hubs = urls.iter().map(|url| Hub::connect_lazy(url, transport)).collect::<Result<Vec<_>>>()?;
+        Ok(Self { hubs: Arc::new(hubs) })
     }
 
     pub fn urls(&self) -> Vec<String> {
-        self.hubs.iter().map(|h| h.endpoint().to_owned()).collect()
+        self.hubs.iter().map(|h| h.url.clone()).collect()
     }
 
     /// Hubs in the order to try for `dataset/shard`: highest rendezvous score first.
-    fn order(&self, dataset: &str, shard: &str) -> Vec<&Client> {
+    fn order(&self, dataset: &str, shard: &str) -> Vec<&Hub> {
         let mut hubs: Vec<_> = self.hubs.iter().collect();
         if hubs.len() > 1 {
-            hubs.sort_by_key(|hub| std::cmp::Reverse(score(hub.endpoint(), dataset, shard)));
+            hubs.sort_by_key(|hub| std::cmp::Reverse(score(&hub.url, dataset, shard)));
         }
         hubs
     }
@@ -65,14 +136,14 @@ impl Upstream {
     {
         let mut last = None;
         for hub in self.order(dataset, shard) {
-            match call(hub.clone()).await {
+            match call(hub.client()).await {
                 Ok(answer) => return Ok(answer),
                 Err(e) => {
-                    let e = classify(hub.endpoint(), e);
+                    let e = classify(&hub.url, e);
                     if !matches!(e, Error::HubUnavailable { .. }) {
                         return Err(e);
                     }
-                    tracing::warn!(hub = hub.endpoint(), error = %e, "hub unreachable");
+                    tracing::warn!(hub = hub.url, error = %e, "hub unreachable");
                     last = Some(e);
                 }
             }

@@ -1,14 +1,21 @@
 //! Measurement helpers shared by the benchmark binaries (`src/bin/*_bench.rs`).
 
-use std::time::Duration;
+use std::{net::SocketAddr, time::Duration};
 
 use futures::future::join_all;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// MB/s of `streams` TCP connections moving `total` bytes over loopback, in this process.
 pub async fn raw_tcp(streams: usize, total: u64) -> f64 {
+    raw_tcp_via(streams, total, |sink| (sink, ())).await
+}
+
+/// Like [`raw_tcp`], but the writers connect to the address `via` returns for the sink's
+/// address (a WAN emulator in front of it, kept alive by the guard `G`): the raw TCP
+/// reference through the same link, like iperf3 through it.
+pub async fn raw_tcp_via<G>(streams: usize, total: u64, via: impl FnOnce(SocketAddr) -> (SocketAddr, G)) -> f64 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (addr, _guard) = via(listener.local_addr().unwrap());
     let per_stream = total / streams as u64;
     let sink = tokio::spawn(async move {
         let mut readers = Vec::new();
@@ -64,4 +71,13 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
 pub fn next_random(state: &mut u64) -> u64 {
     *state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
     *state >> 11
+}
+
+/// CPU seconds (user + system) a process has used so far.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0 // USER_HZ is 100 on Linux
 }

@@ -9,6 +9,8 @@
 #![allow(clippy::unwrap_used)] // test support: a failed setup should fail the test loudly
 
 pub mod bench;
+pub mod demo;
+pub mod wan;
 
 use std::{
     io::{BufRead, BufReader},
@@ -38,6 +40,7 @@ pub fn test_options() -> ServeOptions {
         limits: ReadLimits { chunk_size: 64 << 10, max_read: 1 << 20 },
         max_concurrency: 64,
         request_timeout: Duration::from_secs(30),
+        http2: shardcache_proto::transport::Http2Settings::TUNED,
     }
 }
 
@@ -110,6 +113,7 @@ pub fn init_logging() {
 /// set it), whole-shard fetch on.
 pub fn spoke_options(hub: &str) -> SpokeOptions {
     SpokeOptions {
+        hub_transport: Default::default(),
         hubs: vec![hub.to_owned()],
         cache: CacheConfig {
             capacity: 1 << 30,
@@ -305,6 +309,31 @@ impl HubProcess {
 }
 
 impl Drop for HubProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `wan-proxy` child process on `127.0.0.1:0` in front of `upstream`; killed when
+/// dropped. `link_args` are its link flags, e.g. `["--rtt", "60ms", "--rate", "2Gbit"]`.
+#[derive(Debug)]
+pub struct ProxyProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub endpoint: String,
+}
+
+impl ProxyProcess {
+    pub fn start(upstream: SocketAddr, link_args: &[&str]) -> Self {
+        let mut command = Command::new(binary("wan-proxy"));
+        command.args(["--listen", "127.0.0.1:0", "--upstream", &upstream.to_string()]).args(link_args);
+        let (child, addr) = spawn_and_wait_for(command, "wan-proxy listening on ");
+        Self { endpoint: format!("http://{addr}"), addr: addr.parse().unwrap(), child }
+    }
+}
+
+impl Drop for ProxyProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

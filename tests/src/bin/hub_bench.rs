@@ -37,6 +37,7 @@ async fn main() {
         limits: ReadLimits { chunk_size: 1 << 20, max_read: 16 << 20 },
         max_concurrency: 256,
         request_timeout: Duration::from_secs(60),
+        http2: shardcache_proto::transport::Http2Settings::TUNED,
     };
     let hub = TestHub::start_with(root.path(), options).await;
     let total = u64::from(SHARDS) * SHARD_SIZE;

@@ -1,0 +1,149 @@
+//! HTTP/2 and TCP settings for the long link between hub and spoke.
+//!
+//! 60 ms RTT at ~1 GB/s is a bandwidth-delay product of ~60 MB: that many bytes must be
+//! in flight to fill the link. HTTP/2 flow control is set by the *receiver* (the spoke
+//! for data): a response can be no larger than the stream window before the sender waits
+//! a round trip for a WINDOW_UPDATE, and all streams of a connection share its window.
+//! hyper's defaults (2 MiB stream, 5 MiB connection window, one connection) cap a 60 ms
+//! link at 5 MiB / 60 ms = ~87 MB/s whatever the pipe. So the spoke opens several
+//! connections with large fixed windows and no adaptive window (BDP estimation starts
+//! small and grows by round trips: at 60 ms it needs seconds to open up, longer than a
+//! cold start). The measurements behind each number are in BENCHMARKS.md (`wan-bench`).
+
+use std::{net::SocketAddr, time::Duration};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::{Endpoint, Server};
+
+/// Stream window: the largest chunk (8 MiB, `--chunk-size`'s limit) fits, so a chunk
+/// response never waits a round trip for a WINDOW_UPDATE.
+pub const STREAM_WINDOW: u32 = 8 << 20;
+
+/// Connection window: covers the chunks one connection carries at once. With the
+/// default fetch fan-out (`DEFAULT_HUB_CONNECTIONS` connections, see the spoke's
+/// `--shard-fetch-parallelism`) 64 MiB per connection is more than a 60 ms link at
+/// 4 GB/s needs; windows are allowances, not buffers, so a large one costs no memory.
+pub const CONNECTION_WINDOW: u32 = 64 << 20;
+
+/// Largest DATA frame the receiver accepts. 16 KiB (the HTTP/2 default) means 64 frame
+/// headers and 64 wakeups per 1 MiB chunk; 1 MiB frames cut that to one.
+pub const MAX_FRAME_SIZE: u32 = 1 << 20;
+
+/// Connections the spoke opens to each hub. One TCP connection is one congestion window
+/// and one loss recovery on a real long link, and one hyper connection task (one core)
+/// at each end; four spread both.
+pub const DEFAULT_HUB_CONNECTIONS: usize = 4;
+
+/// The HTTP/2 and socket settings of one side of the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Settings {
+    /// `None` leaves each setting at tonic/hyper's default (the comparison row of
+    /// `wan-bench`).
+    pub stream_window: Option<u32>,
+    pub connection_window: Option<u32>,
+    pub max_frame_size: Option<u32>,
+    /// Socket buffer (SO_RCVBUF on the spoke's connections, SO_SNDBUF on the hub's);
+    /// 0 leaves it to the kernel's autotuning. Linux caps an explicit size at
+    /// `net.core.{r,w}mem_max` (4 MiB on this machine) and turns autotuning off, while
+    /// autotuning grows receive buffers to `net.ipv4.tcp_rmem`'s max (32 MiB here): so
+    /// the default is 0, and a long real link wants those sysctls raised (README).
+    pub socket_buffer: usize,
+}
+
+impl Http2Settings {
+    /// Checked settings from flag values (bytes); the error names the flag's rule.
+    pub fn new(stream_window: u64, connection_window: u64, max_frame_size: u64, socket_buffer: u64) -> Result<Self, String> {
+        // RFC 9113: windows up to 2^31-1, frames 16 KiB..=16 MiB-1.
+        let window = |what: &str, v: u64| {
+            u32::try_from(v).ok().filter(|&v| (65_535..=i32::MAX as u32).contains(&v)).ok_or_else(|| {
+                format!("{what} {v} is outside 64KiB..2GiB (HTTP/2 allows 65535..=2^31-1)")
+            })
+        };
+        let frame = u32::try_from(max_frame_size).ok().filter(|&v| ((16 << 10)..(16 << 20)).contains(&v));
+        Ok(Self {
+            stream_window: Some(window("stream window", stream_window)?),
+            connection_window: Some(window("connection window", connection_window)?),
+            max_frame_size: Some(frame.ok_or_else(|| {
+                format!("max frame size {max_frame_size} is outside 16KiB..16MiB (HTTP/2's limits)")
+            })?),
+            socket_buffer: usize::try_from(socket_buffer).map_err(|_| "socket buffer too large".to_owned())?,
+        })
+    }
+
+    /// Large fixed windows and frames, adaptive window off.
+    pub const TUNED: Self = Self {
+        stream_window: Some(STREAM_WINDOW),
+        connection_window: Some(CONNECTION_WINDOW),
+        max_frame_size: Some(MAX_FRAME_SIZE),
+        socket_buffer: 0,
+    };
+
+    /// tonic's defaults, for comparison.
+    pub const DEFAULTS: Self =
+        Self { stream_window: None, connection_window: None, max_frame_size: None, socket_buffer: 0 };
+
+    /// A server builder with these settings (windows for what it receives; the frame
+    /// size it accepts).
+    pub fn server(&self) -> Server {
+        let builder = Server::builder()
+            .initial_stream_window_size(self.stream_window)
+            .initial_connection_window_size(self.connection_window)
+            .max_frame_size(self.max_frame_size);
+        if *self == Self::DEFAULTS { builder } else { builder.http2_adaptive_window(Some(false)) }
+    }
+
+    /// A client endpoint with these settings: the windows the hub's responses may fill.
+    pub fn endpoint(&self, endpoint: Endpoint) -> Endpoint {
+        let endpoint = endpoint
+            .initial_stream_window_size(self.stream_window)
+            .initial_connection_window_size(self.connection_window)
+            .max_frame_size(self.max_frame_size);
+        if *self == Self::DEFAULTS { endpoint } else { endpoint.http2_adaptive_window(false) }
+    }
+
+    /// Connects a client socket with `TCP_NODELAY` and, when set, the receive buffer.
+    pub async fn connect(&self, addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        if self.socket_buffer > 0 {
+            socket.set_recv_buffer_size(self.socket_buffer as u32)?;
+        }
+        let stream = tokio::time::timeout(timeout, socket.connect(addr))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {addr}")))??;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    }
+
+    /// Accepted connections with `TCP_NODELAY` (see [`crate::serving::incoming`]) and,
+    /// when set, the send buffer.
+    pub fn incoming(&self, listener: TcpListener) -> impl Stream<Item = std::io::Result<TcpStream>> + use<> {
+        let send_buffer = self.socket_buffer;
+        crate::serving::incoming(listener).map(move |accepted| {
+            let stream = accepted?;
+            if send_buffer > 0 {
+                socket_send_buffer(&stream, send_buffer)?;
+            }
+            Ok(stream)
+        })
+    }
+}
+
+fn socket_send_buffer(stream: &TcpStream, bytes: usize) -> std::io::Result<()> {
+    socket2::SockRef::from(stream).set_send_buffer_size(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_checked_against_http2_limits() {
+        let tuned = Http2Settings::new(8 << 20, 64 << 20, 1 << 20, 0).unwrap();
+        assert_eq!(tuned, Http2Settings::TUNED);
+        assert!(Http2Settings::new(1 << 10, 64 << 20, 1 << 20, 0).unwrap_err().contains("stream window"));
+        assert!(Http2Settings::new(8 << 20, 4 << 30, 1 << 20, 0).unwrap_err().contains("connection window"));
+        assert!(Http2Settings::new(8 << 20, 64 << 20, 16 << 20, 0).unwrap_err().contains("max frame size"));
+        assert!(Http2Settings::new(8 << 20, 64 << 20, 1 << 10, 0).unwrap_err().contains("16KiB"));
+    }
+}

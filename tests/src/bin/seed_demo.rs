@@ -1,0 +1,349 @@
+//! `seed-demo`: the seed experiment reproduced on this machine (`make demo` runs it).
+//!
+//! Generates a dataset shaped like the seed's (16 KiB samples, each a packed window of
+//! 4096 LLaMA-3 token ids), starts a hub, the WAN emulator (60 ms RTT) and spokes as
+//! processes, and runs a simulated trainer (16 ranks, batch 24 per rank, a fixed compute
+//! time per step) in four setups:
+//! 1. the trainer next to the hub (data local: no link);
+//! 2. a cold spoke across the link, no prefetch (whole-shard fetch on first touch);
+//! 3. a cold spoke across the link, prefetching the epoch's shard order at job start;
+//! 4. the peer: nginx `proxy_cache` across the same emulator, nginx serving the files.
+//!
+//! Setups 2-4 run a second, warm epoch. Prints the seed's table for this run and writes
+//! it to `--out` as `results.md` and `results.json`, with `results.png` (samples/s and
+//! GPU utilisation per batch).
+
+#![allow(clippy::unwrap_used)] // a demo: failing loudly is the right response
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::Context;
+use clap::Parser;
+use futures::FutureExt;
+use shardcache_client::{
+    CacheClient, Client,
+    dataset_gen::{GenSpec, generate, shard_name},
+};
+use shardcache_proto::units::ByteSize;
+use shardcache_tests::{
+    HubProcess, ProxyProcess, SpokeProcess,
+    demo::{
+        metric_sum, nginx,
+        readers::{self, HttpCacheCounts},
+        report::{self, PhaseRow},
+        scrape,
+        trainer::{EpochOrder, EpochRun, JobShape, Layout, ReadBatch, Step, epoch_order, run_epoch},
+    },
+};
+
+const DATASET: &str = "c4";
+/// 4096 tokens x 4 bytes, as in the seed.
+const SAMPLE: u64 = 16 << 10;
+
+/// The seed experiment, reproduced: hub, WAN emulator, spoke, simulated trainer.
+#[derive(Debug, Parser)]
+#[command(name = "seed-demo", about)]
+struct Args {
+    /// Where to write results.md, results.json, results.png (and the run's files).
+    #[arg(long, default_value = "target/demo")]
+    out: PathBuf,
+    /// Data-parallel ranks (GPUs).
+    #[arg(long, default_value_t = 16)]
+    ranks: usize,
+    /// Samples per rank per step.
+    #[arg(long, default_value_t = 24)]
+    batch: usize,
+    /// Steps per epoch; the dataset holds exactly one epoch.
+    #[arg(long, default_value_t = 200)]
+    steps: usize,
+    /// Simulated GPU time per step.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    compute: Duration,
+    /// Job start to first step (model loading); loaders and prefetch already run.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    startup: Duration,
+    /// Batches each rank reads ahead (DataLoader num_workers x prefetch_factor).
+    #[arg(long, default_value_t = 4)]
+    read_ahead: usize,
+    /// Shards whose samples are shuffled together (the sampler's shuffle block).
+    #[arg(long, default_value_t = 4)]
+    block_shards: u32,
+    /// Bytes per shard (a multiple of 16KiB).
+    #[arg(long, default_value = "16MiB")]
+    shard_size: ByteSize,
+    /// Round-trip time of the emulated link.
+    #[arg(long, default_value = "60ms")]
+    rtt: String,
+    /// Skip the nginx peer row.
+    #[arg(long)]
+    skip_nginx: bool,
+}
+
+/// Counters of cache hits and reads, taken at phase boundaries.
+type Counter = Arc<dyn Fn() -> futures::future::BoxFuture<'static, (u64, u64)> + Send + Sync>;
+
+struct Demo {
+    args: Args,
+    layout: Layout,
+    shape: JobShape,
+    names: Arc<Vec<String>>,
+    rows: Vec<PhaseRow>,
+    series: Vec<(String, Vec<Step>)>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let global = args.ranks * args.batch;
+    let samples_per_shard = args.shard_size.0 / SAMPLE;
+    anyhow::ensure!(samples_per_shard > 0 && args.shard_size.0 % SAMPLE == 0, "--shard-size must be a multiple of 16KiB");
+    let shards = (args.steps * global).div_ceil(samples_per_shard as usize) as u32;
+    let layout = Layout { shards, samples_per_shard, sample_bytes: SAMPLE };
+    let shape = JobShape {
+        ranks: args.ranks,
+        batch_per_rank: args.batch,
+        compute: args.compute,
+        read_ahead: args.read_ahead,
+        steps: args.steps,
+    };
+
+    std::fs::create_dir_all(&args.out)?;
+    let work = tempfile::tempdir_in(&args.out)?;
+    let data = work.path().join("data");
+    println!(
+        "dataset: {shards} shards x {} = {} of 16 KiB samples (4096 tokens); {} ranks x batch {} = {global} samples/step, {} steps/epoch, compute {:?}/step, link RTT {}",
+        args.shard_size,
+        ByteSize(u64::from(shards) * args.shard_size.0),
+        args.ranks,
+        args.batch,
+        args.steps,
+        args.compute,
+        args.rtt
+    );
+    generate(&GenSpec {
+        dir: data.clone(),
+        dataset: DATASET.into(),
+        shards,
+        shard_size: args.shard_size.0,
+        record_size: SAMPLE,
+        seed: 0,
+    })?;
+    let names = Arc::new((0..shards).map(shard_name).collect::<Vec<_>>());
+    let mut demo = Demo { args, layout, shape, names, rows: Vec::new(), series: Vec::new() };
+
+    let hub = HubProcess::start(&data, &[]);
+    let hub_addr = hub.endpoint.trim_start_matches("http://").parse()?;
+    let rtt = demo.args.rtt.clone();
+    let link = ["--rtt", rtt.as_str()];
+    let proxy = ProxyProcess::start(hub_addr, &link);
+
+    // 1. Data local: the trainer reads the hub directly.
+    let read = readers::grpc(Client::connect(&hub.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
+    demo.run("hub (data local)", read, None, None).await?;
+
+    // 2. and 3. A cold spoke across the link, without and with prefetch.
+    for prefetch in [false, true] {
+        let cache = tempfile::tempdir_in(work.path())?;
+        let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &["--capacity", "8GiB"]);
+        let read = readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
+        let metrics = spoke.metrics_addr.clone();
+        let counter: Counter = Arc::new(move || {
+            let metrics = metrics.clone();
+            async move {
+                let text = scrape(&metrics).await.unwrap_or_default();
+                let hits = metric_sum(&text, "shardcache_spoke_hit_requests_total");
+                let misses = metric_sum(&text, "shardcache_spoke_miss_requests_total");
+                (hits as u64, (hits + misses) as u64)
+            }
+            .boxed()
+        });
+        let name = if prefetch { "spoke, cold + prefetch" } else { "spoke, cold, no prefetch" };
+        let control = if prefetch { Some(CacheClient::connect(&spoke.endpoint).await?) } else { None };
+        demo.run(name, read, Some(counter), control).await?;
+    }
+
+    // 4. The peer: nginx proxy_cache across the same emulator.
+    match nginx::find() {
+        _ if demo.args.skip_nginx => println!("\nnginx row skipped (--skip-nginx)"),
+        Err(why) => println!("\nnginx row skipped: {why}"),
+        Ok(binary) => {
+            let origin = nginx::Nginx::origin(&binary, &work.path().join("nginx-origin"), &data)?;
+            let origin_addr = format!("127.0.0.1:{}", origin.port).parse()?;
+            let peer_proxy = ProxyProcess::start(origin_addr, &link);
+            let cache = nginx::Nginx::cache(&binary, &work.path().join("nginx-cache"), peer_proxy.addr.port())?;
+            let counts = Arc::new(HttpCacheCounts::default());
+            let read = readers::http(&cache.base_url(), DATASET, demo.names.clone(), SAMPLE, counts.clone());
+            let counter: Counter = Arc::new(move || {
+                let counts = counts.clone();
+                async move {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    (counts.hits.load(Relaxed), counts.reads.load(Relaxed))
+                }
+                .boxed()
+            });
+            demo.run("nginx proxy_cache (peer)", read, Some(counter), None).await?;
+        }
+    }
+    demo.finish()
+}
+
+impl Demo {
+    /// Epoch 1 (cold, with phases) and, for setups with a cache, epoch 2 (warm).
+    async fn run(
+        &mut self,
+        setup: &str,
+        read: ReadBatch,
+        counter: Option<Counter>,
+        prefetch: Option<CacheClient>,
+    ) -> anyhow::Result<()> {
+        println!("\n== {setup}");
+        let global = self.shape.ranks * self.shape.batch_per_rank;
+        let order = epoch_order(self.layout, self.args.block_shards, 1);
+        let prefetching = prefetch.map(|control| {
+            let plan: Vec<String> = order.shard_order.iter().map(|&i| self.names[i as usize].clone()).collect();
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let done = control.prefetch(DATASET, &plan, 0).await?.finish().await?;
+                println!(
+                    "   prefetch of {} shards ({}) done in {:.1} s",
+                    done.shards_done,
+                    ByteSize(done.bytes_fetched),
+                    started.elapsed().as_secs_f64()
+                );
+                anyhow::Ok(())
+            })
+        });
+        let epoch1 = self.epoch(&order, read.clone(), counter.clone(), self.args.startup).await?;
+        let phases = [("batches 0-100", 0, 100), ("batches 100-150", 100, 150), ("steady (150-end)", 150, usize::MAX)];
+        for (i, (phase, from, to)) in phases.into_iter().enumerate() {
+            let to = to.min(epoch1.run.steps.len());
+            if from >= to {
+                continue;
+            }
+            let share = epoch1.cache_share(i, i + 1);
+            self.rows.push(epoch1.row(setup, phase, from, to, global, share));
+        }
+        let mut steps = epoch1.run.steps.clone();
+        if let Some(prefetching) = prefetching {
+            prefetching.await?.context("prefetch")?;
+        }
+        if counter.is_some() {
+            let order2 = epoch_order(self.layout, self.args.block_shards, 2);
+            let epoch2 = self.epoch(&order2, read, counter, Duration::ZERO).await?;
+            let n = epoch2.run.steps.len();
+            let share = epoch2.cache_share(0, epoch2.marks.len() - 1);
+            self.rows.push(epoch2.row(setup, "epoch 2 (warm)", 0, n, global, share));
+            steps.extend(epoch2.run.steps);
+        }
+        for row in self.rows.iter().filter(|r| r.setup == setup) {
+            println!("{}", report::markdown(std::slice::from_ref(row)).lines().nth(2).unwrap_or_default());
+        }
+        self.series.push((setup.to_owned(), steps));
+        Ok(())
+    }
+
+    /// One epoch, with cache counters taken at the start, at steps 100 and 150, and at
+    /// the end.
+    async fn epoch(
+        &self,
+        order: &EpochOrder,
+        read: ReadBatch,
+        counter: Option<Counter>,
+        startup: Duration,
+    ) -> anyhow::Result<Epoch> {
+        let marks = Arc::new(Mutex::new(Vec::new()));
+        let take = |counter: &Option<Counter>| counter.as_ref().map(|c| c());
+        if let Some(first) = take(&counter) {
+            marks.lock().unwrap().push(first.await);
+        }
+        let steps = self.shape.steps.min(order.samples.len() / (self.shape.ranks * self.shape.batch_per_rank));
+        let on_step = {
+            let (marks, counter) = (marks.clone(), counter.clone());
+            move |done: usize| {
+                let (marks, counter) = (marks.clone(), counter.clone());
+                async move {
+                    if let Some(counter) = counter.filter(|_| done == 100 || done == 150 || done == steps) {
+                        let mark = counter().await;
+                        marks.lock().unwrap().push(mark);
+                    }
+                }
+                .boxed()
+            }
+        };
+        let run = run_epoch(order, self.shape, read, startup, on_step).await?;
+        let marks = marks.lock().unwrap().clone();
+        Ok(Epoch { run, marks })
+    }
+
+    fn finish(self) -> anyhow::Result<()> {
+        let table = report::markdown(&self.rows);
+        println!("\n{table}");
+        let ratios = ratios(&self.rows);
+        if !ratios.is_empty() {
+            println!("{ratios}");
+        }
+        let out = &self.args.out;
+        std::fs::write(out.join("results.md"), format!("{table}\n{ratios}"))?;
+        let json = serde_json::json!({
+            "config": {
+                "ranks": self.shape.ranks, "batch_per_rank": self.shape.batch_per_rank,
+                "steps_per_epoch": self.shape.steps, "compute_ms": self.shape.compute.as_secs_f64() * 1e3,
+                "startup_ms": self.args.startup.as_secs_f64() * 1e3, "read_ahead": self.shape.read_ahead,
+                "block_shards": self.args.block_shards, "shards": self.layout.shards,
+                "shard_bytes": self.args.shard_size.0, "sample_bytes": SAMPLE, "rtt": self.args.rtt,
+            },
+            "rows": self.rows,
+            "steps": self.series.iter().map(|(name, steps)| (name.clone(), steps.clone())).collect::<std::collections::BTreeMap<_, _>>(),
+        });
+        std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
+        let global = self.shape.ranks * self.shape.batch_per_rank;
+        match report::plot(&out.join("results.png"), &self.series, global, self.shape.steps) {
+            Ok(()) => println!("wrote {0}/results.md, {0}/results.json, {0}/results.png", out.display()),
+            Err(e) => println!("wrote {0}/results.md, {0}/results.json; no plot: {e:#}", out.display()),
+        }
+        Ok(())
+    }
+}
+
+/// One epoch's run and its counter marks.
+struct Epoch {
+    run: EpochRun,
+    marks: Vec<(u64, u64)>,
+}
+
+impl Epoch {
+    fn row(&self, setup: &str, phase: &str, from: usize, to: usize, global: usize, share: Option<f64>) -> PhaseRow {
+        let reads: Vec<Duration> =
+            self.run.reads.iter().filter(|(s, _)| (from..to).contains(s)).map(|(_, d)| *d).collect();
+        report::phase_row(setup, phase, &self.run.steps[from..to], &reads, global, share)
+    }
+
+    /// Hit share between marks `a` and `b`, in percent.
+    fn cache_share(&self, a: usize, b: usize) -> Option<f64> {
+        let ((h0, r0), (h1, r1)) = (*self.marks.get(a)?, *self.marks.get(b)?);
+        (r1 > r0).then(|| (h1 - h0) as f64 * 100.0 / (r1 - r0) as f64)
+    }
+}
+
+/// "ours / peer" for samples/s and batch p99 latency, phase by phase.
+fn ratios(rows: &[PhaseRow]) -> String {
+    let ours = rows.iter().filter(|r| r.setup == "spoke, cold + prefetch");
+    let mut out = String::new();
+    for r in ours {
+        if let Some(peer) = rows.iter().find(|p| p.setup == "nginx proxy_cache (peer)" && p.phase == r.phase) {
+            out += &format!(
+                "- {}: samples/s ours/peer {:.2}x, batch p99 peer/ours {:.1}x, GPU util {:.1}% vs {:.1}%\n",
+                r.phase,
+                r.samples_per_s / peer.samples_per_s,
+                peer.read_p99_ms / r.read_p99_ms.max(1e-9),
+                r.gpu_util_pct,
+                peer.gpu_util_pct
+            );
+        }
+    }
+    out
+}

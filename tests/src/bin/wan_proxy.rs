@@ -1,0 +1,46 @@
+//! `wan-proxy`: the WAN emulator as a process (see `shardcache_tests::wan`).
+//!
+//! ```sh
+//! wan-proxy --listen 127.0.0.1:7170 --upstream 127.0.0.1:7070 --rtt 60ms --rate 2Gbit
+//! ```
+//!
+//! Prints `wan-proxy listening on ADDR` once it accepts connections.
+
+use std::net::SocketAddr;
+
+use clap::Parser;
+use shardcache_tests::wan::{self, LinkConfig};
+
+/// A TCP proxy that delays each direction by half the RTT, optionally at a capped rate.
+#[derive(Debug, Parser)]
+#[command(name = "wan-proxy", version, about)]
+struct Args {
+    /// Address to accept connections on (port 0 picks one; it is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Address to relay each connection to.
+    #[arg(long)]
+    upstream: SocketAddr,
+    /// Round-trip time to add (each direction gets half), e.g. 60ms.
+    #[arg(long, default_value = "60ms", value_parser = humantime::parse_duration)]
+    rtt: std::time::Duration,
+    /// Bottleneck rate per direction, shared by all connections, e.g. 10Gbit, 500Mbit.
+    #[arg(long, value_parser = wan::parse_rate)]
+    rate: Option<u64>,
+    /// Random extra delay per piece, up to +-this (never reorders bytes), e.g. 2ms.
+    #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
+    jitter: std::time::Duration,
+}
+
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let args = Args::parse();
+    let config = LinkConfig { rtt: args.rtt, rate_bps: args.rate, jitter: args.jitter };
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    println!("wan-proxy listening on {}", listener.local_addr()?);
+    tokio::select! {
+        () = wan::run(listener, args.upstream, config, Default::default()) => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(())
+}

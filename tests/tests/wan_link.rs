@@ -1,0 +1,105 @@
+//! The WAN emulator and the spoke across it: bytes are never changed, delay and rate are
+//! what was asked (lower bounds only: the emulator guarantees them, the machine can only
+//! add), and the tuned spoke spreads its fetches over several connections.
+
+use std::{
+    net::SocketAddr,
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use shardcache_tests::{
+    TestHub, TestSpoke, assert_dataset_reads_back, make_dataset, sha256, spoke_options,
+    wan::{LinkConfig, WanProxy},
+};
+use spoke_cache::upstream::HubTransport;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+
+/// An echo server on 127.0.0.1:0.
+async fn echo_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut read, mut write) = socket.into_split();
+                let _ = tokio::io::copy(&mut read, &mut write).await;
+                let _ = write.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Writes `data` through `addr` to an echo server and reads all of it back.
+async fn echo_through(addr: SocketAddr, data: Vec<u8>) -> Vec<u8> {
+    let socket = TcpStream::connect(addr).await.unwrap();
+    let (mut read, mut write) = socket.into_split();
+    let writer = tokio::spawn(async move {
+        // Uneven pieces, so the proxy sees many sizes.
+        for piece in data.chunks(7919) {
+            write.write_all(piece).await.unwrap();
+        }
+        write.shutdown().await.unwrap();
+    });
+    let mut back = Vec::new();
+    read.read_to_end(&mut back).await.unwrap();
+    writer.await.unwrap();
+    back
+}
+
+#[tokio::test]
+async fn bytes_cross_unchanged_in_order_and_no_sooner_than_the_rtt() {
+    let echo = echo_server().await;
+    let rtt = Duration::from_millis(60);
+    let link = LinkConfig { rtt, rate_bps: None, jitter: Duration::from_millis(5) };
+    let proxy = WanProxy::start("127.0.0.1:0".parse().unwrap(), echo, link).await.unwrap();
+
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let want = sha256(&data);
+    let back = echo_through(proxy.addr, data).await;
+    assert_eq!(back.len(), 3_000_000);
+    assert_eq!(sha256(&back), want, "jitter must delay bytes, never reorder or change them");
+
+    // One small round trip: never faster than the RTT minus both jitters.
+    let started = Instant::now();
+    assert_eq!(echo_through(proxy.addr, b"ping".to_vec()).await, b"ping");
+    assert!(started.elapsed() >= rtt - Duration::from_millis(10), "round trip took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn the_rate_cap_is_shared_by_all_connections() {
+    let echo = echo_server().await;
+    // 40 Mbit/s: 4 connections x 1 MB each way take at least 4 MB * 8 / 40e6 = 0.8 s.
+    let link = LinkConfig { rtt: Duration::from_millis(2), rate_bps: Some(40_000_000), jitter: Duration::ZERO };
+    let proxy = WanProxy::start("127.0.0.1:0".parse().unwrap(), echo, link).await.unwrap();
+    let started = Instant::now();
+    let copies = (0..4).map(|i| echo_through(proxy.addr, vec![i as u8; 1_000_000]));
+    for (i, back) in futures::future::join_all(copies).await.into_iter().enumerate() {
+        assert_eq!(back, vec![i as u8; 1_000_000]);
+    }
+    assert!(started.elapsed() >= Duration::from_millis(800), "4 MB at 40 Mbit/s took {:?}", started.elapsed());
+    assert_eq!(proxy.accepted.load(Ordering::Relaxed), 4);
+}
+
+#[tokio::test]
+async fn a_spoke_across_the_link_serves_the_hubs_bytes_over_several_connections() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dataset = make_dataset(root.path(), "ds", 6, 3 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let link = LinkConfig::rtt(Duration::from_millis(60));
+    let proxy = WanProxy::start("127.0.0.1:0".parse().unwrap(), hub.addr, link).await.unwrap();
+
+    let mut options = spoke_options(&format!("http://{}", proxy.addr));
+    options.hub_transport = HubTransport { connections: 3, ..Default::default() };
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let progress = spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
+    assert_eq!(progress.bytes_fetched, 6 * (3 << 20));
+    assert_eq!(proxy.accepted.load(Ordering::Relaxed), 3, "one connection per --hub-connections");
+    let before = hub.stats.snapshot();
+    assert_dataset_reads_back(&spoke.client().await, "ds", &dataset).await;
+    assert_eq!(hub.stats.snapshot().read_requests, before.read_requests, "warm reads stay local");
+}
