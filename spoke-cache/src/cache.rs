@@ -51,6 +51,11 @@ pub struct CacheConfig {
     pub read_ahead_chunks: u64,
     /// Chunk fetches in flight for one shard's background fetch.
     pub shard_fetch_parallelism: usize,
+    /// Bytes fetched from hubs and not yet stored, across all fetches: a fetch waits
+    /// for room before it asks the hub. Bounds memory when the link is faster than the
+    /// disk path (spoke-bench: peak RSS 632 MiB with 128 chunks in flight, see
+    /// BENCHMARKS.md), and is still more than a 60 ms link at 1 GB/s keeps in flight.
+    pub upstream_bytes_in_flight: u64,
 }
 
 type ShardKey = (String, String);
@@ -158,6 +163,8 @@ pub struct Cache {
     pub(crate) metrics: Arc<Metrics>,
     index: Mutex<HashMap<ShardKey, Arc<Entry>>>,
     pub(crate) inflight: Mutex<HashMap<(u64, u64), SharedFetch>>,
+    /// Room for `upstream_bytes_in_flight`, in KiB permits.
+    pub(crate) upstream_budget: tokio::sync::Semaphore,
     next_id: AtomicU64,
     pub(crate) used: AtomicU64,
     started: Instant,
@@ -187,6 +194,8 @@ impl Cache {
         config: CacheConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>> {
+        let upstream_budget =
+            tokio::sync::Semaphore::new((config.upstream_bytes_in_flight.max(config.chunk_size) >> 10) as usize);
         let records = store.load_records()?;
         let next_id = records.iter().map(|(_, _, r)| r.id + 1).max().unwrap_or(1);
         // Pages with no record (a crash between writing pages of a replaced version and
@@ -212,6 +221,7 @@ impl Cache {
             metrics,
             index: Mutex::new(index),
             inflight: Mutex::default(),
+            upstream_budget,
             next_id: AtomicU64::new(next_id),
             used: AtomicU64::new(used),
             started: Instant::now(),

@@ -62,6 +62,10 @@ pub struct SpokeArgs {
     #[arg(long, env = "SPOKE_MAX_CONCURRENCY", default_value_t = 1024)]
     pub max_concurrency: usize,
 
+    /// Bytes fetched from hubs but not yet stored, across all fetches (bounds memory).
+    #[arg(long, env = "SPOKE_UPSTREAM_BYTES_IN_FLIGHT", default_value = "64MiB")]
+    pub upstream_bytes_in_flight: ByteSize,
+
     /// HTTP/2 connections to each hub; fetches use them in turn.
     #[arg(long, env = "SPOKE_HUB_CONNECTIONS", default_value_t = DEFAULT_HUB_CONNECTIONS)]
     pub hub_connections: usize,
@@ -132,6 +136,7 @@ impl SpokeArgs {
             fetch_whole_shard: self.fetch_whole_shard,
             read_ahead_chunks: self.read_ahead_chunks,
             shard_fetch_parallelism: self.shard_fetch_parallelism.max(1),
+            upstream_bytes_in_flight: self.upstream_bytes_in_flight.0,
         })
     }
 }

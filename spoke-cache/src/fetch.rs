@@ -73,6 +73,12 @@ impl Cache {
 
     async fn fetch_and_admit(self: &Arc<Self>, entry: &Arc<Entry>, index: u64) -> Result<Bytes> {
         let (offset, length) = entry.chunk_range(index);
+        // Held until the chunk is stored (see `CacheConfig::upstream_bytes_in_flight`).
+        let _room = self
+            .upstream_budget
+            .acquire_many(length.div_ceil(1024) as u32)
+            .await
+            .map_err(|_| Error::Internal("upstream budget closed".into()))?;
         let started = Instant::now();
         self.metrics.upstream_requests.fetch_add(1, Relaxed);
         let fetched = self.upstream.read(&entry.dataset, &entry.shard, offset, length, &entry.version).await;

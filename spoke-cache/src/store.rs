@@ -9,9 +9,12 @@
 //!   shard *version*, size, chunk size, which chunks are present, pin flag.
 //!
 //! A new version of a shard gets a new id, so pages of two versions can never mix.
-//! A chunk's pages and the record marking it present are written in one `WriteBatch`
-//! (atomic, in the WAL): after `kill -9` a chunk is either wholly there and marked, or
-//! not marked. Every page read is checked against its CRC32C; a mismatch or a missing
+//! A chunk's pages and the record marking it present are written in one `WriteBatch`,
+//! which reaches the memtables atomically, and the memtables of both column families are
+//! flushed together (`atomic_flush`): after `kill -9` a chunk is either wholly there and
+//! marked, or not marked. There is no write-ahead log by default (see
+//! [`StoreOptions::write_ahead_log`]): a crash loses the chunks admitted since the last
+//! flush (at most two memtables), which the hub still has; a clean stop flushes. Every page read is checked against its CRC32C; a mismatch or a missing
 //! page is reported as a [`PageFault`] (the cache refetches), never as data.
 //!
 //! Value layout, chosen by measurement (`cargo run --release -p shardcache-tests --bin
@@ -63,6 +66,12 @@ pub struct StoreOptions {
     pub blob_files: bool,
     /// Bytes per page; [`PAGE_SIZE`] except in `store-bench`. Fixed for a store's life.
     pub page_size: u64,
+    /// Log every write before it reaches the memtable. Off: a cache can lose recent
+    /// chunks in a crash (the hub has them; consistency comes from atomic flushes), and
+    /// the WAL doubled what a cold fetch writes and CRC-summed every byte in RocksDB's
+    /// portable (non-SSE4.2) CRC32C, ~22% of the spoke's CPU in a cold fetch
+    /// (`wan-bench --perf`, BENCHMARKS.md).
+    pub write_ahead_log: bool,
 }
 
 impl Default for StoreOptions {
@@ -74,6 +83,7 @@ impl Default for StoreOptions {
             write_buffer_bytes: 32 << 20,
             blob_files: false,
             page_size: PAGE_SIZE,
+            write_ahead_log: false,
         }
     }
 }
@@ -139,6 +149,17 @@ impl ShardRecord {
 pub enum PageFault {
     Missing { page: u64 },
     Corrupt { page: u64 },
+}
+
+impl Drop for Store {
+    /// A clean stop keeps every admitted chunk: without a WAL, what is only in the
+    /// memtables would be lost. (RocksDB also flushes on close; this makes it explicit
+    /// and logged.)
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::error!(error = %e, "could not flush the cache on shutdown; recent chunks will be refetched");
+        }
+    }
 }
 
 /// The RocksDB instance under `--cache-dir`.
@@ -223,15 +244,22 @@ impl Store {
         let cfs =
             [ColumnFamilyDescriptor::new(CF_PAGES, pages), ColumnFamilyDescriptor::new(CF_SHARDS, shards)];
         let db = DB::open_cf_descriptors(&db_options, dir, cfs).map_err(db_error("opening the cache"))?;
-        // WAL written without fsync: a killed process loses nothing (the OS has the
-        // WAL), a power loss loses recent chunks, which the hub still has.
+        // With the WAL on, it is written without fsync: a killed process loses nothing
+        // (the OS has the WAL), a power loss loses recent chunks, which the hub has.
         let mut write_options = WriteOptions::default();
         write_options.set_sync(false);
+        write_options.disable_wal(!options.write_ahead_log);
         Ok(Self { db, path: dir.to_owned(), write_options, page_size: options.page_size })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Writes the memtables of both column families to SST files (atomically).
+    pub fn flush(&self) -> Result<()> {
+        let cfs = [self.cf(CF_PAGES)?, self.cf(CF_SHARDS)?];
+        self.db.flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default()).map_err(db_error("flushing the cache"))
     }
 
     fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily> {

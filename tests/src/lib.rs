@@ -124,6 +124,7 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
             fetch_whole_shard: true,
             read_ahead_chunks: 2,
             shard_fetch_parallelism: 4,
+            upstream_bytes_in_flight: 64 << 20,
         },
         store: StoreOptions::default(),
         max_read: 1 << 20,

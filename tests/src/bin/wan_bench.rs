@@ -7,8 +7,10 @@
 //! cargo build --release --bins && cargo run --release -p shardcache-tests --bin wan-bench
 //! ```
 //!
-//! Extra arguments are passed to every spoke (e.g. `--shard-fetch-parallelism 16`), to
-//! try settings without a rebuild.
+//! `--perf` also records a CPU profile (`perf record`) of the spoke, hub and proxy during
+//! the uncapped tuned fetch and prints where their time went, by category. Other
+//! arguments are passed to every spoke (e.g. `--shard-fetch-parallelism 16`), to try
+//! settings without a rebuild.
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
 
@@ -27,8 +29,11 @@ const RTT: &str = "60ms";
 
 #[tokio::main]
 async fn main() {
-    let extra: Vec<String> = std::env::args().skip(1).collect();
+    let mut extra: Vec<String> = std::env::args().skip(1).collect();
+    let perf = extra.iter().any(|a| a == "--perf");
+    extra.retain(|a| a != "--perf");
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut breakdown = None;
     let root = tempfile::tempdir().unwrap();
     make_dataset(root.path(), "c4", SHARDS, SHARD_SIZE);
     let total = u64::from(SHARDS) * SHARD_SIZE;
@@ -62,6 +67,8 @@ async fn main() {
             let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &args);
             let pids = [spoke.child.id(), hub.child.id(), proxy.child.id()];
             let cpu_before: Vec<f64> = pids.iter().map(|&p| cpu_seconds(p)).collect();
+            let names = [(pids[0], "spoke"), (pids[1], "hub"), (pids[2], "wan-proxy")];
+            let profiling = (perf && rate.is_none() && transport == "tuned").then(|| Profile::start(&names));
             let started = Instant::now();
             let progress = CacheClient::connect(&spoke.endpoint)
                 .await
@@ -73,6 +80,7 @@ async fn main() {
                 .await
                 .unwrap();
             let mbs = mb_per_s(progress.bytes_fetched, started.elapsed());
+            breakdown = profiling.map(Profile::finish).or(breakdown);
             assert_eq!(progress.bytes_fetched, total, "the whole dataset crossed the link");
             let cpu: Vec<String> =
                 pids.iter().zip(&cpu_before).map(|(&p, before)| format!("{:.1}", cpu_seconds(p) - before)).collect();
@@ -84,4 +92,92 @@ async fn main() {
             );
         }
     }
+    if let Some(breakdown) = breakdown {
+        println!("\nCPU profile of the uncapped tuned fetch (perf at 999 Hz; leaf symbols by category):\n\n{breakdown}");
+    }
+}
+
+/// `perf record` of some processes, one recording each, stopped with SIGINT.
+struct Profile {
+    recordings: Vec<(&'static str, std::process::Child, tempfile::NamedTempFile)>,
+}
+
+impl Profile {
+    fn start(processes: &[(u32, &'static str)]) -> Self {
+        let recordings = processes
+            .iter()
+            .map(|&(pid, name)| {
+                let file = tempfile::NamedTempFile::new().unwrap();
+                let child = std::process::Command::new("perf")
+                    .args(["record", "-q", "-F", "999", "-g", "-p", &pid.to_string(), "-o"])
+                    .arg(file.path())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .expect("--perf needs `perf` (apt-get install linux-perf)");
+                (name, child, file)
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(300)); // let them attach
+        Self { recordings }
+    }
+
+    /// Stops recording; returns a markdown table: per process, its CPU samples and the
+    /// share of them in each category of leaf symbol.
+    fn finish(self) -> String {
+        let mut out = String::from("| process | samples | category | share of its samples |\n|---|---|---|---|\n");
+        for (name, mut child, file) in self.recordings {
+            std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+            child.wait().unwrap();
+            let report = std::process::Command::new("perf")
+                .args(["report", "--no-children", "--sort", "sym", "--stdio", "-g", "none", "-i"])
+                .arg(file.path())
+                .output()
+                .unwrap();
+            out += &categorise(name, &String::from_utf8_lossy(&report.stdout));
+        }
+        out
+    }
+}
+
+/// Where the time goes: leaf symbols grouped into what they do.
+const CATEGORIES: &[(&str, &[&str])] = &[
+    ("CRC32C in RocksDB (portable code: no SSE4.2)", &["rocksdb::crc32c"]),
+    ("CRC32C (ours, SSE4.2)", &["crc32c"]),
+    ("memcpy/memmove", &["memcpy", "memmove", "copy_user", "copy_to_user", "copy_from_user", "rep_movs"]),
+    ("RocksDB", &["rocksdb::"]),
+    ("kernel TCP/IP", &["tcp_", "skb", "ip_", "__dev_queue", "net_rx", "loopback", "sock_", "__netif"]),
+    ("HTTP/2 (h2, hyper)", &["h2::", "hyper::"]),
+    ("gRPC/protobuf (tonic, prost)", &["tonic::", "prost::"]),
+    ("allocator", &["malloc", "free", "realloc", "_int_", "alloc::", "cfree"]),
+    ("tokio runtime", &["tokio::"]),
+    ("kernel other (syscalls, scheduling, page faults)", &["[k]"]),
+];
+
+fn categorise(process: &str, report: &str) -> String {
+    let samples = report
+        .lines()
+        .find_map(|l| l.strip_prefix("# Samples: "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or("?")
+        .to_owned();
+    let mut shares: Vec<(&str, f64)> = Vec::new();
+    for line in report.lines() {
+        let Some((percent, symbol)) = line.trim().split_once('%') else { continue };
+        let Ok(percent) = percent.trim().parse::<f64>() else { continue };
+        let category = CATEGORIES
+            .iter()
+            .find(|(_, needles)| needles.iter().any(|n| symbol.contains(n)))
+            .map_or("other (our code, std)", |(name, _)| name);
+        match shares.iter_mut().find(|(c, _)| *c == category) {
+            Some((_, sum)) => *sum += percent,
+            None => shares.push((category, percent)),
+        }
+    }
+    shares.sort_by(|a, b| b.1.total_cmp(&a.1));
+    shares
+        .into_iter()
+        .filter(|(_, p)| *p >= 1.0)
+        .map(|(category, percent)| format!("| {process} | {samples} | {category} | {percent:.1}% |\n"))
+        .collect()
 }
