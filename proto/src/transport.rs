@@ -53,12 +53,18 @@ pub struct Http2Settings {
 
 impl Http2Settings {
     /// Checked settings from flag values (bytes); the error names the flag's rule.
-    pub fn new(stream_window: u64, connection_window: u64, max_frame_size: u64, socket_buffer: u64) -> Result<Self, String> {
+    pub fn new(
+        stream_window: u64,
+        connection_window: u64,
+        max_frame_size: u64,
+        socket_buffer: u64,
+    ) -> Result<Self, String> {
         // RFC 9113: windows up to 2^31-1, frames 16 KiB..=16 MiB-1.
         let window = |what: &str, v: u64| {
-            u32::try_from(v).ok().filter(|&v| (65_535..=i32::MAX as u32).contains(&v)).ok_or_else(|| {
-                format!("{what} {v} is outside 64KiB..2GiB (HTTP/2 allows 65535..=2^31-1)")
-            })
+            u32::try_from(v)
+                .ok()
+                .filter(|&v| (65_535..=i32::MAX as u32).contains(&v))
+                .ok_or_else(|| format!("{what} {v} is outside 64KiB..2GiB (HTTP/2 allows 65535..=2^31-1)"))
         };
         let frame = u32::try_from(max_frame_size).ok().filter(|&v| ((16 << 10)..(16 << 20)).contains(&v));
         Ok(Self {
@@ -67,7 +73,8 @@ impl Http2Settings {
             max_frame_size: Some(frame.ok_or_else(|| {
                 format!("max frame size {max_frame_size} is outside 16KiB..16MiB (HTTP/2's limits)")
             })?),
-            socket_buffer: usize::try_from(socket_buffer).map_err(|_| "socket buffer too large".to_owned())?,
+            socket_buffer: usize::try_from(socket_buffer)
+                .map_err(|_| "socket buffer too large".to_owned())?,
         })
     }
 
@@ -104,13 +111,14 @@ impl Http2Settings {
 
     /// Connects a client socket with `TCP_NODELAY` and, when set, the receive buffer.
     pub async fn connect(&self, addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
-        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        let socket =
+            if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
         if self.socket_buffer > 0 {
             socket.set_recv_buffer_size(self.socket_buffer as u32)?;
         }
-        let stream = tokio::time::timeout(timeout, socket.connect(addr))
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {addr}")))??;
+        let stream = tokio::time::timeout(timeout, socket.connect(addr)).await.map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {addr}"))
+        })??;
         stream.set_nodelay(true)?;
         Ok(stream)
     }

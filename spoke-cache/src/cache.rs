@@ -19,7 +19,10 @@ use std::{
 };
 
 use bytes::{Bytes, BytesMut};
-use futures::future::{BoxFuture, Shared};
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared},
+};
 use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::ShardInfo,
@@ -53,13 +56,15 @@ pub struct CacheConfig {
     pub shard_fetch_parallelism: usize,
     /// Bytes fetched from hubs and not yet stored, across all fetches: a fetch waits
     /// for room before it asks the hub. Bounds memory when the link is faster than the
-    /// disk path (spoke-bench: peak RSS 632 MiB with 128 chunks in flight, see
-    /// BENCHMARKS.md), and is still more than a 60 ms link at 1 GB/s keeps in flight.
+    /// disk path. spoke-bench, 16 shards streamed cold: peak RSS 632 MiB unbounded (128
+    /// chunks in flight), 539 MiB at 64 MiB, 460 MiB at 32 MiB (BENCHMARKS.md). 32 MiB
+    /// fills 60 ms at ~550 MB/s, more than the spoke stores on 2 cores (`wan-bench`).
     pub upstream_bytes_in_flight: u64,
 }
 
 type ShardKey = (String, String);
 pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
+type SharedLookup = Shared<BoxFuture<'static, Result<Arc<Entry>>>>;
 
 /// One cached shard version.
 #[derive(Debug)]
@@ -163,6 +168,8 @@ pub struct Cache {
     pub(crate) metrics: Arc<Metrics>,
     index: Mutex<HashMap<ShardKey, Arc<Entry>>>,
     pub(crate) inflight: Mutex<HashMap<(u64, u64), SharedFetch>>,
+    /// Shard lookups (StatShard) in progress, shared by concurrent callers.
+    lookups: Mutex<HashMap<ShardKey, SharedLookup>>,
     /// Room for `upstream_bytes_in_flight`, in KiB permits.
     pub(crate) upstream_budget: tokio::sync::Semaphore,
     next_id: AtomicU64,
@@ -194,8 +201,9 @@ impl Cache {
         config: CacheConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>> {
-        let upstream_budget =
-            tokio::sync::Semaphore::new((config.upstream_bytes_in_flight.max(config.chunk_size) >> 10) as usize);
+        let upstream_budget = tokio::sync::Semaphore::new(
+            (config.upstream_bytes_in_flight.max(config.chunk_size) >> 10) as usize,
+        );
         let records = store.load_records()?;
         let next_id = records.iter().map(|(_, _, r)| r.id + 1).max().unwrap_or(1);
         // Pages with no record (a crash between writing pages of a replaced version and
@@ -221,6 +229,7 @@ impl Cache {
             metrics,
             index: Mutex::new(index),
             inflight: Mutex::default(),
+            lookups: Mutex::default(),
             upstream_budget,
             next_id: AtomicU64::new(next_id),
             used: AtomicU64::new(used),
@@ -253,7 +262,45 @@ impl Cache {
 
     /// The cached entry of a shard, checked with the hub when its TTL has passed, or a
     /// new entry from the hub's `StatShard`.
+    ///
+    /// Concurrent callers for one shard share one lookup (one `StatShard`): a trainer's
+    /// first batch touches a shard from hundreds of reads at once, and without this
+    /// each asked the hub, which shed them (seed-demo, 1536 reads in flight).
     pub async fn entry(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
+        let key = (dataset.to_string(), shard.to_string());
+        if let Some(entry) = self.index().get(&key).cloned() {
+            let validated_at = entry.state().record.validated_at_ms;
+            if Duration::from_millis(now_ms().saturating_sub(validated_at)) < self.config.revalidate_after {
+                self.touch(&entry);
+                return Ok(entry);
+            }
+        }
+        let lookup = {
+            let mut lookups = self.lookups.lock().unwrap_or_else(|p| p.into_inner());
+            lookups
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    let (cache, dataset, shard) = (self.clone(), dataset.clone(), shard.clone());
+                    // In its own task, so a caller that goes away does not cancel it for the rest.
+                    let task = tokio::spawn(async move {
+                        let result = cache.lookup(&dataset, &shard).await;
+                        let key = (dataset.to_string(), shard.to_string());
+                        cache.lookups.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                        result
+                    });
+                    async move {
+                        task.await.unwrap_or_else(|e| Err(Error::Internal(format!("lookup failed: {e}"))))
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
+        };
+        lookup.await
+    }
+
+    /// The slow path of [`Cache::entry`]: ask the hub.
+    async fn lookup(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
         let cached = self.index().get(&key).cloned();
         let Some(entry) = cached else {

@@ -63,7 +63,7 @@ pub struct SpokeArgs {
     pub max_concurrency: usize,
 
     /// Bytes fetched from hubs but not yet stored, across all fetches (bounds memory).
-    #[arg(long, env = "SPOKE_UPSTREAM_BYTES_IN_FLIGHT", default_value = "64MiB")]
+    #[arg(long, env = "SPOKE_UPSTREAM_BYTES_IN_FLIGHT", default_value = "32MiB")]
     pub upstream_bytes_in_flight: ByteSize,
 
     /// HTTP/2 connections to each hub; fetches use them in turn.
@@ -158,10 +158,17 @@ mod tests {
         assert!(SpokeArgs::try_parse_from(["spoke-cache"]).is_err(), "--hub is required");
         assert_eq!(args.hub_transport().unwrap(), HubTransport::default());
         let plain =
-            SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1", "--hub-transport-defaults"]).unwrap();
+            SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1", "--hub-transport-defaults"])
+                .unwrap();
         assert_eq!(plain.hub_transport().unwrap().connections, 1);
-        let bad = SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1", "--hub-max-frame-size", "32MiB"])
-            .unwrap();
+        let bad = SpokeArgs::try_parse_from([
+            "spoke-cache",
+            "--hub",
+            "http://a:1",
+            "--hub-max-frame-size",
+            "32MiB",
+        ])
+        .unwrap();
         assert!(bad.hub_transport().unwrap_err().to_string().contains("max frame size"));
     }
 }

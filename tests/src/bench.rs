@@ -13,7 +13,11 @@ pub async fn raw_tcp(streams: usize, total: u64) -> f64 {
 /// Like [`raw_tcp`], but the writers connect to the address `via` returns for the sink's
 /// address (a WAN emulator in front of it, kept alive by the guard `G`): the raw TCP
 /// reference through the same link, like iperf3 through it.
-pub async fn raw_tcp_via<G>(streams: usize, total: u64, via: impl FnOnce(SocketAddr) -> (SocketAddr, G)) -> f64 {
+pub async fn raw_tcp_via<G>(
+    streams: usize,
+    total: u64,
+    via: impl FnOnce(SocketAddr) -> (SocketAddr, G),
+) -> f64 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (addr, _guard) = via(listener.local_addr().unwrap());
     let per_stream = total / streams as u64;

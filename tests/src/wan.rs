@@ -78,7 +78,7 @@ pub fn parse_rate(text: &str) -> Result<u64, String> {
     };
     let value: f64 = number.trim().parse().map_err(|_| format!("{text:?} is not a rate like 2Gbit"))?;
     let bps = value * scale;
-    if !(bps >= 1.0) {
+    if bps.is_nan() || bps < 1.0 {
         return Err(format!("rate {text:?} must be positive"));
     }
     Ok(bps as u64)
@@ -127,7 +127,11 @@ pub struct WanProxy {
 
 impl WanProxy {
     /// Listens on `listen` (port 0 picks one) and relays each connection to `upstream`.
-    pub async fn start(listen: SocketAddr, upstream: SocketAddr, config: LinkConfig) -> std::io::Result<Self> {
+    pub async fn start(
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        config: LinkConfig,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let accepted = Arc::new(AtomicU64::new(0));
@@ -181,7 +185,12 @@ pub async fn run(listener: TcpListener, upstream: SocketAddr, config: LinkConfig
 
 /// One direction of one connection: bytes from `from` reach `to` after the link's delay.
 /// The end of the stream travels the same way, so a half-close arrives after the data.
-async fn delay_line(mut from: tcp::OwnedReadHalf, mut to: tcp::OwnedWriteHalf, link: Arc<Direction>, seed: u64) {
+async fn delay_line(
+    mut from: tcp::OwnedReadHalf,
+    mut to: tcp::OwnedWriteHalf,
+    link: Arc<Direction>,
+    seed: u64,
+) {
     type Piece = (Instant, Option<Bytes>, Option<OwnedSemaphorePermit>);
     let (tx, mut rx) = mpsc::unbounded_channel::<Piece>();
     let budget = Arc::new(Semaphore::new(MAX_IN_FLIGHT));

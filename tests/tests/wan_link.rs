@@ -2,6 +2,8 @@
 //! what was asked (lower bounds only: the emulator guarantees them, the machine can only
 //! add), and the tuned spoke spreads its fetches over several connections.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failed setup should fail the test loudly
+
 use std::{
     net::SocketAddr,
     sync::atomic::Ordering,
@@ -74,14 +76,19 @@ async fn bytes_cross_unchanged_in_order_and_no_sooner_than_the_rtt() {
 async fn the_rate_cap_is_shared_by_all_connections() {
     let echo = echo_server().await;
     // 40 Mbit/s: 4 connections x 1 MB each way take at least 4 MB * 8 / 40e6 = 0.8 s.
-    let link = LinkConfig { rtt: Duration::from_millis(2), rate_bps: Some(40_000_000), jitter: Duration::ZERO };
+    let link =
+        LinkConfig { rtt: Duration::from_millis(2), rate_bps: Some(40_000_000), jitter: Duration::ZERO };
     let proxy = WanProxy::start("127.0.0.1:0".parse().unwrap(), echo, link).await.unwrap();
     let started = Instant::now();
     let copies = (0..4).map(|i| echo_through(proxy.addr, vec![i as u8; 1_000_000]));
     for (i, back) in futures::future::join_all(copies).await.into_iter().enumerate() {
         assert_eq!(back, vec![i as u8; 1_000_000]);
     }
-    assert!(started.elapsed() >= Duration::from_millis(800), "4 MB at 40 Mbit/s took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "4 MB at 40 Mbit/s took {:?}",
+        started.elapsed()
+    );
     assert_eq!(proxy.accepted.load(Ordering::Relaxed), 4);
 }
 

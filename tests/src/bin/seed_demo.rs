@@ -100,7 +100,10 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let global = args.ranks * args.batch;
     let samples_per_shard = args.shard_size.0 / SAMPLE;
-    anyhow::ensure!(samples_per_shard > 0 && args.shard_size.0 % SAMPLE == 0, "--shard-size must be a multiple of 16KiB");
+    anyhow::ensure!(
+        samples_per_shard > 0 && args.shard_size.0 % SAMPLE == 0,
+        "--shard-size must be a multiple of 16KiB"
+    );
     let shards = (args.steps * global).div_ceil(samples_per_shard as usize) as u32;
     let layout = Layout { shards, samples_per_shard, sample_bytes: SAMPLE };
     let shape = JobShape {
@@ -149,7 +152,8 @@ async fn main() -> anyhow::Result<()> {
     for prefetch in [false, true] {
         let cache = tempfile::tempdir_in(work.path())?;
         let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &["--capacity", "8GiB"]);
-        let read = readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
+        let read =
+            readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
         let metrics = spoke.metrics_addr.clone();
         let counter: Counter = Arc::new(move || {
             let metrics = metrics.clone();
@@ -174,7 +178,8 @@ async fn main() -> anyhow::Result<()> {
             let origin = nginx::Nginx::origin(&binary, &work.path().join("nginx-origin"), &data)?;
             let origin_addr = format!("127.0.0.1:{}", origin.port).parse()?;
             let peer_proxy = ProxyProcess::start(origin_addr, &link);
-            let cache = nginx::Nginx::cache(&binary, &work.path().join("nginx-cache"), peer_proxy.addr.port())?;
+            let cache =
+                nginx::Nginx::cache(&binary, &work.path().join("nginx-cache"), peer_proxy.addr.port())?;
             let counts = Arc::new(HttpCacheCounts::default());
             let read = readers::http(&cache.base_url(), DATASET, demo.names.clone(), SAMPLE, counts.clone());
             let counter: Counter = Arc::new(move || {
@@ -204,7 +209,8 @@ impl Demo {
         let global = self.shape.ranks * self.shape.batch_per_rank;
         let order = epoch_order(self.layout, self.args.block_shards, 1);
         let prefetching = prefetch.map(|control| {
-            let plan: Vec<String> = order.shard_order.iter().map(|&i| self.names[i as usize].clone()).collect();
+            let plan: Vec<String> =
+                order.shard_order.iter().map(|&i| self.names[i as usize].clone()).collect();
             tokio::spawn(async move {
                 let started = std::time::Instant::now();
                 let done = control.prefetch(DATASET, &plan, 0).await?.finish().await?;
@@ -218,7 +224,8 @@ impl Demo {
             })
         });
         let epoch1 = self.epoch(&order, read.clone(), counter.clone(), self.args.startup).await?;
-        let phases = [("batches 0-100", 0, 100), ("batches 100-150", 100, 150), ("steady (150-end)", 150, usize::MAX)];
+        let phases =
+            [("batches 0-100", 0, 100), ("batches 100-150", 100, 150), ("steady (150-end)", 150, usize::MAX)];
         for (i, (phase, from, to)) in phases.into_iter().enumerate() {
             let to = to.min(epoch1.run.steps.len());
             if from >= to {
@@ -258,9 +265,11 @@ impl Demo {
         let marks = Arc::new(Mutex::new(Vec::new()));
         let take = |counter: &Option<Counter>| counter.as_ref().map(|c| c());
         if let Some(first) = take(&counter) {
-            marks.lock().unwrap().push(first.await);
+            let first = first.await;
+            marks.lock().unwrap().push(first);
         }
-        let steps = self.shape.steps.min(order.samples.len() / (self.shape.ranks * self.shape.batch_per_rank));
+        let steps =
+            self.shape.steps.min(order.samples.len() / (self.shape.ranks * self.shape.batch_per_rank));
         let on_step = {
             let (marks, counter) = (marks.clone(), counter.clone());
             move |done: usize| {
@@ -316,7 +325,15 @@ struct Epoch {
 }
 
 impl Epoch {
-    fn row(&self, setup: &str, phase: &str, from: usize, to: usize, global: usize, share: Option<f64>) -> PhaseRow {
+    fn row(
+        &self,
+        setup: &str,
+        phase: &str,
+        from: usize,
+        to: usize,
+        global: usize,
+        share: Option<f64>,
+    ) -> PhaseRow {
         let reads: Vec<Duration> =
             self.run.reads.iter().filter(|(s, _)| (from..to).contains(s)).map(|(_, d)| *d).collect();
         report::phase_row(setup, phase, &self.run.steps[from..to], &reads, global, share)
@@ -334,7 +351,8 @@ fn ratios(rows: &[PhaseRow]) -> String {
     let ours = rows.iter().filter(|r| r.setup == "spoke, cold + prefetch");
     let mut out = String::new();
     for r in ours {
-        if let Some(peer) = rows.iter().find(|p| p.setup == "nginx proxy_cache (peer)" && p.phase == r.phase) {
+        if let Some(peer) = rows.iter().find(|p| p.setup == "nginx proxy_cache (peer)" && p.phase == r.phase)
+        {
             out += &format!(
                 "- {}: samples/s ours/peer {:.2}x, batch p99 peer/ours {:.1}x, GPU util {:.1}% vs {:.1}%\n",
                 r.phase,

@@ -43,7 +43,9 @@ async fn main() {
         println!("spoke flags: {}\n", extra.join(" "));
     }
 
-    println!("| link ({RTT} RTT) | transport | cold fetch of 1 GiB | % of raw TCP | CPU s: spoke / hub / proxy | spoke peak RSS |");
+    println!(
+        "| link ({RTT} RTT) | transport | cold fetch of 1 GiB | % of raw TCP | CPU s: spoke / hub / proxy | spoke peak RSS |"
+    );
     println!("|---|---|---|---|---|---|");
     for (link, rate) in [("2 Gbit/s", Some("2Gbit")), ("uncapped", None)] {
         let mut link_args = vec!["--rtt", RTT];
@@ -82,8 +84,11 @@ async fn main() {
             let mbs = mb_per_s(progress.bytes_fetched, started.elapsed());
             breakdown = profiling.map(Profile::finish).or(breakdown);
             assert_eq!(progress.bytes_fetched, total, "the whole dataset crossed the link");
-            let cpu: Vec<String> =
-                pids.iter().zip(&cpu_before).map(|(&p, before)| format!("{:.1}", cpu_seconds(p) - before)).collect();
+            let cpu: Vec<String> = pids
+                .iter()
+                .zip(&cpu_before)
+                .map(|(&p, before)| format!("{:.1}", cpu_seconds(p) - before))
+                .collect();
             println!(
                 "| {link} | {transport} | {mbs:.0} MB/s | {:.0}% | {} | {:.0} MiB |",
                 mbs * 100.0 / raw,
@@ -93,7 +98,9 @@ async fn main() {
         }
     }
     if let Some(breakdown) = breakdown {
-        println!("\nCPU profile of the uncapped tuned fetch (perf at 999 Hz; leaf symbols by category):\n\n{breakdown}");
+        println!(
+            "\nCPU profile of the uncapped tuned fetch (perf at 999 Hz; leaf symbols by category):\n\n{breakdown}"
+        );
     }
 }
 
@@ -125,7 +132,8 @@ impl Profile {
     /// Stops recording; returns a markdown table: per process, its CPU samples and the
     /// share of them in each category of leaf symbol.
     fn finish(self) -> String {
-        let mut out = String::from("| process | samples | category | share of its samples |\n|---|---|---|---|\n");
+        let mut out =
+            String::from("| process | samples | category | share of its samples |\n|---|---|---|---|\n");
         for (name, mut child, file) in self.recordings {
             std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
             child.wait().unwrap();
@@ -144,7 +152,16 @@ impl Profile {
 const CATEGORIES: &[(&str, &[&str])] = &[
     ("CRC32C in RocksDB (portable code: no SSE4.2)", &["rocksdb::crc32c"]),
     ("CRC32C (ours, SSE4.2)", &["crc32c"]),
-    ("memcpy/memmove", &["memcpy", "memmove", "copy_user", "copy_to_user", "copy_from_user", "rep_movs"]),
+    ("memcpy/memmove (user space)", &["memcpy", "memmove"]),
+    (
+        "kernel copies (socket and file read/write)",
+        &["copy_user", "copy_to_iter", "copy_from_iter", "copy_folio", "copy_page"],
+    ),
+    (
+        "kernel file writes (ext4, page cache)",
+        &["ext4_", "filemap", "folio", "generic_perform_write", "mpage", "block_", "buffer"],
+    ),
+    ("kernel page faults", &["page_fault", "clear_page", "do_anonymous_page", "handle_mm_fault", "memcg"]),
     ("RocksDB", &["rocksdb::"]),
     ("kernel TCP/IP", &["tcp_", "skb", "ip_", "__dev_queue", "net_rx", "loopback", "sock_", "__netif"]),
     ("HTTP/2 (h2, hyper)", &["h2::", "hyper::"]),

@@ -44,18 +44,28 @@ pub struct HttpCacheCounts {
 /// One `GET` with `Range: bytes=a-b` per sample, all of a batch at once, over pooled
 /// HTTP/1.1 keep-alive connections (what a trainer reading from an HTTP cache does).
 /// Every answer must be `206` with exactly the sample's bytes.
-pub fn http(base: &str, dataset: &str, shard_names: Arc<Vec<String>>, sample_bytes: u64, counts: Arc<HttpCacheCounts>) -> ReadBatch {
+pub fn http(
+    base: &str,
+    dataset: &str,
+    shard_names: Arc<Vec<String>>,
+    sample_bytes: u64,
+    counts: Arc<HttpCacheCounts>,
+) -> ReadBatch {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client: HttpClient<HttpConnector, Empty<Bytes>> =
         HttpClient::builder(TokioExecutor::new()).pool_max_idle_per_host(4096).build(connector);
     let prefix = format!("{}/{dataset}/", base.trim_end_matches('/'));
     Arc::new(move |batch: Vec<Sample>| {
-        let (client, prefix, names, counts) = (client.clone(), prefix.clone(), shard_names.clone(), counts.clone());
+        let (client, prefix, names, counts) =
+            (client.clone(), prefix.clone(), shard_names.clone(), counts.clone());
         async move {
             let gets = batch.iter().map(|s| {
                 let request = http::Request::get(format!("{prefix}{}", names[s.shard as usize]))
-                    .header(http::header::RANGE, format!("bytes={}-{}", s.offset, s.offset + sample_bytes - 1))
+                    .header(
+                        http::header::RANGE,
+                        format!("bytes={}-{}", s.offset, s.offset + sample_bytes - 1),
+                    )
                     .body(Empty::new());
                 let (client, counts) = (client.clone(), counts.clone());
                 async move {

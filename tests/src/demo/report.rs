@@ -62,7 +62,14 @@ pub fn markdown(rows: &[PhaseRow]) -> String {
         let cache = r.from_cache_pct.map_or("-".to_owned(), |p| format!("{p:.1}%"));
         out += &format!(
             "| {} | {} | {:.0} | {:.2} / {:.2} ms | {:.1}% | {:.0} | {} |\n",
-            r.setup, r.phase, r.read_mb_s, r.read_p50_ms, r.read_p99_ms, r.gpu_util_pct, r.samples_per_s, cache
+            r.setup,
+            r.phase,
+            r.read_mb_s,
+            r.read_p50_ms,
+            r.read_p99_ms,
+            r.gpu_util_pct,
+            r.samples_per_s,
+            cache
         );
     }
     out
@@ -71,7 +78,12 @@ pub fn markdown(rows: &[PhaseRow]) -> String {
 /// Plots samples/s (smoothed over 5 steps) and GPU utilisation per step, both epochs
 /// back to back, one line per setup. Text needs a TrueType font: DejaVu Sans
 /// (`fonts-dejavu-core`, which scripts/demo.sh installs when missing).
-pub fn plot(path: &Path, series: &[(String, Vec<Step>)], global_batch: usize, epoch_steps: usize) -> anyhow::Result<()> {
+pub fn plot(
+    path: &Path,
+    series: &[(String, Vec<Step>)],
+    global_batch: usize,
+    epoch_steps: usize,
+) -> anyhow::Result<()> {
     let font = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"]
         .iter()
         .find_map(|p| std::fs::read(p).ok())
@@ -116,7 +128,8 @@ pub fn plot(path: &Path, series: &[(String, Vec<Step>)], global_batch: usize, ep
         .build_cartesian_2d(0..steps, 0.0..105.0)?;
     chart.configure_mesh().x_desc("batch (epoch 1, then epoch 2)").y_desc("GPU util %").draw()?;
     for ((name, s), color) in series.iter().zip(colors) {
-        let points = s.iter().enumerate().map(|(i, s)| (i, s.compute_s * 100.0 / (s.data_wait_s + s.compute_s)));
+        let points =
+            s.iter().enumerate().map(|(i, s)| (i, s.compute_s * 100.0 / (s.data_wait_s + s.compute_s)));
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))?
             .label(name.as_str())

@@ -130,13 +130,18 @@ pub async fn run_epoch(
             .collect();
         let read = read.clone();
         tokio::spawn(async move {
+            // Each read in its own task (a DataLoader worker): it makes progress, and
+            // consumes its response, while this loader waits for the step loop. Reads left
+            // unpolled would hold their responses' HTTP/2 flow-control window on the
+            // shared connection and could stall the rank the step is waiting for.
             let mut batches = stream::iter(batches)
                 .map(|batch| {
                     let read = read.clone();
-                    async move {
+                    let task = tokio::spawn(async move {
                         let started = Instant::now();
                         read(batch).await.map(|bytes| (bytes, started.elapsed()))
-                    }
+                    });
+                    async move { task.await.map_err(anyhow::Error::from).and_then(|r| r) }
                 })
                 .buffered(shape.read_ahead.max(1));
             while let Some(batch) = batches.next().await {
