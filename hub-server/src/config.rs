@@ -113,6 +113,7 @@ mod tests {
         assert_eq!(options.limits.chunk_size, 1 << 20);
         assert_eq!(options.limits.max_read, 16 << 20);
         assert_eq!(args(&[]).listen.to_string(), "127.0.0.1:7070");
+        assert_eq!(options.http2, shardcache_proto::transport::Http2Settings::TUNED);
     }
 
     #[test]
@@ -121,5 +122,7 @@ mod tests {
         assert!(err.contains("--chunk-size 16MiB is outside 64KiB..=8MiB"), "{err}");
         let err = args(&["--max-read", "1GiB"]).serve_options().unwrap_err().to_string();
         assert!(err.contains("--max-read 1GiB"), "{err}");
+        let err = args(&["--http2-max-frame-size", "32MiB"]).serve_options().unwrap_err().to_string();
+        assert!(err.contains("max frame size") && err.contains("16KiB..16MiB"), "{err}");
     }
 }

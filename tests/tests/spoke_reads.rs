@@ -186,3 +186,27 @@ async fn first_touch_fetches_the_whole_shard_or_reads_ahead_when_configured() {
     let present: Vec<u64> = (0..16).filter(|&i| entry.has_chunk(i)).collect();
     assert_eq!(present, [5, 6, 7]);
 }
+
+#[tokio::test]
+async fn concurrent_first_reads_of_a_shard_ask_the_hub_once() {
+    // A trainer's first step touches each shard from hundreds of reads at once; each
+    // asking the hub for the shard's version would be shed by the hub's limit.
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "ds", 1, 4 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    let client = spoke.client().await;
+    let want = std::fs::read(dir.join("shard-00000.bin")).unwrap();
+    let reads = (0..200u64).map(|i| {
+        let client = client.clone();
+        async move {
+            let offset = (i * 16384) % (4 << 20);
+            let got = client.read_range(&Range::new("ds", "shard-00000.bin", offset, 16384)).await.unwrap();
+            (offset, got.data)
+        }
+    });
+    for (offset, data) in join_all(reads).await {
+        assert_eq!(data, want[offset as usize..offset as usize + 16384]);
+    }
+    assert_eq!(hub.stats.snapshot().stat_requests, 1, "one StatShard for 200 concurrent first reads");
+}

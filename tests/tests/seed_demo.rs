@@ -1,0 +1,45 @@
+//! `make demo` keeps working: the seed experiment, scaled down (4 ranks, 20 steps, a
+//! 10 ms link, no nginx), runs end to end as a process and reports what it promises.
+
+#![allow(clippy::unwrap_used)]
+
+use shardcache_tests::binary;
+
+#[test]
+fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(binary("seed-demo"))
+        .args(["--out", out.path().to_str().unwrap(), "--ranks", "4", "--batch", "8", "--steps", "20"])
+        .args([
+            "--shard-size",
+            "1MiB",
+            "--compute",
+            "5ms",
+            "--startup",
+            "200ms",
+            "--rtt",
+            "10ms",
+            "--skip-nginx",
+        ])
+        .env("RUST_LOG", "warn")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("results.json")).unwrap()).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    let row = |setup: &str, phase: &str| {
+        rows.iter()
+            .find(|r| r["setup"] == setup && r["phase"] == phase)
+            .unwrap_or_else(|| panic!("no row {setup} / {phase}"))
+    };
+    for setup in ["hub (data local)", "spoke, cold, no prefetch", "spoke, cold + prefetch"] {
+        let first = row(setup, "batches 0-100");
+        assert_eq!(first["steps"], 20, "{setup}: every step ran");
+        assert!(first["samples_per_s"].as_f64().unwrap() > 0.0);
+    }
+    let warm = row("spoke, cold + prefetch", "epoch 2 (warm)");
+    assert_eq!(warm["from_cache_pct"].as_f64(), Some(100.0), "the prefetched epoch is read from the cache");
+    let markdown = std::fs::read_to_string(out.path().join("results.md")).unwrap();
+    assert!(markdown.contains("| spoke, cold + prefetch | epoch 2 (warm) |"), "{markdown}");
+}
