@@ -14,8 +14,9 @@
 //! flushed together (`atomic_flush`): after `kill -9` a chunk is either wholly there and
 //! marked, or not marked. There is no write-ahead log by default (see
 //! [`StoreOptions::write_ahead_log`]): a crash loses the chunks admitted since the last
-//! flush (at most two memtables), which the hub still has; a clean stop flushes. Every page read is checked against its CRC32C; a mismatch or a missing
-//! page is reported as a [`PageFault`] (the cache refetches), never as data.
+//! flush (at most two memtables), which the hub still has; a clean stop flushes. Every
+//! page read is checked against its CRC32C; a mismatch or a missing page is reported as
+//! a [`PageFault`] (the cache refetches), never as data.
 //!
 //! Value layout, chosen by measurement (`cargo run --release -p shardcache-tests --bin
 //! store-bench`, 512 MiB written as 1 MiB chunks, 2026-11-29, 2-vCPU VM, see BENCHMARKS.md):

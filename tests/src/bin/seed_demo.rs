@@ -297,6 +297,7 @@ impl Demo {
         }
         let out = &self.args.out;
         std::fs::write(out.join("results.md"), format!("{table}\n{ratios}"))?;
+        let steps: std::collections::BTreeMap<_, _> = self.series.iter().cloned().collect();
         let json = serde_json::json!({
             "config": {
                 "ranks": self.shape.ranks, "batch_per_rank": self.shape.batch_per_rank,
@@ -306,7 +307,7 @@ impl Demo {
                 "shard_bytes": self.args.shard_size.0, "sample_bytes": SAMPLE, "rtt": self.args.rtt,
             },
             "rows": self.rows,
-            "steps": self.series.iter().map(|(name, steps)| (name.clone(), steps.clone())).collect::<std::collections::BTreeMap<_, _>>(),
+            "steps": steps,
         });
         std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
         let global = self.shape.ranks * self.shape.batch_per_rank;
