@@ -16,6 +16,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::{Endpoint, Server};
 
+use crate::units::ByteSize;
+
 /// Stream window: the largest chunk (8 MiB, `--chunk-size`'s limit) fits, so a chunk
 /// response never waits a round trip for a WINDOW_UPDATE.
 pub const STREAM_WINDOW: u32 = 8 << 20;
@@ -66,17 +68,19 @@ impl Http2Settings {
     ) -> Result<Self, String> {
         // RFC 9113: windows up to 2^31-1, frames 16 KiB..=16 MiB-1.
         let window = |what: &str, v: u64| {
-            u32::try_from(v)
-                .ok()
-                .filter(|&v| (65_535..=i32::MAX as u32).contains(&v))
-                .ok_or_else(|| format!("{what} {v} is outside 64KiB..2GiB (HTTP/2 allows 65535..=2^31-1)"))
+            u32::try_from(v).ok().filter(|&v| (65_535..=i32::MAX as u32).contains(&v)).ok_or_else(|| {
+                format!("{what} {} is outside 64KiB..2GiB (HTTP/2 allows 65535..=2^31-1)", ByteSize(v))
+            })
         };
         let frame = u32::try_from(max_frame_size).ok().filter(|&v| ((16 << 10)..(16 << 20)).contains(&v));
         Ok(Self {
             stream_window: Some(window("stream window", stream_window)?),
             connection_window: Some(window("connection window", connection_window)?),
             max_frame_size: Some(frame.ok_or_else(|| {
-                format!("max frame size {max_frame_size} is outside 16KiB..16MiB (HTTP/2's limits)")
+                format!(
+                    "max frame size {} is outside 16KiB..16MiB (HTTP/2's limits)",
+                    ByteSize(max_frame_size)
+                )
             })?),
             socket_buffer: usize::try_from(socket_buffer)
                 .map_err(|_| "socket buffer too large".to_owned())?,

@@ -247,7 +247,7 @@ impl Demo {
             steps.extend(epoch2.run.steps);
         }
         for row in self.rows.iter().filter(|r| r.setup == setup) {
-            println!("{}", report::markdown(std::slice::from_ref(row)).lines().nth(2).unwrap_or_default());
+            println!("{}", report::markdown_row(row));
         }
         self.series.push((setup.to_owned(), steps));
         Ok(())

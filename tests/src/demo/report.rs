@@ -59,20 +59,19 @@ pub fn markdown(rows: &[PhaseRow]) -> String {
          |---|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        let cache = r.from_cache_pct.map_or("-".to_owned(), |p| format!("{p:.1}%"));
-        out += &format!(
-            "| {} | {} | {:.0} | {:.2} / {:.2} ms | {:.1}% | {:.0} | {} |\n",
-            r.setup,
-            r.phase,
-            r.read_mb_s,
-            r.read_p50_ms,
-            r.read_p99_ms,
-            r.gpu_util_pct,
-            r.samples_per_s,
-            cache
-        );
+        out += &markdown_row(r);
+        out.push('\n');
     }
     out
+}
+
+/// One row of the table, without the line end.
+pub fn markdown_row(r: &PhaseRow) -> String {
+    let cache = r.from_cache_pct.map_or("-".to_owned(), |p| format!("{p:.1}%"));
+    format!(
+        "| {} | {} | {:.0} | {:.2} / {:.2} ms | {:.1}% | {:.0} | {} |",
+        r.setup, r.phase, r.read_mb_s, r.read_p50_ms, r.read_p99_ms, r.gpu_util_pct, r.samples_per_s, cache
+    )
 }
 
 /// Plots samples/s (smoothed over 5 steps) and GPU utilisation per step, both epochs
