@@ -58,16 +58,15 @@ impl Range {
     }
 }
 
-/// Connects a channel to `endpoint`, naming it in the error.
-/// Connects with the tuned HTTP/2 windows (`shardcache_proto::transport`): a trainer
-/// keeps many batch reads in flight on one connection, and hyper's default 5 MiB
-/// connection window holds only ~13 responses of 24 x 16 KiB.
+/// Connects a channel to `endpoint` (naming it in an error) with the tuned HTTP/2
+/// windows (`shardcache_proto::transport`): a trainer keeps many batch reads in flight
+/// on one connection, and hyper's default 5 MiB connection window holds only ~13
+/// responses of 24 x 16 KiB.
 pub(crate) async fn connect_channel(endpoint: &str) -> Result<Channel> {
     let parsed = Endpoint::from_shared(endpoint.to_owned())
         .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?;
     shardcache_proto::transport::Http2Settings::TUNED
         .endpoint(parsed)
-        .tcp_nodelay(true)
         .connect()
         .await
         .map_err(|source| Error::Connect { endpoint: endpoint.to_owned(), source })

@@ -193,6 +193,24 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .unwrap_or_else(|e| Err(Error::Internal(format!("store task failed: {e}"))))
 }
 
+/// Runs `job` in its own task, so a caller that goes away does not cancel it for the
+/// others sharing it; `done` runs in that task once the job has finished (to take it out
+/// of the map that lets callers share it). `what` names the job in a failure.
+pub(crate) fn spawn_shared<T: Clone + Send + Sync + 'static>(
+    what: &'static str,
+    job: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    done: impl FnOnce() + Send + 'static,
+) -> Shared<BoxFuture<'static, Result<T>>> {
+    let task = tokio::spawn(async move {
+        let result = job.await;
+        done();
+        result
+    });
+    async move { task.await.unwrap_or_else(|e| Err(Error::Internal(format!("{what} failed: {e}")))) }
+        .boxed()
+        .shared()
+}
+
 impl Cache {
     /// Loads what `store` holds; usable at once, before any hub answers.
     pub fn open(
@@ -268,12 +286,8 @@ impl Cache {
     /// each asked the hub, which shed them (seed-demo, 1536 reads in flight).
     pub async fn entry(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
-        if let Some(entry) = self.index().get(&key).cloned() {
-            let validated_at = entry.state().record.validated_at_ms;
-            if Duration::from_millis(now_ms().saturating_sub(validated_at)) < self.config.revalidate_after {
-                self.touch(&entry);
-                return Ok(entry);
-            }
+        if let Some(entry) = self.fresh(&key) {
+            return Ok(entry);
         }
         let lookup = {
             let mut lookups = self.lookups.lock().unwrap_or_else(|p| p.into_inner());
@@ -281,38 +295,44 @@ impl Cache {
                 .entry(key.clone())
                 .or_insert_with(|| {
                     let (cache, dataset, shard) = (self.clone(), dataset.clone(), shard.clone());
-                    // In its own task, so a caller that goes away does not cancel it for the rest.
-                    let task = tokio::spawn(async move {
-                        let result = cache.lookup(&dataset, &shard).await;
-                        let key = (dataset.to_string(), shard.to_string());
-                        cache.lookups.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
-                        result
-                    });
-                    async move {
-                        task.await.unwrap_or_else(|e| Err(Error::Internal(format!("lookup failed: {e}"))))
-                    }
-                    .boxed()
-                    .shared()
+                    let (done_cache, done_key) = (self.clone(), key.clone());
+                    spawn_shared(
+                        "shard lookup",
+                        async move { cache.lookup(&dataset, &shard).await },
+                        move || {
+                            done_cache.lookups.lock().unwrap_or_else(|p| p.into_inner()).remove(&done_key);
+                        },
+                    )
                 })
                 .clone()
         };
         lookup.await
     }
 
+    /// The cached entry of `key` if its version was checked within `revalidate_after`
+    /// (marked as used).
+    fn fresh(&self, key: &ShardKey) -> Option<Arc<Entry>> {
+        let entry = self.index().get(key).cloned()?;
+        let validated_at = entry.state().record.validated_at_ms;
+        let age = Duration::from_millis(now_ms().saturating_sub(validated_at));
+        (age < self.config.revalidate_after).then(|| {
+            self.touch(&entry);
+            entry
+        })
+    }
+
     /// The slow path of [`Cache::entry`]: ask the hub.
     async fn lookup(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
+        // Another lookup may have refreshed it since the caller looked.
+        if let Some(entry) = self.fresh(&key) {
+            return Ok(entry);
+        }
         let cached = self.index().get(&key).cloned();
         let Some(entry) = cached else {
             let info = self.upstream.stat(dataset.as_str(), shard.as_str()).await?;
             return self.install(key, info).await;
         };
-        let validated_at = entry.state().record.validated_at_ms;
-        let age = Duration::from_millis(now_ms().saturating_sub(validated_at));
-        if age < self.config.revalidate_after {
-            self.touch(&entry);
-            return Ok(entry);
-        }
         match self.upstream.stat(dataset.as_str(), shard.as_str()).await {
             Ok(info) if info.version == entry.version && info.size == entry.size => {
                 let record = {

@@ -16,7 +16,7 @@ use futures::FutureExt;
 
 use crate::{
     Error, Result,
-    cache::{Cache, Entry, SharedFetch, blocking},
+    cache::{Cache, Entry, SharedFetch, blocking, spawn_shared},
 };
 
 impl Cache {
@@ -56,17 +56,15 @@ impl Cache {
             .boxed()
             .shared();
         }
-        let task = tokio::spawn(async move {
-            let result = cache.fetch_and_admit(&entry, index).await;
-            // Removed only after this fetch was registered: the lock is held until then.
-            cache.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
-            result
-        });
-        let shared = async move {
-            task.await.unwrap_or_else(|e| Err(Error::Internal(format!("fetch task failed: {e}"))))
-        }
-        .boxed()
-        .shared();
+        // Removed only after this fetch was registered: the lock is held until then.
+        let done_cache = cache.clone();
+        let shared = spawn_shared(
+            "chunk fetch",
+            async move { cache.fetch_and_admit(&entry, index).await },
+            move || {
+                done_cache.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+            },
+        );
         inflight.insert(key, shared.clone());
         shared
     }

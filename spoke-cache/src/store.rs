@@ -69,9 +69,9 @@ pub struct StoreOptions {
     pub page_size: u64,
     /// Log every write before it reaches the memtable. Off: a cache can lose recent
     /// chunks in a crash (the hub has them; consistency comes from atomic flushes), and
-    /// the WAL doubled what a cold fetch writes and CRC-summed every byte in RocksDB's
-    /// portable (non-SSE4.2) CRC32C, ~22% of the spoke's CPU in a cold fetch
-    /// (`wan-bench --perf`, BENCHMARKS.md).
+    /// the WAL doubled what a cold fetch writes and checksummed every byte with RocksDB's
+    /// portable (non-SSE4.2) CRC32C: without it the spoke used 22% less CPU for a cold
+    /// 1 GiB fetch (`wan-bench`, runs A and B in BENCHMARKS.md).
     pub write_ahead_log: bool,
 }
 

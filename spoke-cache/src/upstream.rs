@@ -79,7 +79,7 @@ impl Hub {
 }
 
 /// Connects with the socket receive buffer `http2.socket_buffer` (tonic's own connector
-/// cannot set it).
+/// cannot set it); the endpoint's `CONNECT_TIMEOUT` still applies.
 fn sized_connector(
     http2: Http2Settings,
 ) -> impl tower::Service<
@@ -94,7 +94,7 @@ fn sized_connector(
         let host = uri.host().ok_or_else(bad)?.trim_start_matches('[').trim_end_matches(']').to_owned();
         let port = uri.port_u16().unwrap_or(80);
         let addr = tokio::net::lookup_host((host.as_str(), port)).await?.next().ok_or_else(bad)?;
-        Ok(hyper_util::rt::TokioIo::new(http2.connect(addr, CONNECT_TIMEOUT).await?))
+        Ok(hyper_util::rt::TokioIo::new(http2.connect(addr).await?))
     })
 }
 

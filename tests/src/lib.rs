@@ -170,11 +170,7 @@ impl TestSpoke {
 
     /// The Prometheus page, fetched over HTTP like a scraper would.
     pub async fn scrape(&self) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut socket = tokio::net::TcpStream::connect(self.metrics_addr).await.unwrap();
-        socket.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
-        let mut page = String::new();
-        socket.read_to_string(&mut page).await.unwrap();
+        let page = scrape_metrics(self.metrics_addr).await.unwrap();
         assert!(page.starts_with("HTTP/1.0 200 OK"), "{page}");
         page
     }
@@ -373,6 +369,17 @@ impl Drop for SpokeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET /metrics` from a spoke's metrics address (HTTP/1.0, as Prometheus would): the
+/// whole response, status line included.
+pub async fn scrape_metrics(addr: impl tokio::net::ToSocketAddrs) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr).await?;
+    socket.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+    let mut page = String::new();
+    socket.read_to_string(&mut page).await?;
+    Ok(page)
 }
 
 /// Every byte of every shard in `dataset_dir`, read through `client`, equals the file.

@@ -34,6 +34,8 @@ use tokio::{
     time::Instant,
 };
 
+use crate::bench::next_random;
+
 /// Largest piece read at once. Small enough that a piece's serialisation time at 2 Gbit/s
 /// (0.5 ms) is below the timer's 1 ms resolution, large enough that an uncapped proxy
 /// moves >2 GB/s on this machine (see `wan-bench`'s calibration row).
@@ -153,17 +155,21 @@ impl Drop for WanProxy {
 
 /// Accepts connections until the task is dropped; each connection's tasks live in a
 /// `JoinSet` owned here, so they stop with it.
-pub async fn run(listener: TcpListener, upstream: SocketAddr, config: LinkConfig, accepted: Arc<AtomicU64>) {
+pub async fn run(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    config: LinkConfig,
+    connections_accepted: Arc<AtomicU64>,
+) {
     let forward = Arc::new(Direction::new(&config));
     let backward = Arc::new(Direction::new(&config));
     let mut connections = JoinSet::new();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let count = accepted;
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
-                count.fetch_add(1, Ordering::Relaxed);
+                connections_accepted.fetch_add(1, Ordering::Relaxed);
                 seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
                 let (forward, backward) = (forward.clone(), backward.clone());
                 connections.spawn(async move {
@@ -195,7 +201,7 @@ async fn delay_line(
     let (tx, mut rx) = mpsc::unbounded_channel::<Piece>();
     let budget = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let reader = async move {
-        let mut rng = seed | 1;
+        let mut rng = seed;
         let mut last = Instant::now();
         // Pieces are split off this buffer without copying; small pieces share one
         // allocation.
@@ -208,11 +214,10 @@ async fn delay_line(
             let (sent, wait) = link.serialise(n, now);
             let mut due = sent + link.delay;
             if !link.jitter.is_zero() {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
                 let span = link.jitter.as_nanos() as u64 * 2 + 1;
-                due = (due + Duration::from_nanos(rng % span)).checked_sub(link.jitter).unwrap_or(due);
+                due = (due + Duration::from_nanos(next_random(&mut rng) % span))
+                    .checked_sub(link.jitter)
+                    .unwrap_or(due);
             }
             // Never before the previous piece: a link does not reorder a stream.
             due = due.max(last);

@@ -10,8 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use hub_server::ServeOptions;
+use shardcache_proto::transport::Http2Settings;
 use shardcache_tests::{
-    TestHub, TestSpoke, assert_dataset_reads_back, make_dataset, sha256, spoke_options,
+    TestHub, TestSpoke, assert_dataset_reads_back, make_dataset, sha256, spoke_options, test_options,
     wan::{LinkConfig, WanProxy},
 };
 use spoke_cache::upstream::HubTransport;
@@ -96,12 +98,15 @@ async fn the_rate_cap_is_shared_by_all_connections() {
 async fn a_spoke_across_the_link_serves_the_hubs_bytes_over_several_connections() {
     let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let dataset = make_dataset(root.path(), "ds", 6, 3 << 20);
-    let hub = TestHub::start(root.path()).await;
+    // Explicit socket buffers on both ends (the flags' non-default path: the hub sets
+    // SO_SNDBUF on accepted sockets, the spoke connects through its own connector).
+    let sized = Http2Settings { socket_buffer: 1 << 20, ..Http2Settings::TUNED };
+    let hub = TestHub::start_with(root.path(), ServeOptions { http2: sized, ..test_options() }).await;
     let link = LinkConfig::rtt(Duration::from_millis(60));
     let proxy = WanProxy::start("127.0.0.1:0".parse().unwrap(), hub.addr, link).await.unwrap();
 
     let mut options = spoke_options(&format!("http://{}", proxy.addr));
-    options.hub_transport = HubTransport { connections: 3, ..Default::default() };
+    options.hub_transport = HubTransport { connections: 3, http2: sized };
     let spoke = TestSpoke::start(cache_dir.path(), options).await;
     let progress = spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
     assert_eq!(progress.bytes_fetched, 6 * (3 << 20));

@@ -35,9 +35,9 @@ use shardcache_tests::{
         metric_sum, nginx,
         readers::{self, HttpCacheCounts},
         report::{self, PhaseRow},
-        scrape,
         trainer::{EpochOrder, EpochRun, JobShape, Layout, ReadBatch, Step, epoch_order, run_epoch},
     },
+    scrape_metrics,
 };
 
 const DATASET: &str = "c4";
@@ -158,7 +158,7 @@ async fn main() -> anyhow::Result<()> {
         let counter: Counter = Arc::new(move || {
             let metrics = metrics.clone();
             async move {
-                let text = scrape(&metrics).await.unwrap_or_default();
+                let text = scrape_metrics(metrics.as_str()).await.unwrap_or_default();
                 let hits = metric_sum(&text, "shardcache_spoke_hit_requests_total");
                 let misses = metric_sum(&text, "shardcache_spoke_miss_requests_total");
                 (hits as u64, (hits + misses) as u64)
@@ -263,13 +263,11 @@ impl Demo {
         startup: Duration,
     ) -> anyhow::Result<Epoch> {
         let marks = Arc::new(Mutex::new(Vec::new()));
-        let take = |counter: &Option<Counter>| counter.as_ref().map(|c| c());
-        if let Some(first) = take(&counter) {
-            let first = first.await;
+        if let Some(counter) = &counter {
+            let first = counter().await;
             marks.lock().unwrap().push(first);
         }
-        let steps =
-            self.shape.steps.min(order.samples.len() / (self.shape.ranks * self.shape.batch_per_rank));
+        let steps = self.shape.steps_over(order);
         let on_step = {
             let (marks, counter) = (marks.clone(), counter.clone());
             move |done: usize| {

@@ -18,16 +18,6 @@ pub fn metric_sum(scrape: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// `GET /metrics` from a spoke's metrics address (HTTP/1.0, as Prometheus would).
-pub async fn scrape(metrics_addr: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut socket = tokio::net::TcpStream::connect(metrics_addr).await?;
-    socket.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
-    let mut text = String::new();
-    socket.read_to_string(&mut text).await?;
-    Ok(text)
-}
-
 #[cfg(test)]
 mod tests {
     #[test]

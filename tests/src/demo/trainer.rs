@@ -86,6 +86,13 @@ pub struct JobShape {
     pub steps: usize,
 }
 
+impl JobShape {
+    /// Steps that run over `order`: `steps`, or fewer when the epoch runs out of samples.
+    pub fn steps_over(&self, order: &EpochOrder) -> usize {
+        self.steps.min(order.samples.len() / (self.ranks * self.batch_per_rank))
+    }
+}
+
 /// What one step saw.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Step {
@@ -117,7 +124,7 @@ pub async fn run_epoch(
     mut on_step: impl FnMut(usize) -> BoxFuture<'static, ()>,
 ) -> anyhow::Result<EpochRun> {
     let global = shape.ranks * shape.batch_per_rank;
-    let steps = shape.steps.min(order.samples.len() / global);
+    let steps = shape.steps_over(order);
     let mut loaders = Vec::new();
     for rank in 0..shape.ranks {
         // Capacity 1: the read-ahead is the `buffered` window below, as in a DataLoader.
