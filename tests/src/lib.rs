@@ -76,9 +76,17 @@ impl TestHub {
         Client::connect(&self.endpoint).await.unwrap()
     }
 
-    /// A raw channel, for the generated clients of other services (health, reflection).
+    /// A raw channel with tonic's default settings (64 KiB HTTP/2 windows), for the
+    /// generated clients of other services (health, reflection).
     pub async fn channel(&self) -> tonic::transport::Channel {
         tonic::transport::Channel::from_shared(self.endpoint.clone()).unwrap().connect().await.unwrap()
+    }
+
+    /// An SDK client over [`Self::channel`]'s small windows, for tests that need an open
+    /// stream to stay open: with the SDK's own 8 MiB windows the hub can send a whole
+    /// test-sized shard into the window and finish before the test acts on the stream.
+    pub async fn client_with_small_windows(&self) -> Client {
+        Client::from_channel(self.channel().await, &self.endpoint)
     }
 
     /// Graceful stop; returns what `serve` returned.

@@ -180,10 +180,10 @@ async fn a_stale_expected_version_is_aborted() {
 async fn a_shard_rewritten_during_a_stream_is_aborted_never_mixed() {
     let root = tempfile::tempdir().unwrap();
     let path = root.path().join("ds/big.bin");
-    // 64 chunks of 64 KiB: far more than the server's read-ahead plus HTTP/2 windows.
+    // 64 chunks of 64 KiB: far more than the server's read-ahead plus 64 KiB windows.
     let old = write_pattern(&path, 64 * (64 << 10), 1);
     let hub = TestHub::start(root.path()).await;
-    let client = hub.client().await;
+    let client = hub.client_with_small_windows().await;
     let mut stream = client.stream_shard("ds", "big.bin", 0, None).await.unwrap();
     let first = stream.next_chunk().await.unwrap().unwrap();
     assert_eq!(first.data, old[..64 << 10]);
@@ -215,7 +215,8 @@ async fn overload_is_resource_exhausted_and_health_still_answers() {
     let mut options = test_options();
     options.max_concurrency = 1;
     let hub = TestHub::start_with(root.path(), options).await;
-    let client = hub.client().await;
+    // Small windows, so the hub cannot send all 4 MiB and free the slot early.
+    let client = hub.client_with_small_windows().await;
 
     // An open stream holds the one slot until it is finished or dropped.
     let mut stream = client.stream_shard("ds", "big.bin", 0, None).await.unwrap();

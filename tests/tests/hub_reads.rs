@@ -191,7 +191,8 @@ async fn graceful_shutdown_lets_an_open_stream_finish() {
     let root = tempfile::tempdir().unwrap();
     let data = write_pattern(&root.path().join("ds/s.bin"), 32 * CHUNK as usize, 2);
     let hub = TestHub::start(root.path()).await;
-    let client = hub.client().await;
+    // Small windows keep the stream really in flight when the stop begins.
+    let client = hub.client_with_small_windows().await;
     let mut stream = client.stream_shard("ds", "s.bin", 0, None).await.unwrap();
     let mut got = stream.next_chunk().await.unwrap().unwrap().data.to_vec();
     let stopping = tokio::spawn(hub.stop());
