@@ -13,9 +13,12 @@ use shardcache_proto::{
         shard_reader_client::ShardReaderClient,
     },
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-use crate::{Error, Result};
+use crate::{
+    ConnectOptions, Credentials, Error, Result,
+    connect::{AuthChannel, connect_channel},
+};
 
 /// Largest response the SDK accepts: the hub's largest `--max-read` (64 MiB) plus room
 /// for per-chunk framing of a `ReadRanges` batch.
@@ -58,36 +61,34 @@ impl Range {
     }
 }
 
-/// Connects a channel to `endpoint` (naming it in an error) with the tuned HTTP/2
-/// windows (`shardcache_proto::transport`): a trainer keeps many batch reads in flight
-/// on one connection, and hyper's default 5 MiB connection window holds only ~13
-/// responses of 24 x 16 KiB.
-pub(crate) async fn connect_channel(endpoint: &str) -> Result<Channel> {
-    let parsed = Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?;
-    shardcache_proto::transport::Http2Settings::TUNED
-        .endpoint(parsed)
-        .connect()
-        .await
-        .map_err(|source| Error::Connect { endpoint: endpoint.to_owned(), source })
-}
-
 /// A connection to a shardcache server. Cheap to clone; clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Client {
-    reader: ShardReaderClient<Channel>,
+    reader: ShardReaderClient<AuthChannel>,
     endpoint: String,
 }
 
 impl Client {
-    /// Connects to `endpoint`, e.g. `http://127.0.0.1:7070`.
+    /// Connects to `endpoint`, e.g. `http://127.0.0.1:7070`, without credentials.
     pub async fn connect(endpoint: &str) -> Result<Self> {
-        Ok(Self::from_channel(connect_channel(endpoint).await?, endpoint))
+        Self::connect_with(endpoint, &ConnectOptions::default()).await
     }
 
-    /// Uses an existing channel (TLS, custom windows); `endpoint` names it in errors.
+    /// Connects to `endpoint` (`https://` for TLS) with `options`' certificates and token.
+    pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
+        let credentials = Credentials::token(options.token.as_deref())?;
+        Ok(Self::from_channel_with(connect_channel(endpoint, options).await?, endpoint, credentials))
+    }
+
+    /// Uses an existing channel (custom windows); `endpoint` names it in errors.
     pub fn from_channel(channel: Channel, endpoint: &str) -> Self {
-        let reader = ShardReaderClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+        Self::from_channel_with(channel, endpoint, Credentials::default())
+    }
+
+    /// Uses an existing channel and sends `credentials` with every request.
+    pub fn from_channel_with(channel: Channel, endpoint: &str, credentials: Credentials) -> Self {
+        let reader = ShardReaderClient::with_interceptor(channel, credentials)
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
         Self { reader, endpoint: endpoint.to_owned() }
     }
 

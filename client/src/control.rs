@@ -1,24 +1,32 @@
 //! [`CacheClient`]: the spoke's cache-control API (prefetch, status, evict, pin).
 
+use crate::{
+    ConnectOptions, Credentials, Error, Result,
+    connect::{AuthChannel, connect_channel},
+};
 use shardcache_proto::v1::{
     EvictRequest, EvictResponse, PinRequest, PrefetchProgress, PrefetchRequest, ShardRef, StatusRequest,
     StatusResponse, cache_control_client::CacheControlClient,
 };
-use tonic::transport::Channel;
-
-use crate::{Error, Result, client::connect_channel};
 
 /// A connection to a spoke's cache control. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct CacheClient {
-    control: CacheControlClient<Channel>,
+    control: CacheControlClient<AuthChannel>,
     endpoint: String,
 }
 
 impl CacheClient {
     pub async fn connect(endpoint: &str) -> Result<Self> {
-        let channel = connect_channel(endpoint).await?;
-        Ok(Self { control: CacheControlClient::new(channel), endpoint: endpoint.to_owned() })
+        Self::connect_with(endpoint, &ConnectOptions::default()).await
+    }
+
+    /// Connects with `options`' certificates and token (see [`crate::Client::connect_with`]).
+    pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
+        let credentials = Credentials::token(options.token.as_deref())?;
+        let channel = connect_channel(endpoint, options).await?;
+        let control = CacheControlClient::with_interceptor(channel, credentials);
+        Ok(Self { control, endpoint: endpoint.to_owned() })
     }
 
     fn status_error(&self, status: tonic::Status) -> Error {

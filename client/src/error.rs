@@ -5,6 +5,9 @@ use shardcache_proto::checksum::ChecksumMismatch;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Settings that cannot work (TLS files, a token), with what to change.
+    #[error("{0}")]
+    Config(String),
     #[error("invalid endpoint {endpoint:?}: {source}")]
     Endpoint {
         endpoint: String,
@@ -17,7 +20,9 @@ pub enum Error {
         #[source]
         source: tonic::transport::Error,
     },
-    #[error("{endpoint} answered {:?}: {}", status.code(), status.message())]
+    /// The server's status, or tonic's for a connection that failed under a request
+    /// (then the cause, e.g. a TLS alert or a reset, follows in parentheses).
+    #[error("{endpoint} answered {:?}: {}{}", status.code(), status.message(), causes(status))]
     Status { endpoint: String, status: tonic::Status },
     /// The bytes do not match their CRC32C: corrupted on the way. Never returned as data.
     #[error("corrupt data from {endpoint}: {source}")]
@@ -33,6 +38,17 @@ pub enum Error {
     /// The shard changed between two messages of one read.
     #[error("shard {shard:?} changed during the read: version {expected} then {found}; read it again")]
     VersionChanged { shard: String, expected: String, found: String },
+}
+
+/// The source chain of a status (set for transport failures), as ` (a: b)`.
+fn causes(status: &tonic::Status) -> String {
+    let mut chain = Vec::new();
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        chain.push(cause.to_string());
+        source = cause.source();
+    }
+    if chain.is_empty() { String::new() } else { format!(" ({})", chain.join(": ")) }
 }
 
 impl Error {

@@ -3,7 +3,11 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
-use shardcache_proto::{transport::Http2Settings, units::ByteSize};
+use shardcache_proto::{
+    serving::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security},
+    transport::Http2Settings,
+    units::ByteSize,
+};
 
 use crate::{Error, server::ServeOptions, service::ReadLimits};
 
@@ -57,6 +61,27 @@ pub struct HubArgs {
     /// SO_SNDBUF of accepted connections; 0 = kernel autotuning (see README: long links).
     #[arg(long, env = "HUB_SOCKET_SEND_BUFFER", default_value = "0")]
     pub socket_send_buffer: ByteSize,
+
+    /// Requests one connection may have open at once (HTTP/2 max concurrent streams).
+    #[arg(long, env = "HUB_MAX_STREAMS_PER_CONNECTION", default_value_t = DEFAULT_MAX_STREAMS_PER_CONNECTION)]
+    pub max_streams_per_connection: u32,
+
+    /// Serve TLS with this PEM certificate chain (reloaded on change or SIGHUP).
+    #[arg(long, env = "HUB_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert; must not be world-readable.
+    #[arg(long, env = "HUB_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require client certificates signed by this CA (spokes with mTLS). With
+    /// --token-file too, a client may present either.
+    #[arg(long, env = "HUB_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+
+    /// Require bearer tokens listed (as hashes) in this file; see `shardcache token`.
+    #[arg(long, env = "HUB_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 impl HubArgs {
@@ -81,6 +106,9 @@ impl HubArgs {
         if self.max_concurrency == 0 {
             return Err(Error::Config("--max-concurrency must be at least 1".into()));
         }
+        if self.max_streams_per_connection == 0 {
+            return Err(Error::Config("--max-streams-per-connection must be at least 1".into()));
+        }
         Ok(ServeOptions {
             // Checked against CHUNK_SIZE_RANGE above, so it fits in u32.
             limits: ReadLimits { chunk_size: self.chunk_size.0 as u32, max_read: self.max_read.0 },
@@ -93,6 +121,14 @@ impl HubArgs {
                 self.socket_send_buffer.0,
             )
             .map_err(|e| Error::Config(format!("--http2-*/--socket-send-buffer: {e}")))?,
+            max_streams_per_connection: self.max_streams_per_connection,
+            security: Security::from_flags(
+                self.tls_cert.as_deref(),
+                self.tls_key.as_deref(),
+                self.client_ca.as_deref(),
+                self.token_file.as_deref(),
+            )
+            .map_err(Error::Config)?,
         })
     }
 }

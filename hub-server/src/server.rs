@@ -4,11 +4,12 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use shardcache_proto::{
-    serving::{self, ShedLayer},
+    serving::{self, Security, ShedLayer},
     transport::Http2Settings,
     v1::shard_reader_server::ShardReaderServer,
 };
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::{
     Error, Result,
@@ -17,8 +18,8 @@ use crate::{
     stats::HubStats,
 };
 
-/// How the server bounds its work.
-#[derive(Debug, Clone, Copy)]
+/// How the server bounds its work and whom it serves.
+#[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub limits: ReadLimits,
     /// Requests in flight (including open streams) across all connections.
@@ -27,6 +28,10 @@ pub struct ServeOptions {
     pub request_timeout: Duration,
     /// HTTP/2 windows and frames, socket send buffer.
     pub http2: Http2Settings,
+    /// Requests one connection may have open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_streams_per_connection: u32,
+    /// TLS and tokens.
+    pub security: Security,
 }
 
 /// Serves `source` on `listener` until `shutdown` resolves, then lets in-flight
@@ -46,11 +51,13 @@ pub async fn serve<S: Source>(
 
     let reader = ShardReaderServer::new(ReadService::new(source, options.limits, stats))
         // Responses are bounded by --max-read; requests by the number of ranges.
-        .max_encoding_message_size(usize::MAX);
+        .max_encoding_message_size(usize::MAX)
+        .max_decoding_message_size(serving::MAX_REQUEST_BYTES);
+    // Tokens are checked before a handler runs; health and reflection stay open (probes).
+    let reader = InterceptedService::new(reader, options.security.auth.clone());
 
-    options
-        .http2
-        .server()
+    // TLS happens in `incoming` (handshakes per connection, certificates reloadable).
+    serving::harden(options.http2.server(), options.max_streams_per_connection)
         // A span per request, so every log line of a request carries its method.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
         // tonic wraps this around everything below: a request that cannot produce its
@@ -62,7 +69,10 @@ pub async fn serve<S: Source>(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(reader)
-        .serve_with_incoming_shutdown(options.http2.incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            options.http2.incoming(listener, options.security.tls.clone()),
+            shutdown,
+        )
         .await?;
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::{collections::HashMap, sync::Arc};
 use bytes::Bytes;
 use futures::future::try_join_all;
 use shardcache_proto::{
+    auth::Grant,
     checksum::crc32c,
     names::{DatasetName, ShardName},
     range,
@@ -104,11 +105,13 @@ async fn read_checked<H: ShardHandle>(handle: &H, offset: u64, length: u64) -> R
 impl<S: Source> ShardReader for ReadService<S> {
     async fn list_datasets(
         &self,
-        _request: Request<ListDatasetsRequest>,
+        request: Request<ListDatasetsRequest>,
     ) -> Result<Response<ListDatasetsResponse>, Status> {
         self.stats.stat_request();
+        let grant = Grant::of(&request)?;
         let mut datasets = Vec::new();
-        for meta in self.source.list_datasets().await? {
+        // A token lists only the datasets it may read.
+        for meta in self.source.list_datasets().await?.into_iter().filter(|m| grant.allows(&m.name)) {
             let shards = self.source.list_shards(&DatasetName::new(&meta.name)?).await?;
             datasets.push(DatasetInfo {
                 shard_count: shards.len() as u64,
@@ -125,7 +128,9 @@ impl<S: Source> ShardReader for ReadService<S> {
         request: Request<ListShardsRequest>,
     ) -> Result<Response<ListShardsResponse>, Status> {
         self.stats.stat_request();
+        let grant = Grant::of(&request)?;
         let req = request.into_inner();
+        grant.check(&req.dataset)?;
         let dataset = DatasetName::new(&req.dataset)?;
         let meta = self.source.dataset(&dataset).await?;
         let shards = self.source.list_shards(&dataset).await?;
@@ -152,7 +157,9 @@ impl<S: Source> ShardReader for ReadService<S> {
 
     async fn stat_shard(&self, request: Request<StatShardRequest>) -> Result<Response<ShardInfo>, Status> {
         self.stats.stat_request();
+        let grant = Grant::of(&request)?;
         let req = request.into_inner();
+        grant.check(&req.dataset)?;
         let handle = self.open(&req.dataset, &req.shard, "").await?;
         let dataset = self.source.dataset(&DatasetName::new(&req.dataset)?).await?;
         Ok(Response::new(self.shard_info(&req.dataset, handle.meta(), dataset.record_size)))
@@ -160,7 +167,9 @@ impl<S: Source> ShardReader for ReadService<S> {
 
     async fn read_range(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
         self.stats.read_request();
+        let grant = Grant::of(&request)?;
         let req = request.into_inner();
+        grant.check(&req.dataset)?;
         range::check_total(req.length, self.limits.max_read)?;
         let handle = self.open(&req.dataset, &req.shard, &req.expected_version).await?;
         let chunk = read_checked(&handle, req.offset, req.length).await?;
@@ -173,8 +182,12 @@ impl<S: Source> ShardReader for ReadService<S> {
         request: Request<ReadRangesRequest>,
     ) -> Result<Response<ReadRangesResponse>, Status> {
         self.stats.read_request();
+        let grant = Grant::of(&request)?;
         let ranges = request.into_inner().ranges;
         range::check_count(ranges.len())?;
+        for r in &ranges {
+            grant.check(&r.dataset)?;
+        }
         let total = ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.length));
         range::check_total(total, self.limits.max_read)?;
         // A batch usually hits few shards many times: open each once.
@@ -203,7 +216,9 @@ impl<S: Source> ShardReader for ReadService<S> {
         request: Request<StreamShardRequest>,
     ) -> Result<Response<Self::StreamShardStream>, Status> {
         self.stats.read_request();
+        let grant = Grant::of(&request)?;
         let req = request.into_inner();
+        grant.check(&req.dataset)?;
         let handle = self.open(&req.dataset, &req.shard, &req.expected_version).await?;
         let size = handle.meta().size;
         let length = req.length.unwrap_or(size.saturating_sub(req.offset));

@@ -10,13 +10,18 @@
 //! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them;
 //! - [`serving`] and [`shed`]: what both servers need to serve the contract alike
 //!   (load shedding to RESOURCE_EXHAUSTED, reflection, `TCP_NODELAY`, shutdown);
-//! - [`transport`]: the HTTP/2 windows, frames and connections of the long link.
+//! - [`transport`]: the HTTP/2 windows, frames and connections of the long link;
+//! - [`tls`], [`auth`] and [`reload`]: TLS on every connection, bearer tokens mapped to
+//!   datasets, and the rotation of both without a restart.
 
+pub mod auth;
 pub mod checksum;
 pub mod names;
 pub mod range;
+pub mod reload;
 pub mod serving;
 pub mod shed;
+pub mod tls;
 pub mod transport;
 pub mod units;
 

@@ -1,7 +1,8 @@
 //! What the hub and the spoke share when they serve: accepted sockets with
-//! `TCP_NODELAY`, reflection for both protocol versions, and the shutdown signal.
+//! `TCP_NODELAY`, TLS and tokens ([`Security`]), the HTTP/2 limits every connection
+//! gets ([`harden`]), reflection for both protocol versions, and the shutdown signal.
 
-use std::future::Future;
+use std::{future::Future, path::Path, time::Duration};
 
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
@@ -14,6 +15,93 @@ use tonic_reflection::server::{
 };
 
 pub use crate::shed::{Shed, ShedLayer};
+use crate::{
+    auth::Authenticator,
+    tls::{ServerTls, ServerTlsFiles},
+};
+
+/// Largest request message a server decodes. The largest legitimate request is a
+/// ReadRanges of `MAX_RANGES_PER_CALL` (4096) ranges with names at their length limits:
+/// ~5.2 MB. Bigger is refused with OUT_OF_RANGE before any of it is looked at.
+pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+
+/// Largest HTTP/2 header block a client may send. gRPC metadata is a few hundred bytes
+/// (a bearer token is ~70); hyper's default (16 MiB) would let one request hold 16 MiB.
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+
+/// Default `--max-streams-per-connection` (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS):
+/// one connection cannot hold more requests than this; a client's further requests wait
+/// in its own queue. A trainer with 16 ranks x 64 batches in flight stays under it.
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+
+/// Pings on idle connections, so a peer that vanished (a killed pod, a dropped NAT
+/// entry) releases its connection within interval + timeout instead of never.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Streams a client may open and reset before the server answers them (the HTTP/2
+/// "rapid reset" attack, CVE-2023-44487); hyper's default is 20.
+pub const MAX_PENDING_RESETS: usize = 20;
+
+/// The per-connection limits of both servers on top of a configured builder.
+pub fn harden(server: tonic::transport::Server, max_streams_per_connection: u32) -> tonic::transport::Server {
+    server
+        .max_concurrent_streams(max_streams_per_connection)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+}
+
+/// Who may connect and what they may read: TLS for the listener (optional) and the
+/// token check (open when there is no token file).
+#[derive(Debug, Clone)]
+pub struct Security {
+    pub tls: Option<ServerTls>,
+    pub auth: Authenticator,
+}
+
+impl Default for Security {
+    fn default() -> Self {
+        Self { tls: None, auth: Authenticator::open() }
+    }
+}
+
+impl Security {
+    /// From the security flags every server has (`--tls-cert`, `--tls-key`,
+    /// `--client-ca`, `--token-file`); an error names the flag or file at fault.
+    pub fn from_flags(
+        cert: Option<&Path>,
+        key: Option<&Path>,
+        client_ca: Option<&Path>,
+        token_file: Option<&Path>,
+    ) -> Result<Self, String> {
+        let tls = match (cert, key) {
+            (Some(cert), Some(key)) => Some(
+                ServerTls::load(&ServerTlsFiles {
+                    cert: cert.to_owned(),
+                    key: key.to_owned(),
+                    client_ca: client_ca.map(Path::to_owned),
+                    // With tokens too, a client may use either (see `auth`).
+                    client_cert_optional: token_file.is_some(),
+                })
+                .map_err(|e| e.to_string())?,
+            ),
+            (None, None) if client_ca.is_some() => {
+                return Err("--client-ca needs --tls-cert and --tls-key: client certificates are \
+                            checked in the TLS handshake"
+                    .into());
+            }
+            (None, None) => None,
+            _ => return Err("--tls-cert and --tls-key go together".into()),
+        };
+        let auth = match token_file {
+            Some(path) => Authenticator::with_token_file(path)?,
+            None => Authenticator::open(),
+        };
+        Ok(Self { tls, auth })
+    }
+}
 
 /// Accepted connections with `TCP_NODELAY`: tonic sets it only on listeners it binds
 /// itself. Without it a small response (a 16 KiB sample) waits for the client's delayed

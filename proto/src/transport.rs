@@ -16,7 +16,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::{Endpoint, Server};
 
-use crate::units::ByteSize;
+use crate::{
+    tls::{ClientConn, ClientTls, ServerConn, ServerTls},
+    units::ByteSize,
+};
 
 /// Stream window: the largest chunk (8 MiB, `--chunk-size`'s limit) fits, so a chunk
 /// response never waits a round trip for a WINDOW_UPDATE.
@@ -130,16 +133,55 @@ impl Http2Settings {
         Ok(stream)
     }
 
-    /// Accepted connections with `TCP_NODELAY` (see [`crate::serving::incoming`]) and,
-    /// when set, the send buffer.
-    pub fn incoming(&self, listener: TcpListener) -> impl Stream<Item = std::io::Result<TcpStream>> + use<> {
+    /// Accepted connections with `TCP_NODELAY` (see [`crate::serving::incoming`]), the
+    /// send buffer when set, and a TLS handshake when `tls` is set.
+    pub fn incoming(
+        &self,
+        listener: TcpListener,
+        tls: Option<ServerTls>,
+    ) -> impl Stream<Item = std::io::Result<ServerConn>> + Send + use<> {
         let send_buffer = self.socket_buffer;
-        crate::serving::incoming(listener).map(move |accepted| {
+        let tcp = crate::serving::incoming(listener).map(move |accepted| {
             let stream = accepted?;
             if send_buffer > 0 {
                 socket2::SockRef::from(&stream).set_send_buffer_size(send_buffer)?;
             }
             Ok(stream)
+        });
+        crate::tls::incoming(tcp, tls)
+    }
+
+    /// A connector for tonic endpoints: TCP with `TCP_NODELAY` and the receive buffer
+    /// (tonic's own connector cannot set it), then TLS when `tls` is set. tonic applies
+    /// the endpoint's connect timeout around it.
+    pub fn connector(
+        self,
+        tls: Option<ClientTls>,
+    ) -> impl tower::Service<
+        http::Uri,
+        Response = hyper_util::rt::TokioIo<ClientConn>,
+        Error = std::io::Error,
+        Future = impl Send + use<>,
+    > + Clone
+    + Send
+    + 'static {
+        tower::service_fn(move |uri: http::Uri| {
+            let tls = tls.clone();
+            async move {
+                let bad =
+                    || std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no host in {uri}"));
+                let host =
+                    uri.host().ok_or_else(bad)?.trim_start_matches('[').trim_end_matches(']').to_owned();
+                let default_port = if uri.scheme_str() == Some("https") { 443 } else { 80 };
+                let port = uri.port_u16().unwrap_or(default_port);
+                let addr = tokio::net::lookup_host((host.as_str(), port)).await?.next().ok_or_else(bad)?;
+                let tcp = self.connect(addr).await?;
+                let conn = match tls {
+                    Some(tls) => tls.connect(&host, tcp).await?,
+                    None => ClientConn::plain(tcp),
+                };
+                Ok(hyper_util::rt::TokioIo::new(conn))
+            }
         })
     }
 }

@@ -3,12 +3,18 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
+use shardcache_client::ConnectOptions;
 use shardcache_proto::{
+    auth::read_token_file,
+    serving::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security},
+    tls::ClientTlsFiles,
     transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
     units::ByteSize,
 };
 
-use crate::{Error, cache::CacheConfig, store::PAGE_SIZE, upstream::HubTransport};
+use crate::{
+    Error, SpokeOptions, cache::CacheConfig, store::PAGE_SIZE, store::StoreOptions, upstream::HubTransport,
+};
 
 /// Read-through cache of hub shards in RocksDB on local disk.
 #[derive(Debug, Clone, Parser)]
@@ -90,6 +96,52 @@ pub struct SpokeArgs {
     /// measure what the tuning is worth).
     #[arg(long, env = "SPOKE_HUB_TRANSPORT_DEFAULTS")]
     pub hub_transport_defaults: bool,
+
+    /// Time a request may take to produce its response headers (e.g. 30s, 2m).
+    #[arg(long, env = "SPOKE_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Requests one client connection may have open at once (HTTP/2 max concurrent streams).
+    #[arg(long, env = "SPOKE_MAX_STREAMS_PER_CONNECTION", default_value_t = DEFAULT_MAX_STREAMS_PER_CONNECTION)]
+    pub max_streams_per_connection: u32,
+
+    /// Serve TLS (gRPC and metrics) with this PEM certificate chain (reloaded on change
+    /// or SIGHUP).
+    #[arg(long, env = "SPOKE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert; must not be world-readable.
+    #[arg(long, env = "SPOKE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require client certificates signed by this CA (with --token-file too: either).
+    #[arg(long, env = "SPOKE_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+
+    /// Require bearer tokens listed (as hashes) in this file; each names the datasets it
+    /// may read. See `shardcache token`.
+    #[arg(long, env = "SPOKE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// CA that signs the hubs' certificates (for https:// hubs; system roots when unset).
+    #[arg(long, env = "SPOKE_HUB_CA")]
+    pub hub_ca: Option<PathBuf>,
+
+    /// Client certificate the spoke presents to hubs that require one (mTLS).
+    #[arg(long, env = "SPOKE_HUB_CERT", requires = "hub_key")]
+    pub hub_cert: Option<PathBuf>,
+
+    /// PEM private key of --hub-cert; must not be world-readable.
+    #[arg(long, env = "SPOKE_HUB_KEY", requires = "hub_cert")]
+    pub hub_key: Option<PathBuf>,
+
+    /// Name to check in the hubs' certificates when the --hub host is not in them.
+    #[arg(long, env = "SPOKE_HUB_TLS_DOMAIN")]
+    pub hub_tls_domain: Option<String>,
+
+    /// File holding the bearer token the spoke presents to hubs started with --token-file.
+    #[arg(long, env = "SPOKE_HUB_TOKEN_FILE")]
+    pub hub_token_file: Option<PathBuf>,
 }
 
 /// Eviction starts above 95% of the capacity and frees down to 85%: a 10% band means one
@@ -113,6 +165,43 @@ impl SpokeArgs {
         )
         .map_err(|e| Error::Config(format!("--hub-*: {e}")))?;
         Ok(HubTransport { connections: self.hub_connections, http2 })
+    }
+
+    /// Everything the spoke needs to serve, from these flags; loads certificates and
+    /// token files (an error names the flag or file).
+    pub fn options(&self) -> Result<SpokeOptions, Error> {
+        if self.max_streams_per_connection == 0 {
+            return Err(Error::Config("--max-streams-per-connection must be at least 1".into()));
+        }
+        let tls = [&self.hub_ca, &self.hub_cert, &self.hub_key].iter().any(|f| f.is_some())
+            || self.hub_tls_domain.is_some();
+        let hub_credentials = ConnectOptions {
+            tls: tls.then(|| ClientTlsFiles {
+                ca: self.hub_ca.clone(),
+                cert: self.hub_cert.clone(),
+                key: self.hub_key.clone(),
+                domain: self.hub_tls_domain.clone(),
+            }),
+            token: self.hub_token_file.as_deref().map(read_token_file).transpose().map_err(Error::Config)?,
+        };
+        Ok(SpokeOptions {
+            hubs: self.hubs.clone(),
+            hub_transport: self.hub_transport()?,
+            hub_credentials,
+            cache: self.cache_config()?,
+            store: StoreOptions::default(),
+            max_read: self.max_read.0,
+            max_concurrency: self.max_concurrency,
+            max_streams_per_connection: self.max_streams_per_connection,
+            request_timeout: self.request_timeout,
+            security: Security::from_flags(
+                self.tls_cert.as_deref(),
+                self.tls_key.as_deref(),
+                self.client_ca.as_deref(),
+                self.token_file.as_deref(),
+            )
+            .map_err(Error::Config)?,
+        })
     }
 
     pub fn cache_config(&self) -> Result<CacheConfig, Error> {

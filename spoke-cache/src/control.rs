@@ -4,6 +4,7 @@ use std::sync::{Arc, atomic::Ordering::Relaxed};
 
 use futures::stream::{self, StreamExt};
 use shardcache_proto::{
+    auth::Grant,
     names::{DatasetName, ShardName},
     v1::{
         DatasetStatus, EvictRequest, EvictResponse, PinRequest, PinResponse, PrefetchProgress,
@@ -78,7 +79,14 @@ impl CacheControl for Control {
         &self,
         request: Request<PrefetchRequest>,
     ) -> Result<Response<Self::PrefetchStream>, Status> {
+        let grant = Grant::of(&request)?;
         let req = request.into_inner();
+        if req.shards.is_empty() {
+            grant.check(&req.dataset)?;
+        }
+        for shard in &req.shards {
+            grant.check(&shard.dataset)?;
+        }
         let listed = req.shards.into_iter().map(|s| (s.dataset, s.shard)).collect();
         let plan = self.plan(&req.dataset, listed).await?;
         let parallelism = match req.parallelism as usize {
@@ -148,7 +156,8 @@ impl CacheControl for Control {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+    async fn status(&self, request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let grant = Grant::of(&request)?;
         let cache = &self.cache;
         let mut datasets: std::collections::BTreeMap<String, DatasetStatus> = Default::default();
         for entry in cache.entries() {
@@ -166,8 +175,12 @@ impl CacheControl for Control {
             status.miss_bytes = counters.miss_bytes.load(Relaxed);
             status.upstream_bytes = counters.upstream_bytes.load(Relaxed);
         }
-        let datasets =
-            datasets.into_iter().map(|(dataset, status)| DatasetStatus { dataset, ..status }).collect();
+        // A token sees the counters of its own datasets only.
+        let datasets = datasets
+            .into_iter()
+            .filter(|(dataset, _)| grant.allows(dataset))
+            .map(|(dataset, status)| DatasetStatus { dataset, ..status })
+            .collect();
         Ok(Response::new(StatusResponse {
             capacity_bytes: cache.config.capacity,
             used_bytes: cache.used_bytes(),
@@ -180,6 +193,7 @@ impl CacheControl for Control {
     }
 
     async fn evict(&self, request: Request<EvictRequest>) -> Result<Response<EvictResponse>, Status> {
+        Grant::of(&request)?.check(&request.get_ref().dataset)?;
         let req = request.into_inner();
         let entries = self.cached(&req.dataset, &req.shards)?;
         let (mut shards, mut bytes) = (0, 0);
@@ -199,6 +213,7 @@ impl CacheControl for Control {
     }
 
     async fn pin(&self, request: Request<PinRequest>) -> Result<Response<PinResponse>, Status> {
+        Grant::of(&request)?.check(&request.get_ref().dataset)?;
         let req = request.into_inner();
         // Named shards are pinned even before they are cached (pin, then prefetch);
         // a whole dataset means its cached shards.
@@ -216,6 +231,7 @@ impl CacheControl for Control {
     }
 
     async fn unpin(&self, request: Request<PinRequest>) -> Result<Response<PinResponse>, Status> {
+        Grant::of(&request)?.check(&request.get_ref().dataset)?;
         set_pins(&self.cache, self.cached(&request.get_ref().dataset, &request.get_ref().shards)?, false)
             .await
     }

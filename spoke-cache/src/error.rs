@@ -17,6 +17,13 @@ pub enum Error {
     /// No hub could be reached, and the bytes are not cached.
     #[error("hub {hub} is unreachable and the data is not cached: {message}")]
     HubUnavailable { hub: String, message: String },
+    /// The hub refused the spoke's own credentials: a misconfigured spoke, not the
+    /// client's fault, so the client sees UNAVAILABLE rather than the hub's code.
+    #[error(
+        "hub {hub} refused this spoke's credentials ({message}); check the spoke's --hub-token-file \
+         or --hub-cert"
+    )]
+    HubRefused { hub: String, message: String },
     /// The hub sent bytes that failed verification (checksum, offsets).
     #[error("hub {hub} sent data that failed verification: {message}")]
     HubCorrupt { hub: String, message: String },
@@ -49,7 +56,9 @@ impl Error {
         match self {
             Error::Name(_) | Error::Range(_) => Code::InvalidArgument,
             Error::Hub { code, .. } => *code,
-            Error::HubUnavailable { .. } | Error::HubCorrupt { .. } => Code::Unavailable,
+            Error::HubUnavailable { .. } | Error::HubRefused { .. } | Error::HubCorrupt { .. } => {
+                Code::Unavailable
+            }
             Error::VersionChanged { .. } => Code::Aborted,
             Error::Store { .. } | Error::Config(_) | Error::Transport(_) | Error::Internal(_) => {
                 Code::Internal

@@ -2,21 +2,14 @@
 
 use anyhow::Context;
 use clap::Parser;
-use spoke_cache::{SpokeOptions, config::SpokeArgs, store::StoreOptions};
+use spoke_cache::config::SpokeArgs;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     shardcache_proto::serving::init_tracing();
     let args = SpokeArgs::parse();
     let shutdown = shardcache_proto::serving::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
-    let options = SpokeOptions {
-        hubs: args.hubs.clone(),
-        hub_transport: args.hub_transport()?,
-        cache: args.cache_config()?,
-        store: StoreOptions::default(),
-        max_read: args.max_read.0,
-        max_concurrency: args.max_concurrency,
-    };
+    let options = args.options()?;
     let cache = spoke_cache::open_cache(&args.cache_dir, &options)
         .with_context(|| format!("cannot open --cache-dir {}", args.cache_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(args.listen)

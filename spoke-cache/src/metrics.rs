@@ -14,8 +14,9 @@ use std::{
     time::Duration,
 };
 
+use shardcache_proto::tls::ServerTls;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpListener,
 };
 
@@ -182,10 +183,12 @@ fn escape(label: &str) -> String {
     label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves. A minimal HTTP/1.0
-/// responder: one request per connection, which is all a Prometheus scrape needs.
+/// Serves `GET /metrics` on `listener` (over TLS when `tls` is set, with the gRPC
+/// listener's certificate) until `shutdown` resolves. A minimal HTTP/1.0 responder: one
+/// request per connection, which is all a Prometheus scrape needs.
 pub async fn serve_metrics<F>(
     listener: TcpListener,
+    tls: Option<ServerTls>,
     render: F,
     shutdown: impl std::future::Future<Output = ()>,
 ) where
@@ -194,7 +197,7 @@ pub async fn serve_metrics<F>(
     let render = Arc::new(render);
     tokio::pin!(shutdown);
     loop {
-        let (mut socket, _) = tokio::select! {
+        let (socket, remote) = tokio::select! {
             _ = &mut shutdown => return,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -205,36 +208,50 @@ pub async fn serve_metrics<F>(
             },
         };
         let render = render.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let mut request = vec![0u8; 4096];
-            let mut filled = 0;
-            // Read the request head (bounded: 4 KiB, 5 s).
-            let read_head = async {
-                while filled < request.len() {
-                    let n = socket.read(&mut request[filled..]).await?;
-                    if n == 0 || request[..filled + n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        filled += n;
-                        break;
-                    }
-                    filled += n;
-                }
-                std::io::Result::Ok(())
-            };
-            if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
-                return;
+            match tls {
+                None => answer(socket, &*render).await,
+                Some(tls) => match tls.accept_http1(socket).await {
+                    Ok(socket) => answer(socket, &*render).await,
+                    Err(error) => tracing::info!(%remote, %error, "metrics: TLS handshake failed"),
+                },
             }
-            let head = String::from_utf8_lossy(&request[..filled]);
-            let (status, body) = if head.starts_with("GET /metrics ") || head.starts_with("GET / ") {
-                ("200 OK", render())
-            } else {
-                ("404 Not Found", "try GET /metrics\n".to_owned())
-            };
-            let response = format!(
-                "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = socket.write_all(response.as_bytes()).await;
-            let _ = socket.shutdown().await;
         });
     }
+}
+
+/// Reads one request head (bounded: 4 KiB, 5 s) and answers it.
+async fn answer(
+    mut socket: impl AsyncRead + AsyncWrite + Unpin,
+    render: &(dyn Fn() -> String + Send + Sync),
+) {
+    let mut request = vec![0u8; 4096];
+    let mut filled = 0;
+    let read_head = async {
+        while filled < request.len() {
+            let n = socket.read(&mut request[filled..]).await?;
+            if n == 0 || request[..filled + n].windows(4).any(|w| w == b"\r\n\r\n") {
+                filled += n;
+                break;
+            }
+            filled += n;
+        }
+        std::io::Result::Ok(())
+    };
+    if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
+        return;
+    }
+    let head = String::from_utf8_lossy(&request[..filled]);
+    let (status, body) = if head.starts_with("GET /metrics ") || head.starts_with("GET / ") {
+        ("200 OK", render())
+    } else {
+        ("404 Not Found", "try GET /metrics\n".to_owned())
+    };
+    let response = format!(
+        "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = socket.write_all(response.as_bytes()).await;
+    let _ = socket.shutdown().await;
 }

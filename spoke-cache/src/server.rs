@@ -3,12 +3,14 @@
 
 use std::{future::Future, path::Path, sync::Arc};
 
+use shardcache_client::ConnectOptions;
 use shardcache_proto::{
-    serving::{self, ShedLayer},
+    serving::{self, Security, ShedLayer},
     transport::Http2Settings,
     v1::{cache_control_server::CacheControlServer, shard_reader_server::ShardReaderServer},
 };
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::{
     Error, Result,
@@ -26,10 +28,18 @@ use crate::{
 pub struct SpokeOptions {
     pub hubs: Vec<String>,
     pub hub_transport: HubTransport,
+    /// TLS files and token for the hubs (`Debug` redacts the token).
+    pub hub_credentials: ConnectOptions,
     pub cache: CacheConfig,
     pub store: StoreOptions,
     pub max_read: u64,
     pub max_concurrency: usize,
+    /// Requests one client connection may have open (HTTP/2 max concurrent streams).
+    pub max_streams_per_connection: u32,
+    /// Time a request may take to produce its response headers.
+    pub request_timeout: std::time::Duration,
+    /// TLS (gRPC and metrics listeners) and client tokens.
+    pub security: Security,
 }
 
 /// Opens the cache in `dir`. A cache whose files are damaged (RocksDB reports
@@ -37,7 +47,7 @@ pub struct SpokeOptions {
 /// in the log: the hub has every byte, so a broken cache costs a refill, never a
 /// refusal to start, and its damaged files do not keep taking the disk.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
-    let upstream = Upstream::new(&options.hubs, &options.hub_transport)?;
+    let upstream = Upstream::new(&options.hubs, &options.hub_transport, &options.hub_credentials)?;
     let create = |dir: &Path| {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Config(format!("cannot create --cache-dir {}: {e}", dir.display())))
@@ -80,6 +90,7 @@ pub async fn serve(
     let scraped = cache.clone();
     let metrics = tokio::spawn(serve_metrics(
         metrics_listener,
+        options.security.tls.clone(),
         move || scraped.metrics.render(&occupancy(&scraped)),
         stopped(),
     ));
@@ -89,14 +100,23 @@ pub async fn serve(
     let (reflection_v1, reflection_v1alpha) =
         serving::reflection().map_err(|e| Error::Internal(e.to_string()))?;
     let reader = ShardReaderServer::new(CachedReader::new(cache.clone(), options.max_read))
-        .max_encoding_message_size(usize::MAX);
-    let control = CacheControlServer::new(Control::new(cache.clone()));
+        .max_encoding_message_size(usize::MAX)
+        .max_decoding_message_size(serving::MAX_REQUEST_BYTES);
+    let control = CacheControlServer::new(Control::new(cache.clone()))
+        .max_decoding_message_size(serving::MAX_REQUEST_BYTES);
+    // Tokens are checked before a handler runs; health and reflection stay open (probes).
+    let auth = &options.security.auth;
+    let (reader, control) =
+        (InterceptedService::new(reader, auth.clone()), InterceptedService::new(control, auth.clone()));
 
-    // The spoke's own clients are near; the same large windows cost nothing.
-    let served = Http2Settings::TUNED
-        .server()
+    // The spoke's own clients are near; the same large windows cost nothing. TLS
+    // happens in `incoming` (handshakes per connection, certificates reloadable).
+    let served = serving::harden(Http2Settings::TUNED.server(), options.max_streams_per_connection)
         // A span per request, so every log line of a request carries its method.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // A request that cannot produce its headers in time (a hub that hangs) ends
+        // with CANCELLED and gives its slot back.
+        .timeout(options.request_timeout)
         // In front of the services: over the global limit, refuse at once and cheaply.
         .layer(ShedLayer::new(options.max_concurrency))
         .add_service(health_service)
@@ -104,7 +124,10 @@ pub async fn serve(
         .add_service(reflection_v1alpha)
         .add_service(reader)
         .add_service(control)
-        .serve_with_incoming_shutdown(Http2Settings::TUNED.incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            Http2Settings::TUNED.incoming(listener, options.security.tls.clone()),
+            shutdown,
+        )
         .await;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(evictor, metrics);

@@ -5,6 +5,7 @@
 use std::{sync::Arc, time::Instant};
 
 use shardcache_proto::{
+    auth::Grant,
     checksum::crc32c,
     names::{DatasetName, ShardName},
     range,
@@ -62,9 +63,12 @@ impl CachedReader {
 impl ShardReader for CachedReader {
     async fn list_datasets(
         &self,
-        _request: Request<ListDatasetsRequest>,
+        request: Request<ListDatasetsRequest>,
     ) -> Result<Response<ListDatasetsResponse>, Status> {
-        let datasets = self.cache.upstream.list(|hub| async move { hub.list_datasets().await }).await?;
+        let grant = Grant::of(&request)?;
+        let mut datasets = self.cache.upstream.list(|hub| async move { hub.list_datasets().await }).await?;
+        // A token lists only the datasets it may read.
+        datasets.retain(|d| grant.allows(&d.name));
         Ok(Response::new(ListDatasetsResponse { datasets }))
     }
 
@@ -73,7 +77,9 @@ impl ShardReader for CachedReader {
         request: Request<ListShardsRequest>,
     ) -> Result<Response<ListShardsResponse>, Status> {
         // Listing is metadata: passed through to the hub, page by page.
+        let grant = Grant::of(&request)?;
         let req = request.into_inner();
+        grant.check(&req.dataset)?;
         DatasetName::new(&req.dataset).map_err(Error::from)?;
         let req = &req;
         let page = self
@@ -92,13 +98,17 @@ impl ShardReader for CachedReader {
     }
 
     async fn stat_shard(&self, request: Request<StatShardRequest>) -> Result<Response<ShardInfo>, Status> {
+        let grant = Grant::of(&request)?;
         let req = request.into_inner();
+        grant.check(&req.dataset)?;
         Ok(Response::new(self.entry(&req.dataset, &req.shard, "").await?.info()))
     }
 
     async fn read_range(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
         let started = Instant::now();
+        let grant = Grant::of(&request)?;
         let req = request.into_inner();
+        grant.check(&req.dataset)?;
         range::check_total(req.length, self.max_read).map_err(Error::from)?;
         let entry = self.entry(&req.dataset, &req.shard, &req.expected_version).await?;
         let chunk = self.read(&entry, req.offset, req.length).await?;
@@ -111,8 +121,12 @@ impl ShardReader for CachedReader {
         request: Request<ReadRangesRequest>,
     ) -> Result<Response<ReadRangesResponse>, Status> {
         let started = Instant::now();
+        let grant = Grant::of(&request)?;
         let ranges = request.into_inner().ranges;
         range::check_count(ranges.len()).map_err(Error::from)?;
+        for r in &ranges {
+            grant.check(&r.dataset)?;
+        }
         let total = ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.length));
         range::check_total(total, self.max_read).map_err(Error::from)?;
         let reads = ranges.iter().map(|r| async move {
@@ -130,7 +144,9 @@ impl ShardReader for CachedReader {
         &self,
         request: Request<StreamShardRequest>,
     ) -> Result<Response<Self::StreamShardStream>, Status> {
+        let grant = Grant::of(&request)?;
         let req = request.into_inner();
+        grant.check(&req.dataset)?;
         let entry = self.entry(&req.dataset, &req.shard, &req.expected_version).await?;
         let length = req.length.unwrap_or(entry.size.saturating_sub(req.offset));
         range::check_within(req.offset, length, entry.size).map_err(Error::from)?;

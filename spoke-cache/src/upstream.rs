@@ -4,7 +4,9 @@
 //! are down. With several `--hub` URLs (stateless hubs over one shared source) a shard
 //! always goes to the same hub first (rendezvous hashing, so adding a hub moves few
 //! shards), and a hub that cannot be reached is skipped for the next one. Each hub gets
-//! several HTTP/2 connections with large windows (`shardcache_proto::transport`).
+//! several HTTP/2 connections with large windows (`shardcache_proto::transport`), over
+//! TLS for `https://` hubs (`--hub-ca`, `--hub-cert`, `--hub-key`, reloaded when the
+//! files change) and with the spoke's bearer token when it has one (`--hub-token-file`).
 
 use std::{
     sync::{
@@ -15,7 +17,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use shardcache_client::{Client, Range};
+use shardcache_client::{Client, ConnectOptions, Credentials, Range, connect::client_tls};
 use shardcache_proto::{
     transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
     v1::ShardInfo,
@@ -51,7 +53,11 @@ struct Hub {
 }
 
 impl Hub {
-    fn connect_lazy(url: &str, transport: &HubTransport) -> Result<Self> {
+    fn connect_lazy(url: &str, transport: &HubTransport, credentials: &ConnectOptions) -> Result<Self> {
+        let tls = client_tls(url, credentials.tls.as_ref())
+            .map_err(|e| Error::Config(format!("--hub {url}: {e}")))?;
+        let token = Credentials::token(credentials.token.as_deref())
+            .map_err(|e| Error::Config(format!("--hub-token-file: {e}")))?;
         let endpoint = Endpoint::from_shared(url.to_owned())
             .map_err(|e| Error::Config(format!("--hub {url:?} is not a valid URL: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
@@ -60,12 +66,8 @@ impl Hub {
         let connections = (0..transport.connections.max(1))
             .map(|_| {
                 // Each lazily connected channel is its own TCP connection.
-                let channel = if transport.http2.socket_buffer == 0 {
-                    endpoint.connect_lazy()
-                } else {
-                    endpoint.connect_with_connector_lazy(sized_connector(transport.http2))
-                };
-                Client::from_channel(channel, url)
+                let channel = endpoint.connect_with_connector_lazy(transport.http2.connector(tls.clone()));
+                Client::from_channel_with(channel, url, token.clone())
             })
             .collect();
         Ok(Self { url: url.to_owned(), connections, next: AtomicUsize::new(0) })
@@ -78,26 +80,6 @@ impl Hub {
     }
 }
 
-/// Connects with the socket receive buffer `http2.socket_buffer` (tonic's own connector
-/// cannot set it); the endpoint's `CONNECT_TIMEOUT` still applies.
-fn sized_connector(
-    http2: Http2Settings,
-) -> impl tower::Service<
-    http::Uri,
-    Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>,
-    Error = std::io::Error,
-    Future = impl Send,
-> + Send
-+ 'static {
-    tower::service_fn(move |uri: http::Uri| async move {
-        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no host:port in {uri}"));
-        let host = uri.host().ok_or_else(bad)?.trim_start_matches('[').trim_end_matches(']').to_owned();
-        let port = uri.port_u16().unwrap_or(80);
-        let addr = tokio::net::lookup_host((host.as_str(), port)).await?.next().ok_or_else(bad)?;
-        Ok(hyper_util::rt::TokioIo::new(http2.connect(addr).await?))
-    })
-}
-
 /// The hubs, in `--hub` order.
 #[derive(Debug, Clone)]
 pub struct Upstream {
@@ -106,11 +88,14 @@ pub struct Upstream {
 
 impl Upstream {
     /// Prepares (lazy) connections to `urls`.
-    pub fn new(urls: &[String], transport: &HubTransport) -> Result<Self> {
+    pub fn new(urls: &[String], transport: &HubTransport, credentials: &ConnectOptions) -> Result<Self> {
         if urls.is_empty() {
             return Err(Error::Config("at least one --hub URL is needed".into()));
         }
-        let hubs = urls.iter().map(|url| Hub::connect_lazy(url, transport)).collect::<Result<Vec<_>>>()?;
+        let hubs = urls
+            .iter()
+            .map(|url| Hub::connect_lazy(url, transport, credentials))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self { hubs: Arc::new(hubs) })
     }
 
@@ -198,12 +183,18 @@ fn classify(hub: &str, err: shardcache_client::Error) -> Error {
         E::Status { status, .. } if status.code() == tonic::Code::Unavailable => {
             Error::HubUnavailable { hub, message: status.message().to_owned() }
         }
+        E::Status { status, .. }
+            if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) =>
+        {
+            Error::HubRefused { hub, message: format!("{:?}: {}", status.code(), status.message()) }
+        }
         E::Status { status, .. } => {
             Error::Hub { hub, code: status.code(), message: status.message().to_owned() }
         }
         E::Endpoint { source, .. } | E::Connect { source, .. } => {
             Error::HubUnavailable { hub, message: source.to_string() }
         }
+        E::Config(message) => Error::Config(message),
         e @ (E::Checksum { .. } | E::Protocol { .. } | E::VersionChanged { .. }) => {
             Error::HubCorrupt { hub, message: e.to_string() }
         }

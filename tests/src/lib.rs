@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod pki;
 pub mod wan;
 
 use std::{
@@ -41,6 +42,8 @@ pub fn test_options() -> ServeOptions {
         max_concurrency: 64,
         request_timeout: Duration::from_secs(30),
         http2: shardcache_proto::transport::Http2Settings::TUNED,
+        max_streams_per_connection: shardcache_proto::serving::DEFAULT_MAX_STREAMS_PER_CONNECTION,
+        security: Default::default(),
     }
 }
 
@@ -66,10 +69,11 @@ impl TestHub {
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
         let stats = Arc::new(HubStats::default());
+        let scheme = if options.security.tls.is_some() { "https" } else { "http" };
         let task = tokio::spawn(hub_server::serve(listener, source, options, stats.clone(), async {
             let _ = rx.await;
         }));
-        Self { addr, endpoint: format!("http://{addr}"), stats, shutdown: Some(tx), task: Some(task) }
+        Self { addr, endpoint: format!("{scheme}://{addr}"), stats, shutdown: Some(tx), task: Some(task) }
     }
 
     pub async fn client(&self) -> Client {
@@ -137,6 +141,10 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
         store: StoreOptions::default(),
         max_read: 1 << 20,
         max_concurrency: 1024,
+        hub_credentials: Default::default(),
+        max_streams_per_connection: shardcache_proto::serving::DEFAULT_MAX_STREAMS_PER_CONNECTION,
+        request_timeout: Duration::from_secs(30),
+        security: Default::default(),
     }
 }
 
@@ -159,13 +167,20 @@ impl TestSpoke {
         let (addr, metrics_addr) = (listener.local_addr().unwrap(), metrics.local_addr().unwrap());
         let (tx, rx) = oneshot::channel();
         let served = cache.clone();
+        let scheme = if options.security.tls.is_some() { "https" } else { "http" };
         let task = tokio::spawn(async move {
             spoke_cache::serve(listener, metrics, served, &options, async {
                 let _ = rx.await;
             })
             .await
         });
-        Self { endpoint: format!("http://{addr}"), metrics_addr, cache, shutdown: Some(tx), task: Some(task) }
+        Self {
+            endpoint: format!("{scheme}://{addr}"),
+            metrics_addr,
+            cache,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
     }
 
     pub async fn client(&self) -> Client {
@@ -285,8 +300,10 @@ pub fn binary(name: &str) -> PathBuf {
 /// Starts `command` and waits for the line on its stdout that starts with `prefix` (a
 /// server's "listening on" report); returns the child and the rest of that line.
 fn spawn_and_wait_for(mut command: Command, prefix: &str) -> (Child, String) {
-    let mut child =
-        command.env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    if !command.get_envs().any(|(key, _)| key == "RUST_LOG") {
+        command.env("RUST_LOG", "warn");
+    }
+    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let rest = line
@@ -306,10 +323,17 @@ pub struct HubProcess {
 
 impl HubProcess {
     pub fn start(root: &Path, extra_args: &[&str]) -> Self {
+        Self::start_logged(root, extra_args, Stdio::inherit(), "warn")
+    }
+
+    /// Starts with its log (at `level`) going to `stderr`, e.g. a file a test reads.
+    pub fn start_logged(root: &Path, extra_args: &[&str], stderr: impl Into<Stdio>, level: &str) -> Self {
         let mut command = Command::new(binary("hub-server"));
         command.args(["--root", root.to_str().unwrap(), "--listen", "127.0.0.1:0"]).args(extra_args);
+        command.env("RUST_LOG", level).stderr(stderr);
         let (child, addr) = spawn_and_wait_for(command, "hub-server listening on ");
-        Self { endpoint: format!("http://{addr}"), child }
+        let scheme = if extra_args.contains(&"--tls-cert") { "https" } else { "http" };
+        Self { endpoint: format!("{scheme}://{addr}"), child }
     }
 }
 

@@ -101,7 +101,11 @@ async fn damaging_server(root: &std::path::Path, damage: Damage) -> Client {
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(ShardReaderServer::new(Damaging { inner, damage }))
+            // The open authenticator grants every dataset, as on a server without tokens.
+            .add_service(ShardReaderServer::with_interceptor(
+                Damaging { inner, damage },
+                shardcache_proto::auth::Authenticator::open(),
+            ))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     Client::connect(&endpoint).await.unwrap()

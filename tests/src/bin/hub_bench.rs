@@ -19,7 +19,7 @@ use shardcache_client::{Client, Range};
 use shardcache_tests::{
     TestHub,
     bench::{mb_per_s, next_random, percentiles, raw_tcp},
-    make_dataset,
+    make_dataset, test_options,
 };
 
 const SHARDS: u32 = 8;
@@ -37,7 +37,7 @@ async fn main() {
         limits: ReadLimits { chunk_size: 1 << 20, max_read: 16 << 20 },
         max_concurrency: 256,
         request_timeout: Duration::from_secs(60),
-        http2: shardcache_proto::transport::Http2Settings::TUNED,
+        ..test_options()
     };
     let hub = TestHub::start_with(root.path(), options).await;
     let total = u64::from(SHARDS) * SHARD_SIZE;

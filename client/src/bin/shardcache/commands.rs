@@ -9,14 +9,27 @@ use std::{
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shardcache_client::{
-    CacheClient, Client,
+    CacheClient, Client, ConnectOptions,
     dataset_gen::{GenSpec, generate as generate_dataset},
 };
 use shardcache_proto::units::ByteSize;
 use tokio::io::AsyncWriteExt;
 
-async fn connect(endpoint: &str) -> anyhow::Result<Client> {
-    Ok(Client::connect(endpoint).await?)
+/// The server a command talks to, and how.
+#[derive(Debug)]
+pub struct Server {
+    pub endpoint: String,
+    pub options: ConnectOptions,
+}
+
+impl Server {
+    async fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::connect_with(&self.endpoint, &self.options).await?)
+    }
+
+    async fn cache(&self) -> anyhow::Result<CacheClient> {
+        Ok(CacheClient::connect_with(&self.endpoint, &self.options).await?)
+    }
 }
 
 pub fn generate(
@@ -45,8 +58,8 @@ pub fn generate(
     Ok(())
 }
 
-pub async fn ls(endpoint: &str, dataset: Option<&str>) -> anyhow::Result<()> {
-    let client = connect(endpoint).await?;
+pub async fn ls(server: &Server, dataset: Option<&str>) -> anyhow::Result<()> {
+    let client = server.client().await?;
     let mut out = std::io::stdout().lock();
     match dataset {
         None => {
@@ -67,8 +80,8 @@ pub async fn ls(endpoint: &str, dataset: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn stat(endpoint: &str, dataset: &str, shard: &str) -> anyhow::Result<()> {
-    let info = connect(endpoint).await?.stat(dataset, shard).await?;
+pub async fn stat(server: &Server, dataset: &str, shard: &str) -> anyhow::Result<()> {
+    let info = server.client().await?.stat(dataset, shard).await?;
     println!("dataset:     {}", info.dataset);
     println!("shard:       {}", info.shard);
     println!("size:        {} bytes", info.size);
@@ -80,8 +93,8 @@ pub async fn stat(endpoint: &str, dataset: &str, shard: &str) -> anyhow::Result<
     Ok(())
 }
 
-pub async fn get(endpoint: &str, dataset: &str, shard: &str, output: &Path) -> anyhow::Result<()> {
-    let client = connect(endpoint).await?;
+pub async fn get(server: &Server, dataset: &str, shard: &str, output: &Path) -> anyhow::Result<()> {
+    let client = server.client().await?;
     let started = Instant::now();
     let mut stream = client.stream_shard(dataset, shard, 0, None).await?;
     let progress = progress_bar(stream.end());
@@ -126,13 +139,13 @@ pub async fn get(endpoint: &str, dataset: &str, shard: &str, output: &Path) -> a
 }
 
 pub async fn cat(
-    endpoint: &str,
+    server: &Server,
     dataset: &str,
     shard: &str,
     offset: u64,
     length: Option<u64>,
 ) -> anyhow::Result<()> {
-    let client = connect(endpoint).await?;
+    let client = server.client().await?;
     let mut stream = client.stream_shard(dataset, shard, offset, length).await?;
     let mut out = tokio::io::stdout();
     while let Some(chunk) = stream.next_chunk().await? {
@@ -156,8 +169,8 @@ fn progress_bar(total: u64) -> ProgressBar {
     bar
 }
 
-pub async fn status(endpoint: &str) -> anyhow::Result<()> {
-    let status = CacheClient::connect(endpoint).await?.status().await?;
+pub async fn status(server: &Server) -> anyhow::Result<()> {
+    let status = server.cache().await?.status().await?;
     let percent = status.used_bytes as f64 * 100.0 / status.capacity_bytes.max(1) as f64;
     println!(
         "cache: {} of {} used ({percent:.1}%), {} shards evicted ({} bytes), {} checksum failures, hubs {}",
@@ -194,9 +207,9 @@ pub async fn status(endpoint: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn warm(endpoint: &str, dataset: &str, shards: &[String], parallelism: u32) -> anyhow::Result<()> {
+pub async fn warm(server: &Server, dataset: &str, shards: &[String], parallelism: u32) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut stream = CacheClient::connect(endpoint).await?.prefetch(dataset, shards, parallelism).await?;
+    let mut stream = server.cache().await?.prefetch(dataset, shards, parallelism).await?;
     let mut bar: Option<ProgressBar> = None;
     let mut last = Default::default();
     while let Some(progress) = stream.next().await? {
@@ -219,14 +232,14 @@ pub async fn warm(endpoint: &str, dataset: &str, shards: &[String], parallelism:
     Ok(())
 }
 
-pub async fn evict(endpoint: &str, dataset: &str, shards: &[String]) -> anyhow::Result<()> {
-    let evicted = CacheClient::connect(endpoint).await?.evict(dataset, shards).await?;
+pub async fn evict(server: &Server, dataset: &str, shards: &[String]) -> anyhow::Result<()> {
+    let evicted = server.cache().await?.evict(dataset, shards).await?;
     println!("evicted {} shards, {} bytes", evicted.shards, evicted.bytes);
     Ok(())
 }
 
-pub async fn pin(endpoint: &str, dataset: &str, shards: &[String], pinned: bool) -> anyhow::Result<()> {
-    let changed = CacheClient::connect(endpoint).await?.pin(dataset, shards, pinned).await?;
+pub async fn pin(server: &Server, dataset: &str, shards: &[String], pinned: bool) -> anyhow::Result<()> {
+    let changed = server.cache().await?.pin(dataset, shards, pinned).await?;
     println!("{} {changed} shards", if pinned { "pinned" } else { "unpinned" });
     Ok(())
 }

@@ -1,19 +1,43 @@
 //! `shardcache`: the command line for hubs and spokes: list, stat, fetch and print
-//! shards (every byte checksum-verified), and generate synthetic datasets.
+//! shards (every byte checksum-verified), generate synthetic datasets, and make
+//! development certificates and access tokens.
 
+mod admin;
 mod commands;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use shardcache_proto::units::ByteSize;
+use shardcache_client::ConnectOptions;
+use shardcache_proto::{auth::read_token_file, tls::ClientTlsFiles, units::ByteSize};
 
 #[derive(Debug, Parser)]
 #[command(name = "shardcache", version, about)]
 struct Cli {
     /// Server to talk to: a hub or a spoke cache (status, warm, evict, pin: a spoke).
+    /// `https://` connects with TLS.
     #[arg(long, env = "SHARDCACHE_ENDPOINT", default_value = "http://127.0.0.1:7070", global = true)]
     endpoint: String,
+
+    /// CA that signs the server's certificate (https:// endpoints; system roots when unset).
+    #[arg(long, env = "SHARDCACHE_CA", global = true)]
+    ca: Option<PathBuf>,
+
+    /// Client certificate, for servers that require one (mTLS).
+    #[arg(long, env = "SHARDCACHE_CERT", global = true, requires = "key")]
+    cert: Option<PathBuf>,
+
+    /// Private key of --cert.
+    #[arg(long, env = "SHARDCACHE_KEY", global = true, requires = "cert")]
+    key: Option<PathBuf>,
+
+    /// Name to check in the server's certificate when the endpoint's host is not in it.
+    #[arg(long, env = "SHARDCACHE_TLS_DOMAIN", global = true)]
+    tls_domain: Option<String>,
+
+    /// File holding a bearer token, for servers started with --token-file.
+    #[arg(long, env = "SHARDCACHE_TOKEN_FILE", global = true)]
+    token_file: Option<PathBuf>,
 
     #[command(subcommand)]
     command: Command,
@@ -77,6 +101,44 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Write development certificates: a CA and hub, spoke and client certificates.
+    Certs {
+        /// Folder to write ca.pem, hub.pem, spoke.pem, client.pem and their .key files.
+        #[arg(long)]
+        out: PathBuf,
+        /// More names for the hub's and spoke's certificates (besides localhost,
+        /// 127.0.0.1, ::1, "hub" and "spoke"); repeat or separate with commas.
+        #[arg(long = "name", value_delimiter = ',')]
+        names: Vec<String>,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+    },
+    /// Make an access token (printed once) and add its hash to a token file, or revoke one.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Print a new token on stdout and append its line to FILE.
+    New {
+        /// Who holds it (shown in PERMISSION_DENIED messages and logs, never the token).
+        #[arg(long)]
+        name: String,
+        /// Datasets it may read: a comma-separated list, or * for all.
+        #[arg(long)]
+        datasets: String,
+        /// The token file a server reads with --token-file.
+        #[arg(long)]
+        file: PathBuf,
+    },
+    /// Remove NAME's token from FILE (servers reload it within seconds).
+    Revoke {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        file: PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -91,24 +153,40 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let tls = cli.ca.is_some() || cli.cert.is_some() || cli.tls_domain.is_some();
+    let server = &commands::Server {
+        options: ConnectOptions {
+            tls: tls.then(|| ClientTlsFiles {
+                ca: cli.ca.clone(),
+                cert: cli.cert.clone(),
+                key: cli.key.clone(),
+                domain: cli.tls_domain.clone(),
+            }),
+            token: cli.token_file.as_deref().map(read_token_file).transpose().map_err(anyhow::Error::msg)?,
+        },
+        endpoint: cli.endpoint,
+    };
     match cli.command {
+        Command::Certs { out, names, days } => admin::certs(&out, &names, days),
+        Command::Token(TokenCommand::New { name, datasets, file }) => {
+            admin::new_token(&name, &datasets, &file)
+        }
+        Command::Token(TokenCommand::Revoke { name, file }) => admin::revoke_token(&name, &file),
         Command::Gen { dir, dataset, shards, shard_size, record_size, seed } => {
             commands::generate(dir, dataset, shards, shard_size, record_size, seed)
         }
-        Command::Ls { dataset } => commands::ls(&cli.endpoint, dataset.as_deref()).await,
-        Command::Stat { dataset, shard } => commands::stat(&cli.endpoint, &dataset, &shard).await,
-        Command::Get { dataset, shard, output } => {
-            commands::get(&cli.endpoint, &dataset, &shard, &output).await
-        }
+        Command::Ls { dataset } => commands::ls(server, dataset.as_deref()).await,
+        Command::Stat { dataset, shard } => commands::stat(server, &dataset, &shard).await,
+        Command::Get { dataset, shard, output } => commands::get(server, &dataset, &shard, &output).await,
         Command::Cat { dataset, shard, offset, length } => {
-            commands::cat(&cli.endpoint, &dataset, &shard, offset, length).await
+            commands::cat(server, &dataset, &shard, offset, length).await
         }
-        Command::Status => commands::status(&cli.endpoint).await,
+        Command::Status => commands::status(server).await,
         Command::Warm { dataset, shards, parallelism } => {
-            commands::warm(&cli.endpoint, &dataset, &shards, parallelism).await
+            commands::warm(server, &dataset, &shards, parallelism).await
         }
-        Command::Evict { dataset, shards } => commands::evict(&cli.endpoint, &dataset, &shards).await,
-        Command::Pin { dataset, shards } => commands::pin(&cli.endpoint, &dataset, &shards, true).await,
-        Command::Unpin { dataset, shards } => commands::pin(&cli.endpoint, &dataset, &shards, false).await,
+        Command::Evict { dataset, shards } => commands::evict(server, &dataset, &shards).await,
+        Command::Pin { dataset, shards } => commands::pin(server, &dataset, &shards, true).await,
+        Command::Unpin { dataset, shards } => commands::pin(server, &dataset, &shards, false).await,
     }
 }

@@ -1,0 +1,344 @@
+//! Who may read what: bearer tokens, each mapped to the datasets it may read.
+//!
+//! A server given `--token-file` answers UNAUTHENTICATED to a request without a known
+//! token (`authorization: Bearer <token>`) and PERMISSION_DENIED to one for a dataset
+//! its token does not hold. The file holds only SHA-256 hashes of the tokens, one line
+//! each:
+//!
+//! ```text
+//! # NAME        HASH                 DATASETS (comma-separated, or * for all)
+//! trainer-a     sha256:5e884898...   c4,wiki
+//! spoke-eu      sha256:a665a459...   *
+//! ```
+//!
+//! Tokens are 256 random bits ([`new_token`]), so a plain SHA-256 is as good as a slow
+//! password hash: there is nothing to guess. Revoking a token is deleting its line; the
+//! file is [`Reloading`], so that takes effect within seconds without a restart. On a
+//! hub that also verifies client certificates, a connection with a verified certificate
+//! may read every dataset without a token (spokes use one or the other).
+//!
+//! The [`Authenticator`] interceptor puts a [`Grant`] in every request; handlers call
+//! [`Grant::check`] with the dataset they are about to touch. A request that reaches a
+//! handler without a grant is refused: the check fails closed.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    fmt,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use sha2::{Digest, Sha256};
+use tonic::{Request, Status, service::Interceptor};
+
+use crate::{names::DatasetName, reload::Reloading, tls::PeerInfo};
+
+/// Prefix of generated tokens, so a leaked one is recognisable in a secret scanner.
+pub const TOKEN_PREFIX: &str = "sct_";
+
+/// A new random token (256 bits from the OS), shown to its holder once.
+pub fn new_token() -> Result<String, String> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new().fill(&mut bytes).map_err(|_| "the OS random source failed".to_owned())?;
+    Ok(format!("{TOKEN_PREFIX}{}", hex(&bytes)))
+}
+
+/// How a token is stored: `sha256:<hex>`.
+pub fn hash_token(token: &str) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(token.as_bytes())))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Reads a token to present from `path` (the file holds the token itself, so it must
+/// not be world-readable).
+pub fn read_token_file(path: &Path) -> Result<String, String> {
+    crate::tls::check_private(path)?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() || token.contains(char::is_whitespace) {
+        return Err(format!("{} must hold exactly one token", path.display()));
+    }
+    Ok(token.to_owned())
+}
+
+/// The datasets a token may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Datasets {
+    All,
+    Only(BTreeSet<String>),
+}
+
+impl fmt::Display for Datasets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Datasets::All => f.write_str("*"),
+            Datasets::Only(names) => f.write_str(&names.iter().cloned().collect::<Vec<_>>().join(",")),
+        }
+    }
+}
+
+impl Datasets {
+    /// `*` or a comma-separated list of dataset names.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text == "*" {
+            return Ok(Datasets::All);
+        }
+        let names = text
+            .split(',')
+            .map(|name| DatasetName::new(name).map(|n| n.as_str().to_owned()).map_err(|e| e.to_string()))
+            .collect::<Result<BTreeSet<_>, _>>()?;
+        Ok(Datasets::Only(names))
+    }
+}
+
+/// One line of a token file: who holds the token and what it may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenHolder {
+    pub name: String,
+    pub datasets: Datasets,
+}
+
+impl TokenHolder {
+    /// The token file line for this holder's `token`.
+    pub fn line(&self, token: &str) -> String {
+        format!("{} {} {}", self.name, hash_token(token), self.datasets)
+    }
+}
+
+/// A parsed token file: holders by token hash.
+#[derive(Debug, Default)]
+pub struct TokenBook {
+    by_hash: HashMap<String, Arc<TokenHolder>>,
+}
+
+impl TokenBook {
+    /// Parses a token file; an error names the line.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, String> {
+        let mut by_hash = HashMap::new();
+        let mut names = BTreeSet::new();
+        for (number, line) in text.lines().enumerate() {
+            let at = || format!("{}:{}", path.display(), number + 1);
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [name, hash, datasets] = fields[..] else {
+                return Err(format!(
+                    "{}: expected `NAME sha256:HASH DATASETS`, found {} fields",
+                    at(),
+                    fields.len()
+                ));
+            };
+            let digest = hash.strip_prefix("sha256:").unwrap_or_default();
+            if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!(
+                    "{}: {name}'s hash must be sha256: and 64 hex digits (`shardcache token` writes lines)",
+                    at()
+                ));
+            }
+            let datasets = Datasets::parse(datasets).map_err(|e| format!("{}: {e}", at()))?;
+            if !names.insert(name.to_owned()) {
+                return Err(format!("{}: the name {name} is used twice", at()));
+            }
+            let holder = Arc::new(TokenHolder { name: name.to_owned(), datasets });
+            if by_hash.insert(digest.to_ascii_lowercase(), holder).is_some() {
+                return Err(format!("{}: {name}'s token hash is used twice", at()));
+            }
+        }
+        Ok(Self { by_hash })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Self::parse(&text, path)
+    }
+
+    fn holder(&self, token: &str) -> Option<Arc<TokenHolder>> {
+        let hash = hash_token(token);
+        self.by_hash.get(hash.trim_start_matches("sha256:")).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+}
+
+/// What one request may read, put in its extensions by the [`Authenticator`].
+#[derive(Debug, Clone)]
+pub enum Grant {
+    /// No token file (an open server), or a verified client certificate.
+    Everything,
+    Token(Arc<TokenHolder>),
+}
+
+impl Grant {
+    /// The request's grant; none (a service wired without the interceptor) refuses.
+    pub fn of<T>(request: &Request<T>) -> Result<Grant, Status> {
+        request
+            .extensions()
+            .get::<Grant>()
+            .cloned()
+            .ok_or_else(|| Status::permission_denied("request was not authenticated (server wiring error)"))
+    }
+
+    pub fn allows(&self, dataset: &str) -> bool {
+        match self {
+            Grant::Everything => true,
+            Grant::Token(holder) => match &holder.datasets {
+                Datasets::All => true,
+                Datasets::Only(names) => names.contains(dataset),
+            },
+        }
+    }
+
+    /// PERMISSION_DENIED unless the grant holds `dataset`.
+    pub fn check(&self, dataset: &str) -> Result<(), Status> {
+        match self {
+            _ if self.allows(dataset) => Ok(()),
+            Grant::Token(holder) => Err(Status::permission_denied(format!(
+                "token {:?} may not read dataset {dataset:?} (it holds: {})",
+                holder.name, holder.datasets
+            ))),
+            Grant::Everything => Ok(()),
+        }
+    }
+}
+
+/// Checks each request's credentials and attaches its [`Grant`] (a tonic interceptor;
+/// health and reflection are not wrapped: probes carry no token).
+#[derive(Debug, Clone)]
+pub struct Authenticator {
+    tokens: Option<Reloading<TokenBook>>,
+}
+
+impl Authenticator {
+    /// Every request may read everything (no `--token-file`).
+    pub fn open() -> Self {
+        Self { tokens: None }
+    }
+
+    /// Requests need a token from `path` (reloaded when it changes), or a verified
+    /// client certificate.
+    pub fn with_token_file(path: &Path) -> Result<Self, String> {
+        let file: PathBuf = path.to_owned();
+        let book = Reloading::watch("token file", vec![file.clone()], move || TokenBook::load(&file))?;
+        Ok(Self { tokens: Some(book) })
+    }
+
+    /// A fixed set of tokens (tests).
+    pub fn with_tokens(book: TokenBook) -> Self {
+        Self { tokens: Some(Reloading::fixed(book)) }
+    }
+
+    fn grant<T>(&self, request: &Request<T>) -> Result<Grant, Status> {
+        let Some(book) = &self.tokens else { return Ok(Grant::Everything) };
+        let certified = request.extensions().get::<PeerInfo>().is_some_and(|peer| peer.client_certified);
+        let Some(value) = request.metadata().get("authorization") else {
+            if certified {
+                return Ok(Grant::Everything);
+            }
+            return Err(Status::unauthenticated(
+                "missing credentials: send `authorization: Bearer <token>` (shardcache --token-file, \
+                 spoke-cache --hub-token-file) or a client certificate",
+            ));
+        };
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .ok_or_else(|| Status::unauthenticated("the authorization header must be `Bearer <token>`"))?;
+        // Never log the token: the holder's name is what identifies it.
+        match book.get().holder(token) {
+            Some(holder) => Ok(Grant::Token(holder)),
+            None => Err(Status::unauthenticated("unknown or revoked token")),
+        }
+    }
+}
+
+impl Interceptor for Authenticator {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let grant = self.grant(&request)?;
+        request.extensions_mut().insert(grant);
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn book(text: &str) -> Result<TokenBook, String> {
+        TokenBook::parse(text, Path::new("tokens"))
+    }
+
+    fn request(token: Option<&str>) -> Request<()> {
+        let mut request = Request::new(());
+        if let Some(token) = token {
+            request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().expect("ascii"));
+        }
+        request
+    }
+
+    #[test]
+    fn tokens_map_to_their_datasets_and_the_file_holds_only_hashes() {
+        let a = new_token().expect("random");
+        let b = new_token().expect("random");
+        assert_ne!(a, b);
+        let holder =
+            TokenHolder { name: "trainer-a".into(), datasets: Datasets::parse("c4,wiki").expect("names") };
+        let line = holder.line(&a);
+        assert!(!line.contains(&a), "the file must not hold the token: {line}");
+        let all = TokenHolder { name: "spoke".into(), datasets: Datasets::All }.line(&b);
+        let mut auth =
+            Authenticator::with_tokens(book(&format!("# comment\n\n{line}\n{all}\n")).expect("parses"));
+
+        let granted = auth.call(request(Some(&a))).expect("known token");
+        let grant = Grant::of(&granted).expect("attached");
+        assert!(grant.allows("c4") && grant.allows("wiki") && !grant.allows("secret"));
+        let denied = grant.check("secret").unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        assert!(denied.message().contains("\"trainer-a\" may not read dataset \"secret\""), "{denied:?}");
+        assert!(Grant::of(&auth.call(request(Some(&b))).expect("known")).expect("attached").allows("secret"));
+
+        for (token, words) in [
+            (None, "missing credentials"),
+            (Some("sct_nope"), "unknown or revoked token"),
+            (Some(&a[..a.len() - 1]), "unknown or revoked token"),
+        ] {
+            let err = auth.call(request(token)).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated);
+            assert!(err.message().contains(words), "{err:?}");
+        }
+        let mut basic = Request::new(());
+        basic.metadata_mut().insert("authorization", "Basic abc".parse().expect("ascii"));
+        assert_eq!(auth.call(basic).unwrap_err().code(), tonic::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn a_grant_missing_from_a_request_fails_closed() {
+        assert_eq!(Grant::of(&Request::new(())).unwrap_err().code(), tonic::Code::PermissionDenied);
+    }
+
+    #[test]
+    fn bad_token_files_name_the_line() {
+        let hash = hash_token("x");
+        assert!(book(&format!("a {hash}")).unwrap_err().contains("tokens:1: expected"));
+        assert!(book("a sha256:12 *").unwrap_err().contains("tokens:1: a's hash"));
+        assert!(book(&format!("a {hash} ../etc")).unwrap_err().contains("tokens:1: dataset name"));
+        let twice = format!("a {hash} *\nb {hash} *");
+        assert!(book(&twice).unwrap_err().contains("tokens:2: b's token hash is used twice"));
+        let names = format!("a {hash} *\na {} *", hash_token("y"));
+        assert!(book(&names).unwrap_err().contains("tokens:2: the name a is used twice"));
+    }
+}

@@ -1,0 +1,135 @@
+//! The secure setup as the README shows it, with the real binaries: `shardcache certs`,
+//! `shardcache token`, a hub with TLS, client certificates and tokens, the CLI over
+//! mTLS or a token; keys that others can read are refused; tokens never reach a log.
+#![allow(clippy::unwrap_used)]
+
+use std::{os::unix::fs::PermissionsExt, path::Path, process::Output, time::Duration};
+
+use shardcache_proto::reload::RELOAD_POLL;
+use shardcache_tests::{HubProcess, binary, make_dataset};
+
+fn shardcache(args: &[&str]) -> Output {
+    std::process::Command::new(binary("shardcache")).args(args).output().unwrap()
+}
+
+fn ok_bytes(output: Output) -> Vec<u8> {
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    output.stdout
+}
+
+fn ok(output: Output) -> String {
+    String::from_utf8(ok_bytes(output)).unwrap()
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn certs_and_tokens_from_the_cli_secure_a_hub_end_to_end() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "ds", 1, 8 * 16384);
+    make_dataset(root.path(), "other", 1, 16384);
+    let work = tempfile::tempdir().unwrap();
+    let certs = work.path().join("certs");
+    ok(shardcache(&["certs", "--out", path(&certs), "--name", "hub.example"]));
+    for name in ["ca", "hub", "spoke", "client"] {
+        let mode = std::fs::metadata(certs.join(format!("{name}.key"))).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{name}.key");
+    }
+
+    let tokens = work.path().join("tokens");
+    let token =
+        ok(shardcache(&["token", "new", "--name", "trainer", "--datasets", "ds", "--file", path(&tokens)]));
+    let token = token.trim().to_owned();
+    assert!(token.starts_with("sct_") && token.len() > 60, "{token}");
+    assert!(!std::fs::read_to_string(&tokens).unwrap().contains(&token), "the file holds only the hash");
+    let token_path = work.path().join("trainer.token");
+    std::fs::write(&token_path, &token).unwrap();
+    std::fs::set_permissions(&token_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let log_path = work.path().join("hub.log");
+    let hub = HubProcess::start_logged(
+        root.path(),
+        &[
+            "--tls-cert",
+            path(&certs.join("hub.pem")),
+            "--tls-key",
+            path(&certs.join("hub.key")),
+            "--client-ca",
+            path(&certs.join("ca.pem")),
+            "--token-file",
+            path(&tokens),
+        ],
+        std::fs::File::create(&log_path).unwrap(),
+        "debug",
+    );
+    let ca = certs.join("ca.pem");
+    let base = ["--endpoint", hub.endpoint.as_str(), "--ca", path(&ca)];
+    let with = |extra: &[&str]| -> Output { shardcache(&[&base[..], extra].concat()) };
+
+    // With the token: only its dataset is listed, and reads work.
+    let listed = ok(with(&["--token-file", path(&token_path), "ls"]));
+    assert!(listed.contains("ds") && !listed.contains("other"), "{listed}");
+    let cat = with(&["--token-file", path(&token_path), "cat", "ds", "shard-00000.bin", "--length", "100"]);
+    let expected = std::fs::read(root.path().join("ds/shard-00000.bin")).unwrap();
+    assert_eq!(ok_bytes(cat), expected[..100]);
+    let denied = with(&["--token-file", path(&token_path), "stat", "other", "shard-00000.bin"]);
+    assert!(!denied.status.success());
+    assert!(String::from_utf8_lossy(&denied.stderr).contains("PermissionDenied"), "{denied:?}");
+
+    // With the client certificate instead: everything.
+    let (cert, key) = (certs.join("client.pem"), certs.join("client.key"));
+    let client_cert = ["--cert", path(&cert), "--key", path(&key)];
+    assert!(ok(with(&[&client_cert[..], &["ls"]].concat())).contains("other"));
+
+    // Neither: refused, saying what is missing.
+    let bare = with(&["ls"]);
+    let stderr = String::from_utf8_lossy(&bare.stderr);
+    assert!(!bare.status.success() && stderr.contains("missing credentials"), "{stderr}");
+
+    // Revoked: refused within a few reload polls, the hub still running.
+    ok(shardcache(&["token", "revoke", "--name", "trainer", "--file", path(&tokens)]));
+    let mut refused = false;
+    for _ in 0..(RELOAD_POLL.as_millis() * 10 / 100) {
+        let out = with(&["--token-file", path(&token_path), "ls"]);
+        if !out.status.success() {
+            assert!(String::from_utf8_lossy(&out.stderr).contains("revoked"), "{out:?}");
+            refused = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(refused, "the revoked token kept working");
+
+    drop(hub);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("reloaded"), "the token file reload is logged:\n{log}");
+    assert!(!log.contains(&token), "the token appeared in the hub's debug log");
+    assert!(!log.contains("PRIVATE KEY"), "key material appeared in the log");
+}
+
+#[test]
+fn a_key_or_token_file_that_every_user_can_read_is_refused_by_name() {
+    let root = tempfile::tempdir().unwrap();
+    let certs = tempfile::tempdir().unwrap();
+    ok(shardcache(&["certs", "--out", path(certs.path())]));
+    let key = certs.path().join("hub.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = std::process::Command::new(binary("hub-server"))
+        .args(["--root", path(root.path()), "--listen", "127.0.0.1:0"])
+        .args(["--tls-cert", path(&certs.path().join("hub.pem")), "--tls-key", path(&key)])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains(&format!("{} is readable by every user", key.display())), "{stderr}");
+    assert!(stderr.contains("chmod 600"), "{stderr}");
+
+    // The CLI refuses a readable token file the same way.
+    let token = certs.path().join("token");
+    std::fs::write(&token, "sct_abc").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = shardcache(&["--token-file", path(&token), "ls"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is readable by every user"), "{out:?}");
+}
