@@ -3,7 +3,7 @@
 //! restart.
 #![allow(clippy::unwrap_used)]
 
-use std::{path::Path, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use hub_server::ServeOptions;
 use shardcache_client::{Client, ConnectOptions, Range};
@@ -377,4 +377,43 @@ async fn certificates_rotate_without_a_restart_and_open_streams_carry_on() {
     std::fs::copy(&other_key, served.path().join("hub.key")).unwrap();
     tokio::time::sleep(RELOAD_POLL * 2).await;
     assert_eq!(list(&hub.endpoint, &new_client).await.unwrap(), ["ds"]);
+}
+
+#[tokio::test]
+async fn the_spokes_metrics_listener_serves_tls_with_the_same_certificate() {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let root = tempfile::tempdir().unwrap();
+    dataset(root.path());
+    let pki = Pki::new("main");
+    let hub = TestHub::start(root.path()).await;
+    let cache_dir = tempfile::tempdir().unwrap();
+    let mut opts = spoke_options(&hub.endpoint);
+    opts.security = secure(&pki.server("spoke", None), Authenticator::open());
+    let spoke = TestSpoke::start(cache_dir.path(), opts).await;
+
+    // A plaintext scrape gets no page.
+    let plain = shardcache_tests::scrape_metrics(spoke.metrics_addr).await.unwrap_or_default();
+    assert!(!plain.contains("200 OK"), "{plain}");
+
+    // A Prometheus-like scrape: HTTP/1.1 over TLS, trusting the CA.
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(pki.ca()).unwrap()).unwrap();
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(spoke.metrics_addr).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut page = String::new();
+    tls.read_to_string(&mut page).await.unwrap();
+    assert!(page.starts_with("HTTP/1.0 200 OK") && page.contains("shardcache_"), "{page}");
 }

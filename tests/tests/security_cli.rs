@@ -102,6 +102,20 @@ fn certs_and_tokens_from_the_cli_secure_a_hub_end_to_end() {
     }
     assert!(refused, "the revoked token kept working");
 
+    // SIGHUP reloads at once (and does not stop the hub, SIGHUP's default).
+    let pid = hub.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    let mut reloaded = false;
+    for _ in 0..100 {
+        if std::fs::read_to_string(&log_path).unwrap().contains("forced=true") {
+            reloaded = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(reloaded, "SIGHUP did not reload");
+    assert!(ok(with(&[&client_cert[..], &["ls"]].concat())).contains("ds"), "the hub stopped on SIGHUP");
+
     drop(hub);
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(log.contains("reloaded"), "the token file reload is logged:\n{log}");
