@@ -8,6 +8,8 @@ CARGO ?= cargo
 export CC := ccache cc
 export CXX := ccache c++
 export CCACHE_DIR ?= $(HOME)/.cache/ccache
+# The S3 tests' server (moto), installed by scripts/ensure-test-deps.sh.
+export SHARDCACHE_MOTO_SERVER ?= $(HOME)/.cache/shardcache/venv/bin/moto_server
 
 deps:
 	@scripts/ensure-deps.sh
@@ -23,5 +25,6 @@ lint: deps
 
 # The end-to-end tests start the built binaries, so build them first.
 test: lint
+	@scripts/ensure-test-deps.sh
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace

@@ -9,7 +9,12 @@ use shardcache_proto::{
     units::ByteSize,
 };
 
-use crate::{Error, server::ServeOptions, service::ReadLimits};
+use crate::{
+    Error,
+    server::ServeOptions,
+    service::ReadLimits,
+    source::s3::{S3Location, S3Options},
+};
 
 /// Smallest and largest `--chunk-size`. Below 64 KiB per-message overhead (headers,
 /// CRC, a task wake-up) dominates; above 8 MiB a single message delays every other
@@ -18,13 +23,31 @@ pub const CHUNK_SIZE_RANGE: (u64, u64) = (64 << 10, 8 << 20);
 /// Largest `--max-read`; the client SDK accepts responses up to a bit more than this.
 pub const MAX_READ_LIMIT: u64 = 64 << 20;
 
-/// Serves dataset shards from a local directory over gRPC.
+/// Serves dataset shards from a local directory or S3 over gRPC.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "hub-server", version, about)]
 pub struct HubArgs {
-    /// Directory to serve: each top-level folder is a dataset, each file below it a shard.
-    #[arg(long, env = "HUB_ROOT")]
-    pub root: PathBuf,
+    /// Directory to serve: each top-level folder is a dataset, each file below it a shard
+    /// (short for --source file:///DIR).
+    #[arg(long, env = "HUB_ROOT", required_unless_present = "source", conflicts_with = "source")]
+    pub root: Option<PathBuf>,
+
+    /// Where the data is: file:///DIR, or s3://BUCKET/PREFIX (each first-level folder
+    /// under the prefix is a dataset; credentials from the AWS default chain).
+    #[arg(long, env = "HUB_SOURCE")]
+    pub source: Option<String>,
+
+    /// S3-compatible endpoint (MinIO, Ceph, ...); implies path-style addressing.
+    #[arg(long, env = "HUB_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+
+    /// S3 region (default: AWS_REGION or the profile's, else us-east-1).
+    #[arg(long, env = "HUB_S3_REGION")]
+    pub s3_region: Option<String>,
+
+    /// Path-style S3 URLs (http://endpoint/bucket/key) even without --s3-endpoint.
+    #[arg(long, env = "HUB_S3_PATH_STYLE")]
+    pub s3_path_style: bool,
 
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, env = "HUB_LISTEN", default_value = "127.0.0.1:7070")]
@@ -84,7 +107,39 @@ pub struct HubArgs {
     pub token_file: Option<PathBuf>,
 }
 
+/// A parsed `--root` / `--source`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSpec {
+    Local(PathBuf),
+    S3(S3Location),
+}
+
 impl HubArgs {
+    /// Which source the flags name.
+    pub fn source_spec(&self) -> Result<SourceSpec, Error> {
+        match (&self.root, &self.source) {
+            (Some(root), _) => Ok(SourceSpec::Local(root.clone())),
+            (None, Some(url)) if url.starts_with("s3://") => Ok(SourceSpec::S3(S3Location::parse(url)?)),
+            (None, Some(url)) => match url.strip_prefix("file://") {
+                Some(dir) if dir.starts_with('/') => Ok(SourceSpec::Local(PathBuf::from(dir))),
+                _ => Err(Error::Config(format!(
+                    "--source {url:?} must be file:///absolute/dir or s3://bucket/prefix"
+                ))),
+            },
+            (None, None) => Err(Error::Config("one of --root or --source is needed".into())),
+        }
+    }
+
+    /// How to reach S3.
+    pub fn s3_options(&self) -> S3Options {
+        S3Options {
+            endpoint: self.s3_endpoint.clone(),
+            region: self.s3_region.clone(),
+            path_style: self.s3_path_style || self.s3_endpoint.is_some(),
+            static_credentials: None,
+        }
+    }
+
     /// The serving options these flags describe, or which flag is out of range.
     pub fn serve_options(&self) -> Result<ServeOptions, Error> {
         let (lo, hi) = CHUNK_SIZE_RANGE;
@@ -150,6 +205,24 @@ mod tests {
         assert_eq!(options.limits.max_read, 16 << 20);
         assert_eq!(args(&[]).listen.to_string(), "127.0.0.1:7070");
         assert_eq!(options.http2, shardcache_proto::transport::Http2Settings::TUNED);
+        assert_eq!(args(&[]).source_spec().unwrap(), SourceSpec::Local("/tmp".into()));
+    }
+
+    #[test]
+    fn sources_are_a_directory_or_an_s3_prefix() {
+        let parse = |argv: &[&str]| HubArgs::try_parse_from([&["hub-server"], argv].concat());
+        let s3 = parse(&["--source", "s3://bucket/data/", "--s3-endpoint", "http://127.0.0.1:9000"]).unwrap();
+        assert_eq!(
+            s3.source_spec().unwrap(),
+            SourceSpec::S3(S3Location { bucket: "bucket".into(), prefix: "data/".into() })
+        );
+        assert!(s3.s3_options().path_style, "an endpoint implies path-style");
+        let file = parse(&["--source", "file:///srv/data"]).unwrap();
+        assert_eq!(file.source_spec().unwrap(), SourceSpec::Local("/srv/data".into()));
+        let bad = parse(&["--source", "gs://x"]).unwrap().source_spec().unwrap_err().to_string();
+        assert!(bad.contains("file:///absolute/dir or s3://bucket/prefix"), "{bad}");
+        assert!(parse(&[]).is_err(), "a source is required");
+        assert!(parse(&["--root", "/a", "--source", "s3://b"]).is_err(), "one source only");
     }
 
     #[test]

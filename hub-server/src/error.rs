@@ -23,6 +23,12 @@ pub enum Error {
          since it was stat'ed or while it was read; stat it again and restart the read"
     )]
     VersionChanged { dataset: String, shard: String, expected: String, found: String },
+    /// The source refused the hub's own credentials (S3 AccessDenied, a bad key).
+    #[error("{store} refused the hub: {message}")]
+    SourceDenied { store: String, message: String },
+    /// The source cannot be used now (throttled past the retries, down, no bucket).
+    #[error("{store} is unavailable: {message}")]
+    SourceUnavailable { store: String, message: String },
     #[error("page token {token:?} is not one this server issued; start listing again without a token")]
     BadPageToken { token: String },
     #[error("cannot read {what}: {source}")]
@@ -60,6 +66,8 @@ impl From<Error> for tonic::Status {
                 Status::not_found(message)
             }
             Error::VersionChanged { .. } => Status::aborted(message),
+            Error::SourceDenied { .. } => Status::permission_denied(message),
+            Error::SourceUnavailable { .. } => Status::unavailable(message),
             Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
                 Status::permission_denied(message)
             }

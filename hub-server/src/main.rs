@@ -4,7 +4,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use hub_server::{config::HubArgs, source::local::LocalSource, stats::HubStats};
+use hub_server::{
+    config::{HubArgs, SourceSpec},
+    source::{Source, local::LocalSource, s3::S3Source},
+    stats::HubStats,
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -14,17 +18,38 @@ async fn main() -> anyhow::Result<()> {
     // still mean a graceful stop, not the default of dying on the spot.
     let shutdown = shardcache_proto::serving::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
     let options = args.serve_options()?;
-    let source = LocalSource::new(&args.root)
-        .with_context(|| format!("cannot serve --root {}", args.root.display()))?;
+    match args.source_spec()? {
+        SourceSpec::Local(root) => {
+            let source =
+                LocalSource::new(&root).with_context(|| format!("cannot serve {}", root.display()))?;
+            run(&args, Arc::new(source), &root.display().to_string(), options, shutdown).await
+        }
+        SourceSpec::S3(location) => {
+            let what = format!("s3://{}/{}", location.bucket, location.prefix);
+            let source = S3Source::connect(location, &args.s3_options())
+                .await
+                .with_context(|| format!("cannot serve {what}"))?;
+            run(&args, Arc::new(source), &what, options, shutdown).await
+        }
+    }
+}
+
+async fn run<S: Source>(
+    args: &HubArgs,
+    source: S,
+    what: &str,
+    options: hub_server::ServeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     // One line on stdout, the contract for scripts and tests that start us on port 0.
     println!("hub-server listening on {addr}");
-    tracing::info!(%addr, root = %source.root().display(), ?options, "serving");
+    tracing::info!(%addr, source = what, ?options, "serving");
     let stats = Arc::new(HubStats::default());
-    hub_server::serve(listener, Arc::new(source), options, stats.clone(), shutdown).await?;
+    hub_server::serve(listener, source, options, stats.clone(), shutdown).await?;
     tracing::info!(served = ?stats.snapshot(), "stopped");
     Ok(())
 }

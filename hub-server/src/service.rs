@@ -4,7 +4,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use bytes::Bytes;
-use futures::future::try_join_all;
+use futures::{StreamExt, future::try_join_all};
 use shardcache_proto::{
     auth::Grant,
     checksum::crc32c,
@@ -226,14 +226,29 @@ impl<S: Source> ShardReader for ReadService<S> {
         let (end, chunk_size) = (req.offset + length, u64::from(self.limits.chunk_size));
         let (tx, rx) = mpsc::channel(STREAM_READ_AHEAD);
         let stats = self.stats.clone();
+        // Chunks end on multiples of the chunk size, so every reader of a shard sees the
+        // same chunk boundaries (the spoke caches by them).
+        let spans = std::iter::successors(Some(req.offset), move |&pos| {
+            let next = pos + (chunk_size - pos % chunk_size);
+            (next < end).then_some(next)
+        })
+        .filter(move |&pos| pos < end)
+        .map(move |pos| (pos, (chunk_size - pos % chunk_size).min(end - pos)));
         tokio::spawn(async move {
-            let mut pos = req.offset;
-            while pos < end {
-                // Chunks end on multiples of the chunk size, so every reader of a shard
-                // sees the same chunk boundaries (the spoke caches by them).
-                let len = (chunk_size - pos % chunk_size).min(end - pos);
-                let result = handle.read_at(pos, len as usize).await;
-                let message = result.map(|data| chunk(pos, data, &handle.meta().version));
+            // In order, with the source's number of reads in flight; memory per stream is
+            // (READ_PARALLELISM + STREAM_READ_AHEAD) chunks.
+            let mut reads = futures::stream::iter(spans)
+                .map(|(pos, len)| {
+                    let handle = handle.clone();
+                    async move {
+                        handle
+                            .read_at(pos, len as usize)
+                            .await
+                            .map(|data| chunk(pos, data, &handle.meta().version))
+                    }
+                })
+                .buffered(S::READ_PARALLELISM);
+            while let Some(message) = reads.next().await {
                 if let Ok(chunk) = &message {
                     stats.served(chunk.data.len());
                 }
@@ -242,7 +257,6 @@ impl<S: Source> ShardReader for ReadService<S> {
                 if tx.send(message.map_err(Status::from)).await.is_err() || failed {
                     break;
                 }
-                pos += len;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))

@@ -11,6 +11,7 @@
 pub mod bench;
 pub mod demo;
 pub mod pki;
+pub mod s3;
 pub mod wan;
 
 use std::{
@@ -64,7 +65,11 @@ impl TestHub {
     }
 
     pub async fn start_with(root: &Path, options: ServeOptions) -> Self {
-        let source = Arc::new(LocalSource::new(root).unwrap());
+        Self::start_source(Arc::new(LocalSource::new(root).unwrap()), options).await
+    }
+
+    /// A hub over any source (S3 in the S3 tests).
+    pub async fn start_source<S: hub_server::source::Source>(source: S, options: ServeOptions) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();

@@ -4,9 +4,10 @@
 //! opened [`ShardHandle`] reads ranges *of that version only*, failing with
 //! [`Error::VersionChanged`](crate::Error::VersionChanged) rather than returning bytes
 //! of a newer one. That contract is what lets the service promise "never mixed bytes"
-//! for any source: a local directory today, S3 (ETag + If-Match) next.
+//! for any source: a local directory ([`local`]) or an S3 prefix ([`s3`], ETag + If-Match).
 
 pub mod local;
+pub mod s3;
 
 use std::future::Future;
 
@@ -36,6 +37,10 @@ pub struct DatasetMeta {
 /// A storage backend the hub serves from.
 pub trait Source: Send + Sync + 'static {
     type Shard: ShardHandle;
+
+    /// Chunk reads a `StreamShard` keeps in flight. A local disk reads ahead on its own;
+    /// an object store answers each GET after a round trip, so several run at once.
+    const READ_PARALLELISM: usize = 1;
 
     /// Every dataset, in name order.
     fn list_datasets(&self) -> impl Future<Output = Result<Vec<DatasetMeta>>> + Send;
