@@ -20,8 +20,11 @@ async fn main() -> anyhow::Result<()> {
     let options = args.serve_options()?;
     match args.source_spec()? {
         SourceSpec::Local(root) => {
-            let source =
-                LocalSource::new(&root).with_context(|| format!("cannot serve {}", root.display()))?;
+            let flag = match &args.source {
+                Some(url) => format!("--source {url}"),
+                None => format!("--root {}", root.display()),
+            };
+            let source = LocalSource::new(&root).with_context(|| format!("cannot serve {flag}"))?;
             run(&args, Arc::new(source), &root.display().to_string(), options, shutdown).await
         }
         SourceSpec::S3(location) => {
