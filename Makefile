@@ -28,3 +28,4 @@ test: lint
 	@scripts/ensure-test-deps.sh
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
+	@scripts/test-python.sh

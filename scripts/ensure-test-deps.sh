@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# What `make test` needs beyond the build: an S3-compatible server for the hub's S3
-# tests, moto's server mode from PyPI, pinned, in a virtual environment under
-# ~/.cache/shardcache (never the system's Python). The tests run
-# $SHARDCACHE_MOTO_SERVER, which the Makefile points at this venv.
+# What `make test` needs beyond the build, in a virtual environment under
+# ~/.cache/shardcache (never the system's Python), pinned:
+# - moto's server mode: an S3-compatible server for the hub's S3 tests (the tests run
+#   $SHARDCACHE_MOTO_SERVER, which the Makefile points at this venv);
+# - maturin, pytest and numpy: to build and test the Python SDK (client/python).
 set -euo pipefail
 
-MOTO_VERSION=5.2.5
+REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.4.6")
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
+STAMP="$VENV/.shardcache-requirements"
 
-if [ -x "$VENV/bin/moto_server" ] && "$VENV/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" 2>/dev/null; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "${REQUIREMENTS[*]}" ]; then
   exit 0
 fi
 if ! command -v python3 >/dev/null 2>&1; then
@@ -24,5 +26,6 @@ if ! python3 -m venv "$VENV" 2>/dev/null; then
   "${sudo[@]}" apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
   python3 -m venv "$VENV"
 fi
-echo "installing moto[server]==$MOTO_VERSION into $VENV" >&2
-"$VENV/bin/pip" install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+echo "installing ${REQUIREMENTS[*]} into $VENV" >&2
+"$VENV/bin/pip" install -q --disable-pip-version-check "${REQUIREMENTS[@]}"
+echo "${REQUIREMENTS[*]}" > "$STAMP"

@@ -1,0 +1,23 @@
+"""shardcache: read dataset shards from a shardcache spoke (or hub) from Python.
+
+    import shardcache
+    client = shardcache.Client("http://127.0.0.1:7071")
+    sample = client.read("c4", "shard-00000.bin", 0, 16384)   # bytes, CRC32C-verified
+
+Datasets for training loops (PyTorch's DataLoader when torch is installed, plain
+iteration without it):
+
+- :class:`ShardDataset`, map-style: ``len(ds)``, ``ds[i]`` -> the i-th record;
+- :class:`StreamingShardDataset`, iterable: deterministic shard- and sample-level
+  shuffle from ``(seed, epoch)``, split across ranks and DataLoader workers without
+  overlap, resumable mid-epoch, and it tells the spoke the epoch's order so prefetch
+  follows it.
+
+Errors are :class:`ShardcacheError` with ``.code`` (the gRPC code, e.g. ``"NOT_FOUND"``)
+and ``.message``.
+"""
+
+from ._native import Client, ShardcacheError
+from .datasets import ShardDataset, StreamingShardDataset
+
+__all__ = ["Client", "ShardcacheError", "ShardDataset", "StreamingShardDataset"]

@@ -1,0 +1,46 @@
+"""Type stubs of the Rust extension module (see src/lib.rs)."""
+
+from typing import Dict, List, Optional, Tuple, Union
+
+class ShardcacheError(Exception):
+    """A failed call. ``code`` is the gRPC code name (``"NOT_FOUND"``, ``"UNAVAILABLE"``,
+    ``"PERMISSION_DENIED"``, ...), ``message`` the server's words."""
+
+    code: str
+    message: str
+
+class Client:
+    """A connection to a hub or spoke; ``https://`` endpoints use TLS. Safe to share
+    between threads and to use after ``fork`` (connections are made again in the child).
+    Every call releases the GIL while it waits."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        token: Optional[str] = None,
+        ca: Optional[str] = None,
+        cert: Optional[str] = None,
+        key: Optional[str] = None,
+        tls_domain: Optional[str] = None,
+    ) -> None: ...
+    @property
+    def endpoint(self) -> str: ...
+    def ls(self, dataset: Optional[str] = None) -> List[Dict[str, Union[str, int]]]:
+        """Datasets (``name``, ``shard_count``, ``total_bytes``, ``record_size``), or the
+        shards of ``dataset`` (``shard``, ``size``, ``version``, ``chunk_size``, ...)."""
+    def stat(self, dataset: str, shard: str) -> Dict[str, Union[str, int]]: ...
+    def read(self, dataset: str, shard: str, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset``, checksum-verified."""
+    def read_many(self, ranges: List[Tuple[str, str, int, int]]) -> List[bytes]:
+        """A batch of ``(dataset, shard, offset, length)`` in one round trip, in order."""
+    def prefetch(
+        self,
+        dataset: str,
+        shards: Optional[List[str]] = None,
+        parallelism: int = 0,
+        wait: bool = True,
+    ) -> Optional[Dict[str, int]]:
+        """Has a spoke fetch ``shards`` (all when None) in this order; with ``wait``, the
+        final progress, else ``None`` at once."""
+    def status(self) -> Dict[str, object]: ...
+    def _bench_read_many(self, ranges: List[Tuple[str, str, int, int]], rounds: int) -> float: ...

@@ -1,0 +1,262 @@
+"""PyTorch-ready datasets over fixed-size records (the seed's 16 KiB token windows).
+
+Both work with ``torch.utils.data.DataLoader`` when torch is installed and as plain
+Python objects without it. Records come back as numpy arrays of ``dtype`` (the tokens)
+when numpy is installed and ``dtype`` is set, else as ``bytes``.
+
+How :class:`StreamingShardDataset` orders and splits an epoch:
+
+1. The *epoch order*: shards shuffled by ``(seed, epoch)``, and the records of each
+   shard shuffled by ``(seed, epoch, shard)``, shard after shard. Reads stay within a few
+   shards at a time (what a read-through cache and its prefetch like), and the order is
+   the same in every process that has the same ``(seed, epoch)``.
+2. *Ranks*: record ``k`` of the epoch order goes to rank ``k % world_size``.
+3. *Resume*: a rank skips the first ``consumed`` records of its sequence
+   (:meth:`state_dict` / :meth:`load_state_dict`).
+4. *Workers*: the rest is cut into blocks of ``batch_size``; block ``b`` goes to
+   DataLoader worker ``b % num_workers``. DataLoader takes batches from its workers in
+   turn, so the batches a trainer has consumed are always a prefix of the rank's
+   sequence: resuming after ``n`` batches (``consumed = n * batch_size``) neither repeats
+   nor skips a record.
+"""
+
+import bisect
+import os
+import random
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from ._native import Client
+
+try:  # numpy is optional: without it records are bytes
+    import numpy as _np
+except ImportError:  # pragma: no cover - exercised where numpy is absent
+    _np = None
+
+
+def _torch_dataset_bases() -> Tuple[type, type]:
+    """torch's Dataset/IterableDataset when torch is installed, else ``object``."""
+    try:
+        from torch.utils.data import Dataset, IterableDataset
+
+        return Dataset, IterableDataset
+    except ImportError:
+        return object, object
+
+
+_MapBase, _IterableBase = _torch_dataset_bases()
+
+
+def _worker() -> Tuple[int, int]:
+    """(worker id, number of workers) inside a DataLoader worker, else (0, 1)."""
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return 0, 1
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _rank_and_world() -> Tuple[int, int]:
+    """torch.distributed's rank and world size when initialised, else $RANK/$WORLD_SIZE."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class _Records:
+    """The records of one dataset: shard names, records per shard, lazy client."""
+
+    def __init__(self, endpoint: str, dataset: str, record_size: Optional[int], dtype: Optional[str], client_args: Dict[str, Any]):
+        self.endpoint = endpoint
+        self.dataset = dataset
+        self.client_args = client_args
+        self._client: Optional[Client] = None
+        listing = self.client.ls(dataset)
+        if record_size is None:
+            record_size = int(listing[0]["record_size"]) if listing else 0
+        if record_size <= 0:
+            raise ValueError(
+                f"dataset {dataset!r} has no record_size in its metadata; pass record_size="
+            )
+        self.record_size = record_size
+        self.shards: List[str] = [str(s["shard"]) for s in listing]
+        self.counts: List[int] = [int(s["size"]) // record_size for s in listing]
+        self.starts: List[int] = []
+        total = 0
+        for count in self.counts:
+            self.starts.append(total)
+            total += count
+        self.total = total
+        self.dtype = dtype if _np is not None else None
+
+    @property
+    def client(self) -> Client:
+        # Made on first use, so a dataset pickled into DataLoader workers connects there.
+        if self._client is None:
+            self._client = Client(self.endpoint, **self.client_args)
+        return self._client
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
+    def locate(self, index: int) -> Tuple[int, int]:
+        """(shard number, record number inside it) of a global record index."""
+        if not 0 <= index < self.total:
+            raise IndexError(f"record {index} is outside 0..{self.total}")
+        shard = bisect.bisect_right(self.starts, index) - 1
+        return shard, index - self.starts[shard]
+
+    def range(self, shard: int, record: int) -> Tuple[str, str, int, int]:
+        return (self.dataset, self.shards[shard], record * self.record_size, self.record_size)
+
+    def decode(self, data: bytes) -> Any:
+        return _np.frombuffer(data, dtype=self.dtype) if self.dtype is not None else data
+
+
+class ShardDataset(_MapBase):
+    """Map-style dataset of a dataset's fixed-size records, in shard-name order.
+
+    ``ds[i]`` reads record ``i`` (one request); ``ds.get_batch(indices)`` reads many in
+    one round trip. Use a sampler (``DistributedSampler``) to split it across ranks.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        dataset: str,
+        record_size: Optional[int] = None,
+        dtype: Optional[str] = "uint32",
+        **client_args: Any,
+    ):
+        self._records = _Records(endpoint, dataset, record_size, dtype, client_args)
+
+    def __len__(self) -> int:
+        return self._records.total
+
+    def __getitem__(self, index: int) -> Any:
+        records = self._records
+        if index < 0:
+            index += records.total
+        return records.decode(records.client.read(*records.range(*records.locate(index))))
+
+    def get_batch(self, indices: List[int]) -> List[Any]:
+        records = self._records
+        ranges = [records.range(*records.locate(i)) for i in indices]
+        return [records.decode(data) for data in records.client.read_many(ranges)]
+
+
+class StreamingShardDataset(_IterableBase):
+    """Iterable dataset: each record of an epoch exactly once across ranks and workers,
+    in a deterministic shuffled order; see the module docs for how it is split.
+
+    ``batch_size`` must be the DataLoader's, for exact resumption. Call
+    :meth:`set_epoch` before each epoch. ``prefetch=True`` sends the spoke this rank's
+    shards in epoch order when iteration starts, so its prefetch follows the reads.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        dataset: str,
+        batch_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        record_size: Optional[int] = None,
+        dtype: Optional[str] = "uint32",
+        prefetch: bool = True,
+        read_batch: int = 32,
+        **client_args: Any,
+    ):
+        if batch_size <= 0:
+            raise ValueError("batch_size must be positive")
+        self._records = _Records(endpoint, dataset, record_size, dtype, client_args)
+        default_rank, default_world = _rank_and_world()
+        self.rank = default_rank if rank is None else rank
+        self.world_size = default_world if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside 0..{self.world_size}")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.prefetch = prefetch
+        self.read_batch = read_batch
+        self.epoch = 0
+        self.consumed = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch (its order); starts it from the beginning."""
+        self.epoch = epoch
+        self.consumed = 0
+
+    def state_dict(self, consumed: Optional[int] = None) -> Dict[str, int]:
+        """Where this rank is: ``consumed`` records of its epoch sequence (the trainer's
+        count, e.g. batches done x batch_size; default: what :meth:`load_state_dict` set)."""
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "consumed": self.consumed if consumed is None else consumed,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        if state.get("world_size", self.world_size) != self.world_size:
+            raise ValueError("a state saved with another world size cannot be resumed exactly")
+        self.seed = state["seed"]
+        self.epoch = state["epoch"]
+        self.consumed = state["consumed"]
+
+    def __len__(self) -> int:
+        """Records this rank reads in an epoch (from the start)."""
+        total = self._records.total
+        return total // self.world_size + (1 if self.rank < total % self.world_size else 0)
+
+    def epoch_order(self) -> List[Tuple[int, int]]:
+        """(shard number, record number) of every record, in this epoch's order."""
+        records = self._records
+        shards = list(range(len(records.shards)))
+        rng = random.Random(f"shardcache:{self.seed}:{self.epoch}")
+        if self.shuffle:
+            rng.shuffle(shards)
+        order = []
+        for shard in shards:
+            inside = list(range(records.counts[shard]))
+            if self.shuffle:
+                random.Random(f"shardcache:{self.seed}:{self.epoch}:{records.shards[shard]}").shuffle(inside)
+            order.extend((shard, record) for record in inside)
+        return order
+
+    def indices(self, worker_id: int = 0, num_workers: int = 1) -> List[Tuple[int, int]]:
+        """The records worker ``worker_id`` of ``num_workers`` reads, in order."""
+        mine = self.epoch_order()[self.rank :: self.world_size][self.consumed :]
+        blocks = range(0, len(mine), self.batch_size)
+        return [
+            item
+            for b, start in enumerate(blocks)
+            if b % num_workers == worker_id
+            for item in mine[start : start + self.batch_size]
+        ]
+
+    def __iter__(self) -> Iterator[Any]:
+        worker_id, num_workers = _worker()
+        todo = self.indices(worker_id, num_workers)
+        records = self._records
+        if self.prefetch and todo:
+            shards: List[str] = []
+            for shard, _ in todo:
+                name = records.shards[shard]
+                if not shards or shards[-1] != name:
+                    shards.append(name)
+            records.client.prefetch(records.dataset, shards, wait=False)
+        for start in range(0, len(todo), self.read_batch):
+            ranges = [records.range(shard, record) for shard, record in todo[start : start + self.read_batch]]
+            for data in records.client.read_many(ranges):
+                yield records.decode(data)

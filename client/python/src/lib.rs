@@ -1,0 +1,320 @@
+//! `shardcache._native`: the Rust client SDK for Python (PyO3, abi3).
+//!
+//! - Every call releases the GIL while it waits on the network, so DataLoader threads and
+//!   other Python work run meanwhile.
+//! - One tokio runtime per process, made on first use. A forked DataLoader worker
+//!   inherits a copy of the parent's runtime without its threads, so the runtime and
+//!   every connection are keyed by process id and made again in the child.
+//! - Errors are `ShardcacheError` with `.code` (the gRPC code, e.g. `"NOT_FOUND"`) and
+//!   `.message`; bytes handed out have passed the SDK's CRC32C, offset and version checks.
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::{
+    create_exception,
+    exceptions::PyException,
+    prelude::*,
+    types::{PyBytes, PyDict, PyList},
+};
+use shardcache_client::{CacheClient, Client as RustClient, ConnectOptions, Error, Range};
+use shardcache_proto::tls::ClientTlsFiles;
+use tokio::runtime::Runtime;
+
+create_exception!(_native, ShardcacheError, PyException, "A failed shardcache call; see .code and .message.");
+
+/// Worker threads of the per-process runtime. Reads are I/O-bound and the GIL is
+/// released while they wait; two threads keep a batch's requests and responses moving
+/// without competing with DataLoader workers for cores.
+const RUNTIME_THREADS: usize = 2;
+
+static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
+
+/// This process's runtime (a new one after a fork).
+fn runtime() -> PyResult<Arc<Runtime>> {
+    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    let pid = std::process::id();
+    if let Some((owner, runtime)) = slot.as_ref()
+        && *owner == pid
+    {
+        return Ok(runtime.clone());
+    }
+    if let Some((_, inherited)) = slot.take() {
+        // Its threads live only in the parent: dropping it here would wait for them.
+        std::mem::forget(inherited);
+    }
+    let runtime = Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(RUNTIME_THREADS)
+            .thread_name("shardcache-io")
+            .enable_all()
+            .build()
+            .map_err(|e| ShardcacheError::new_err(format!("cannot start the I/O runtime: {e}")))?,
+    );
+    *slot = Some((pid, runtime.clone()));
+    Ok(runtime)
+}
+
+/// `NotFound` -> `NOT_FOUND`, as gRPC names codes.
+fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+fn to_py(err: Error) -> PyErr {
+    let code = match &err {
+        Error::Status { status, .. } => code_name(status.code()),
+        Error::Connect { .. } => "UNAVAILABLE".into(),
+        Error::VersionChanged { .. } => "ABORTED".into(),
+        Error::Checksum { .. } | Error::Protocol { .. } => "DATA_LOSS".into(),
+        Error::Config(_) | Error::Endpoint { .. } => "INVALID_ARGUMENT".into(),
+    };
+    let message = err.to_string();
+    Python::attach(|py| {
+        let err = ShardcacheError::new_err(format!("{code}: {message}"));
+        let value = err.value(py);
+        // Both are plain attributes; setting them cannot fail on a fresh exception.
+        let _ = value.setattr("code", code);
+        let _ = value.setattr("message", message);
+        err
+    })
+}
+
+/// A connection made in one process.
+struct Connected {
+    pid: u32,
+    reader: RustClient,
+    control: Option<CacheClient>,
+}
+
+/// A client of a shardcache hub or spoke (`endpoint` like `http://127.0.0.1:7071`,
+/// `https://...` for TLS). Cheap to share between threads; safe across `fork`.
+#[pyclass(module = "shardcache._native", frozen)]
+struct Client {
+    endpoint: String,
+    options: ConnectOptions,
+    connected: Mutex<Option<Connected>>,
+}
+
+impl Client {
+    /// Runs `work` on the runtime with the GIL released.
+    fn run<T: Send, F>(&self, py: Python<'_>, work: impl FnOnce(RustClient) -> F + Send) -> PyResult<T>
+    where
+        F: std::future::Future<Output = Result<T, Error>> + Send,
+    {
+        let runtime = runtime()?;
+        let reader = self.reader(py, &runtime)?;
+        py.detach(|| runtime.block_on(work(reader))).map_err(to_py)
+    }
+
+    fn reader(&self, py: Python<'_>, runtime: &Runtime) -> PyResult<RustClient> {
+        let mut slot = self.connected.lock().unwrap_or_else(|p| p.into_inner());
+        let pid = std::process::id();
+        if let Some(c) = slot.as_ref().filter(|c| c.pid == pid) {
+            return Ok(c.reader.clone());
+        }
+        let (endpoint, options) = (&self.endpoint, &self.options);
+        let reader =
+            py.detach(|| runtime.block_on(RustClient::connect_with(endpoint, options))).map_err(to_py)?;
+        *slot = Some(Connected { pid, reader: reader.clone(), control: None });
+        Ok(reader)
+    }
+
+    fn control(&self, py: Python<'_>, runtime: &Runtime) -> PyResult<CacheClient> {
+        self.reader(py, runtime)?;
+        let mut slot = self.connected.lock().unwrap_or_else(|p| p.into_inner());
+        let connected = slot.as_mut().ok_or_else(|| ShardcacheError::new_err("not connected"))?;
+        if let Some(control) = &connected.control {
+            return Ok(control.clone());
+        }
+        let (endpoint, options) = (&self.endpoint, &self.options);
+        let control =
+            py.detach(|| runtime.block_on(CacheClient::connect_with(endpoint, options))).map_err(to_py)?;
+        connected.control = Some(control.clone());
+        Ok(control)
+    }
+}
+
+fn shard_dict<'py>(py: Python<'py>, s: &shardcache_proto::v1::ShardInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("dataset", &s.dataset)?;
+    d.set_item("shard", &s.shard)?;
+    d.set_item("size", s.size)?;
+    d.set_item("version", &s.version)?;
+    d.set_item("chunk_size", s.chunk_size)?;
+    d.set_item("record_size", s.record_size)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl Client {
+    #[new]
+    #[pyo3(signature = (endpoint, token=None, ca=None, cert=None, key=None, tls_domain=None))]
+    fn new(
+        endpoint: String,
+        token: Option<String>,
+        ca: Option<String>,
+        cert: Option<String>,
+        key: Option<String>,
+        tls_domain: Option<String>,
+    ) -> Self {
+        let tls = (ca.is_some() || cert.is_some() || tls_domain.is_some()).then(|| ClientTlsFiles {
+            ca: ca.map(Into::into),
+            cert: cert.map(Into::into),
+            key: key.map(Into::into),
+            domain: tls_domain,
+        });
+        Self { endpoint, options: ConnectOptions { tls, token }, connected: Mutex::new(None) }
+    }
+
+    #[getter]
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Client({:?})", self.endpoint)
+    }
+
+    /// Datasets (no argument) or the shards of `dataset`, as dicts.
+    #[pyo3(signature = (dataset=None))]
+    fn ls<'py>(&self, py: Python<'py>, dataset: Option<String>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        match dataset {
+            None => {
+                for d in self.run(py, |c| async move { c.list_datasets().await })? {
+                    let item = PyDict::new(py);
+                    item.set_item("name", &d.name)?;
+                    item.set_item("shard_count", d.shard_count)?;
+                    item.set_item("total_bytes", d.total_bytes)?;
+                    item.set_item("record_size", d.record_size)?;
+                    list.append(item)?;
+                }
+            }
+            Some(dataset) => {
+                for s in self.run(py, |c| async move { c.list_shards(&dataset).await })? {
+                    list.append(shard_dict(py, &s)?)?;
+                }
+            }
+        }
+        Ok(list)
+    }
+
+    /// Size, version, chunk and record size of one shard.
+    fn stat<'py>(&self, py: Python<'py>, dataset: String, shard: String) -> PyResult<Bound<'py, PyDict>> {
+        let info = self.run(py, |c| async move { c.stat(&dataset, &shard).await })?;
+        shard_dict(py, &info)
+    }
+
+    /// `length` bytes of `shard` from `offset`, verified.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        dataset: String,
+        shard: String,
+        offset: u64,
+        length: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let range = Range::new(dataset, shard, offset, length);
+        let data = self.run(py, |c| async move { c.read_range(&range).await })?;
+        Ok(PyBytes::new(py, &data.data))
+    }
+
+    /// A batch of `(dataset, shard, offset, length)` ranges in one round trip; the
+    /// results in the same order.
+    fn read_many<'py>(
+        &self,
+        py: Python<'py>,
+        ranges: Vec<(String, String, u64, u64)>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let ranges: Vec<Range> = ranges.into_iter().map(|(d, s, o, l)| Range::new(d, s, o, l)).collect();
+        let chunks = self.run(py, |c| async move { c.read_ranges(&ranges).await })?;
+        PyList::new(py, chunks.iter().map(|c| PyBytes::new(py, &c.data)))
+    }
+
+    /// Asks a spoke to fetch `shards` of `dataset` (all when None) in this order. With
+    /// `wait`, returns the final progress; without, returns at once while it runs.
+    #[pyo3(signature = (dataset, shards=None, parallelism=0, wait=true))]
+    fn prefetch<'py>(
+        &self,
+        py: Python<'py>,
+        dataset: String,
+        shards: Option<Vec<String>>,
+        parallelism: u32,
+        wait: bool,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let runtime = runtime()?;
+        let control = self.control(py, &runtime)?;
+        let shards = shards.unwrap_or_default();
+        let fetch = async move { control.prefetch(&dataset, &shards, parallelism).await?.finish().await };
+        if !wait {
+            runtime.spawn(async move {
+                if let Err(error) = fetch.await {
+                    eprintln!("shardcache: background prefetch failed: {error}");
+                }
+            });
+            return Ok(None);
+        }
+        let progress = py.detach(|| runtime.block_on(fetch)).map_err(to_py)?;
+        let d = PyDict::new(py);
+        d.set_item("shards_done", progress.shards_done)?;
+        d.set_item("shards_total", progress.shards_total)?;
+        d.set_item("bytes_done", progress.bytes_done)?;
+        d.set_item("bytes_total", progress.bytes_total)?;
+        d.set_item("bytes_fetched", progress.bytes_fetched)?;
+        Ok(Some(d))
+    }
+
+    /// A spoke's occupancy and per-dataset counters.
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let runtime = runtime()?;
+        let control = self.control(py, &runtime)?;
+        let status = py.detach(|| runtime.block_on(control.status())).map_err(to_py)?;
+        let d = PyDict::new(py);
+        d.set_item("capacity_bytes", status.capacity_bytes)?;
+        d.set_item("used_bytes", status.used_bytes)?;
+        d.set_item("hubs", status.hubs)?;
+        let datasets = PyDict::new(py);
+        for s in status.datasets {
+            let item = PyDict::new(py);
+            item.set_item("cached_shards", s.cached_shards)?;
+            item.set_item("cached_bytes", s.cached_bytes)?;
+            item.set_item("hit_requests", s.hit_requests)?;
+            item.set_item("miss_requests", s.miss_requests)?;
+            item.set_item("upstream_bytes", s.upstream_bytes)?;
+            datasets.set_item(s.dataset, item)?;
+        }
+        d.set_item("datasets", datasets)?;
+        Ok(d)
+    }
+
+    /// The Rust SDK's own time for `rounds` x `read_many(ranges)`, with no Python in the
+    /// loop: the baseline of the Python-vs-Rust benchmark (seconds).
+    fn _bench_read_many(
+        &self,
+        py: Python<'_>,
+        ranges: Vec<(String, String, u64, u64)>,
+        rounds: u32,
+    ) -> PyResult<f64> {
+        let ranges: Vec<Range> = ranges.into_iter().map(|(d, s, o, l)| Range::new(d, s, o, l)).collect();
+        self.run(py, |c| async move {
+            let started = std::time::Instant::now();
+            for _ in 0..rounds {
+                c.read_ranges(&ranges).await?;
+            }
+            Ok(started.elapsed().as_secs_f64())
+        })
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Client>()?;
+    m.add("ShardcacheError", m.py().get_type::<ShardcacheError>())?;
+    Ok(())
+}

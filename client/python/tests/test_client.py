@@ -1,0 +1,81 @@
+"""The Python client against real servers: the same bytes as the Rust SDK (the CLI),
+errors as ShardcacheError with the gRPC code, safe after fork."""
+
+import multiprocessing
+import pathlib
+import subprocess
+
+import pytest
+
+import shardcache
+from conftest import RECORD, binary
+
+
+def test_reads_equal_the_files_and_the_rust_sdk(spoke, hub, dataset_dir):
+    for endpoint in (hub, spoke):
+        client = shardcache.Client(endpoint)
+        assert [d["name"] for d in client.ls()] == ["c4"]
+        shards = client.ls("c4")
+        assert len(shards) == 3 and all(s["record_size"] == RECORD for s in shards)
+        for info in shards:
+            path = dataset_dir / "c4" / info["shard"]
+            data = path.read_bytes()
+            assert client.stat("c4", info["shard"])["size"] == len(data)
+            assert client.read("c4", info["shard"], 0, len(data)) == data
+            rust = subprocess.run(
+                [binary("shardcache"), "--endpoint", endpoint, "cat", "c4", info["shard"],
+                 "--offset", "1000", "--length", "40000"],
+                check=True, capture_output=True,
+            ).stdout
+            assert client.read("c4", info["shard"], 1000, 40000) == rust == data[1000:41000]
+        batch = [("c4", shards[i % 3]["shard"], i * 777, 100 + i) for i in range(24)]
+        for got, (_, shard, offset, length) in zip(client.read_many(batch), batch):
+            assert got == (dataset_dir / "c4" / shard).read_bytes()[offset:offset + length]
+
+
+def test_errors_carry_the_grpc_code_and_message(spoke):
+    client = shardcache.Client(spoke)
+    with pytest.raises(shardcache.ShardcacheError) as missing:
+        client.stat("c4", "no-such-shard.bin")
+    assert missing.value.code == "NOT_FOUND"
+    assert "no-such-shard.bin" in missing.value.message
+    with pytest.raises(shardcache.ShardcacheError) as past:
+        client.read("c4", "shard-00000.bin", 10 * RECORD * 16, 1)
+    assert past.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(shardcache.ShardcacheError) as bad:
+        client.read("../etc", "passwd", 0, 1)
+    assert bad.value.code == "INVALID_ARGUMENT"
+    assert "'..'" in bad.value.message
+    with pytest.raises(shardcache.ShardcacheError) as down:
+        shardcache.Client("http://127.0.0.1:1").ls()
+    assert down.value.code == "UNAVAILABLE"
+
+
+def _read_in_child(client, queue):
+    try:
+        queue.put(client.read("c4", "shard-00001.bin", 0, 64))
+    except Exception as e:  # reported to the parent, which fails the test
+        queue.put(repr(e))
+
+
+def test_a_client_used_before_fork_works_in_the_child(spoke, dataset_dir):
+    client = shardcache.Client(spoke)
+    assert len(client.read("c4", "shard-00000.bin", 0, 64)) == 64  # runtime + connection made
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(client, queue))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert got == (dataset_dir / "c4" / "shard-00001.bin").read_bytes()[:64]
+    assert child.exitcode == 0
+    # And the parent's client still works.
+    assert len(client.read("c4", "shard-00002.bin", 0, 64)) == 64
+
+
+def test_prefetch_and_status_on_the_spoke(spoke):
+    client = shardcache.Client(spoke)
+    progress = client.prefetch("c4", ["shard-00002.bin", "shard-00000.bin"])
+    assert progress["shards_done"] == progress["shards_total"] == 2
+    status = client.status()
+    assert status["datasets"]["c4"]["cached_bytes"] >= 2 * 16 * RECORD
