@@ -29,3 +29,4 @@ test: lint
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 	@scripts/test-python.sh
+	@deploy/k8s/validate.sh

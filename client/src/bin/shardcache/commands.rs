@@ -32,6 +32,20 @@ impl Server {
     }
 }
 
+/// Exits non-zero unless the server reports SERVING for `service`.
+pub async fn health(server: &Server, service: &str) -> anyhow::Result<()> {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let channel = shardcache_client::connect::connect_channel(&server.endpoint, &server.options).await?;
+    let response = HealthClient::new(channel)
+        .check(HealthCheckRequest { service: service.to_owned() })
+        .await
+        .with_context(|| format!("health check of {}", server.endpoint))?;
+    let status = response.into_inner().status();
+    println!("{}", status.as_str_name());
+    anyhow::ensure!(status == tonic_health::pb::health_check_response::ServingStatus::Serving, "not serving");
+    Ok(())
+}
+
 pub fn generate(
     dir: PathBuf,
     dataset: String,

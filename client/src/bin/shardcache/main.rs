@@ -101,6 +101,13 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Ask a server's gRPC health service; exit 0 when SERVING (container and Kubernetes
+    /// probes: works with TLS, which Kubernetes' own gRPC probe cannot speak).
+    Health {
+        /// Service to ask about; the server as a whole when empty.
+        #[arg(long, default_value = "")]
+        service: String,
+    },
     /// Write development certificates: a CA and hub, spoke and client certificates.
     Certs {
         /// Folder to write ca.pem, hub.pem, spoke.pem, client.pem and their .key files.
@@ -168,6 +175,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     match cli.command {
         Command::Certs { out, names, days } => admin::certs(&out, &names, days),
+        Command::Health { service } => commands::health(server, &service).await,
         Command::Token(TokenCommand::New { name, datasets, file }) => {
             admin::new_token(&name, &datasets, &file)
         }

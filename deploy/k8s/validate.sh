@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Offline checks of the Kubernetes manifests (run by `make test`): kustomize renders them,
+# kubernetes-validate checks every resource against the API schema (strict: no unknown
+# fields), and check_manifests.py checks what the schema cannot: probes, resources, a
+# non-root user, secrets never world-readable, the spoke's cache on a claim, metrics
+# annotations.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
+KUBERNETES_VERSION=1.32.0
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "installing kubectl (Debian's kubernetes-client) for kustomize" >&2
+  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
+fi
+rendered="$(mktemp)"
+trap 'rm -f "$rendered"' EXIT
+kubectl kustomize . > "$rendered"
+"$VENV/bin/kubernetes-validate" --strict --quiet -k "$KUBERNETES_VERSION" "$rendered"
+"$VENV/bin/python" check_manifests.py "$rendered"
