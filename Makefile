@@ -1,7 +1,8 @@
 # shardcache: the two commands of the README.
 #   make demo   the seed experiment: hub, 60 ms WAN emulator, spoke, simulated trainer
 #   make test   formatting, lints and every test, exactly what CI runs
-.PHONY: demo test deps build lint
+#   make load   ghz load tests against a hub and a spoke (summary in target/load/)
+.PHONY: demo test load deps build lint
 
 CARGO ?= cargo
 # RocksDB's C++ goes through ccache (installed by `make deps`): see scripts/ensure-deps.sh.
@@ -30,3 +31,9 @@ test: lint
 	$(CARGO) test --workspace
 	@scripts/test-python.sh
 	@deploy/k8s/validate.sh
+
+# Release binaries, then ghz (installed with `go install` when missing) at several
+# concurrencies and an overload run: scripts/load.sh.
+load: deps
+	$(CARGO) build --release --workspace --bins
+	@scripts/load.sh

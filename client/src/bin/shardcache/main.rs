@@ -108,6 +108,12 @@ enum Command {
         #[arg(long, default_value = "")]
         service: String,
     },
+    /// Write the compiled `shardcache.v1` descriptor set (for tools that take a protoset,
+    /// such as ghz --protoset, instead of reflection).
+    DescriptorSet {
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Write development certificates: a CA and hub, spoke and client certificates.
     Certs {
         /// Folder to write ca.pem, hub.pem, spoke.pem, client.pem and their .key files.
@@ -176,6 +182,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Certs { out, names, days } => admin::certs(&out, &names, days),
         Command::Health { service } => commands::health(server, &service).await,
+        Command::DescriptorSet { out } => {
+            std::fs::write(&out, shardcache_proto::FILE_DESCRIPTOR_SET)?;
+            Ok(())
+        }
         Command::Token(TokenCommand::New { name, datasets, file }) => {
             admin::new_token(&name, &datasets, &file)
         }
