@@ -228,11 +228,10 @@ impl<S: Source> ShardReader for ReadService<S> {
         let stats = self.stats.clone();
         // Chunks end on multiples of the chunk size, so every reader of a shard sees the
         // same chunk boundaries (the spoke caches by them).
-        let spans = std::iter::successors(Some(req.offset), move |&pos| {
+        let spans = std::iter::successors((req.offset < end).then_some(req.offset), move |&pos| {
             let next = pos + (chunk_size - pos % chunk_size);
             (next < end).then_some(next)
         })
-        .filter(move |&pos| pos < end)
         .map(move |pos| (pos, (chunk_size - pos % chunk_size).min(end - pos)));
         tokio::spawn(async move {
             // In order, with the source's number of reads in flight; memory per stream is

@@ -88,6 +88,15 @@ fn read_roots(path: &Path) -> Result<RootCertStore, String> {
     Ok(roots)
 }
 
+/// A handshake, failed with `TimedOut` after [`HANDSHAKE_TIMEOUT`].
+async fn within_handshake_timeout<T>(
+    handshake: impl std::future::Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))?
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -185,9 +194,7 @@ impl ServerTls {
 
     async fn handshake(&self, tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<ServerConn> {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+        let tls = within_handshake_timeout(acceptor.accept(tcp)).await?;
         let certified = self.verifies_client_certs && tls.get_ref().1.peer_certificates().is_some();
         Ok(ServerConn { io: ConnIo::ServerTls(Box::new(tls)), certified })
     }
@@ -327,9 +334,7 @@ impl ClientTls {
         let server_name = ServerName::try_from(name.to_owned())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{name:?}: {e}")))?;
         let connector = tokio_rustls::TlsConnector::from(self.config.get());
-        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(server_name, tcp))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+        let tls = within_handshake_timeout(connector.connect(server_name, tcp)).await?;
         Ok(ClientConn(ConnIo::ClientTls(Box::new(tls))))
     }
 }

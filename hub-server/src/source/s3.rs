@@ -91,8 +91,16 @@ pub struct S3Options {
     pub static_credentials: Option<(String, String)>,
 }
 
-/// Shard listings by dataset, with when they were made.
-type Listings = HashMap<String, (Instant, Arc<Vec<ShardMeta>>)>;
+/// One dataset as last listed: its shards and its record size (from `.shardcache.json`).
+#[derive(Debug)]
+struct Listing {
+    at: Instant,
+    shards: Arc<Vec<ShardMeta>>,
+    record_size: u32,
+}
+
+/// Listings by dataset.
+type Listings = HashMap<String, Arc<Listing>>;
 
 /// Serves the datasets under one S3 prefix.
 #[derive(Debug)]
@@ -182,12 +190,13 @@ impl S3Source {
         classify(&self.location.bucket, err, what, || Error::DatasetNotFound { dataset: what.to_owned() })
     }
 
-    /// Every shard of `dataset`, from the cache when fresh.
-    async fn listing(&self, dataset: &DatasetName) -> Result<Arc<Vec<ShardMeta>>> {
-        if let Some((at, shards)) = self.lock_listings().get(dataset.as_str())
-            && at.elapsed() < LISTING_TTL
+    /// `dataset`'s shards and record size, from the cache when fresh: StatShard and
+    /// ListDatasets ask for the record size on every call, and it costs a GET.
+    async fn listing(&self, dataset: &DatasetName) -> Result<Arc<Listing>> {
+        if let Some(listing) = self.lock_listings().get(dataset.as_str())
+            && listing.at.elapsed() < LISTING_TTL
         {
-            return Ok(shards.clone());
+            return Ok(listing.clone());
         }
         let prefix = self.dataset_prefix(dataset.as_str());
         let mut pages = self
@@ -213,9 +222,10 @@ impl S3Source {
             }
         }
         shards.sort_by(|a, b| a.name.cmp(&b.name));
-        let shards = Arc::new(shards);
-        self.lock_listings().insert(dataset.to_string(), (Instant::now(), shards.clone()));
-        Ok(shards)
+        let record_size = if shards.is_empty() { 0 } else { self.record_size(dataset.as_str()).await };
+        let listing = Arc::new(Listing { at: Instant::now(), shards: Arc::new(shards), record_size });
+        self.lock_listings().insert(dataset.to_string(), listing.clone());
+        Ok(listing)
     }
 
     fn lock_listings(&self) -> std::sync::MutexGuard<'_, Listings> {
@@ -308,27 +318,31 @@ impl Source for Arc<S3Source> {
             }
         }
         names.sort();
-        let metas = futures::stream::iter(names)
-            .map(|name| async move { DatasetMeta { record_size: self.record_size(&name).await, name } })
+        // The service lists each dataset's shards next anyway: the same cached listing.
+        futures::stream::iter(names)
+            .map(|name| async move {
+                let listing = self.listing(&DatasetName::new(&name)?).await?;
+                Ok(DatasetMeta { record_size: listing.record_size, name })
+            })
             .buffered(READ_PARALLELISM)
-            .collect()
-            .await;
-        Ok(metas)
+            .try_collect()
+            .await
     }
 
     async fn dataset(&self, dataset: &DatasetName) -> Result<DatasetMeta> {
-        if self.listing(dataset).await?.is_empty() {
+        let listing = self.listing(dataset).await?;
+        if listing.shards.is_empty() {
             return Err(Error::DatasetNotFound { dataset: dataset.to_string() });
         }
-        Ok(DatasetMeta { name: dataset.to_string(), record_size: self.record_size(dataset.as_str()).await })
+        Ok(DatasetMeta { name: dataset.to_string(), record_size: listing.record_size })
     }
 
     async fn list_shards(&self, dataset: &DatasetName) -> Result<Vec<ShardMeta>> {
-        let shards = self.listing(dataset).await?;
-        if shards.is_empty() {
+        let listing = self.listing(dataset).await?;
+        if listing.shards.is_empty() {
             return Err(Error::DatasetNotFound { dataset: dataset.to_string() });
         }
-        Ok(shards.to_vec())
+        Ok(listing.shards.to_vec())
     }
 
     async fn open(&self, dataset: &DatasetName, shard: &ShardName) -> Result<S3Shard> {
