@@ -31,6 +31,7 @@ test: lint
 	$(CARGO) test --workspace
 	@scripts/test-python.sh
 	@deploy/k8s/validate.sh
+	@deploy/test-containers.sh
 
 # Release binaries, then ghz (installed with `go install` when missing) at several
 # concurrencies and an overload run: scripts/load.sh.

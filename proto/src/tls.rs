@@ -89,12 +89,40 @@ fn read_roots(path: &Path) -> Result<RootCertStore, String> {
 }
 
 /// A handshake, failed with `TimedOut` after [`HANDSHAKE_TIMEOUT`].
-async fn within_handshake_timeout<T>(
-    handshake: impl std::future::Future<Output = io::Result<T>>,
-) -> io::Result<T> {
+async fn within_handshake_timeout<T>(handshake: impl std::future::Future<Output = T>) -> io::Result<T> {
     tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))?
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))
+}
+
+/// How long a server keeps a connection whose handshake failed, reading and discarding
+/// what the client sends, after it has sent its alert and FIN (see
+/// [`close_after_failed_handshake`]). A second is ample on any link (the client sends
+/// its first data right after its Finished, in the same flight); it holds one of the
+/// [`MAX_PENDING_HANDSHAKES`] slots meanwhile, like a slow handshake would.
+const FAILED_HANDSHAKE_LINGER: Duration = Duration::from_secs(1);
+
+/// Closes a connection whose handshake failed so that the client can read why.
+///
+/// In TLS 1.3 the client finishes its side of the handshake before the server checks
+/// its certificate, and sends its first HTTP/2 bytes at once. rustls has written the
+/// alert (CertificateRequired, UnknownCA, ...) by now; but closing a socket with unread
+/// bytes makes the kernel send a reset, which can reach the client before it reads the
+/// alert, and the client then reports only "broken pipe" (seen with the CLI against a
+/// hub that requires client certificates). So: FIN after the alert, then drain reads
+/// until the client closes or [`FAILED_HANDSHAKE_LINGER`] passes.
+async fn close_after_failed_handshake(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tcp.shutdown().await;
+    let mut discard = [0u8; 4096];
+    let drain = async {
+        while let Ok(read) = tcp.read(&mut discard).await {
+            if read == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(FAILED_HANDSHAKE_LINGER, drain).await;
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -194,7 +222,13 @@ impl ServerTls {
 
     async fn handshake(&self, tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<ServerConn> {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let tls = within_handshake_timeout(acceptor.accept(tcp)).await?;
+        let tls = match within_handshake_timeout(acceptor.accept(tcp).into_fallible()).await? {
+            Ok(tls) => tls,
+            Err((error, tcp)) => {
+                close_after_failed_handshake(tcp).await;
+                return Err(error);
+            }
+        };
         let certified = self.verifies_client_certs && tls.get_ref().1.peer_certificates().is_some();
         Ok(ServerConn { io: ConnIo::ServerTls(Box::new(tls)), certified })
     }
@@ -334,7 +368,7 @@ impl ClientTls {
         let server_name = ServerName::try_from(name.to_owned())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{name:?}: {e}")))?;
         let connector = tokio_rustls::TlsConnector::from(self.config.get());
-        let tls = within_handshake_timeout(connector.connect(server_name, tcp)).await?;
+        let tls = within_handshake_timeout(connector.connect(server_name, tcp)).await??;
         Ok(ClientConn(ConnIo::ClientTls(Box::new(tls))))
     }
 }

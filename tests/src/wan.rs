@@ -154,13 +154,16 @@ impl Drop for WanProxy {
 }
 
 /// Accepts connections until the task is dropped; each connection's tasks live in a
-/// `JoinSet` owned here, so they stop with it.
-pub async fn run(
+/// `JoinSet` owned here, so they stop with it. `upstream` is an address or a `HOST:PORT`
+/// looked up for each connection (containers: the hub's address changes when it restarts).
+pub async fn run<U>(
     listener: TcpListener,
-    upstream: SocketAddr,
+    upstream: U,
     config: LinkConfig,
     connections_accepted: Arc<AtomicU64>,
-) {
+) where
+    U: tokio::net::ToSocketAddrs + Clone + Send + Sync + 'static,
+{
     let forward = Arc::new(Direction::new(&config));
     let backward = Arc::new(Direction::new(&config));
     let mut connections = JoinSet::new();
@@ -172,6 +175,7 @@ pub async fn run(
                 connections_accepted.fetch_add(1, Ordering::Relaxed);
                 seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
                 let (forward, backward) = (forward.clone(), backward.clone());
+                let upstream = upstream.clone();
                 connections.spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else { return };
                     let _ = client.set_nodelay(true);

@@ -18,9 +18,9 @@ struct Args {
     /// Address to accept connections on (port 0 picks one; it is printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
-    /// Address to relay each connection to.
+    /// Address to relay each connection to: IP:PORT, or HOST:PORT looked up per connection.
     #[arg(long)]
-    upstream: SocketAddr,
+    upstream: String,
     /// Round-trip time to add (each direction gets half), e.g. 60ms.
     #[arg(long, default_value = "60ms", value_parser = humantime::parse_duration)]
     rtt: std::time::Duration,
