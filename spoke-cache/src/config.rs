@@ -72,6 +72,12 @@ pub struct SpokeArgs {
     #[arg(long, env = "SPOKE_UPSTREAM_BYTES_IN_FLIGHT", default_value = "32MiB")]
     pub upstream_bytes_in_flight: ByteSize,
 
+    /// RocksDB options for the pages column family, as RocksDB's option string (e.g.
+    /// "level0_file_num_compaction_trigger=8;target_file_size_base=134217728"), applied
+    /// over the spoke's own; for tuning a cache to its disks. A bad string stops the start.
+    #[arg(long, env = "SPOKE_ROCKSDB_PAGES_OPTIONS", default_value = "")]
+    pub rocksdb_pages_options: String,
+
     /// HTTP/2 connections to each hub; fetches use them in turn.
     #[arg(long, env = "SPOKE_HUB_CONNECTIONS", default_value_t = DEFAULT_HUB_CONNECTIONS)]
     pub hub_connections: usize,
@@ -189,7 +195,10 @@ impl SpokeArgs {
             hub_transport: self.hub_transport()?,
             hub_credentials,
             cache: self.cache_config()?,
-            store: StoreOptions::default(),
+            store: StoreOptions {
+                pages_options: self.rocksdb_pages_options.clone(),
+                ..StoreOptions::default()
+            },
             max_read: self.max_read.0,
             max_concurrency: self.max_concurrency,
             max_streams_per_connection: self.max_streams_per_connection,

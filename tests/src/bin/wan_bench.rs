@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use shardcache_client::CacheClient;
+use shardcache_client::{CacheClient, Client};
 use shardcache_tests::{
     HubProcess, ProxyProcess, SpokeProcess,
     bench::{cpu_seconds, mb_per_s, peak_rss_mib, raw_tcp_via},
@@ -59,6 +59,25 @@ async fn main() {
         .await;
         println!("| {link} | raw TCP, 4 streams | {raw:.0} MB/s | 100% | - | - |");
         let proxy = ProxyProcess::start(hub_addr, &link_args);
+        // The transport alone: the same 1 GiB streamed by the SDK (tuned windows, CRC
+        // checked) over 4 connections and dropped. Nothing is stored, so this is the
+        // ceiling for the spoke's cold fetch on this machine: hub and emulator as above.
+        let pids = [std::process::id(), hub.child.id(), proxy.child.id()];
+        let cpu_before: Vec<f64> = pids.iter().map(|&p| cpu_seconds(p)).collect();
+        let started = Instant::now();
+        let bytes = stream_and_drop(&proxy.endpoint, 4).await;
+        let mbs = mb_per_s(bytes, started.elapsed());
+        assert_eq!(bytes, total, "the whole dataset crossed the link");
+        let cpu: Vec<String> = pids
+            .iter()
+            .zip(&cpu_before)
+            .map(|(&p, before)| format!("{:.1}", cpu_seconds(p) - before))
+            .collect();
+        println!(
+            "| {link} | tuned, nothing stored (SDK, 4 connections; CPU: client) | {mbs:.0} MB/s | {:.0}% | {} | - |",
+            mbs * 100.0 / raw,
+            cpu.join(" / ")
+        );
         for (transport, flags) in
             [("tonic defaults (1 connection)", vec!["--hub-transport-defaults"]), ("tuned", vec![])]
         {
@@ -102,6 +121,28 @@ async fn main() {
             "\nCPU profile of the uncapped tuned fetch (perf at 999 Hz; leaf symbols by category):\n\n{breakdown}"
         );
     }
+}
+
+/// Streams every shard of `c4` from `endpoint` with the SDK over `connections`
+/// connections, all shards at once, verifying and dropping each chunk; returns the bytes.
+async fn stream_and_drop(endpoint: &str, connections: usize) -> u64 {
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(Client::connect(endpoint).await.unwrap());
+    }
+    let shards = clients[0].list_shards("c4").await.unwrap();
+    let streams = shards.into_iter().enumerate().map(|(i, shard)| {
+        let client = clients[i % connections].clone();
+        async move {
+            let mut stream = client.stream_shard("c4", &shard.shard, 0, None).await.unwrap();
+            let mut bytes = 0;
+            while let Some(chunk) = stream.next_chunk().await.unwrap() {
+                bytes += chunk.data.len() as u64;
+            }
+            bytes
+        }
+    });
+    futures::future::join_all(streams).await.into_iter().sum()
 }
 
 /// `perf record` of some processes, one recording each, stopped with SIGINT.
