@@ -62,21 +62,15 @@ async fn main() {
         // The transport alone: the same 1 GiB streamed by the SDK (tuned windows, CRC
         // checked) over 4 connections and dropped. Nothing is stored, so this is the
         // ceiling for the spoke's cold fetch on this machine: hub and emulator as above.
-        let pids = [std::process::id(), hub.child.id(), proxy.child.id()];
-        let cpu_before: Vec<f64> = pids.iter().map(|&p| cpu_seconds(p)).collect();
+        let cpu = CpuMeter::start([std::process::id(), hub.child.id(), proxy.child.id()]);
         let started = Instant::now();
         let bytes = stream_and_drop(&proxy.endpoint, 4).await;
         let mbs = mb_per_s(bytes, started.elapsed());
         assert_eq!(bytes, total, "the whole dataset crossed the link");
-        let cpu: Vec<String> = pids
-            .iter()
-            .zip(&cpu_before)
-            .map(|(&p, before)| format!("{:.1}", cpu_seconds(p) - before))
-            .collect();
         println!(
             "| {link} | tuned, nothing stored (SDK, 4 connections; CPU: client) | {mbs:.0} MB/s | {:.0}% | {} | - |",
             mbs * 100.0 / raw,
-            cpu.join(" / ")
+            cpu.spent()
         );
         for (transport, flags) in
             [("tonic defaults (1 connection)", vec!["--hub-transport-defaults"]), ("tuned", vec![])]
@@ -87,7 +81,7 @@ async fn main() {
             args.extend(&extra);
             let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &args);
             let pids = [spoke.child.id(), hub.child.id(), proxy.child.id()];
-            let cpu_before: Vec<f64> = pids.iter().map(|&p| cpu_seconds(p)).collect();
+            let cpu = CpuMeter::start(pids);
             let names = [(pids[0], "spoke"), (pids[1], "hub"), (pids[2], "wan-proxy")];
             let profiling = (perf && rate.is_none() && transport == "tuned").then(|| Profile::start(&names));
             let started = Instant::now();
@@ -103,15 +97,10 @@ async fn main() {
             let mbs = mb_per_s(progress.bytes_fetched, started.elapsed());
             breakdown = profiling.map(Profile::finish).or(breakdown);
             assert_eq!(progress.bytes_fetched, total, "the whole dataset crossed the link");
-            let cpu: Vec<String> = pids
-                .iter()
-                .zip(&cpu_before)
-                .map(|(&p, before)| format!("{:.1}", cpu_seconds(p) - before))
-                .collect();
             println!(
                 "| {link} | {transport} | {mbs:.0} MB/s | {:.0}% | {} | {:.0} MiB |",
                 mbs * 100.0 / raw,
-                cpu.join(" / "),
+                cpu.spent(),
                 peak_rss_mib(spoke.child.id())
             );
         }
@@ -120,6 +109,24 @@ async fn main() {
         println!(
             "\nCPU profile of the uncapped tuned fetch (perf at 999 Hz; leaf symbols by category):\n\n{breakdown}"
         );
+    }
+}
+
+/// CPU seconds spent by some processes since `start`.
+struct CpuMeter {
+    before: Vec<(u32, f64)>,
+}
+
+impl CpuMeter {
+    fn start(pids: [u32; 3]) -> Self {
+        Self { before: pids.iter().map(|&pid| (pid, cpu_seconds(pid))).collect() }
+    }
+
+    /// "a / b / c": each process's CPU seconds since `start`, in the order given.
+    fn spent(&self) -> String {
+        let spent: Vec<String> =
+            self.before.iter().map(|&(pid, before)| format!("{:.1}", cpu_seconds(pid) - before)).collect();
+        spent.join(" / ")
     }
 }
 
