@@ -445,8 +445,8 @@ mod tests {
         drop(store);
 
         let bad = StoreOptions { pages_options: "no_such_option=1".into(), ..StoreOptions::default() };
-        let err =
-            Store::open(dir.path(), &bad).err().expect("an unknown option must not be ignored").to_string();
+        let Err(err) = Store::open(dir.path(), &bad) else { panic!("an unknown option must not be ignored") };
+        let err = err.to_string();
         assert!(err.contains("--rocksdb-pages-options") && err.contains("no_such_option"), "{err}");
     }
 

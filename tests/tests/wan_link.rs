@@ -14,7 +14,7 @@ use hub_server::ServeOptions;
 use shardcache_proto::transport::Http2Settings;
 use shardcache_tests::{
     TestHub, TestSpoke, assert_dataset_reads_back, make_dataset, sha256, spoke_options, test_options,
-    wan::{LinkConfig, WanProxy},
+    wan::{self, LinkConfig, WanProxy},
 };
 use spoke_cache::upstream::HubTransport;
 use tokio::{
@@ -72,6 +72,21 @@ async fn bytes_cross_unchanged_in_order_and_no_sooner_than_the_rtt() {
     let started = Instant::now();
     assert_eq!(echo_through(proxy.addr, b"ping".to_vec()).await, b"ping");
     assert!(started.elapsed() >= rtt - Duration::from_millis(10), "round trip took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn the_upstream_may_be_a_host_name() {
+    // Containers name the hub (`--upstream hub:7070`); the name is looked up per connection.
+    let echo = echo_server().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let link = LinkConfig { rtt: Duration::from_millis(2), rate_bps: None, jitter: Duration::ZERO };
+    let upstream = format!("localhost:{}", echo.port());
+    let proxy = tokio::spawn(wan::run(listener, upstream, link, Default::default()));
+    for round in 0..2u8 {
+        assert_eq!(echo_through(addr, vec![round; 100_000]).await, vec![round; 100_000]);
+    }
+    proxy.abort();
 }
 
 #[tokio::test]
