@@ -95,6 +95,9 @@ async fn within_handshake_timeout<T>(handshake: impl std::future::Future<Output 
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))
 }
 
+/// The first byte of a TLS connection: a handshake record (RFC 8446 §5.1, type 22).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
 /// How long a server keeps a connection whose handshake failed, reading and discarding
 /// what the client sends, after it has sent its alert and FIN (see
 /// [`close_after_failed_handshake`]). A second is ample on any link (the client sends
@@ -222,6 +225,17 @@ impl ServerTls {
 
     async fn handshake(&self, tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<ServerConn> {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        // A plaintext client (an http:// URL) is closed at once, as before: draining it
+        // would only hand its HTTP/2 parser a TLS alert to choke on ("frame with invalid
+        // size"), where a reset tells it plainly that the connection was refused.
+        let mut first = [0u8; 1];
+        let peeked = within_handshake_timeout(tcp.peek(&mut first)).await??;
+        if peeked == 0 || first[0] != TLS_HANDSHAKE_RECORD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a TLS client (a plaintext http:// client?); closed",
+            ));
+        }
         let tls = match within_handshake_timeout(acceptor.accept(tcp).into_fallible()).await? {
             Ok(tls) => tls,
             Err((error, tcp)) => {
