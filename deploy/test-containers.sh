@@ -141,14 +141,18 @@ chmod -R a+rX "$STATE/data"
 
 podman cp "$(container spoke):/tls/ca.pem" "$STATE/out/ca.pem"
 cli=("$BIN_DIR/shardcache" --endpoint "https://127.0.0.1:$SPOKE_PORT" --ca "$STATE/out/ca.pem")
+# Waits until the spoke answers health over TLS, or fails: bounded, 120 x 0.5 s.
+spoke_serves() {
+  for _ in $(seq 1 120); do
+    if "${cli[@]}" health >/dev/null 2>&1; then return; fi
+    sleep 0.5
+  done
+  fail "the spoke never answered health on 127.0.0.1:$SPOKE_PORT over TLS"
+}
 
 # The spoke's port is published as soon as the container starts; it serves once it has
-# opened RocksDB and bound its listener. Bounded wait: 120 x 0.5 s.
-for _ in $(seq 1 120); do
-  if "${cli[@]}" health >/dev/null 2>&1; then break; fi
-  sleep 0.5
-done
-"${cli[@]}" health >/dev/null || fail "the spoke never answered health on 127.0.0.1:$SPOKE_PORT over TLS"
+# opened RocksDB and bound its listener.
+spoke_serves
 
 # --- the bytes ---------------------------------------------------------------------
 "${cli[@]}" ls c4-synthetic > "$STATE/out/ls.txt"
@@ -199,10 +203,7 @@ podman exec "$spoke_ctr" shardcache --endpoint https://hub:7070 --ca /tls/ca.pem
 # requires, and refuses.)
 podman stop -t 60 "$spoke_ctr" >/dev/null
 podman start "$spoke_ctr" >/dev/null 2>&1
-for _ in $(seq 1 120); do
-  if "${cli[@]}" health >/dev/null 2>&1; then break; fi
-  sleep 0.5
-done
+spoke_serves
 "${cli[@]}" get c4-synthetic "$first" --output "$STATE/out/again"
 cmp "$STATE/data/c4-synthetic/$first" "$STATE/out/again" || fail "$first differs after the spoke restarted"
 "${cli[@]}" status > "$STATE/out/status-after.txt"
