@@ -33,17 +33,26 @@ fail() { echo "deploy/test-containers.sh: FAILED: $*" >&2; exit 1; }
 
 if [ "${SHARDCACHE_SKIP_CONTAINERS:-0}" = 1 ]; then skip "SHARDCACHE_SKIP_CONTAINERS=1"; fi
 
-# --- podman, runc, debootstrap -----------------------------------------------------
-if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v debootstrap >/dev/null; then
+# --- podman and everything it needs ---------------------------------------------------
+# Checked package by package, not by command: podman can be present while its network
+# backend's firewall tool is not. netavark sets up every container network with
+# iptables (its default firewall driver here); without it each RUN step of a build fails
+# with "netavark: No such file or directory".
+PODMAN_PACKAGES=(podman runc debootstrap uidmap slirp4netns netavark aardvark-dns fuse-overlayfs iptables)
+missing=()
+for pkg in "${PODMAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null; then skip "not a Debian machine and missing: ${missing[*]}"; fi
   if [ "$(id -u)" -eq 0 ]; then sudo=(); elif sudo -n true 2>/dev/null; then sudo=(sudo -n); else
-    skip "podman, runc and debootstrap are not installed and this user cannot install them"
+    skip "${missing[*]} are not installed and this user cannot install them"
   fi
-  echo "installing podman, runc, debootstrap (apt)" >&2
+  echo "installing ${missing[*]} (apt)" >&2
   export DEBIAN_FRONTEND=noninteractive
   "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
-    podman runc debootstrap uidmap slirp4netns netavark aardvark-dns fuse-overlayfs >/dev/null \
-    || skip "apt-get could not install podman"
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || fail "apt-get could not install ${missing[*]}"
 fi
 if [ "$(id -u)" -ne 0 ]; then
   # Rootless podman needs subuids and a user session; the images and the data volume's
@@ -154,8 +163,23 @@ spoke_serves() {
 # opened RocksDB and bound its listener.
 spoke_serves
 
+# The spoke reaches the hub through the emulator by its name on the compose network.
+# On a machine where this is podman's first network, aardvark-dns (podman's resolver)
+# can still be starting when the spoke first looks `wan` up; the lookup then falls
+# through to the host's resolver, the spoke answers UNAVAILABLE (the hub unreachable,
+# nothing cached), and its next request connects again. Wait for that, bounded:
+# 40 x 0.5 s.
+hub_reachable() {
+  for _ in $(seq 1 40); do
+    if "${cli[@]}" ls c4-synthetic > "$STATE/out/ls.txt" 2> "$STATE/out/ls.err"; then return; fi
+    grep -q "Unavailable" "$STATE/out/ls.err" || fail "listing through the spoke: $(cat "$STATE/out/ls.err")"
+    sleep 0.5
+  done
+  fail "the spoke never reached the hub: $(cat "$STATE/out/ls.err")"
+}
+
 # --- the bytes ---------------------------------------------------------------------
-"${cli[@]}" ls c4-synthetic > "$STATE/out/ls.txt"
+hub_reachable
 shards=$(cd "$STATE/data/c4-synthetic" && ls)
 for shard in $shards; do
   grep -q "$shard" "$STATE/out/ls.txt" || fail "the spoke does not list $shard: $(cat "$STATE/out/ls.txt")"

@@ -11,6 +11,7 @@ KUBERNETES_VERSION=1.32.0
 if ! command -v kubectl >/dev/null 2>&1; then
   echo "installing kubectl (Debian's kubernetes-client) for kustomize" >&2
   if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
+  "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
 fi
 rendered="$(mktemp)"

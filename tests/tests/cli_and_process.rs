@@ -46,6 +46,43 @@ fn cli_get_writes_the_shard_and_cat_prints_the_range() {
     assert!(String::from_utf8_lossy(&stat.stdout).contains("size:        1048576 bytes"));
 }
 
+/// `get -o` to something that is not a regular file writes into it and leaves it what it
+/// was: `/dev/null` stays the character device (renaming a partial file over it replaced
+/// the machine's /dev/null), a FIFO's reader gets the shard, and `-` is standard output.
+#[test]
+fn cli_get_writes_devices_fifos_and_stdout_in_place() {
+    use std::os::unix::fs::FileTypeExt;
+    let root = tempfile::tempdir().unwrap();
+    let dir = make_dataset(root.path(), "c4", 1, 1 << 20);
+    let original = std::fs::read(dir.join("shard-00000.bin")).unwrap();
+    let hub = HubProcess::start(root.path(), &["--chunk-size", "256KiB"]);
+
+    let get = shardcache(&hub.endpoint, &["get", "c4", "shard-00000.bin", "-o", "/dev/null"]);
+    assert!(get.status.success(), "{}", String::from_utf8_lossy(&get.stderr));
+    assert!(String::from_utf8_lossy(&get.stderr).contains("1048576 bytes"));
+    let null = std::fs::metadata("/dev/null").unwrap();
+    assert!(null.file_type().is_char_device(), "/dev/null is no longer a character device");
+    assert!(!std::path::Path::new("/dev/.null.partial").exists());
+
+    let stdout = shardcache(&hub.endpoint, &["get", "c4", "shard-00000.bin", "-o", "-"]);
+    assert!(stdout.status.success(), "{}", String::from_utf8_lossy(&stdout.stderr));
+    assert_eq!(sha256(&stdout.stdout), sha256(&original));
+    assert!(!std::path::Path::new("-").exists(), "'-' means standard output, not a file named '-'");
+
+    let out = tempfile::tempdir().unwrap();
+    let fifo = out.path().join("pipe");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    let get = shardcache(&hub.endpoint, &["get", "c4", "shard-00000.bin", "-o", fifo.to_str().unwrap()]);
+    assert!(get.status.success(), "{}", String::from_utf8_lossy(&get.stderr));
+    assert_eq!(sha256(&reader.join().unwrap()), sha256(&original));
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 1, "no partial file left behind");
+}
+
 #[test]
 fn cli_errors_are_one_readable_line_and_a_failure_exit() {
     let root = tempfile::tempdir().unwrap();

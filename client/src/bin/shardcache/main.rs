@@ -53,7 +53,8 @@ enum Command {
     Get {
         dataset: String,
         shard: String,
-        /// Where to write it (written to a temporary file, renamed when complete).
+        /// Where to write it: `-` for standard output; a regular file is written to a
+        /// temporary file and renamed when complete; a device or FIFO is written in place.
         #[arg(short, long)]
         output: PathBuf,
     },
