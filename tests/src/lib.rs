@@ -12,7 +12,8 @@ pub mod bench;
 pub mod demo;
 pub mod pki;
 pub mod s3;
-pub mod wan;
+/// The WAN emulator (its own crate, `tools/wan-proxy`), under the name the tests use.
+pub use shardcache_wan as wan;
 
 use std::{
     io::{BufRead, BufReader},

@@ -1,4 +1,4 @@
-//! `wan-proxy`: the WAN emulator as a process (see `shardcache_tests::wan`).
+//! `wan-proxy`: the WAN emulator as a process (see the library, `shardcache_wan`).
 //!
 //! ```sh
 //! wan-proxy --listen 127.0.0.1:7170 --upstream 127.0.0.1:7070 --rtt 60ms --rate 2Gbit
@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
-use shardcache_tests::wan::{self, LinkConfig};
+use shardcache_wan::{self as wan, LinkConfig};
 
 /// A TCP proxy that delays each direction by half the RTT, optionally at a capped rate.
 #[derive(Debug, Parser)]

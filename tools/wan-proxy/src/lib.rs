@@ -34,8 +34,6 @@ use tokio::{
     time::Instant,
 };
 
-use crate::bench::next_random;
-
 /// Largest piece read at once. Small enough that a piece's serialisation time at 2 Gbit/s
 /// (0.5 ms) is below the timer's 1 ms resolution, large enough that an uncapped proxy
 /// moves >2 GB/s on this machine (see `wan-bench`'s calibration row).
@@ -255,6 +253,12 @@ async fn delay_line(
         }
     };
     tokio::join!(reader, writer);
+}
+
+/// A small LCG for the jitter: reproducible, and no dependency for it.
+fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+    *state >> 11
 }
 
 #[cfg(test)]
