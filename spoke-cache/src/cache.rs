@@ -12,7 +12,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard,
         atomic::{AtomicU64, Ordering::Relaxed},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 
 use crate::{
     Error, Result,
+    entry::Entry,
     metrics::Metrics,
     store::{PageFault, ShardRecord, Store},
     upstream::Upstream,
@@ -66,99 +67,6 @@ type ShardKey = (String, String);
 pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 type SharedLookup = Shared<BoxFuture<'static, Result<Arc<Entry>>>>;
 
-/// One cached shard version.
-#[derive(Debug)]
-pub struct Entry {
-    pub dataset: String,
-    pub shard: String,
-    pub id: u64,
-    pub version: String,
-    pub size: u64,
-    pub chunk_size: u64,
-    pub record_size: u32,
-    state: Mutex<EntryState>,
-    /// Serialises writes of this entry's record (admissions, pins, eviction), so the
-    /// record on disk is always the latest one.
-    pub(crate) admit: tokio::sync::Mutex<()>,
-}
-
-#[derive(Debug)]
-pub(crate) struct EntryState {
-    pub(crate) record: ShardRecord,
-    /// Milliseconds since the cache started, at the last read (for LRU).
-    last_access: u64,
-    /// Prefetch plans currently holding this shard.
-    prefetching: u32,
-    pub(crate) evicted: bool,
-    whole_fetch_started: bool,
-}
-
-impl Entry {
-    /// The entry of the shard version `record` describes.
-    fn new(dataset: String, shard: String, record: ShardRecord, last_access: u64) -> Self {
-        Self {
-            dataset,
-            shard,
-            id: record.id,
-            version: record.version.clone(),
-            size: record.size,
-            chunk_size: u64::from(record.chunk_size),
-            record_size: record.record_size,
-            state: Mutex::new(EntryState {
-                record,
-                last_access,
-                prefetching: 0,
-                evicted: false,
-                whole_fetch_started: false,
-            }),
-            admit: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    pub(crate) fn state(&self) -> MutexGuard<'_, EntryState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn has_chunk(&self, index: u64) -> bool {
-        let state = self.state();
-        !state.evicted && state.record.has_chunk(index)
-    }
-
-    pub fn cached_bytes(&self) -> u64 {
-        let state = self.state();
-        if state.evicted { 0 } else { state.record.cached_bytes() }
-    }
-
-    pub fn is_pinned(&self) -> bool {
-        self.state().record.pinned
-    }
-
-    pub fn is_complete(&self) -> bool {
-        (0..self.chunk_count()).all(|i| self.has_chunk(i))
-    }
-
-    pub fn chunk_count(&self) -> u64 {
-        self.size.div_ceil(self.chunk_size)
-    }
-
-    /// `(offset, length)` of chunk `index`.
-    pub fn chunk_range(&self, index: u64) -> (u64, u64) {
-        let offset = index * self.chunk_size;
-        (offset, self.size.saturating_sub(offset).min(self.chunk_size))
-    }
-
-    pub fn info(&self) -> ShardInfo {
-        ShardInfo {
-            dataset: self.dataset.clone(),
-            shard: self.shard.clone(),
-            size: self.size,
-            version: self.version.clone(),
-            chunk_size: self.chunk_size as u32,
-            record_size: self.record_size,
-        }
-    }
-}
-
 /// The cache.
 #[derive(Debug)]
 pub struct Cache {
@@ -166,7 +74,9 @@ pub struct Cache {
     pub(crate) upstream: Upstream,
     pub(crate) config: CacheConfig,
     pub(crate) metrics: Arc<Metrics>,
-    index: Mutex<HashMap<ShardKey, Arc<Entry>>>,
+    /// Read-locked by reads and by eviction's scan alike, so neither waits for the
+    /// other; written only to add or remove an entry.
+    index: RwLock<HashMap<ShardKey, Arc<Entry>>>,
     pub(crate) inflight: Mutex<HashMap<(u64, u64), SharedFetch>>,
     /// Shard lookups (StatShard) in progress, shared by concurrent callers.
     lookups: Mutex<HashMap<ShardKey, SharedLookup>>,
@@ -222,11 +132,9 @@ impl Cache {
         let upstream_budget = tokio::sync::Semaphore::new(
             (config.upstream_bytes_in_flight.max(config.chunk_size) >> 10) as usize,
         );
+        // Records with the chunks their files hold; files of no record are gone.
         let records = store.load_records()?;
         let next_id = records.iter().map(|(_, _, r)| r.id + 1).max().unwrap_or(1);
-        // Pages with no record (a crash between writing pages of a replaced version and
-        // its record) are unreachable: drop them.
-        store.delete_ids_from(next_id)?;
         let mut index = HashMap::new();
         let mut used = 0;
         for (dataset, shard, record) in records {
@@ -245,7 +153,7 @@ impl Cache {
             upstream,
             config,
             metrics,
-            index: Mutex::new(index),
+            index: RwLock::new(index),
             inflight: Mutex::default(),
             lookups: Mutex::default(),
             upstream_budget,
@@ -257,8 +165,12 @@ impl Cache {
         }))
     }
 
-    fn index(&self) -> MutexGuard<'_, HashMap<ShardKey, Arc<Entry>>> {
-        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    fn index(&self) -> RwLockReadGuard<'_, HashMap<ShardKey, Arc<Entry>>> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn index_mut(&self) -> RwLockWriteGuard<'_, HashMap<ShardKey, Arc<Entry>>> {
+        self.index.write().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn config(&self) -> &CacheConfig {
@@ -335,12 +247,8 @@ impl Cache {
         };
         match self.upstream.stat(dataset.as_str(), shard.as_str()).await {
             Ok(info) if info.version == entry.version && info.size == entry.size => {
-                let record = {
-                    let mut state = entry.state();
-                    state.record.validated_at_ms = now_ms();
-                    state.record.clone()
-                };
-                self.persist_record(&entry, record).await?;
+                entry.state().record.validated_at_ms = now_ms();
+                self.persist_record(&entry).await?;
                 self.touch(&entry);
                 Ok(entry)
             }
@@ -365,7 +273,7 @@ impl Cache {
     /// Adds an entry for a shard version the hub just described.
     async fn install(self: &Arc<Self>, key: ShardKey, info: ShardInfo) -> Result<Arc<Entry>> {
         let entry = {
-            let mut index = self.index();
+            let mut index = self.index_mut();
             if let Some(existing) = index.get(&key).filter(|e| e.version == info.version) {
                 return Ok(existing.clone());
             }
@@ -384,16 +292,21 @@ impl Cache {
             index.insert(key, entry.clone());
             entry
         };
-        let record = entry.state().record.clone();
-        self.persist_record(&entry, record).await?;
+        self.persist_record(&entry).await?;
         Ok(entry)
     }
 
-    async fn persist_record(&self, entry: &Arc<Entry>, record: ShardRecord) -> Result<()> {
-        let _serial = entry.admit.lock().await;
-        if entry.state().evicted {
-            return Ok(());
-        }
+    /// Writes `entry`'s record as it is now (copied under the lock that orders record
+    /// writes, so a slower writer never puts back an older copy).
+    async fn persist_record(&self, entry: &Arc<Entry>) -> Result<()> {
+        let _serial = entry.record_writes.lock().await;
+        let record = {
+            let state = entry.state();
+            if state.evicted {
+                return Ok(());
+            }
+            state.record.clone()
+        };
         let (store, dataset, shard) = (self.store.clone(), entry.dataset.clone(), entry.shard.clone());
         blocking(move || store.put_record(&dataset, &shard, &record)).await
     }
@@ -401,7 +314,9 @@ impl Cache {
     /// Removes `entry` from the index and its pages from the store. `with_record`: also
     /// delete the record (not when a newer version takes its key).
     pub(crate) async fn drop_entry(&self, entry: &Arc<Entry>, with_record: bool) -> u64 {
-        let _serial = entry.admit.lock().await;
+        // Waits for admissions in progress; none starts after `evicted` is set.
+        let _chunks = entry.chunk_writes.write().await;
+        let _record = entry.record_writes.lock().await;
         let bytes = {
             let mut state = entry.state();
             if state.evicted {
@@ -411,7 +326,7 @@ impl Cache {
             state.record.cached_bytes()
         };
         {
-            let mut index = self.index();
+            let mut index = self.index_mut();
             let key = (entry.dataset.clone(), entry.shard.clone());
             if index.get(&key).is_some_and(|e| e.id == entry.id) {
                 index.remove(&key);
@@ -433,39 +348,93 @@ impl Cache {
     /// Reads `[offset, offset + length)` of `entry` (inside the shard: checked by the
     /// caller), from the store where present and from the hub where not.
     pub async fn read(self: &Arc<Self>, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Bytes> {
-        let counters = self.metrics.dataset(&entry.dataset);
-        if length == 0 {
-            counters.hit_requests.fetch_add(1, Relaxed);
-            return Ok(Bytes::new());
+        let mut read = self.read_many(&[(entry, offset, length)]).await?;
+        Ok(read.pop().unwrap_or_default())
+    }
+
+    /// Reads several ranges (each inside its shard: checked by the caller) for one call.
+    ///
+    /// Every missing chunk's fetch starts before anything is awaited, so a cold read of
+    /// n chunks costs one round trip to the hub, not n; and every stored part is read in
+    /// one trip to the blocking pool, so a warm batch makes one hop off the runtime.
+    pub async fn read_many(self: &Arc<Self>, wants: &[(&Arc<Entry>, u64, u64)]) -> Result<Vec<Bytes>> {
+        let mut parts = Vec::new();
+        for (want, &(entry, offset, length)) in wants.iter().enumerate() {
+            if length == 0 {
+                continue;
+            }
+            let end = offset + length;
+            for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
+                let (chunk_start, chunk_len) = entry.chunk_range(index);
+                let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
+                let fetch = (!entry.has_chunk(index)).then(|| self.fetch_chunk(entry, index));
+                parts.push(Part { want, entry, index, from, to, fetch, bytes: None });
+            }
         }
-        let end = offset + length;
-        let (first, last) = (offset / entry.chunk_size, (end - 1) / entry.chunk_size);
-        let mut parts = Vec::with_capacity((last - first + 1) as usize);
-        let mut missed = false;
-        for index in first..=last {
-            let (chunk_start, chunk_len) = entry.chunk_range(index);
-            let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
-            let stored =
-                if entry.has_chunk(index) { self.read_stored(entry, index, from, to).await? } else { None };
-            let part = match stored {
-                Some(bytes) => bytes,
-                None => {
-                    missed = true;
-                    let chunk = self.fetch_chunk(entry, index).await?;
-                    chunk.slice((from - chunk_start) as usize..(to - chunk_start) as usize)
+        let stored: Vec<(u64, u64, u64)> =
+            parts.iter().filter(|p| p.fetch.is_none()).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
+        if !stored.is_empty() {
+            let store = self.store.clone();
+            let read = blocking(move || {
+                stored.into_iter().map(|(id, from, len)| store.read(id, from, len)).collect()
+            })
+            .await?;
+            let read: Vec<Result<Bytes, PageFault>> = read;
+            for (part, result) in parts.iter_mut().filter(|p| p.fetch.is_none()).zip(read) {
+                match result {
+                    Ok(bytes) => part.bytes = Some(bytes),
+                    Err(fault) => {
+                        // Its stored copy failed its check (now forgotten): fetch it.
+                        self.stored_fault(part.entry, part.index, fault).await;
+                        part.fetch = Some(self.fetch_chunk(part.entry, part.index));
+                    }
                 }
-            };
-            parts.push(part);
+            }
         }
-        self.after_read(entry, last, missed);
-        let (requests, bytes) = if missed {
-            (&counters.miss_requests, &counters.miss_bytes)
-        } else {
-            (&counters.hit_requests, &counters.hit_bytes)
-        };
-        requests.fetch_add(1, Relaxed);
-        bytes.fetch_add(length, Relaxed);
-        Ok(concat(parts))
+        let fetched = parts.iter().filter_map(|part| {
+            let fetch = part.fetch.clone()?;
+            let chunk_start = part.index * part.entry.chunk_size;
+            let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
+            Some(async move {
+                let chunk = fetch.await?;
+                // A part of a chunk is copied out rather than sliced: a slice would keep
+                // the whole chunk alive as long as the response, so a batch of small reads
+                // in many chunks would hold chunk size x ranges instead of what it returns.
+                Ok::<_, Error>(if range.len() == chunk.len() {
+                    chunk
+                } else {
+                    Bytes::copy_from_slice(&chunk[range])
+                })
+            })
+        });
+        let mut fetched = futures::future::try_join_all(fetched).await?.into_iter();
+        for part in parts.iter_mut().filter(|p| p.fetch.is_some()) {
+            part.bytes = fetched.next();
+        }
+        // Parts were planned in the order of the ranges: each range takes its run.
+        let mut parts = parts.into_iter().peekable();
+        let mut out = Vec::with_capacity(wants.len());
+        for (want, &(entry, _, length)) in wants.iter().enumerate() {
+            let (mut mine, mut missed, mut last) = (Vec::new(), false, None);
+            while let Some(part) = parts.next_if(|p| p.want == want) {
+                missed |= part.fetch.is_some();
+                last = Some(part.index);
+                mine.extend(part.bytes);
+            }
+            if let Some(last) = last {
+                self.after_read(entry, last, missed);
+            }
+            let counters = self.metrics.dataset(&entry.dataset);
+            let (requests, bytes) = if missed {
+                (&counters.miss_requests, &counters.miss_bytes)
+            } else {
+                (&counters.hit_requests, &counters.hit_bytes)
+            };
+            requests.fetch_add(1, Relaxed);
+            bytes.fetch_add(length, Relaxed);
+            out.push(concat(mine));
+        }
+        Ok(out)
     }
 
     /// Stored bytes `[from, to)` of chunk `index`, or `None` when they must be fetched
@@ -481,32 +450,41 @@ impl Cache {
         match blocking(move || store.read(id, from, to - from)).await? {
             Ok(bytes) => Ok(Some(bytes)),
             Err(fault) => {
-                if let PageFault::Corrupt { page } = fault {
-                    self.metrics.checksum_failures.fetch_add(1, Relaxed);
-                    tracing::error!(dataset = %entry.dataset, shard = %entry.shard, page, "stored page failed its checksum; refetching");
-                } else {
-                    tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, ?fault, "stored chunk incomplete; refetching");
-                }
-                self.forget_chunk(entry, index).await;
+                self.stored_fault(entry, index, fault).await;
                 Ok(None)
             }
         }
     }
 
-    /// Marks chunk `index` absent (its pages are overwritten by the refetch).
+    /// A stored chunk that cannot be served: counted and logged, then forgotten so that
+    /// it is fetched again.
+    async fn stored_fault(&self, entry: &Arc<Entry>, index: u64, fault: PageFault) {
+        if let PageFault::Corrupt { page } = fault {
+            self.metrics.checksum_failures.fetch_add(1, Relaxed);
+            tracing::error!(dataset = %entry.dataset, shard = %entry.shard, page, "stored page failed its checksum; refetching");
+        } else {
+            tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, ?fault, "stored chunk incomplete; refetching");
+        }
+        self.forget_chunk(entry, index).await;
+    }
+
+    /// Marks chunk `index` absent and removes its stored copy, so a refetch can store it
+    /// again.
     async fn forget_chunk(&self, entry: &Arc<Entry>, index: u64) {
-        let record = {
+        let _exclusive = entry.chunk_writes.write().await;
+        {
             let mut state = entry.state();
             // An evicted entry's bytes were already taken off `used` as a whole.
             if state.evicted || !state.record.has_chunk(index) {
                 return;
             }
             state.record.set_chunk(index, false);
-            state.record.clone()
-        };
-        self.used.fetch_sub(entry.chunk_range(index).1, Relaxed);
-        if let Err(e) = self.persist_record(entry, record).await {
-            tracing::error!(error = %e, "could not mark a chunk absent");
+        }
+        let (offset, length) = entry.chunk_range(index);
+        self.used.fetch_sub(length, Relaxed);
+        let (store, id) = (self.store.clone(), entry.id);
+        if let Err(e) = blocking(move || store.delete_chunk(id, offset, length)).await {
+            tracing::error!(error = %e, "could not remove a damaged chunk; its refetch is stored over it");
         }
     }
 
@@ -537,15 +515,14 @@ impl Cache {
 
     /// Sets or clears the pin of `entry`; true when it changed.
     pub async fn set_pinned(&self, entry: &Arc<Entry>, pinned: bool) -> Result<bool> {
-        let record = {
+        {
             let mut state = entry.state();
             if state.record.pinned == pinned {
                 return Ok(false);
             }
             state.record.pinned = pinned;
-            state.record.clone()
-        };
-        self.persist_record(entry, record).await?;
+        }
+        self.persist_record(entry).await?;
         Ok(true)
     }
 
@@ -575,6 +552,20 @@ impl Cache {
     pub fn cached_entry(&self, dataset: &str, shard: &str) -> Option<Arc<Entry>> {
         self.index().get(&(dataset.to_owned(), shard.to_owned())).cloned()
     }
+}
+
+/// One chunk's share of one range of a `read_many` call.
+struct Part<'a> {
+    /// Which range of the call.
+    want: usize,
+    entry: &'a Arc<Entry>,
+    index: u64,
+    /// Shard offsets `[from, to)` of the part.
+    from: u64,
+    to: u64,
+    /// The chunk's fetch, when it is not (or no longer) stored.
+    fetch: Option<SharedFetch>,
+    bytes: Option<Bytes>,
 }
 
 /// Joins parts without copying when there is only one.

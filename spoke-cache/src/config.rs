@@ -73,7 +73,7 @@ pub struct SpokeArgs {
     pub upstream_bytes_in_flight: ByteSize,
 
     /// RocksDB options for the pages column family, as RocksDB's option string (e.g.
-    /// "level0_file_num_compaction_trigger=8;target_file_size_base=134217728"), applied
+    /// "block_based_table_factory={cache_index_and_filter_blocks=true}"), applied
     /// over the spoke's own; for tuning a cache to its disks. A bad string stops the start.
     #[arg(long, env = "SPOKE_ROCKSDB_PAGES_OPTIONS", default_value = "")]
     pub rocksdb_pages_options: String,

@@ -15,10 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::{
-    Result,
-    cache::{Cache, Entry},
-};
+use crate::{Result, cache::Cache, entry::Entry};
 
 /// Shards a prefetch fetches at once when the request does not say. Each shard fetch
 /// itself keeps `shard_fetch_parallelism` chunks in flight.
@@ -197,17 +194,13 @@ impl CacheControl for Control {
         let req = request.into_inner();
         let entries = self.cached(&req.dataset, &req.shards)?;
         let (mut shards, mut bytes) = (0, 0);
-        let (mut lowest, mut highest) = (u64::MAX, 0);
         for entry in &entries {
             bytes += self.cache.drop_entry(entry, true).await;
             shards += 1;
-            lowest = lowest.min(entry.id);
-            highest = highest.max(entry.id);
         }
         if shards > 0 {
             self.cache.metrics.evicted_shards.fetch_add(shards, Relaxed);
             self.cache.metrics.evicted_bytes.fetch_add(bytes, Relaxed);
-            self.cache.reclaim(lowest, highest + 1).await;
         }
         Ok(Response::new(EvictResponse { shards, bytes }))
     }

@@ -16,7 +16,8 @@ use futures::FutureExt;
 
 use crate::{
     Error, Result,
-    cache::{Cache, Entry, SharedFetch, blocking, spawn_shared},
+    cache::{Cache, SharedFetch, blocking, spawn_shared},
+    entry::Entry,
 };
 
 impl Cache {
@@ -105,21 +106,18 @@ impl Cache {
 
     /// Writes a verified chunk, then makes it visible.
     async fn admit(&self, entry: &Arc<Entry>, index: u64, data: Bytes) -> Result<()> {
-        let _serial = entry.admit.lock().await;
-        let record = {
+        let _sharing = entry.chunk_writes.read().await;
+        {
             let state = entry.state();
             if state.evicted || state.record.has_chunk(index) {
                 return Ok(());
             }
-            let mut record = state.record.clone();
-            record.set_chunk(index, true);
-            record
-        };
-        let (store, dataset, shard) = (self.store.clone(), entry.dataset.clone(), entry.shard.clone());
-        let offset = index * entry.chunk_size;
-        blocking(move || store.admit_chunk(&dataset, &shard, &record, offset, &data)).await?;
+        }
+        let (store, id) = (self.store.clone(), entry.id);
+        let (offset, length) = entry.chunk_range(index);
+        blocking(move || store.admit_chunk(id, offset, &data)).await?;
         entry.state().record.set_chunk(index, true);
-        let used = self.used.fetch_add(entry.chunk_range(index).1, Relaxed) + entry.chunk_range(index).1;
+        let used = self.used.fetch_add(length, Relaxed) + length;
         if used as f64 > self.config.capacity as f64 * self.config.high_watermark {
             self.evict_wakeup.notify_one();
         }

@@ -1,11 +1,13 @@
 //! shardcache spoke: a read-through cache of hub shards in RocksDB on local disk,
 //! serving the hub's read API (`shardcache.v1.ShardReader`) plus cache control.
 //!
-//! - [`store`]: RocksDB layout: shard pages with CRC32C, shard records;
-//! - [`cache`]: entries per shard version, read-through, revalidation;
+//! - [`store`]: RocksDB layout: shard pages with CRC32C in one ingested SST file per
+//!   chunk (written once, never compacted), shard records;
+//! - [`cache`]: the index of entries, read-through, revalidation;
+//! - [`entry`]: one cached shard version, its present chunks and write locks;
 //! - [`fetch`]: upstream fetches, request coalescing, admission of verified chunks;
 //! - [`upstream`]: the hubs, through the verifying client SDK;
-//! - [`evict`]: capacity, watermarks, LRU eviction, disk reclamation;
+//! - [`evict`]: capacity, watermarks, LRU eviction;
 //! - [`service`]: the read API over the cache;
 //! - [`control`]: prefetch, status, evict, pin;
 //! - [`metrics`]: counters and histograms, Prometheus text on an HTTP port;
@@ -14,6 +16,7 @@
 pub mod cache;
 pub mod config;
 pub mod control;
+pub mod entry;
 pub mod error;
 pub mod evict;
 pub mod fetch;

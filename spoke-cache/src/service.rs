@@ -2,7 +2,7 @@
 //! the cache. Requests are validated with the same rules and words as the hub's, so a
 //! client cannot tell the two apart except by speed.
 
-use std::{sync::Arc, time::Instant};
+use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use shardcache_proto::{
     auth::Grant,
@@ -19,10 +19,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::{
-    Error, Result,
-    cache::{Cache, Entry},
-};
+use crate::{Error, Result, cache::Cache, entry::Entry};
 
 /// Chunks a stream reads ahead of the client, as on the hub.
 pub const STREAM_READ_AHEAD: usize = 2;
@@ -41,14 +38,7 @@ impl CachedReader {
 
     async fn entry(&self, dataset: &str, shard: &str, expected_version: &str) -> Result<Arc<Entry>> {
         let entry = self.cache.entry(&DatasetName::new(dataset)?, &ShardName::new(shard)?).await?;
-        if !expected_version.is_empty() && expected_version != entry.version {
-            return Err(Error::VersionChanged {
-                dataset: dataset.to_owned(),
-                shard: shard.to_owned(),
-                expected: expected_version.to_owned(),
-                found: entry.version.clone(),
-            });
-        }
+        expect_version(&entry, expected_version)?;
         Ok(entry)
     }
 
@@ -57,6 +47,19 @@ impl CachedReader {
         let data = self.cache.read(entry, offset, length).await?;
         Ok(Chunk { offset, crc32c: crc32c(&data), data, version: entry.version.clone() })
     }
+}
+
+/// `VersionChanged` unless `entry` is at `expected` (or the client did not say).
+fn expect_version(entry: &Entry, expected: &str) -> Result<()> {
+    if expected.is_empty() || expected == entry.version {
+        return Ok(());
+    }
+    Err(Error::VersionChanged {
+        dataset: entry.dataset.clone(),
+        shard: entry.shard.clone(),
+        expected: expected.to_owned(),
+        found: entry.version.clone(),
+    })
 }
 
 #[tonic::async_trait]
@@ -129,11 +132,34 @@ impl ShardReader for CachedReader {
         }
         let total = ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.length));
         range::check_total(total, self.max_read).map_err(Error::from)?;
-        let reads = ranges.iter().map(|r| async move {
-            let entry = self.entry(&r.dataset, &r.shard, &r.expected_version).await?;
-            self.read(&entry, r.offset, r.length).await
-        });
-        let chunks = futures::future::try_join_all(reads).await?;
+        // Each shard is resolved once for the whole batch, so every range of one shard is
+        // read at the same version even if a revalidation replaces it meanwhile.
+        let mut entries: HashMap<(&str, &str), Arc<Entry>> = HashMap::new();
+        for r in &ranges {
+            if let std::collections::hash_map::Entry::Vacant(slot) = entries.entry((&r.dataset, &r.shard)) {
+                slot.insert(self.entry(&r.dataset, &r.shard, "").await?);
+            }
+        }
+        let wants = ranges
+            .iter()
+            .map(|r| {
+                let entry = &entries[&(r.dataset.as_str(), r.shard.as_str())];
+                expect_version(entry, &r.expected_version)?;
+                range::check_within(r.offset, r.length, entry.size)?;
+                Ok((entry, r.offset, r.length))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let data = self.cache.read_many(&wants).await?;
+        let chunks = wants
+            .iter()
+            .zip(data)
+            .map(|(&(entry, offset, _), data)| Chunk {
+                offset,
+                crc32c: crc32c(&data),
+                data,
+                version: entry.version.clone(),
+            })
+            .collect();
         self.cache.metrics.read_latency.observe(started.elapsed());
         Ok(Response::new(ReadRangesResponse { chunks }))
     }

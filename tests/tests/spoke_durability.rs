@@ -72,24 +72,34 @@ async fn a_shard_changed_on_the_hub_is_served_new_after_the_ttl_never_mixed() {
 #[tokio::test]
 async fn a_corrupted_page_on_disk_is_detected_refetched_and_counted() {
     let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let data = write_pattern(&root.path().join("ds/s.bin"), 1 << 20, 9);
+    // Bytes that never repeat a page, so the damaged page can be found in the files.
+    let mut state = 9u64;
+    // (High bits: an LCG's low bits repeat with a short period.)
+    let data: Vec<u8> =
+        (0..1 << 20).map(|_| (shardcache_tests::bench::next_random(&mut state) >> 40) as u8).collect();
+    std::fs::create_dir_all(root.path().join("ds")).unwrap();
+    std::fs::write(root.path().join("ds/s.bin"), &data).unwrap();
     let hub = TestHub::start(root.path()).await;
     let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
     spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
-    let id = spoke.cache.cached_entry("ds", "s.bin").unwrap().id;
     spoke.stop().await;
 
-    // Flip one byte of page 2 in the stored value, as a bad disk would.
-    {
-        let mut options = rocksdb::Options::default();
-        options.create_if_missing(false);
-        let db = rocksdb::DB::open_cf(&options, cache_dir.path(), ["pages", "shards"]).unwrap();
-        let pages = db.cf_handle("pages").unwrap();
-        let key = spoke_cache::store::page_key(id, 2);
-        let mut value = db.get_cf(pages, key).unwrap().unwrap();
-        value[100] ^= 0xff;
-        db.put_cf(pages, key, value).unwrap();
+    // Flip one byte of page 2 in its file on disk, as a bad disk would: the page's
+    // bytes are stored once, in the SST file of the chunk that holds them.
+    let page2 = &data[2 * (64 << 10)..2 * (64 << 10) + 64];
+    let mut flipped = 0;
+    for entry in std::fs::read_dir(cache_dir.path()).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "sst") {
+            let mut bytes = std::fs::read(&path).unwrap();
+            if let Some(at) = bytes.windows(page2.len()).position(|w| w == page2) {
+                bytes[at + 100] ^= 0xff;
+                std::fs::write(&path, bytes).unwrap();
+                flipped += 1;
+            }
+        }
     }
+    assert_eq!(flipped, 1, "page 2 is stored in exactly one file");
 
     let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
     let before = hub.stats.snapshot().bytes_served;
@@ -106,24 +116,40 @@ async fn a_corrupted_page_on_disk_is_detected_refetched_and_counted() {
     assert_eq!(spoke.metric("shardcache_spoke_checksum_failures_total").await, 1.0, "and stored again, good");
 }
 
+/// `kill -9` while chunks are being written, after some have reached the disk: the
+/// restarted spoke keeps what was admitted (it is not empty, and its first reads of those
+/// chunks are hits) and serves every byte exactly, refetching only what was lost.
 #[tokio::test]
 async fn kill_9_during_prefetch_then_restart_serves_only_correct_bytes() {
     let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let dir = make_dataset(root.path(), "ds", 8, 4 << 20);
     let hub = TestHub::start(root.path()).await;
+    let mut kept = 0;
     for round in 0..3 {
         let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &["--chunk-size", "256KiB"]);
         let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
         let mut progress = control.prefetch("ds", &[], 2).await.unwrap();
-        // Let it get some way (a different way each round), then kill it mid-write.
-        for _ in 0..=round {
+        // Let it get some way (a different way each round: shards are fetched two at a
+        // time, so others are mid-write), then kill it.
+        for _ in 0..=round + 1 {
             progress.next().await.unwrap();
         }
+        kept = control.status().await.unwrap().used_bytes;
         spoke.kill();
     }
+    assert!(kept > 0, "the spoke had admitted chunks when it was killed");
+
     let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &["--chunk-size", "256KiB"]);
+    let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
+    let restored = control.status().await.unwrap().used_bytes;
+    assert!(restored >= kept, "chunks admitted before the kill are still there: {restored} < {kept}");
     let client = Client::connect(&spoke.endpoint).await.unwrap();
+    let before = hub.stats.snapshot().bytes_served;
     assert_dataset_reads_back(&client, "ds", &dir).await;
+    let refetched = hub.stats.snapshot().bytes_served - before;
+    assert!(refetched <= 8 * (4 << 20) - restored, "only what was not kept came from the hub: {refetched}");
+    let status = control.status().await.unwrap();
+    assert!(status.datasets[0].hit_bytes >= restored, "the kept chunks were served as hits");
 }
 
 #[tokio::test]

@@ -1,6 +1,16 @@
-//! `store-bench`: chooses the spoke's page layout. Writes a 512 MiB "dataset" into the
-//! spoke's RocksDB store under several layouts, then measures random 16 KiB sample reads
-//! and sequential whole-shard reads, in one run. Prints a markdown table.
+//! `store-bench`: chooses the spoke's store layout. Writes a 512 MiB "dataset" of 1 MiB
+//! chunks from four writer threads (as concurrent fetches admit them) into each layout,
+//! then measures random 16 KiB sample reads (twice: right after the fill, and again) and
+//! sequential whole-chunk reads, in one run. Prints a markdown table.
+//!
+//! - **memtable + compaction**: the layout before ingestion, rebuilt here as the
+//!   baseline: each chunk's pages in one `WriteBatch` (no WAL), memtables flushed to L0
+//!   and compacted down the levels; the write is done when RocksDB has no compaction
+//!   left to run, since that work is part of what a GiB costs.
+//! - **ingested chunk files**: the spoke's `Store` (one SST file per chunk, ingested).
+//!
+//! CPU is this process's user + system seconds (RocksDB's background threads included)
+//! per GiB written.
 //!
 //! ```sh
 //! cargo run --release -p shardcache-tests --bin store-bench [DIR]
@@ -9,76 +19,208 @@
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
 
-use std::time::{Duration, Instant};
+use std::{
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
-use spoke_cache::store::{ShardRecord, Store, StoreOptions};
+use bytes::Bytes;
+use shardcache_proto::checksum::crc32c;
+use shardcache_tests::bench::{cpu_seconds, next_random};
+use spoke_cache::store::{ShardRecord, Store, StoreOptions, page_key};
 
 const SHARDS: u64 = 8;
 const SHARD_SIZE: u64 = 64 << 20;
 const CHUNK: u64 = 1 << 20;
 const SAMPLE: u64 = 16 << 10;
 const RANDOM_READS: usize = 20_000;
+const WRITERS: u64 = 4;
+
+/// A store layout under test.
+trait Layout: Send + Sync {
+    fn write(&self, id: u64, index: u64, chunk: &[u8]);
+    /// Waits until the layout has no write work left in the background.
+    fn settle(&self) {}
+    fn read(&self, id: u64, offset: u64, len: u64) -> Bytes;
+}
+
+impl Layout for Store {
+    fn write(&self, id: u64, index: u64, chunk: &[u8]) {
+        self.admit_chunk(id, index * CHUNK, chunk).unwrap();
+    }
+
+    fn read(&self, id: u64, offset: u64, len: u64) -> Bytes {
+        self.read(id, offset, len).unwrap().unwrap()
+    }
+}
+
+/// The memtable layout: pages written through `WriteBatch`es (the spoke before).
+struct Memtable {
+    db: rocksdb::DB,
+    page: u64,
+}
+
+impl Memtable {
+    fn open(dir: &Path, page: u64) -> Self {
+        let mut table = rocksdb::BlockBasedOptions::default();
+        table.set_bloom_filter(10.0, false);
+        table.set_block_cache(&rocksdb::Cache::new_lru_cache(64 << 20));
+        let mut options = rocksdb::Options::default();
+        options.create_if_missing(true);
+        options.set_block_based_table_factory(&table);
+        options.set_compression_type(rocksdb::DBCompressionType::None);
+        options.set_write_buffer_size(32 << 20);
+        options.set_max_background_jobs(2);
+        Self { db: rocksdb::DB::open(&options, dir).unwrap(), page }
+    }
+}
+
+impl Layout for Memtable {
+    fn write(&self, id: u64, index: u64, chunk: &[u8]) {
+        let mut batch = rocksdb::WriteBatch::with_capacity_bytes(chunk.len() + 4096);
+        let mut value = Vec::with_capacity(4 + self.page as usize);
+        for (i, page) in chunk.chunks(self.page as usize).enumerate() {
+            value.clear();
+            value.extend_from_slice(&crc32c(page).to_le_bytes());
+            value.extend_from_slice(page);
+            batch.put(page_key(id, index * CHUNK / self.page + i as u64), &value);
+        }
+        let mut options = rocksdb::WriteOptions::default();
+        options.disable_wal(true);
+        self.db.write_opt(batch, &options).unwrap();
+    }
+
+    fn settle(&self) {
+        self.db.flush().unwrap();
+        let busy = |name: &str| self.db.property_int_value(name).unwrap().unwrap_or(0) > 0;
+        while busy("rocksdb.compaction-pending") || busy("rocksdb.num-running-compactions") {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn read(&self, id: u64, offset: u64, len: u64) -> Bytes {
+        let (first, last) = (offset / self.page, (offset + len - 1) / self.page);
+        let keys: Vec<[u8; 16]> = (first..=last).map(|p| page_key(id, p)).collect();
+        let mut out = Vec::with_capacity(len as usize);
+        for (page, value) in
+            (first..).zip(self.db.batched_multi_get_cf(&self.db.cf_handle("default").unwrap(), &keys, true))
+        {
+            let value = value.unwrap().unwrap();
+            let (crc, data) = value.split_at(4);
+            assert_eq!(crc32c(data).to_le_bytes(), crc);
+            let from = offset.saturating_sub(page * self.page) as usize;
+            let to = ((offset + len - page * self.page) as usize).min(data.len());
+            out.extend_from_slice(&data[from..to]);
+        }
+        out.into()
+    }
+}
 
 fn main() {
     let base = std::env::args().nth(1).map(std::path::PathBuf::from);
     let scratch = tempfile::tempdir_in(base.unwrap_or_else(std::env::temp_dir)).unwrap();
-    let layouts = [
-        ("inline pages 16 KiB", false, 16 << 10),
-        ("inline pages 64 KiB", false, 64 << 10),
-        ("inline pages 256 KiB", false, 256 << 10),
-        ("BlobDB pages 64 KiB", true, 64 << 10),
-        ("BlobDB pages 1 MiB (= chunk)", true, 1 << 20),
-    ];
-    println!("| layout | write MB/s | random 16 KiB read p50 | p99 | reads/s | sequential shard read MB/s |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "store-bench: {SHARDS} shards x {} MiB in {} KiB chunks, {WRITERS} writers",
+        SHARD_SIZE >> 20,
+        CHUNK >> 10
+    );
+    println!();
+    println!(
+        "| layout | write MB/s | CPU s/GiB written | random 16 KiB p50 / p99 after fill | again | sequential MB/s | disk MiB |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     let chunk: Vec<u8> = (0..CHUNK).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    for (name, blob_files, page_size) in layouts {
-        let dir = scratch.path().join(name.replace(' ', "_"));
-        let options = StoreOptions { blob_files, page_size, ..StoreOptions::default() };
-        let store = Store::open(&dir, &options).unwrap();
-        let started = Instant::now();
-        for id in 1..=SHARDS {
-            let mut record =
-                ShardRecord { id, size: SHARD_SIZE, chunk_size: CHUNK as u32, ..Default::default() };
-            for index in 0..SHARD_SIZE / CHUNK {
-                record.set_chunk(index, true);
-                store.admit_chunk("ds", &format!("s{id}"), &record, index * CHUNK, &chunk).unwrap();
+    let rows: [(&str, u64, bool); 3] = [
+        ("memtable + compaction, 64 KiB pages (before)", 64 << 10, false),
+        ("**ingested chunk files, 64 KiB pages**", 64 << 10, true),
+        ("ingested chunk files, 16 KiB pages", 16 << 10, true),
+    ];
+    for (name, page_size, ingested) in rows {
+        let dir = scratch.path().join(format!("{page_size}-{ingested}"));
+        let layout: Arc<dyn Layout> = if ingested {
+            let store = Store::open(&dir, &StoreOptions { page_size, ..StoreOptions::default() }).unwrap();
+            for id in 1..=SHARDS {
+                let record =
+                    ShardRecord { id, size: SHARD_SIZE, chunk_size: CHUNK as u32, ..Default::default() };
+                store.put_record("ds", &format!("s{id}"), &record).unwrap();
             }
-        }
-        let write = mb_per_s(SHARDS * SHARD_SIZE, started.elapsed());
-        // Reopen: reads come from files (and the OS page cache), not the memtable.
-        drop(store);
-        let store = Store::open(&dir, &options).unwrap();
-
-        let mut rng = 7u64;
-        let mut latencies = Vec::with_capacity(RANDOM_READS);
-        let started = Instant::now();
-        for _ in 0..RANDOM_READS {
-            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            let id = 1 + (rng >> 33) % SHARDS;
-            let offset = ((rng >> 7) % (SHARD_SIZE / SAMPLE)) * SAMPLE;
-            let t = Instant::now();
-            let bytes = store.read(id, offset, SAMPLE).unwrap().unwrap();
-            latencies.push(t.elapsed());
-            assert_eq!(bytes.len() as u64, SAMPLE);
-        }
-        let reads_per_s = RANDOM_READS as f64 / started.elapsed().as_secs_f64();
-        latencies.sort();
-        let at = |q: f64| latencies[(latencies.len() as f64 * q) as usize].as_secs_f64() * 1e6;
-
+            Arc::new(store)
+        } else {
+            Arc::new(Memtable::open(&dir, page_size))
+        };
+        let (cpu_before, started) = (cpu_seconds(std::process::id()), Instant::now());
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let (layout, chunk) = (layout.clone(), chunk.clone());
+                std::thread::spawn(move || {
+                    // Writer w takes every WRITERS-th chunk, so shards fill in parallel.
+                    let all = (1..=SHARDS).flat_map(|id| (0..SHARD_SIZE / CHUNK).map(move |i| (id, i)));
+                    for (id, index) in all.skip(w as usize).step_by(WRITERS as usize) {
+                        layout.write(id, index, &chunk);
+                    }
+                })
+            })
+            .collect();
+        writers.into_iter().for_each(|w| w.join().unwrap());
+        layout.settle();
+        let elapsed = started.elapsed();
+        let cpu = (cpu_seconds(std::process::id()) - cpu_before)
+            / ((SHARDS * SHARD_SIZE) as f64 / (1u64 << 30) as f64);
+        let write = mb_per_s(SHARDS * SHARD_SIZE, elapsed);
+        let first = random_reads(layout.as_ref(), 7);
+        let second = random_reads(layout.as_ref(), 11);
         let started = Instant::now();
         for id in 1..=SHARDS {
             for index in 0..SHARD_SIZE / CHUNK {
-                store.read(id, index * CHUNK, CHUNK).unwrap().unwrap();
+                let bytes = layout.read(id, index * CHUNK, CHUNK);
+                assert_eq!(&bytes[..], &chunk[..], "wrong bytes read back");
             }
         }
         let sequential = mb_per_s(SHARDS * SHARD_SIZE, started.elapsed());
+        drop(layout);
         println!(
-            "| {name} | {write:.0} | {:.0} us | {:.0} us | {reads_per_s:.0} | {sequential:.0} |",
-            at(0.5),
-            at(0.99)
+            "| {name} | {write:.0} | {cpu:.2} | {:.0} / {:.0} us | {:.0} / {:.0} us | {sequential:.0} | {} |",
+            first.0,
+            first.1,
+            second.0,
+            second.1,
+            du(&dir) >> 20
         );
     }
+}
+
+/// p50 and p99 (us) of random 16 KiB reads, each checked against the chunk's bytes.
+fn random_reads(layout: &dyn Layout, seed: u64) -> (f64, f64) {
+    let mut rng = seed;
+    let mut latencies = Vec::with_capacity(RANDOM_READS);
+    for _ in 0..RANDOM_READS {
+        let id = 1 + next_random(&mut rng) % SHARDS;
+        let offset = (next_random(&mut rng) % (SHARD_SIZE / SAMPLE)) * SAMPLE;
+        let t = Instant::now();
+        let bytes = layout.read(id, offset, SAMPLE);
+        latencies.push(t.elapsed());
+        assert_eq!(bytes.len() as u64, SAMPLE);
+    }
+    latencies.sort();
+    let at = |q: f64| latencies[(latencies.len() as f64 * q) as usize].as_secs_f64() * 1e6;
+    (at(0.5), at(0.99))
+}
+
+/// Bytes of the files under `dir`.
+fn du(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => du(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 fn mb_per_s(bytes: u64, elapsed: Duration) -> f64 {

@@ -105,11 +105,39 @@ async fn main() {
             );
         }
     }
+    cold_read_round_trips(hub_addr, &extra).await;
     if let Some(breakdown) = breakdown {
         println!(
             "\nCPU profile of the uncapped tuned fetch (perf at 999 Hz; leaf symbols by category):\n\n{breakdown}"
         );
     }
+}
+
+/// A cold 16 MiB ReadRange through a fresh spoke over the uncapped 60 ms link, in round
+/// trips: the spoke's connections to the hub are opened first (by a small read of
+/// another shard), so what is counted is the read itself: one StatShard and the fetch of
+/// its 16 chunks, which all start at once.
+async fn cold_read_round_trips(hub_addr: std::net::SocketAddr, extra: &[&str]) {
+    const READ: u64 = 16 << 20;
+    let rtt_ms = humantime::parse_duration(RTT).unwrap().as_secs_f64() * 1e3;
+    let proxy = ProxyProcess::start(hub_addr, &["--rtt", RTT]);
+    let cache = tempfile::tempdir().unwrap();
+    let mut args = vec!["--capacity", "4GiB", "--max-read", "16MiB"];
+    args.extend(extra);
+    let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &args);
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    client.read_range(&shardcache_client::Range::new("c4", "shard-00001.bin", 0, 4096)).await.unwrap();
+    let started = Instant::now();
+    let chunk =
+        client.read_range(&shardcache_client::Range::new("c4", "shard-00000.bin", 0, READ)).await.unwrap();
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(chunk.data.len() as u64, READ);
+    let status = CacheClient::connect(&spoke.endpoint).await.unwrap().status().await.unwrap();
+    let misses: u64 = status.datasets.iter().map(|d| d.miss_requests).sum();
+    assert_eq!(misses, 2, "both reads were cold (served by fetches from the hub)");
+    println!("\n| uncapped {RTT} RTT | cold 16 MiB ReadRange through the spoke | round trips |");
+    println!("|---|---|---|");
+    println!("| connections open | {ms:.0} ms | {:.1} |", ms / rtt_ms);
 }
 
 /// CPU seconds spent by some processes since `start`.

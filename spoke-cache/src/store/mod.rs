@@ -1,0 +1,642 @@
+//! The spoke's storage engine: shard pages and shard records in RocksDB.
+//!
+//! Layout (column families):
+//! - `pages.v2`: key = shard id (u64 BE) + page index (u64 BE); value = CRC32C (u32 LE)
+//!   followed by up to [`PAGE_SIZE`] bytes. Written only by ingesting SST files, one per
+//!   chunk (`ingest.rs`): a page's bytes are written once, never through a memtable, a
+//!   flush or a compaction (auto-compaction is off: chunks never overlap, so nothing
+//!   would gain from it). Eviction drops a shard's files whole (`DeleteFilesInRange`).
+//! - `shards`: key = `dataset \0 shard`; value = a [`ShardRecord`]: the id bound to one
+//!   shard *version*, size, chunk size, pin flag, last revalidation. Small writes, logged
+//!   in the WAL.
+//!
+//! A new version of a shard gets a new id, so pages of two versions can never mix.
+//!
+//! Crash safety: a shard's record is written (and logged) before any of its chunks. A
+//! chunk is committed by its file's ingestion, which RocksDB makes atomic; there is no
+//! other presence marker to keep in step with it, because presence is read back from
+//! the live files at startup (`files.rs`). So after `kill -9` at any point a chunk is
+//! either wholly there or not at all, and files that no record accounts for (a shard
+//! evicted between its record and its files, a half-written file in `ingest/`) are
+//! removed when the store opens. Every page read is checked against its CRC32C; a
+//! mismatch or a missing page is reported as a [`PageFault`] (the cache refetches),
+//! never as data.
+//!
+//! Layout chosen by measurement (`store-bench`, BENCHMARKS.md "store"): see the table
+//! there, with the memtable layout this replaced in the same run.
+
+mod files;
+mod ingest;
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType, Options, WriteOptions,
+};
+use shardcache_proto::checksum::crc32c;
+
+use self::{
+    files::{FileUse, classify},
+    ingest::Ingester,
+};
+use crate::{Error, Result};
+
+/// Bytes per stored page. A 16 KiB sample read touches one or two pages; a shard read
+/// takes them in key order. Chosen by `store-bench` (BENCHMARKS.md): 16 KiB pages halve
+/// the sample latency but cost a third of the sequential rate.
+pub const PAGE_SIZE: u64 = 64 << 10;
+/// CRC32C stored in front of each page.
+const PAGE_HEADER: usize = 4;
+
+/// The pages column family. Named anew for this layout: a cache written by the
+/// memtable layout (family `pages`) has its pages dropped at open, see [`Store::open`].
+pub const CF_PAGES: &str = "pages.v2";
+const CF_LEGACY_PAGES: &str = "pages";
+const CF_SHARDS: &str = "shards";
+
+/// Tuning of the RocksDB instance.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Shared block cache for both column families. Page reads of a warm working set
+    /// are mostly served by the OS page cache, so this mainly holds index blocks.
+    pub block_cache_bytes: usize,
+    /// Memtable size of the shard records (pages never pass through a memtable).
+    pub write_buffer_bytes: usize,
+    /// Bytes per page; [`PAGE_SIZE`] except in `store-bench`. Fixed for a store's life.
+    pub page_size: u64,
+    /// RocksDB option string applied over the pages column family's options
+    /// (`--rocksdb-pages-options`); empty: none.
+    pub pages_options: String,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            block_cache_bytes: 64 << 20,
+            // Records are ~100 bytes: 8 MiB holds tens of thousands between flushes.
+            write_buffer_bytes: 8 << 20,
+            page_size: PAGE_SIZE,
+            pages_options: String::new(),
+        }
+    }
+}
+
+/// What the cache knows about one cached shard version, persisted in `shards`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ShardRecord {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(string, tag = "2")]
+    pub version: String,
+    #[prost(uint64, tag = "3")]
+    pub size: u64,
+    #[prost(uint32, tag = "4")]
+    pub chunk_size: u32,
+    #[prost(uint32, tag = "5")]
+    pub record_size: u32,
+    /// Bit `i` set: chunk `i` is stored, whole and verified.
+    #[prost(bytes = "vec", tag = "6")]
+    pub present: Vec<u8>,
+    #[prost(bool, tag = "7")]
+    pub pinned: bool,
+    /// Unix time (ms) of the last successful check of `version` with the hub.
+    #[prost(uint64, tag = "8")]
+    pub validated_at_ms: u64,
+}
+
+impl ShardRecord {
+    pub fn chunk_count(&self) -> u64 {
+        self.size.div_ceil(u64::from(self.chunk_size.max(1)))
+    }
+
+    pub fn has_chunk(&self, index: u64) -> bool {
+        self.present.get((index / 8) as usize).is_some_and(|b| b & (1 << (index % 8)) != 0)
+    }
+
+    pub fn set_chunk(&mut self, index: u64, present: bool) {
+        let byte = (index / 8) as usize;
+        if self.present.len() <= byte {
+            self.present.resize(byte + 1, 0);
+        }
+        if present {
+            self.present[byte] |= 1 << (index % 8);
+        } else {
+            self.present[byte] &= !(1 << (index % 8));
+        }
+    }
+
+    /// Bytes of chunk `index` (the last one may be short).
+    pub fn chunk_len(&self, index: u64) -> u64 {
+        let start = index * u64::from(self.chunk_size);
+        self.size.saturating_sub(start).min(u64::from(self.chunk_size))
+    }
+
+    /// Bytes of all present chunks.
+    pub fn cached_bytes(&self) -> u64 {
+        (0..self.chunk_count()).filter(|&i| self.has_chunk(i)).map(|i| self.chunk_len(i)).sum()
+    }
+}
+
+/// Why stored bytes could not be returned. The caller refetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageFault {
+    Missing { page: u64 },
+    Corrupt { page: u64 },
+}
+
+impl Drop for Store {
+    /// A clean stop leaves the records in SST files, so the next start replays no WAL.
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::error!(error = %e, "could not flush the shard records on shutdown; the WAL has them");
+        }
+    }
+}
+
+/// The RocksDB instance under `--cache-dir`.
+pub struct Store {
+    db: DB,
+    path: PathBuf,
+    ingester: Ingester,
+    page_size: u64,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).field("page_size", &self.page_size).finish()
+    }
+}
+
+/// Key of a shard record.
+pub fn shard_key(dataset: &str, shard: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(dataset.len() + 1 + shard.len());
+    key.extend_from_slice(dataset.as_bytes());
+    key.push(0); // names never contain NUL (validated), so the split is unambiguous
+    key.extend_from_slice(shard.as_bytes());
+    key
+}
+
+/// Key of one page.
+pub fn page_key(shard_id: u64, page: u64) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&shard_id.to_be_bytes());
+    key[8..].copy_from_slice(&page.to_be_bytes());
+    key
+}
+
+fn db_error(what: &str) -> impl FnOnce(rocksdb::Error) -> Error + '_ {
+    move |source| Error::Store { what: what.to_owned(), message: source.into_string() }
+}
+
+/// A record as stored: presence is not part of it (the live files are, see `files.rs`).
+fn encode_record(record: &ShardRecord) -> Vec<u8> {
+    let stored = ShardRecord { present: Vec::new(), ..record.clone() };
+    prost::Message::encode_to_vec(&stored)
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(dir: &Path, options: &StoreOptions) -> Result<Self> {
+        let cache = Cache::new_lru_cache(options.block_cache_bytes);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        let mut pages = Options::default();
+        // No Bloom filter for pages: their files never overlap, so a lookup finds the one
+        // file that can hold a key by its key range alone.
+        pages.set_block_based_table_factory(&table);
+        // Token ids barely compress; compression would only cost CPU on every read.
+        pages.set_compression_type(DBCompressionType::None);
+        // Pages arrive as ingested files whose keys never overlap; compacting them would
+        // only rewrite bytes that are written once.
+        pages.set_disable_auto_compactions(true);
+        if !options.pages_options.is_empty() {
+            pages = pages
+                .get_options_from_string(&options.pages_options)
+                .map_err(db_error("applying --rocksdb-pages-options"))?;
+        }
+        let mut records_table = BlockBasedOptions::default();
+        records_table.set_block_cache(&cache);
+        records_table.set_bloom_filter(10.0, false);
+        let mut shards = Options::default();
+        shards.set_block_based_table_factory(&records_table);
+        shards.set_write_buffer_size(options.write_buffer_bytes);
+
+        let mut db_options = Options::default();
+        db_options.create_if_missing(true);
+        db_options.create_missing_column_families(true);
+        db_options.set_max_total_wal_size(4 * options.write_buffer_bytes as u64);
+        db_options.set_max_background_jobs(2);
+        // (Not `skip_stats_update_on_db_open`: the entry counts it loads are what tells a
+        // whole chunk file from a damaged one at startup, see `files.rs`.)
+        db_options.set_keep_log_file_num(4);
+        // No preallocation: `du` of the cache dir then shows what is really stored,
+        // which is what `--capacity` promises (the Rust API has no setter for it).
+        let db_options = db_options
+            .get_options_from_string("allow_fallocate=false")
+            .map_err(db_error("setting options"))?;
+        let legacy = DB::list_cf(&db_options, dir).unwrap_or_default().iter().any(|cf| cf == CF_LEGACY_PAGES);
+        let mut cfs = vec![
+            ColumnFamilyDescriptor::new(CF_PAGES, pages.clone()),
+            ColumnFamilyDescriptor::new(CF_SHARDS, shards),
+        ];
+        if legacy {
+            cfs.push(ColumnFamilyDescriptor::new(CF_LEGACY_PAGES, Options::default()));
+        }
+        let mut db = DB::open_cf_descriptors(&db_options, dir, cfs).map_err(db_error("opening the cache"))?;
+        if legacy {
+            // Pages of the memtable layout (before ingestion): their presence was kept in
+            // the records, which this layout does not read. A cache refills; it must
+            // not guess.
+            tracing::warn!(dir = %dir.display(), "cache written by an older shardcache: dropping its pages (they will be fetched again)");
+            db.drop_cf(CF_LEGACY_PAGES).map_err(db_error("dropping the old pages"))?;
+        }
+        let ingester = Ingester::new(dir, pages)?;
+        Ok(Self { db, path: dir.to_owned(), ingester, page_size: options.page_size })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes the shard records' memtable to an SST file (the WAL already holds them).
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush_cf(self.cf(CF_SHARDS)?).map_err(db_error("flushing the shard records"))
+    }
+
+    fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily> {
+        self.db.cf_handle(name).ok_or_else(|| Error::Store {
+            what: "opening the cache".into(),
+            message: format!("column family {name} is missing"),
+        })
+    }
+
+    /// Every shard record with its present chunks, for startup. Chunk files that no
+    /// record accounts for are removed here (see the module docs).
+    pub fn load_records(&self) -> Result<Vec<(String, String, ShardRecord)>> {
+        let mut records = Vec::new();
+        for item in self.db.iterator_cf(self.cf(CF_SHARDS)?, rocksdb::IteratorMode::Start) {
+            let (key, value) = item.map_err(db_error("reading shard records"))?;
+            let Some(split) = key.iter().position(|&b| b == 0) else { continue };
+            let (Ok(dataset), Ok(shard)) =
+                (std::str::from_utf8(&key[..split]), std::str::from_utf8(&key[split + 1..]))
+            else {
+                continue;
+            };
+            match <ShardRecord as prost::Message>::decode(&value[..]) {
+                Ok(record) => records.push((dataset.to_owned(), shard.to_owned(), record)),
+                Err(e) => tracing::warn!(dataset, shard, error = %e, "dropping an unreadable shard record"),
+            }
+        }
+        let mut by_id: HashMap<u64, ShardRecord> = records
+            .iter()
+            .map(|(_, _, r)| (r.id, ShardRecord { present: Vec::new(), ..r.clone() }))
+            .collect();
+        // Pages are never written through the memtable; if something did (a tool, a
+        // test), make it a file so that it is judged like every other.
+        self.db.flush_cf(self.cf(CF_PAGES)?).map_err(db_error("flushing pages"))?;
+        let mut uses = self.page_files(&by_id)?;
+        let strays: Vec<_> = uses
+            .iter()
+            .filter_map(|used| match used {
+                FileUse::Stray { start, end } => Some((start.clone(), end.clone())),
+                FileUse::Chunk { .. } => None,
+            })
+            .collect();
+        if !strays.is_empty() {
+            for (start, end) in &strays {
+                self.delete_pages(start, end)?;
+            }
+            tracing::warn!(
+                files = strays.len(),
+                "removed chunk files that no shard record accounts for (an interrupted write or eviction)"
+            );
+            // Removing a stray may have taken a chunk's file with it (one lying inside
+            // the stray's key range): judge the files again.
+            uses = self.page_files(&by_id)?;
+        }
+        for used in uses {
+            if let FileUse::Chunk { id, index } = used
+                && let Some(record) = by_id.get_mut(&id)
+            {
+                record.set_chunk(index, true);
+            }
+        }
+        for (_, _, record) in &mut records {
+            record.present = by_id.remove(&record.id).map(|r| r.present).unwrap_or_default();
+        }
+        Ok(records)
+    }
+
+    /// What each live page file holds, judged against the records (by id).
+    fn page_files(&self, records: &HashMap<u64, ShardRecord>) -> Result<Vec<FileUse>> {
+        let files = self.db.live_files().map_err(db_error("listing the cache's files"))?;
+        Ok(classify(&files, records, self.page_size))
+    }
+
+    /// Writes a shard record (new shard, pin change, revalidation); logged, so it
+    /// survives a crash.
+    pub fn put_record(&self, dataset: &str, shard: &str, record: &ShardRecord) -> Result<()> {
+        self.db
+            .put_cf_opt(
+                self.cf(CF_SHARDS)?,
+                shard_key(dataset, shard),
+                encode_record(record),
+                &WriteOptions::default(),
+            )
+            .map_err(db_error("writing a shard record"))
+    }
+
+    /// Stores one chunk of shard `id`: `data` starting at `offset` (a chunk boundary, so
+    /// also a page boundary). Present once this returns `Ok`, and at no moment before.
+    pub fn admit_chunk(&self, id: u64, offset: u64, data: &[u8]) -> Result<()> {
+        debug_assert_eq!(offset % self.page_size, 0, "chunks start on page boundaries");
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.ingester.admit(&self.db, id, offset / self.page_size, self.page_size as usize, data)
+    }
+
+    /// Reads `[offset, offset + len)` of shard `id` from its pages, verifying each page.
+    pub fn read(&self, id: u64, offset: u64, len: u64) -> Result<Result<Bytes, PageFault>> {
+        if len == 0 {
+            return Ok(Ok(Bytes::new()));
+        }
+        let (first, last) = (offset / self.page_size, (offset + len - 1) / self.page_size);
+        let keys: Vec<[u8; 16]> = (first..=last).map(|p| page_key(id, p)).collect();
+        let values = self.db.batched_multi_get_cf(self.cf(CF_PAGES)?, &keys, true);
+        let mut out = BytesMut::with_capacity(len as usize);
+        for (page, value) in (first..).zip(values) {
+            let value = match value {
+                Ok(Some(value)) => value,
+                Ok(None) => return Ok(Err(PageFault::Missing { page })),
+                // RocksDB's own block checksums caught damage below us: same as a bad CRC.
+                Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
+                    return Ok(Err(PageFault::Corrupt { page }));
+                }
+                Err(e) => return Err(db_error("reading a page")(e)),
+            };
+            if value.len() < PAGE_HEADER {
+                return Ok(Err(PageFault::Corrupt { page }));
+            }
+            let (header, data) = value.split_at(PAGE_HEADER);
+            let stored = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+            if crc32c(data) != stored {
+                return Ok(Err(PageFault::Corrupt { page }));
+            }
+            let page_start = page * self.page_size;
+            let from = offset.saturating_sub(page_start) as usize;
+            let to = ((offset + len - page_start) as usize).min(data.len());
+            if from > to {
+                return Ok(Err(PageFault::Missing { page }));
+            }
+            out.put_slice(&data[from..to]);
+        }
+        if out.len() as u64 != len {
+            return Ok(Err(PageFault::Missing { page: last }));
+        }
+        Ok(Ok(out.freeze()))
+    }
+
+    /// Removes the pages of `[offset, offset + len)` of shard `id` (one chunk, whose
+    /// stored copy failed its check), so it can be admitted again.
+    pub fn delete_chunk(&self, id: u64, offset: u64, len: u64) -> Result<()> {
+        let (first, last) = (offset / self.page_size, (offset + len.max(1) - 1) / self.page_size);
+        self.delete_pages(&page_key(id, first), &page_key(id, last))
+    }
+
+    /// Deletes shard `id`'s pages and (when `record_key` is given) its record.
+    pub fn delete_shard(&self, id: u64, record_key: Option<(&str, &str)>) -> Result<()> {
+        self.delete_pages(&page_key(id, 0), &page_key(id, u64::MAX))?;
+        if let Some((dataset, shard)) = record_key {
+            self.db
+                .delete_cf(self.cf(CF_SHARDS)?, shard_key(dataset, shard))
+                .map_err(db_error("deleting a shard record"))?;
+        }
+        Ok(())
+    }
+
+    /// Removes every page with a key in `[start, end]`: the files wholly inside go at
+    /// once (their disk space with them). Anything left (a file RocksDB wrote itself, not
+    /// one of ours) is deleted by key and compacted away, so it leaves the disk too.
+    fn delete_pages(&self, start: &[u8], end: &[u8]) -> Result<()> {
+        let pages = self.cf(CF_PAGES)?;
+        self.db.delete_file_in_range_cf(pages, start, end).map_err(db_error("deleting chunk files"))?;
+        let mut rest = self.db.raw_iterator_cf(pages);
+        rest.seek(start);
+        if rest.valid() && rest.key().is_some_and(|key| key <= end) {
+            // The range delete's end is exclusive: one byte past `end` covers it.
+            let past_end = [end, &[0u8][..]].concat();
+            self.db.delete_range_cf(pages, start, &past_end[..]).map_err(db_error("deleting pages"))?;
+            self.db.flush_cf(pages).map_err(db_error("flushing pages"))?;
+            let mut options = rocksdb::CompactOptions::default();
+            options.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+            self.db.compact_range_cf_opt(pages, Some(start), Some(&past_end[..]), &options);
+        }
+        rest.status().map_err(db_error("checking deleted pages"))
+    }
+
+    /// Bytes of live page and record files, as RocksDB counts them.
+    pub fn disk_bytes(&self) -> u64 {
+        let size = |cf: &str| {
+            self.cf(cf)
+                .ok()
+                .and_then(|cf| {
+                    self.db.property_int_value_cf(cf, "rocksdb.live-sst-files-size").ok().flatten()
+                })
+                .unwrap_or(0)
+        };
+        size(CF_PAGES) + size(CF_SHARDS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHUNK: u64 = 256 << 10;
+
+    fn record(id: u64, size: u64) -> ShardRecord {
+        ShardRecord { id, version: "v1".into(), size, chunk_size: CHUNK as u32, ..Default::default() }
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len as u32).map(|i| (i % 251) as u8).collect()
+    }
+
+    #[test]
+    fn rocksdb_pages_options_apply_or_stop_the_start_naming_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let tuned =
+            StoreOptions { pages_options: "max_write_buffer_number=3".into(), ..StoreOptions::default() };
+        let store = Store::open(dir.path(), &tuned).unwrap();
+        let data = vec![7u8; 200_000];
+        store.put_record("ds", "s", &record(1, data.len() as u64)).unwrap();
+        store.admit_chunk(1, 0, &data).unwrap();
+        assert_eq!(store.read(1, 0, data.len() as u64).unwrap().unwrap(), data);
+        drop(store);
+
+        let bad = StoreOptions { pages_options: "no_such_option=1".into(), ..StoreOptions::default() };
+        let Err(err) = Store::open(dir.path(), &bad) else { panic!("an unknown option must not be ignored") };
+        let err = err.to_string();
+        assert!(err.contains("--rocksdb-pages-options") && err.contains("no_such_option"), "{err}");
+    }
+
+    #[test]
+    fn chunks_are_present_exactly_when_their_file_is_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pattern(300_000);
+        {
+            let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+            store.put_record("ds", "s", &record(7, data.len() as u64)).unwrap();
+            store.admit_chunk(7, 0, &data[..CHUNK as usize]).unwrap();
+            assert_eq!(store.read(7, 1000, 70_000).unwrap().unwrap(), data[1000..71_000]);
+            // The second chunk is not there yet.
+            assert_eq!(store.read(7, 270_000, 10).unwrap(), Err(PageFault::Missing { page: 4 }));
+        }
+        {
+            let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+            let records = store.load_records().unwrap();
+            assert_eq!(records.len(), 1);
+            assert!(records[0].2.has_chunk(0) && !records[0].2.has_chunk(1), "presence comes from the files");
+            store.admit_chunk(7, CHUNK, &data[CHUNK as usize..]).unwrap();
+        }
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let records = store.load_records().unwrap();
+        assert_eq!(records[0].2.cached_bytes(), data.len() as u64);
+        assert_eq!(store.read(7, 0, data.len() as u64).unwrap().unwrap(), data);
+        store.delete_shard(7, Some(("ds", "s"))).unwrap();
+        assert!(store.load_records().unwrap().is_empty());
+        assert_eq!(store.read(7, 0, 1).unwrap(), Err(PageFault::Missing { page: 0 }));
+        assert!(store.disk_bytes() < 64 << 10, "the chunk files left the disk");
+    }
+
+    #[test]
+    fn files_no_record_accounts_for_are_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pattern(CHUNK as usize);
+        {
+            let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+            store.put_record("ds", "kept", &record(1, CHUNK)).unwrap();
+            store.admit_chunk(1, 0, &data).unwrap();
+            // A crash between a record's deletion and its files' (or a file of an id whose
+            // record never reached the disk): a file no record accounts for.
+            store.admit_chunk(2, 0, &data).unwrap();
+            // And a half-written chunk file in ingest/.
+            std::fs::write(dir.path().join("ingest/chunk-0000000000000003-000000000000-9.sst"), b"partial")
+                .unwrap();
+            std::fs::write(dir.path().join("ingest/notes.txt"), b"not ours").unwrap();
+        }
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let records = store.load_records().unwrap();
+        assert_eq!(records.len(), 1);
+        assert!(records[0].2.has_chunk(0));
+        assert_eq!(store.read(2, 0, 10).unwrap(), Err(PageFault::Missing { page: 0 }), "the stray is gone");
+        assert_eq!(store.read(1, 0, CHUNK).unwrap().unwrap(), data);
+        let left: Vec<_> =
+            std::fs::read_dir(dir.path().join("ingest")).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left, ["notes.txt"], "only our own partial file was removed");
+        let files =
+            store.db.live_files().unwrap().into_iter().filter(|f| f.column_family_name == CF_PAGES).count();
+        assert_eq!(files, 1);
+    }
+
+    #[test]
+    fn a_chunk_deleted_after_a_bad_read_can_be_admitted_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.put_record("ds", "s", &record(4, 2 * CHUNK)).unwrap();
+        let (old, new) = (vec![1u8; CHUNK as usize], vec![2u8; CHUNK as usize]);
+        store.admit_chunk(4, 0, &old).unwrap();
+        store.admit_chunk(4, CHUNK, &old).unwrap();
+        store.delete_chunk(4, CHUNK, CHUNK).unwrap();
+        assert_eq!(store.read(4, CHUNK, 1).unwrap(), Err(PageFault::Missing { page: 4 }));
+        assert_eq!(store.read(4, 0, CHUNK).unwrap().unwrap(), old, "the neighbour stays");
+        store.admit_chunk(4, CHUNK, &new).unwrap();
+        assert_eq!(store.read(4, CHUNK, CHUNK).unwrap().unwrap(), new);
+        drop(store);
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        assert_eq!(store.load_records().unwrap()[0].2.cached_bytes(), 2 * CHUNK);
+    }
+
+    #[test]
+    fn concurrent_admissions_are_group_committed_and_all_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(Store::open(dir.path(), &StoreOptions::default()).unwrap());
+        let shards = 8u64;
+        for id in 1..=shards {
+            store.put_record("ds", &format!("s{id}"), &record(id, 4 * CHUNK)).unwrap();
+        }
+        let writers: Vec<_> = (1..=shards)
+            .map(|id| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for index in 0..4u64 {
+                        store
+                            .admit_chunk(id, index * CHUNK, &vec![(id * 10 + index) as u8; CHUNK as usize])
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        for id in 1..=shards {
+            for index in 0..4u64 {
+                let got = store.read(id, index * CHUNK, CHUNK).unwrap().unwrap();
+                assert!(got.iter().all(|&b| b == (id * 10 + index) as u8), "shard {id} chunk {index}");
+            }
+        }
+        let files = store.db.live_files().unwrap();
+        let pages = files.iter().filter(|f| f.column_family_name == CF_PAGES);
+        assert!(
+            pages.clone().all(|f| f.level == 6),
+            "every chunk file sits in the bottom level, never compacted"
+        );
+        assert_eq!(pages.count() as u64, shards * 4);
+    }
+
+    #[test]
+    fn a_cache_of_the_memtable_layout_opens_with_its_pages_dropped_and_records_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // The layout before ingestion: pages in a `pages` family, presence in records.
+            let mut options = Options::default();
+            options.create_if_missing(true);
+            options.create_missing_column_families(true);
+            let db = DB::open_cf(&options, dir.path(), [CF_LEGACY_PAGES, CF_SHARDS]).unwrap();
+            let mut old = record(3, CHUNK);
+            old.set_chunk(0, true);
+            db.put_cf(
+                &db.cf_handle(CF_SHARDS).unwrap(),
+                shard_key("ds", "s"),
+                prost::Message::encode_to_vec(&old),
+            )
+            .unwrap();
+            db.put_cf(&db.cf_handle(CF_LEGACY_PAGES).unwrap(), page_key(3, 0), vec![0u8; 100]).unwrap();
+        }
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let records = store.load_records().unwrap();
+        assert_eq!(records.len(), 1, "the record is kept");
+        assert_eq!(records[0].2.cached_bytes(), 0, "no chunk is taken for present without its file");
+        assert!(
+            !DB::list_cf(&Options::default(), dir.path()).unwrap().iter().any(|cf| cf == CF_LEGACY_PAGES)
+        );
+    }
+
+    #[test]
+    fn presence_bits() {
+        let mut rec = record(1, CHUNK * 3 + 5);
+        assert_eq!(rec.chunk_count(), 4);
+        assert_eq!(rec.chunk_len(3), 5);
+        rec.set_chunk(3, true);
+        rec.set_chunk(9, true);
+        rec.set_chunk(9, false);
+        assert!(rec.has_chunk(3) && !rec.has_chunk(0) && !rec.has_chunk(9));
+        assert_eq!(rec.cached_bytes(), 5);
+    }
+}
