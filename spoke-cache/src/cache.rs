@@ -32,6 +32,7 @@ use tokio::sync::Notify;
 use crate::{
     Error, Result,
     entry::Entry,
+    fetch::ChunkFetch,
     metrics::Metrics,
     store::{PageFault, ShardRecord, Store},
     upstream::Upstream,
@@ -56,10 +57,10 @@ pub struct CacheConfig {
     /// Chunk fetches in flight for one shard's background fetch.
     pub shard_fetch_parallelism: usize,
     /// Bytes fetched from hubs and not yet stored, across all fetches: a fetch waits
-    /// for room before it asks the hub. Bounds memory when the link is faster than the
-    /// disk path. spoke-bench, 16 shards streamed cold: peak RSS 632 MiB unbounded (128
-    /// chunks in flight), 539 MiB at 64 MiB, 460 MiB at 32 MiB (BENCHMARKS.md). 32 MiB
-    /// fills 60 ms at ~550 MB/s, more than the spoke stores on 2 cores (`wan-bench`).
+    /// for room before it asks the hub, and holds it until its chunk is on disk. Bounds
+    /// memory when the link is faster than the disk path; too small, it bounds the link:
+    /// each chunk holds its room for a round trip plus its admission (an fsync). The
+    /// default, 64 MiB, is chosen by `wan-bench` (uncapped 60 ms link; BENCHMARKS.md).
     pub upstream_bytes_in_flight: u64,
 }
 
@@ -77,7 +78,7 @@ pub struct Cache {
     /// Read-locked by reads and by eviction's scan alike, so neither waits for the
     /// other; written only to add or remove an entry.
     index: RwLock<HashMap<ShardKey, Arc<Entry>>>,
-    pub(crate) inflight: Mutex<HashMap<(u64, u64), SharedFetch>>,
+    pub(crate) inflight: Mutex<HashMap<(u64, u64), ChunkFetch>>,
     /// Shard lookups (StatShard) in progress, shared by concurrent callers.
     lookups: Mutex<HashMap<ShardKey, SharedLookup>>,
     /// Room for `upstream_bytes_in_flight`, in KiB permits.
@@ -392,7 +393,7 @@ impl Cache {
             }
         }
         let fetched = parts.iter().filter_map(|part| {
-            let fetch = part.fetch.clone()?;
+            let fetch = part.fetch.as_ref()?.fetched.clone();
             let chunk_start = part.index * part.entry.chunk_size;
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
             Some(async move {
@@ -564,7 +565,7 @@ struct Part<'a> {
     from: u64,
     to: u64,
     /// The chunk's fetch, when it is not (or no longer) stored.
-    fetch: Option<SharedFetch>,
+    fetch: Option<ChunkFetch>,
     bytes: Option<Bytes>,
 }
 

@@ -41,7 +41,11 @@ pub struct SpokeArgs {
     pub metrics_listen: SocketAddr,
 
     /// Unit of fetching and caching; a multiple of 64KiB, up to 8MiB.
-    #[arg(long, env = "SPOKE_CHUNK_SIZE", default_value = "1MiB")]
+    // 4 MiB: each chunk is one file, and a file's fixed costs (create, a fresh write
+    // buffer, fsync, ingestion) made 1 MiB chunks cost 2-3x the CPU per GiB of 4 MiB ones
+    // (`store-bench`, BENCHMARKS.md "store"). A cold random sample waits for 4 MiB, ~7 ms
+    // more at 600 MB/s than for 1 MiB.
+    #[arg(long, env = "SPOKE_CHUNK_SIZE", default_value = "4MiB")]
     pub chunk_size: ByteSize,
 
     /// Largest read one ReadRange or ReadRanges call may return (as on the hub).
@@ -69,7 +73,7 @@ pub struct SpokeArgs {
     pub max_concurrency: usize,
 
     /// Bytes fetched from hubs but not yet stored, across all fetches (bounds memory).
-    #[arg(long, env = "SPOKE_UPSTREAM_BYTES_IN_FLIGHT", default_value = "32MiB")]
+    #[arg(long, env = "SPOKE_UPSTREAM_BYTES_IN_FLIGHT", default_value = "64MiB")]
     pub upstream_bytes_in_flight: ByteSize,
 
     /// RocksDB options for the pages column family, as RocksDB's option string (e.g.
@@ -248,7 +252,7 @@ mod tests {
         let args = SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1,http://b:2"]).unwrap();
         assert_eq!(args.hubs, ["http://a:1", "http://b:2"]);
         let config = args.cache_config().unwrap();
-        assert_eq!(config.chunk_size, 1 << 20);
+        assert_eq!(config.chunk_size, 4 << 20);
         assert!(config.fetch_whole_shard);
         let bad = SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1", "--chunk-size", "100KiB"])
             .unwrap();

@@ -24,6 +24,12 @@ use crate::{Error, Result, cache::Cache, entry::Entry};
 /// Chunks a stream reads ahead of the client, as on the hub.
 pub const STREAM_READ_AHEAD: usize = 2;
 
+/// Largest message of a StreamShard, on multiples of itself (and so of the hub's default
+/// chunk size). A stream's memory is `STREAM_READ_AHEAD` messages plus what HTTP/2 holds,
+/// so with 4 MiB cache chunks each open stream would hold 8 MiB: `spoke-bench`'s 16
+/// streams took the spoke to 788 MiB peak RSS (BENCHMARKS.md).
+pub const STREAM_MESSAGE_MAX: u64 = 1 << 20;
+
 /// `ShardReader` over the cache.
 #[derive(Debug)]
 pub struct CachedReader {
@@ -176,15 +182,15 @@ impl ShardReader for CachedReader {
         let entry = self.entry(&req.dataset, &req.shard, &req.expected_version).await?;
         let length = req.length.unwrap_or(entry.size.saturating_sub(req.offset));
         range::check_within(req.offset, length, entry.size).map_err(Error::from)?;
-        let (end, chunk_size) = (req.offset + length, entry.chunk_size);
+        let (end, piece) = (req.offset + length, entry.chunk_size.min(STREAM_MESSAGE_MAX));
         let (tx, rx) = mpsc::channel(STREAM_READ_AHEAD);
         let cache = self.cache.clone();
         tokio::spawn(async move {
             let mut pos = req.offset;
             while pos < end {
                 let started = Instant::now();
-                // Chunk boundaries as on the hub: multiples of the chunk size.
-                let len = (chunk_size - pos % chunk_size).min(end - pos);
+                // Messages end on multiples of their size, as on the hub.
+                let len = (piece - pos % piece).min(end - pos);
                 let message = cache.read(&entry, pos, len).await.map(|data| Chunk {
                     offset: pos,
                     crc32c: crc32c(&data),

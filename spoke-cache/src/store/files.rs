@@ -59,10 +59,15 @@ fn chunk_of(file: &LiveFile, records: &HashMap<u64, ShardRecord>, page_size: u64
     let chunk_start = index * chunk_size;
     let chunk_len = record.chunk_len(index);
     let pages = chunk_len.div_ceil(page_size);
+    // An entry count of 0 means "not loaded" (RocksDB reads a file's properties at open
+    // only for the files it opens then, see `MAX_OPEN_FILES`), never an empty file (an
+    // SST file cannot be empty): judged by its key range alone then. A file short of a
+    // page in the middle would then be taken for whole; its read finds the page missing
+    // and the chunk is fetched again, so no wrong byte is served.
     let whole = chunk_len > 0
         && first * page_size == chunk_start
         && last == first + pages - 1
-        && file.num_entries == pages;
+        && (file.num_entries == pages || file.num_entries == 0);
     whole.then_some(FileUse::Chunk { id, index })
 }
 
@@ -93,7 +98,7 @@ mod tests {
         let files = [
             file(page_key(5, 0), page_key(5, 3), 4),  // chunk 0
             file(page_key(5, 8), page_key(5, 9), 2),  // chunk 2, short
-            file(page_key(5, 4), page_key(5, 7), 3),  // a page missing
+            file(page_key(5, 4), page_key(5, 7), 3),  // a page missing (counts loaded)
             file(page_key(5, 2), page_key(5, 5), 4),  // not on chunk boundaries
             file(page_key(6, 0), page_key(6, 3), 4),  // no record
             file(page_key(5, 0), page_key(6, 3), 8),  // two shards
@@ -105,6 +110,11 @@ mod tests {
         for (i, used) in uses.iter().enumerate().skip(2) {
             assert!(matches!(used, FileUse::Stray { .. }), "file {i}: {used:?}");
         }
+        // Entry counts not loaded (0): the key range decides.
+        assert_eq!(
+            classify(&[file(page_key(5, 4), page_key(5, 7), 0)], &records, page)[0],
+            FileUse::Chunk { id: 5, index: 1 }
+        );
         let mut other_family = file(page_key(5, 4), page_key(5, 7), 4);
         other_family.column_family_name = "shards".into();
         assert!(classify(&[other_family], &records, page).is_empty());

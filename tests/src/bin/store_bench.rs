@@ -1,5 +1,6 @@
-//! `store-bench`: chooses the spoke's store layout. Writes a 512 MiB "dataset" of 1 MiB
-//! chunks from four writer threads (as concurrent fetches admit them) into each layout,
+//! `store-bench`: chooses the spoke's store layout and chunk size. Writes a 512 MiB
+//! "dataset" in chunks from four writer threads (as concurrent fetches admit them) into
+//! each layout,
 //! then measures random 16 KiB sample reads (twice: right after the fill, and again) and
 //! sequential whole-chunk reads, in one run. Prints a markdown table.
 //!
@@ -15,7 +16,8 @@
 //! ```sh
 //! cargo run --release -p shardcache-tests --bin store-bench [DIR]
 //! ```
-//! DIR (default: a temporary directory) should be on the disk the cache will use.
+//! DIR (default: a temporary directory) should be on the disk the cache will use. A
+//! second argument runs only the layouts whose name contains it (e.g. under `perf`).
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
 
@@ -32,13 +34,13 @@ use spoke_cache::store::{ShardRecord, Store, StoreOptions, page_key};
 
 const SHARDS: u64 = 8;
 const SHARD_SIZE: u64 = 64 << 20;
-const CHUNK: u64 = 1 << 20;
 const SAMPLE: u64 = 16 << 10;
 const RANDOM_READS: usize = 20_000;
 const WRITERS: u64 = 4;
 
 /// A store layout under test.
 trait Layout: Send + Sync {
+    /// Writes chunk `index` (of `chunk.len()` bytes, the row's chunk size) of shard `id`.
     fn write(&self, id: u64, index: u64, chunk: &[u8]);
     /// Waits until the layout has no write work left in the background.
     fn settle(&self) {}
@@ -47,7 +49,7 @@ trait Layout: Send + Sync {
 
 impl Layout for Store {
     fn write(&self, id: u64, index: u64, chunk: &[u8]) {
-        self.admit_chunk(id, index * CHUNK, chunk).unwrap();
+        self.admit_chunk(id, index * chunk.len() as u64, chunk).unwrap();
     }
 
     fn read(&self, id: u64, offset: u64, len: u64) -> Bytes {
@@ -68,11 +70,12 @@ impl Memtable {
         table.set_block_cache(&rocksdb::Cache::new_lru_cache(64 << 20));
         let mut options = rocksdb::Options::default();
         options.create_if_missing(true);
+        options.create_missing_column_families(true);
         options.set_block_based_table_factory(&table);
         options.set_compression_type(rocksdb::DBCompressionType::None);
         options.set_write_buffer_size(32 << 20);
         options.set_max_background_jobs(2);
-        Self { db: rocksdb::DB::open(&options, dir).unwrap(), page }
+        Self { db: rocksdb::DB::open_cf(&options, dir, ["pages"]).unwrap(), page }
     }
 }
 
@@ -84,7 +87,8 @@ impl Layout for Memtable {
             value.clear();
             value.extend_from_slice(&crc32c(page).to_le_bytes());
             value.extend_from_slice(page);
-            batch.put(page_key(id, index * CHUNK / self.page + i as u64), &value);
+            let page = index * chunk.len() as u64 / self.page + i as u64;
+            batch.put_cf(&self.db.cf_handle("pages").unwrap(), page_key(id, page), &value);
         }
         let mut options = rocksdb::WriteOptions::default();
         options.disable_wal(true);
@@ -92,8 +96,9 @@ impl Layout for Memtable {
     }
 
     fn settle(&self) {
-        self.db.flush().unwrap();
-        let busy = |name: &str| self.db.property_int_value(name).unwrap().unwrap_or(0) > 0;
+        self.db.flush_cf(&self.db.cf_handle("pages").unwrap()).unwrap();
+        let pages = self.db.cf_handle("pages").unwrap();
+        let busy = |name: &str| self.db.property_int_value_cf(&pages, name).unwrap().unwrap_or(0) > 0;
         while busy("rocksdb.compaction-pending") || busy("rocksdb.num-running-compactions") {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -104,7 +109,7 @@ impl Layout for Memtable {
         let keys: Vec<[u8; 16]> = (first..=last).map(|p| page_key(id, p)).collect();
         let mut out = Vec::with_capacity(len as usize);
         for (page, value) in
-            (first..).zip(self.db.batched_multi_get_cf(&self.db.cf_handle("default").unwrap(), &keys, true))
+            (first..).zip(self.db.batched_multi_get_cf(&self.db.cf_handle("pages").unwrap(), &keys, true))
         {
             let value = value.unwrap().unwrap();
             let (crc, data) = value.split_at(4);
@@ -119,30 +124,31 @@ impl Layout for Memtable {
 
 fn main() {
     let base = std::env::args().nth(1).map(std::path::PathBuf::from);
+    let only = std::env::args().nth(2).unwrap_or_default();
     let scratch = tempfile::tempdir_in(base.unwrap_or_else(std::env::temp_dir)).unwrap();
-    println!(
-        "store-bench: {SHARDS} shards x {} MiB in {} KiB chunks, {WRITERS} writers",
-        SHARD_SIZE >> 20,
-        CHUNK >> 10
-    );
+    println!("store-bench: {SHARDS} shards x {} MiB, {WRITERS} writers", SHARD_SIZE >> 20);
     println!();
     println!(
-        "| layout | write MB/s | CPU s/GiB written | random 16 KiB p50 / p99 after fill | again | sequential MB/s | disk MiB |"
+        "| layout | chunk | write MB/s | CPU s/GiB written | random 16 KiB p50 / p99 after fill | again | sequential MB/s | disk MiB |"
     );
-    println!("|---|---|---|---|---|---|---|");
-    let chunk: Vec<u8> = (0..CHUNK).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    let rows: [(&str, u64, bool); 3] = [
-        ("memtable + compaction, 64 KiB pages (before)", 64 << 10, false),
-        ("**ingested chunk files, 64 KiB pages**", 64 << 10, true),
-        ("ingested chunk files, 16 KiB pages", 16 << 10, true),
+    println!("|---|---|---|---|---|---|---|---|");
+    // (name, page size, chunk size, ingested)
+    let rows: [(&str, u64, u64, bool); 5] = [
+        ("memtable + compaction, 64 KiB pages (before)", 64 << 10, 1 << 20, false),
+        ("memtable + compaction, 64 KiB pages", 64 << 10, 4 << 20, false),
+        ("ingested chunk files, 64 KiB pages", 64 << 10, 1 << 20, true),
+        ("**ingested chunk files, 64 KiB pages (chosen)**", 64 << 10, 4 << 20, true),
+        ("ingested chunk files, 16 KiB pages", 16 << 10, 4 << 20, true),
     ];
-    for (name, page_size, ingested) in rows {
-        let dir = scratch.path().join(format!("{page_size}-{ingested}"));
+    for (name, page_size, chunk_size, ingested) in rows.into_iter().filter(|(name, ..)| name.contains(&only))
+    {
+        let chunk: Vec<u8> = (0..chunk_size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let dir = scratch.path().join(format!("{page_size}-{chunk_size}-{ingested}"));
         let layout: Arc<dyn Layout> = if ingested {
             let store = Store::open(&dir, &StoreOptions { page_size, ..StoreOptions::default() }).unwrap();
             for id in 1..=SHARDS {
                 let record =
-                    ShardRecord { id, size: SHARD_SIZE, chunk_size: CHUNK as u32, ..Default::default() };
+                    ShardRecord { id, size: SHARD_SIZE, chunk_size: chunk_size as u32, ..Default::default() };
                 store.put_record("ds", &format!("s{id}"), &record).unwrap();
             }
             Arc::new(store)
@@ -155,7 +161,7 @@ fn main() {
                 let (layout, chunk) = (layout.clone(), chunk.clone());
                 std::thread::spawn(move || {
                     // Writer w takes every WRITERS-th chunk, so shards fill in parallel.
-                    let all = (1..=SHARDS).flat_map(|id| (0..SHARD_SIZE / CHUNK).map(move |i| (id, i)));
+                    let all = (1..=SHARDS).flat_map(|id| (0..SHARD_SIZE / chunk_size).map(move |i| (id, i)));
                     for (id, index) in all.skip(w as usize).step_by(WRITERS as usize) {
                         layout.write(id, index, &chunk);
                     }
@@ -172,15 +178,16 @@ fn main() {
         let second = random_reads(layout.as_ref(), 11);
         let started = Instant::now();
         for id in 1..=SHARDS {
-            for index in 0..SHARD_SIZE / CHUNK {
-                let bytes = layout.read(id, index * CHUNK, CHUNK);
+            for index in 0..SHARD_SIZE / chunk_size {
+                let bytes = layout.read(id, index * chunk_size, chunk_size);
                 assert_eq!(&bytes[..], &chunk[..], "wrong bytes read back");
             }
         }
         let sequential = mb_per_s(SHARDS * SHARD_SIZE, started.elapsed());
         drop(layout);
         println!(
-            "| {name} | {write:.0} | {cpu:.2} | {:.0} / {:.0} us | {:.0} / {:.0} us | {sequential:.0} | {} |",
+            "| {name} | {} MiB | {write:.0} | {cpu:.2} | {:.0} / {:.0} us | {:.0} / {:.0} us | {sequential:.0} | {} |",
+            chunk_size >> 20,
             first.0,
             first.1,
             second.0,
