@@ -12,14 +12,11 @@
 //! - [`client`]: the [`Client`] and its verified [`ShardStream`];
 //! - [`connect`]: TLS (`https://` URLs), client certificates and bearer tokens;
 //! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict, pin);
-//! - [`dataset_gen`]: the synthetic tokenised dataset generator behind `shardcache gen`;
 //! - [`error`]: what can go wrong, with the gRPC code where the server gave one.
 
-pub mod certs;
 pub mod client;
 pub mod connect;
 pub mod control;
-pub mod dataset_gen;
 pub mod error;
 
 pub use client::{Client, Range, ShardStream, Verified};

@@ -26,10 +26,8 @@ use std::{
 
 use hub_server::{ServeOptions, service::ReadLimits, source::local::LocalSource, stats::HubStats};
 use sha2::{Digest, Sha256};
-use shardcache_client::{
-    CacheClient, Client,
-    dataset_gen::{GenSpec, generate},
-};
+use shardcache_cli::dataset_gen::{GenSpec, generate};
+use shardcache_client::{CacheClient, Client};
 use spoke_cache::{
     SpokeOptions,
     cache::{Cache, CacheConfig},

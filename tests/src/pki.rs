@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use shardcache_client::certs::{Authority, Validity, write};
+use shardcache_cli::certs::{Authority, Validity, write};
 use shardcache_proto::tls::{ClientTlsFiles, ServerTlsFiles};
 use time::Duration;
 

@@ -47,7 +47,7 @@ async fn lists_datasets_and_pages_through_shards() {
             break;
         }
     }
-    let expected: Vec<_> = (0..5).map(shardcache_client::dataset_gen::shard_name).collect();
+    let expected: Vec<_> = (0..5).map(shardcache_cli::dataset_gen::shard_name).collect();
     assert_eq!(seen, expected);
     let all = client.list_shards("c4").await.unwrap();
     assert_eq!(all.iter().map(|s| s.shard.clone()).collect::<Vec<_>>(), expected);
@@ -110,7 +110,7 @@ async fn read_ranges_returns_a_batch_in_request_order() {
         .map(|i| {
             Range::new(
                 "c4",
-                shardcache_client::dataset_gen::shard_name((i % 3) as u32),
+                shardcache_cli::dataset_gen::shard_name((i % 3) as u32),
                 ((i * 7) % 16) * record,
                 record,
             )

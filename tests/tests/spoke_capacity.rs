@@ -77,7 +77,7 @@ async fn least_recently_used_goes_first_and_pinned_shards_stay() {
     options.cache.capacity = 4 << 20; // room for four 1 MiB shards (3.4 at the low mark)
     let spoke = TestSpoke::start(cache_dir.path(), options).await;
     let control = spoke.control().await;
-    let names: Vec<String> = (0..6).map(shardcache_client::dataset_gen::shard_name).collect();
+    let names: Vec<String> = (0..6).map(shardcache_cli::dataset_gen::shard_name).collect();
     control.prefetch("ds", &names[..3], 1).await.unwrap().finish().await.unwrap();
     control.pin("ds", &names[..1], true).await.unwrap(); // shard 0: pinned, oldest
     // Touch shard 1 so that shard 2 is the least recently used unpinned one.

@@ -82,7 +82,7 @@ async fn wide_window_client(endpoint: &str) -> Client {
 /// MB/s of reading every shard through StreamShard, `streams` shards at a time.
 async fn stream_all(client: &Client, streams: usize) -> f64 {
     let started = Instant::now();
-    let shards: Vec<_> = (0..SHARDS).map(shardcache_client::dataset_gen::shard_name).collect();
+    let shards: Vec<_> = (0..SHARDS).map(shardcache_cli::dataset_gen::shard_name).collect();
     let mut bytes = 0;
     for group in shards.chunks(streams) {
         let reads = group.iter().map(|shard| async move {
@@ -101,7 +101,7 @@ async fn stream_all(client: &Client, streams: usize) -> f64 {
 fn random_sample(rng: &mut u64) -> Range {
     let shard = (next_random(rng) % u64::from(SHARDS)) as u32;
     let record = next_random(rng) % (SHARD_SIZE / RECORD);
-    Range::new("c4", shardcache_client::dataset_gen::shard_name(shard), record * RECORD, RECORD)
+    Range::new("c4", shardcache_cli::dataset_gen::shard_name(shard), record * RECORD, RECORD)
 }
 
 async fn random_reads(client: &Client) -> (f64, f64) {

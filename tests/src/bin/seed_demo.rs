@@ -24,10 +24,8 @@ use std::{
 use anyhow::Context;
 use clap::Parser;
 use futures::FutureExt;
-use shardcache_client::{
-    CacheClient, Client,
-    dataset_gen::{GenSpec, generate, shard_name},
-};
+use shardcache_cli::dataset_gen::{GenSpec, generate, shard_name};
+use shardcache_client::{CacheClient, Client};
 use shardcache_proto::units::ByteSize;
 use shardcache_tests::{
     HubProcess, ProxyProcess, SpokeProcess,

@@ -70,7 +70,7 @@ async fn main() {
     let cache = tempfile::tempdir().unwrap();
     let args = ["--chunk-size", "64KiB", "--capacity", "4GiB"];
     let spoke = SpokeProcess::start(&hub.endpoint, cache.path(), &args);
-    let shards: Vec<String> = (0..10).map(shardcache_client::dataset_gen::shard_name).collect();
+    let shards: Vec<String> = (0..10).map(shardcache_cli::dataset_gen::shard_name).collect();
     CacheClient::connect(&spoke.endpoint)
         .await
         .unwrap()
@@ -105,7 +105,7 @@ async fn stream_dataset(client: &Client) -> f64 {
     let reads = (0..SHARDS).map(|i| {
         let client = client.clone();
         async move {
-            let shard = shardcache_client::dataset_gen::shard_name(i);
+            let shard = shardcache_cli::dataset_gen::shard_name(i);
             let mut stream = client.stream_shard("c4", &shard, 0, None).await.unwrap();
             let mut n = 0u64;
             while let Some(chunk) = stream.next_chunk().await.unwrap() {
@@ -123,7 +123,7 @@ async fn random_reads(client: &Client) -> (f64, f64) {
     let mut latencies: Vec<Duration> = Vec::with_capacity(RANDOM_READS);
     for _ in 0..RANDOM_READS {
         let shard =
-            shardcache_client::dataset_gen::shard_name((next_random(&mut rng) % u64::from(SHARDS)) as u32);
+            shardcache_cli::dataset_gen::shard_name((next_random(&mut rng) % u64::from(SHARDS)) as u32);
         let offset = next_random(&mut rng) % (SHARD_SIZE / SAMPLE) * SAMPLE;
         let started = Instant::now();
         client.read_range(&Range::new("c4", shard, offset, SAMPLE)).await.unwrap();

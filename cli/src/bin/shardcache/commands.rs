@@ -8,10 +8,8 @@ use std::{
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use shardcache_client::{
-    CacheClient, Client, ConnectOptions,
-    dataset_gen::{GenSpec, generate as generate_dataset},
-};
+use shardcache_cli::dataset_gen::{GenSpec, generate as generate_dataset};
+use shardcache_client::{CacheClient, Client, ConnectOptions};
 use shardcache_proto::units::ByteSize;
 use tokio::io::AsyncWriteExt;
 

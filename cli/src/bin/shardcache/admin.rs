@@ -3,7 +3,7 @@
 use std::{io::Write, os::unix::fs::OpenOptionsExt, path::Path};
 
 use anyhow::Context;
-use shardcache_client::certs;
+use shardcache_cli::certs;
 use shardcache_proto::auth::{Datasets, TokenBook, TokenHolder, new_token as random_token};
 
 pub fn certs(out: &Path, names: &[String], days: i64) -> anyhow::Result<()> {

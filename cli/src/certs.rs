@@ -15,7 +15,12 @@ use rcgen::{
 };
 use time::{Duration, OffsetDateTime};
 
-use crate::{Error, Result};
+/// Why certificates could not be made or written; the message says which file.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CertError(String);
+
+type Result<T> = std::result::Result<T, CertError>;
 
 /// A certificate and its key, PEM-encoded.
 #[derive(Debug, Clone)]
@@ -31,8 +36,8 @@ pub struct Authority {
     issuer: Issuer<'static, KeyPair>,
 }
 
-fn failed(e: rcgen::Error) -> Error {
-    Error::Config(format!("cannot make a certificate: {e}"))
+fn failed(e: rcgen::Error) -> CertError {
+    CertError(format!("cannot make a certificate: {e}"))
 }
 
 /// When a certificate is valid: from `not_before` (relative to now, usually in the
@@ -93,7 +98,7 @@ impl Authority {
 
 /// Writes `pem` as `DIR/NAME.pem` and `DIR/NAME.key` (0600).
 pub fn write(dir: &Path, name: &str, pem: &Pem) -> Result<()> {
-    let io = |path: &Path, e: std::io::Error| Error::Config(format!("cannot write {}: {e}", path.display()));
+    let io = |path: &Path, e: std::io::Error| CertError(format!("cannot write {}: {e}", path.display()));
     let cert = dir.join(format!("{name}.pem"));
     std::fs::write(&cert, &pem.cert).map_err(|e| io(&cert, e))?;
     let key = dir.join(format!("{name}.key"));
@@ -112,8 +117,7 @@ pub fn write(dir: &Path, name: &str, pem: &Pem) -> Result<()> {
 /// `shardcache certs`: `ca`, `hub`, `spoke` and `client` in `dir`, valid for `days`;
 /// `names` are added to the hub's and the spoke's certificates. Returns the files.
 pub fn write_dev_set(dir: &Path, names: &[String], days: i64) -> Result<Vec<String>> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::Config(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| CertError(format!("cannot create {}: {e}", dir.display())))?;
     let validity = Validity::days(days);
     let ca = Authority::new("shardcache development CA", validity)?;
     write(dir, "ca", &ca.pem)?;

@@ -1,0 +1,9 @@
+//! What the `shardcache` command line needs beyond the SDK (`shardcache-client`), as a
+//! library so that tests and benchmarks use the same code:
+//!
+//! - [`certs`]: a development CA and certificates for hubs, spokes and clients
+//!   (`shardcache certs`);
+//! - [`dataset_gen`]: the synthetic tokenised dataset generator (`shardcache gen`).
+
+pub mod certs;
+pub mod dataset_gen;
