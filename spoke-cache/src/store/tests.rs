@@ -1,0 +1,212 @@
+//! The store against a real RocksDB in a temporary directory: presence from files,
+//! strays removed at open, group-committed admissions, the legacy layout dropped.
+
+use super::*;
+
+const CHUNK: u64 = 256 << 10;
+
+fn record(id: u64, size: u64) -> ShardRecord {
+    ShardRecord { id, version: "v1".into(), size, chunk_size: CHUNK as u32, ..Default::default() }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len as u32).map(|i| (i % 251) as u8).collect()
+}
+
+#[test]
+fn rocksdb_pages_options_apply_or_stop_the_start_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let tuned = StoreOptions { pages_options: "max_write_buffer_number=3".into(), ..StoreOptions::default() };
+    let store = Store::open(dir.path(), &tuned).unwrap();
+    let data = vec![7u8; 200_000];
+    store.put_record("ds", "s", &record(1, data.len() as u64)).unwrap();
+    store.admit_chunk(1, 0, &data).unwrap();
+    assert_eq!(store.read(1, 0, data.len() as u64).unwrap().unwrap(), data);
+    drop(store);
+
+    let bad = StoreOptions { pages_options: "no_such_option=1".into(), ..StoreOptions::default() };
+    let Err(err) = Store::open(dir.path(), &bad) else { panic!("an unknown option must not be ignored") };
+    let err = err.to_string();
+    assert!(err.contains("--rocksdb-pages-options") && err.contains("no_such_option"), "{err}");
+}
+
+#[test]
+fn chunks_are_present_exactly_when_their_file_is_and_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern(300_000);
+    {
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.put_record("ds", "s", &record(7, data.len() as u64)).unwrap();
+        store.admit_chunk(7, 0, &data[..CHUNK as usize]).unwrap();
+        assert_eq!(store.read(7, 1000, 70_000).unwrap().unwrap(), data[1000..71_000]);
+        // The second chunk is not there yet.
+        assert_eq!(store.read(7, 270_000, 10).unwrap(), Err(PageFault::Missing { page: 4 }));
+    }
+    {
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        let records = store.load_records().unwrap();
+        assert_eq!(records.len(), 1);
+        assert!(records[0].2.has_chunk(0) && !records[0].2.has_chunk(1), "presence comes from the files");
+        store.admit_chunk(7, CHUNK, &data[CHUNK as usize..]).unwrap();
+    }
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let records = store.load_records().unwrap();
+    assert_eq!(records[0].2.cached_bytes(), data.len() as u64);
+    assert_eq!(store.read(7, 0, data.len() as u64).unwrap().unwrap(), data);
+    store.delete_shard(7, Some(("ds", "s"))).unwrap();
+    assert!(store.load_records().unwrap().is_empty());
+    assert_eq!(store.read(7, 0, 1).unwrap(), Err(PageFault::Missing { page: 0 }));
+    assert!(store.disk_bytes() < 64 << 10, "the chunk files left the disk");
+}
+
+#[test]
+fn files_no_record_accounts_for_are_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern(CHUNK as usize);
+    {
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.put_record("ds", "kept", &record(1, CHUNK)).unwrap();
+        store.admit_chunk(1, 0, &data).unwrap();
+        // A crash between a record's deletion and its files' (or a file of an id whose
+        // record never reached the disk): a file no record accounts for.
+        store.admit_chunk(2, 0, &data).unwrap();
+        // And a half-written chunk file in ingest/.
+        std::fs::write(dir.path().join("ingest/chunk-0000000000000003-000000000000-9.sst"), b"partial")
+            .unwrap();
+        std::fs::write(dir.path().join("ingest/notes.txt"), b"not ours").unwrap();
+    }
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let records = store.load_records().unwrap();
+    assert_eq!(records.len(), 1);
+    assert!(records[0].2.has_chunk(0));
+    assert_eq!(store.read(2, 0, 10).unwrap(), Err(PageFault::Missing { page: 0 }), "the stray is gone");
+    assert_eq!(store.read(1, 0, CHUNK).unwrap().unwrap(), data);
+    let left: Vec<_> =
+        std::fs::read_dir(dir.path().join("ingest")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left, ["notes.txt"], "only our own partial file was removed");
+    let files =
+        store.db.live_files().unwrap().into_iter().filter(|f| f.column_family_name == CF_PAGES).count();
+    assert_eq!(files, 1);
+}
+
+#[test]
+fn a_chunk_deleted_after_a_bad_read_can_be_admitted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    store.put_record("ds", "s", &record(4, 2 * CHUNK)).unwrap();
+    let (old, new) = (vec![1u8; CHUNK as usize], vec![2u8; CHUNK as usize]);
+    store.admit_chunk(4, 0, &old).unwrap();
+    store.admit_chunk(4, CHUNK, &old).unwrap();
+    store.delete_chunk(4, CHUNK, CHUNK).unwrap();
+    assert_eq!(store.read(4, CHUNK, 1).unwrap(), Err(PageFault::Missing { page: 4 }));
+    assert_eq!(store.read(4, 0, CHUNK).unwrap().unwrap(), old, "the neighbour stays");
+    store.admit_chunk(4, CHUNK, &new).unwrap();
+    assert_eq!(store.read(4, CHUNK, CHUNK).unwrap().unwrap(), new);
+    drop(store);
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    assert_eq!(store.load_records().unwrap()[0].2.cached_bytes(), 2 * CHUNK);
+}
+
+#[test]
+fn concurrent_admissions_are_group_committed_and_all_land() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(Store::open(dir.path(), &StoreOptions::default()).unwrap());
+    let shards = 8u64;
+    for id in 1..=shards {
+        store.put_record("ds", &format!("s{id}"), &record(id, 4 * CHUNK)).unwrap();
+    }
+    let writers: Vec<_> = (1..=shards)
+        .map(|id| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for index in 0..4u64 {
+                    store
+                        .admit_chunk(id, index * CHUNK, &vec![(id * 10 + index) as u8; CHUNK as usize])
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    for id in 1..=shards {
+        for index in 0..4u64 {
+            let got = store.read(id, index * CHUNK, CHUNK).unwrap().unwrap();
+            assert!(got.iter().all(|&b| b == (id * 10 + index) as u8), "shard {id} chunk {index}");
+        }
+    }
+    let files = store.db.live_files().unwrap();
+    let pages = files.iter().filter(|f| f.column_family_name == CF_PAGES);
+    assert!(
+        pages.clone().all(|f| f.level == 6),
+        "every chunk file sits in the bottom level, never compacted"
+    );
+    assert_eq!(pages.count() as u64, shards * 4);
+}
+
+#[test]
+fn a_cache_of_the_memtable_layout_opens_with_its_pages_dropped_and_records_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // The layout before ingestion: pages in a `pages` family, presence in records.
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        let db = DB::open_cf(&options, dir.path(), [CF_LEGACY_PAGES, CF_SHARDS]).unwrap();
+        let mut old = record(3, CHUNK);
+        old.set_chunk(0, true);
+        db.put_cf(
+            &db.cf_handle(CF_SHARDS).unwrap(),
+            shard_key("ds", "s"),
+            prost::Message::encode_to_vec(&old),
+        )
+        .unwrap();
+        db.put_cf(&db.cf_handle(CF_LEGACY_PAGES).unwrap(), page_key(3, 0), vec![0u8; 100]).unwrap();
+    }
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let records = store.load_records().unwrap();
+    assert_eq!(records.len(), 1, "the record is kept");
+    assert_eq!(records[0].2.cached_bytes(), 0, "no chunk is taken for present without its file");
+    assert!(!DB::list_cf(&Options::default(), dir.path()).unwrap().iter().any(|cf| cf == CF_LEGACY_PAGES));
+}
+
+#[test]
+fn every_chunk_file_counts_after_reopen_though_only_some_are_opened_then() {
+    // RocksDB opens (and reads the entry counts of) only a few files at start.
+    let dir = tempfile::tempdir().unwrap();
+    let chunk = 64 << 10;
+    let rec = ShardRecord {
+        id: 9,
+        version: "v".into(),
+        size: 40 * chunk,
+        chunk_size: chunk as u32,
+        ..Default::default()
+    };
+    {
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.put_record("ds", "s", &rec).unwrap();
+        for index in 0..40 {
+            store.admit_chunk(9, index * chunk, &vec![index as u8; chunk as usize]).unwrap();
+        }
+    }
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    assert_eq!(
+        store.load_records().unwrap()[0].2.cached_bytes(),
+        40 * chunk,
+        "no chunk file was taken for a stray"
+    );
+    assert_eq!(store.read(9, 39 * chunk, 1).unwrap().unwrap()[0], 39);
+}
+
+#[test]
+fn presence_bits() {
+    let mut rec = record(1, CHUNK * 3 + 5);
+    assert_eq!(rec.chunk_count(), 4);
+    assert_eq!(rec.chunk_len(3), 5);
+    rec.set_chunk(3, true);
+    rec.set_chunk(9, true);
+    rec.set_chunk(9, false);
+    assert!(rec.has_chunk(3) && !rec.has_chunk(0) && !rec.has_chunk(9));
+    assert_eq!(rec.cached_bytes(), 5);
+}
