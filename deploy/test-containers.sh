@@ -207,7 +207,7 @@ if podman exec "$spoke_ctr" shardcache --endpoint https://hub:7070 --ca /tls/ca.
 fi
 # The hub must have refused it for that reason. (What the client prints varies: usually
 # the hub's CertificateRequired alert, sometimes only "connection closed" when its request
-# was queued on the connection as the alert arrived; see proto/src/tls.rs.)
+# was queued on the connection as the alert arrived; see serving/src/tls.rs.)
 # (The hub logs it once it has closed the connection; bounded wait: 20 x 0.5 s.)
 refused=0
 for _ in $(seq 1 20); do

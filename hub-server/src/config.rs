@@ -3,10 +3,10 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
-use shardcache_proto::{
-    serving::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security},
+use shardcache_proto::units::ByteSize;
+use shardcache_serving::{
+    server::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security},
     transport::Http2Settings,
-    units::ByteSize,
 };
 
 use crate::{
@@ -204,7 +204,7 @@ mod tests {
         assert_eq!(options.limits.chunk_size, 1 << 20);
         assert_eq!(options.limits.max_read, 16 << 20);
         assert_eq!(args(&[]).listen.to_string(), "127.0.0.1:7070");
-        assert_eq!(options.http2, shardcache_proto::transport::Http2Settings::TUNED);
+        assert_eq!(options.http2, shardcache_serving::transport::Http2Settings::TUNED);
         assert_eq!(args(&[]).source_spec().unwrap(), SourceSpec::Local("/tmp".into()));
     }
 

@@ -12,11 +12,11 @@ use hub_server::{
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    shardcache_proto::serving::init_tracing();
+    shardcache_serving::server::init_tracing();
     let args = HubArgs::parse();
     // Handlers first: a SIGTERM that arrives right after we report the address must
     // still mean a graceful stop, not the default of dying on the spot.
-    let shutdown = shardcache_proto::serving::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
+    let shutdown = shardcache_serving::server::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
     let options = args.serve_options()?;
     match args.source_spec()? {
         SourceSpec::Local(root) => {

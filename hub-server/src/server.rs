@@ -3,10 +3,10 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use shardcache_proto::{
-    serving::{self, Security, ShedLayer},
+use shardcache_proto::v1::shard_reader_server::ShardReaderServer;
+use shardcache_serving::{
+    server::{self, Security, ShedLayer},
     transport::Http2Settings,
-    v1::shard_reader_server::ShardReaderServer,
 };
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
@@ -47,17 +47,17 @@ pub async fn serve<S: Source>(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<ShardReaderServer<ReadService<S>>>().await;
     let (reflection_v1, reflection_v1alpha) =
-        serving::reflection().map_err(|e| Error::Internal(e.to_string()))?;
+        server::reflection().map_err(|e| Error::Internal(e.to_string()))?;
 
     let reader = ShardReaderServer::new(ReadService::new(source, options.limits, stats))
         // Responses are bounded by --max-read; requests by the number of ranges.
         .max_encoding_message_size(usize::MAX)
-        .max_decoding_message_size(serving::MAX_REQUEST_BYTES);
+        .max_decoding_message_size(server::MAX_REQUEST_BYTES);
     // Tokens are checked before a handler runs; health and reflection stay open (probes).
     let reader = InterceptedService::new(reader, options.security.auth.clone());
 
     // TLS happens in `incoming` (handshakes per connection, certificates reloadable).
-    serving::harden(options.http2.server(), options.max_streams_per_connection)
+    server::harden(options.http2.server(), options.max_streams_per_connection)
         // A span per request, so every log line of a request carries its method.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
         // tonic wraps this around everything below: a request that cannot produce its

@@ -6,7 +6,6 @@ use std::{collections::HashMap, sync::Arc};
 use bytes::Bytes;
 use futures::{StreamExt, future::try_join_all};
 use shardcache_proto::{
-    auth::Grant,
     checksum::crc32c,
     names::{DatasetName, ShardName},
     range,
@@ -16,6 +15,7 @@ use shardcache_proto::{
         StreamShardRequest, shard_reader_server::ShardReader,
     },
 };
+use shardcache_serving::auth::Grant;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};

@@ -7,22 +7,14 @@
 //!   touches a filesystem path or a cache key;
 //! - [`range`]: which byte ranges a read may ask for;
 //! - [`checksum`]: the CRC32C every data message carries;
-//! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them;
-//! - [`serving`] and [`shed`]: what both servers need to serve the contract alike
-//!   (load shedding to RESOURCE_EXHAUSTED, reflection, `TCP_NODELAY`, shutdown);
-//! - [`transport`]: the HTTP/2 windows, frames and connections of the long link;
-//! - [`tls`], [`auth`] and [`reload`]: TLS on every connection, bearer tokens mapped to
-//!   datasets, and the rotation of both without a restart.
+//! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them.
+//!
+//! How servers and clients carry the contract (TLS, tokens, HTTP/2 tuning, load
+//! shedding, server assembly) is `shardcache-serving`'s.
 
-pub mod auth;
 pub mod checksum;
 pub mod names;
 pub mod range;
-pub mod reload;
-pub mod serving;
-pub mod shed;
-pub mod tls;
-pub mod transport;
 pub mod units;
 
 /// Generated code for package `shardcache.v1`.

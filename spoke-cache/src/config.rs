@@ -4,12 +4,12 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
 use shardcache_client::ConnectOptions;
-use shardcache_proto::{
+use shardcache_proto::units::ByteSize;
+use shardcache_serving::{
     auth::read_token_file,
-    serving::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security},
+    server::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security},
     tls::ClientTlsFiles,
     transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
-    units::ByteSize,
 };
 
 use crate::{

@@ -4,13 +4,13 @@ use std::sync::{Arc, atomic::Ordering::Relaxed};
 
 use futures::stream::{self, StreamExt};
 use shardcache_proto::{
-    auth::Grant,
     names::{DatasetName, ShardName},
     v1::{
         DatasetStatus, EvictRequest, EvictResponse, PinRequest, PinResponse, PrefetchProgress,
         PrefetchRequest, StatusRequest, StatusResponse, cache_control_server::CacheControl,
     },
 };
+use shardcache_serving::auth::Grant;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};

@@ -6,9 +6,9 @@ use spoke_cache::config::SpokeArgs;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    shardcache_proto::serving::init_tracing();
+    shardcache_serving::server::init_tracing();
     let args = SpokeArgs::parse();
-    let shutdown = shardcache_proto::serving::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
+    let shutdown = shardcache_serving::server::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
     let options = args.options()?;
     let cache = spoke_cache::open_cache(&args.cache_dir, &options)
         .with_context(|| format!("cannot open --cache-dir {}", args.cache_dir.display()))?;

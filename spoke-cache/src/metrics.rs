@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use shardcache_proto::tls::ServerTls;
+use shardcache_serving::tls::ServerTls;
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpListener,

@@ -4,10 +4,12 @@
 use std::{future::Future, path::Path, sync::Arc};
 
 use shardcache_client::ConnectOptions;
-use shardcache_proto::{
-    serving::{self, Security, ShedLayer},
+use shardcache_proto::v1::{
+    cache_control_server::CacheControlServer, shard_reader_server::ShardReaderServer,
+};
+use shardcache_serving::{
+    server::{self, Security, ShedLayer},
     transport::Http2Settings,
-    v1::{cache_control_server::CacheControlServer, shard_reader_server::ShardReaderServer},
 };
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
@@ -98,12 +100,12 @@ pub async fn serve(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<ShardReaderServer<CachedReader>>().await;
     let (reflection_v1, reflection_v1alpha) =
-        serving::reflection().map_err(|e| Error::Internal(e.to_string()))?;
+        server::reflection().map_err(|e| Error::Internal(e.to_string()))?;
     let reader = ShardReaderServer::new(CachedReader::new(cache.clone(), options.max_read))
         .max_encoding_message_size(usize::MAX)
-        .max_decoding_message_size(serving::MAX_REQUEST_BYTES);
+        .max_decoding_message_size(server::MAX_REQUEST_BYTES);
     let control = CacheControlServer::new(Control::new(cache.clone()))
-        .max_decoding_message_size(serving::MAX_REQUEST_BYTES);
+        .max_decoding_message_size(server::MAX_REQUEST_BYTES);
     // Tokens are checked before a handler runs; health and reflection stay open (probes).
     let auth = &options.security.auth;
     let (reader, control) =
@@ -111,7 +113,7 @@ pub async fn serve(
 
     // The spoke's own clients are near; the same large windows cost nothing. TLS
     // happens in `incoming` (handshakes per connection, certificates reloadable).
-    let served = serving::harden(Http2Settings::TUNED.server(), options.max_streams_per_connection)
+    let served = server::harden(Http2Settings::TUNED.server(), options.max_streams_per_connection)
         // A span per request, so every log line of a request carries its method.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
         // A request that cannot produce its headers in time (a hub that hangs) ends

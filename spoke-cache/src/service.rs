@@ -5,7 +5,6 @@
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use shardcache_proto::{
-    auth::Grant,
     checksum::crc32c,
     names::{DatasetName, ShardName},
     range,
@@ -15,6 +14,7 @@ use shardcache_proto::{
         StreamShardRequest, shard_reader_server::ShardReader,
     },
 };
+use shardcache_serving::auth::Grant;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};

@@ -4,7 +4,7 @@
 //! are down. With several `--hub` URLs (stateless hubs over one shared source) a shard
 //! always goes to the same hub first (rendezvous hashing, so adding a hub moves few
 //! shards), and a hub that cannot be reached is skipped for the next one. Each hub gets
-//! several HTTP/2 connections with large windows (`shardcache_proto::transport`), over
+//! several HTTP/2 connections with large windows (`shardcache_serving::transport`), over
 //! TLS for `https://` hubs (`--hub-ca`, `--hub-cert`, `--hub-key`, reloaded when the
 //! files change) and with the spoke's bearer token when it has one (`--hub-token-file`).
 
@@ -18,10 +18,8 @@ use std::{
 
 use bytes::Bytes;
 use shardcache_client::{Client, ConnectOptions, Credentials, Range, connect::client_tls};
-use shardcache_proto::{
-    transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
-    v1::ShardInfo,
-};
+use shardcache_proto::v1::ShardInfo;
+use shardcache_serving::transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings};
 use tonic::transport::Endpoint;
 
 use crate::{Error, Result};

@@ -41,8 +41,8 @@ pub fn test_options() -> ServeOptions {
         limits: ReadLimits { chunk_size: 64 << 10, max_read: 1 << 20 },
         max_concurrency: 64,
         request_timeout: Duration::from_secs(30),
-        http2: shardcache_proto::transport::Http2Settings::TUNED,
-        max_streams_per_connection: shardcache_proto::serving::DEFAULT_MAX_STREAMS_PER_CONNECTION,
+        http2: shardcache_serving::transport::Http2Settings::TUNED,
+        max_streams_per_connection: shardcache_serving::server::DEFAULT_MAX_STREAMS_PER_CONNECTION,
         security: Default::default(),
     }
 }
@@ -146,7 +146,7 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
         max_read: 1 << 20,
         max_concurrency: 1024,
         hub_credentials: Default::default(),
-        max_streams_per_connection: shardcache_proto::serving::DEFAULT_MAX_STREAMS_PER_CONNECTION,
+        max_streams_per_connection: shardcache_serving::server::DEFAULT_MAX_STREAMS_PER_CONNECTION,
         request_timeout: Duration::from_secs(30),
         security: Default::default(),
     }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use shardcache_cli::certs::{Authority, Validity, write};
-use shardcache_proto::tls::{ClientTlsFiles, ServerTlsFiles};
+use shardcache_serving::tls::{ClientTlsFiles, ServerTlsFiles};
 use time::Duration;
 
 /// A CA and the folder its files go in.

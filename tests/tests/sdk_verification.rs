@@ -104,7 +104,7 @@ async fn damaging_server(root: &std::path::Path, damage: Damage) -> Client {
             // The open authenticator grants every dataset, as on a server without tokens.
             .add_service(ShardReaderServer::with_interceptor(
                 Damaging { inner, damage },
-                shardcache_proto::auth::Authenticator::open(),
+                shardcache_serving::auth::Authenticator::open(),
             ))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );

@@ -7,13 +7,13 @@ use std::{path::Path, sync::Arc, time::Duration};
 
 use hub_server::ServeOptions;
 use shardcache_client::{Client, ConnectOptions, Range};
-use shardcache_proto::{
+use shardcache_proto::v1::{ReadRangeRequest, shard_reader_client::ShardReaderClient};
+use shardcache_serving::{
     auth::{Authenticator, Datasets, TokenHolder, new_token},
     reload::RELOAD_POLL,
-    serving::Security,
+    server::Security,
     tls::{ClientTlsFiles, ServerTls, ServerTlsFiles},
     transport::Http2Settings,
-    v1::{ReadRangeRequest, shard_reader_client::ShardReaderClient},
 };
 use shardcache_tests::{
     TestHub, TestSpoke, make_dataset,

@@ -5,7 +5,7 @@
 
 use std::{os::unix::fs::PermissionsExt, path::Path, process::Output, time::Duration};
 
-use shardcache_proto::reload::RELOAD_POLL;
+use shardcache_serving::reload::RELOAD_POLL;
 use shardcache_tests::{HubProcess, binary, make_dataset};
 
 fn shardcache(args: &[&str]) -> Output {

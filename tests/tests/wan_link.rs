@@ -11,7 +11,7 @@ use std::{
 };
 
 use hub_server::ServeOptions;
-use shardcache_proto::transport::Http2Settings;
+use shardcache_serving::transport::Http2Settings;
 use shardcache_tests::{
     TestHub, TestSpoke, assert_dataset_reads_back, make_dataset, sha256, spoke_options, test_options,
     wan::{self, LinkConfig, WanProxy},

@@ -17,7 +17,7 @@ use pyo3::{
     types::{PyBytes, PyDict, PyList},
 };
 use shardcache_client::{CacheClient, Client as RustClient, ConnectOptions, Error, Range};
-use shardcache_proto::tls::ClientTlsFiles;
+use shardcache_serving::tls::ClientTlsFiles;
 use tokio::runtime::Runtime;
 
 create_exception!(_native, ShardcacheError, PyException, "A failed shardcache call; see .code and .message.");

@@ -4,7 +4,7 @@ use std::{io::Write, os::unix::fs::OpenOptionsExt, path::Path};
 
 use anyhow::Context;
 use shardcache_cli::certs;
-use shardcache_proto::auth::{Datasets, TokenBook, TokenHolder, new_token as random_token};
+use shardcache_serving::auth::{Datasets, TokenBook, TokenHolder, new_token as random_token};
 
 pub fn certs(out: &Path, names: &[String], days: i64) -> anyhow::Result<()> {
     let written = certs::write_dev_set(out, names, days)?;

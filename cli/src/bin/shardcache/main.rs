@@ -9,7 +9,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use shardcache_client::ConnectOptions;
-use shardcache_proto::{auth::read_token_file, tls::ClientTlsFiles, units::ByteSize};
+use shardcache_proto::units::ByteSize;
+use shardcache_serving::{auth::read_token_file, tls::ClientTlsFiles};
 
 #[derive(Debug, Parser)]
 #[command(name = "shardcache", version, about)]

@@ -16,10 +16,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::{Endpoint, Server};
 
-use crate::{
-    tls::{ClientConn, ClientTls, ServerConn, ServerTls},
-    units::ByteSize,
-};
+use shardcache_proto::units::ByteSize;
+
+use crate::tls::{ClientConn, ClientTls, ServerConn, ServerTls};
 
 /// Stream window: the largest chunk (8 MiB, `--chunk-size`'s limit) fits, so a chunk
 /// response never waits a round trip for a WINDOW_UPDATE.
@@ -133,7 +132,7 @@ impl Http2Settings {
         Ok(stream)
     }
 
-    /// Accepted connections with `TCP_NODELAY` (see [`crate::serving::incoming`]), the
+    /// Accepted connections with `TCP_NODELAY` (see [`crate::server::incoming`]), the
     /// send buffer when set, and a TLS handshake when `tls` is set.
     pub fn incoming(
         &self,
@@ -141,7 +140,7 @@ impl Http2Settings {
         tls: Option<ServerTls>,
     ) -> impl Stream<Item = std::io::Result<ServerConn>> + Send + use<> {
         let send_buffer = self.socket_buffer;
-        let tcp = crate::serving::incoming(listener).map(move |accepted| {
+        let tcp = crate::server::incoming(listener).map(move |accepted| {
             let stream = accepted?;
             if send_buffer > 0 {
                 socket2::SockRef::from(&stream).set_send_buffer_size(send_buffer)?;

@@ -31,7 +31,9 @@ use std::{
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status, service::Interceptor};
 
-use crate::{names::DatasetName, reload::Reloading, tls::PeerInfo};
+use shardcache_proto::names::DatasetName;
+
+use crate::{reload::Reloading, tls::PeerInfo};
 
 /// Prefix of generated tokens, so a leaked one is recognisable in a secret scanner.
 pub const TOKEN_PREFIX: &str = "sct_";

@@ -1,0 +1,18 @@
+//! The serving machinery both servers and the SDK share, so that the hub and the spoke
+//! are assembled, secured and tuned alike:
+//!
+//! - [`server`]: server assembly: reflection, `TCP_NODELAY` on accepted sockets, HTTP/2
+//!   and request limits, logging, shutdown signals, and [`server::Security`];
+//! - [`shed`]: load shedding to RESOURCE_EXHAUSTED;
+//! - [`transport`]: the HTTP/2 windows, frames and connections of the long link;
+//! - [`tls`], [`auth`] and [`reload`]: TLS on every connection, bearer tokens mapped to
+//!   datasets, and the rotation of both without a restart.
+//!
+//! The wire contract itself (messages, names, ranges, checksums) is `shardcache-proto`.
+
+pub mod auth;
+pub mod reload;
+pub mod server;
+pub mod shed;
+pub mod tls;
+pub mod transport;
