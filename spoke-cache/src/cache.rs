@@ -182,6 +182,12 @@ impl Cache {
         self.used.load(Relaxed)
     }
 
+    /// Chunk fetches running: fetched chunks not yet stored count here, not in
+    /// [`Cache::used_bytes`] (readers get a chunk's bytes before it is stored).
+    pub fn fetches_in_flight(&self) -> usize {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Every cached entry.
     pub fn entries(&self) -> Vec<Arc<Entry>> {
         self.index().values().cloned().collect()

@@ -9,12 +9,13 @@ use shardcache_tests::{
     TestHub, TestSpoke, assert_dataset_reads_back, disk_usage, make_dataset, spoke_options,
 };
 
-/// Waits (bounded) until the evictor has brought `used` back under the high watermark
-/// and finished compacting what it evicted.
+/// Waits (bounded) until every fetched chunk is stored (a reader gets a chunk's bytes
+/// before it is) and the evictor has brought `used` back under the high watermark.
 async fn settled(spoke: &TestSpoke) {
     let limit = (spoke.cache.config().capacity as f64 * spoke.cache.config().high_watermark) as u64;
     for _ in 0..2000 {
-        if spoke.cache.used_bytes() <= limit && !spoke.cache.is_evicting() {
+        let cache = &spoke.cache;
+        if cache.fetches_in_flight() == 0 && cache.used_bytes() <= limit && !cache.is_evicting() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
