@@ -133,8 +133,19 @@ pub async fn serve(
         .await;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(evictor, metrics);
+    // Readers get a fetched chunk's bytes before it is stored: let the chunks fetched so
+    // far land, so that a clean stop keeps what was read (bounded: a fetch that is still
+    // waiting for a stalled hub is given up).
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_STORE_WAIT;
+    while cache.fetches_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     served.map_err(|e| Error::Transport(e.to_string()))
 }
+
+/// How long a stopping spoke waits for fetched chunks to be stored. Storing what the
+/// in-flight bound allows (64 MiB by default) takes well under a second on a local disk.
+const SHUTDOWN_STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Occupancy for metrics.
 fn occupancy(cache: &Cache) -> Occupancy {
