@@ -42,9 +42,9 @@ pub struct SpokeArgs {
 
     /// Unit of fetching and caching; a multiple of 64KiB, up to 8MiB.
     // 4 MiB: each chunk is one file, and a file's fixed costs (create, a fresh write
-    // buffer, fsync, ingestion) made 1 MiB chunks cost 2-3x the CPU per GiB of 4 MiB ones
-    // (`store-bench`, BENCHMARKS.md "store"). A cold random sample waits for 4 MiB, ~7 ms
-    // more at 600 MB/s than for 1 MiB.
+    // buffer, fsync, ingestion) made 1 MiB chunks cost about twice the CPU per GiB of
+    // 4 MiB ones (`store-bench`, BENCHMARKS.md "store"). A cold random sample waits for
+    // 4 MiB, ~7 ms more at 600 MB/s than for 1 MiB.
     #[arg(long, env = "SPOKE_CHUNK_SIZE", default_value = "4MiB")]
     pub chunk_size: ByteSize,
 
