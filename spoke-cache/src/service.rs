@@ -2,7 +2,11 @@
 //! the cache. Requests are validated with the same rules and words as the hub's, so a
 //! client cannot tell the two apart except by speed.
 
-use std::{collections::HashMap, sync::Arc, time::Instant};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Instant,
+};
 
 use shardcache_proto::{
     checksum::crc32c,
@@ -51,8 +55,13 @@ impl CachedReader {
     async fn read(&self, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Chunk> {
         range::check_within(offset, length, entry.size)?;
         let data = self.cache.read(entry, offset, length).await?;
-        Ok(Chunk { offset, crc32c: crc32c(&data), data, version: entry.version.clone() })
+        Ok(chunk(entry, offset, data))
     }
+}
+
+/// A data message: `data` read from `entry` at `offset`, with its CRC32C and version.
+fn chunk(entry: &Entry, offset: u64, data: bytes::Bytes) -> Chunk {
+    Chunk { offset, crc32c: crc32c(&data), data, version: entry.version.clone() }
 }
 
 /// `VersionChanged` unless `entry` is at `expected` (or the client did not say).
@@ -139,13 +148,17 @@ impl ShardReader for CachedReader {
         let total = ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.length));
         range::check_total(total, self.max_read).map_err(Error::from)?;
         // Each shard is resolved once for the whole batch, so every range of one shard is
-        // read at the same version even if a revalidation replaces it meanwhile.
-        let mut entries: HashMap<(&str, &str), Arc<Entry>> = HashMap::new();
-        for r in &ranges {
-            if let std::collections::hash_map::Entry::Vacant(slot) = entries.entry((&r.dataset, &r.shard)) {
-                slot.insert(self.entry(&r.dataset, &r.shard, "").await?);
-            }
-        }
+        // read at the same version even if a revalidation replaces it meanwhile; the
+        // shards at once, so a cold batch over several shards costs one round trip.
+        let shards: HashSet<(&str, &str)> =
+            ranges.iter().map(|r| (r.dataset.as_str(), r.shard.as_str())).collect();
+        let resolved = futures::future::try_join_all(
+            shards
+                .into_iter()
+                .map(|key| async move { Ok::<_, Error>((key, self.entry(key.0, key.1, "").await?)) }),
+        )
+        .await?;
+        let entries: HashMap<(&str, &str), Arc<Entry>> = resolved.into_iter().collect();
         let wants = ranges
             .iter()
             .map(|r| {
@@ -156,16 +169,8 @@ impl ShardReader for CachedReader {
             })
             .collect::<Result<Vec<_>>>()?;
         let data = self.cache.read_many(&wants).await?;
-        let chunks = wants
-            .iter()
-            .zip(data)
-            .map(|(&(entry, offset, _), data)| Chunk {
-                offset,
-                crc32c: crc32c(&data),
-                data,
-                version: entry.version.clone(),
-            })
-            .collect();
+        let chunks =
+            wants.iter().zip(data).map(|(&(entry, offset, _), data)| chunk(entry, offset, data)).collect();
         self.cache.metrics.read_latency.observe(started.elapsed());
         Ok(Response::new(ReadRangesResponse { chunks }))
     }
@@ -191,12 +196,7 @@ impl ShardReader for CachedReader {
                 let started = Instant::now();
                 // Messages end on multiples of their size, as on the hub.
                 let len = (piece - pos % piece).min(end - pos);
-                let message = cache.read(&entry, pos, len).await.map(|data| Chunk {
-                    offset: pos,
-                    crc32c: crc32c(&data),
-                    data,
-                    version: entry.version.clone(),
-                });
+                let message = cache.read(&entry, pos, len).await.map(|data| chunk(&entry, pos, data));
                 cache.metrics.read_latency.observe(started.elapsed());
                 let failed = message.is_err();
                 if tx.send(message.map_err(Status::from)).await.is_err() || failed {
