@@ -64,6 +64,14 @@ pub struct CacheConfig {
     pub upstream_bytes_in_flight: u64,
 }
 
+/// Chunk requests to the hubs in flight at once, whatever their size. The byte bound
+/// alone let a cold read of many small chunks (16 MiB in 64 KiB chunks) send 256
+/// requests at once, and a hub sheds what is over its `--max-concurrency` (256 by
+/// default, for all its spokes together) with RESOURCE_EXHAUSTED. 32 is what whole-shard
+/// fetches kept in flight before reads started all their chunks at once (4 shards x 8);
+/// with the default 4 MiB chunks the 64 MiB byte bound (16 chunks) binds first.
+pub const UPSTREAM_REQUESTS_IN_FLIGHT: usize = 32;
+
 type ShardKey = (String, String);
 pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 type SharedLookup = Shared<BoxFuture<'static, Result<Arc<Entry>>>>;
@@ -83,6 +91,8 @@ pub struct Cache {
     lookups: Mutex<HashMap<ShardKey, SharedLookup>>,
     /// Room for `upstream_bytes_in_flight`, in KiB permits.
     pub(crate) upstream_budget: tokio::sync::Semaphore,
+    /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests to the hubs.
+    pub(crate) upstream_requests: tokio::sync::Semaphore,
     next_id: AtomicU64,
     pub(crate) used: AtomicU64,
     started: Instant,
@@ -158,6 +168,7 @@ impl Cache {
             inflight: Mutex::default(),
             lookups: Mutex::default(),
             upstream_budget,
+            upstream_requests: tokio::sync::Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT),
             next_id: AtomicU64::new(next_id),
             used: AtomicU64::new(used),
             started: Instant::now(),
@@ -382,11 +393,10 @@ impl Cache {
             parts.iter().filter(|p| p.fetch.is_none()).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
         if !stored.is_empty() {
             let store = self.store.clone();
-            let read = blocking(move || {
+            let read: Vec<Result<Bytes, PageFault>> = blocking(move || {
                 stored.into_iter().map(|(id, from, len)| store.read(id, from, len)).collect()
             })
             .await?;
-            let read: Vec<Result<Bytes, PageFault>> = read;
             for (part, result) in parts.iter_mut().filter(|p| p.fetch.is_none()).zip(read) {
                 match result {
                     Ok(bytes) => part.bytes = Some(bytes),

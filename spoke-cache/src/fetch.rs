@@ -83,7 +83,15 @@ impl Cache {
                     .acquire_many(length.div_ceil(1024) as u32)
                     .await
                     .map_err(|_| Error::Internal("upstream budget closed".into()))?;
-                let fetched = cache.fetch_verified(&entry, offset, length).await;
+                let fetched = {
+                    // Held for the request only: storing the chunk needs no hub.
+                    let _request = cache
+                        .upstream_requests
+                        .acquire()
+                        .await
+                        .map_err(|_| Error::Internal("upstream requests closed".into()))?;
+                    cache.fetch_verified(&entry, offset, length).await
+                };
                 let _ = bytes_tx.send(fetched.clone());
                 if let Err(e) = cache.admit(&entry, index, fetched?).await {
                     // Serving the verified bytes was still right; only caching them failed.

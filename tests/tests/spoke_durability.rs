@@ -154,16 +154,19 @@ async fn kill_9_during_prefetch_then_restart_serves_only_correct_bytes() {
 
 /// A reader gets a fetched chunk's bytes before the chunk is stored; a clean stop
 /// (SIGTERM) right after the read still keeps it: the next start serves it as a hit.
+/// The read is 256 chunks, all missing at once: the spoke must not send them all to the
+/// hub together (this test hub sheds over 64 requests in flight).
 #[tokio::test]
 async fn sigterm_right_after_a_cold_read_keeps_what_was_read() {
     let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let dir = make_dataset(root.path(), "ds", 1, 4 << 20);
+    let dir = make_dataset(root.path(), "ds", 1, 16 << 20);
     let want = std::fs::read(dir.join("shard-00000.bin")).unwrap();
     let hub = TestHub::start(root.path()).await;
-    let args = ["--chunk-size", "1MiB", "--fetch-whole-shard", "false", "--read-ahead-chunks", "0"];
+    // 256 small chunks: many admissions still queued when the read has its bytes.
+    let args = ["--chunk-size", "64KiB", "--fetch-whole-shard", "false", "--read-ahead-chunks", "0"];
     let mut spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &args);
     let client = Client::connect(&spoke.endpoint).await.unwrap();
-    let got = client.read_range(&Range::new("ds", "shard-00000.bin", 0, 4 << 20)).await.unwrap();
+    let got = client.read_range(&Range::new("ds", "shard-00000.bin", 0, 16 << 20)).await.unwrap();
     assert_eq!(got.data, want);
     let pid = spoke.child.id().to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
@@ -175,7 +178,7 @@ async fn sigterm_right_after_a_cold_read_keeps_what_was_read() {
     let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &args);
     let before = hub.stats.snapshot().bytes_served;
     let again = Client::connect(&spoke.endpoint).await.unwrap();
-    let got = again.read_range(&Range::new("ds", "shard-00000.bin", 0, 4 << 20)).await.unwrap();
+    let got = again.read_range(&Range::new("ds", "shard-00000.bin", 0, 16 << 20)).await.unwrap();
     assert_eq!(got.data, want);
     assert_eq!(hub.stats.snapshot().bytes_served, before, "every chunk read before the stop was kept");
 }
