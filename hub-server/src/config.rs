@@ -4,6 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
 use shardcache_proto::units::ByteSize;
+use shardcache_reader::ReadLimits;
 use shardcache_serving::{
     server::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security},
     transport::Http2Settings,
@@ -12,7 +13,6 @@ use shardcache_serving::{
 use crate::{
     Error,
     server::ServeOptions,
-    service::ReadLimits,
     source::s3::{S3Location, S3Options},
 };
 

@@ -2,14 +2,15 @@
 //! status code for each.
 
 use shardcache_proto::{names::NameError, range::RangeError};
+use shardcache_reader::ReadError;
 
 /// Errors of the hub's sources and services.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Bad names and ranges, versions that changed, page tokens: the read service's
+    /// own words, shared with the spoke.
     #[error(transparent)]
-    Name(#[from] NameError),
-    #[error(transparent)]
-    Range(#[from] RangeError),
+    Read(#[from] ReadError),
     #[error("dataset {dataset:?} not found")]
     DatasetNotFound { dataset: String },
     #[error("shard {shard:?} not found in dataset {dataset:?}")]
@@ -18,19 +19,12 @@ pub enum Error {
     NotAFile { dataset: String, shard: String },
     #[error("{what} resolves outside the served root (a symlink leading out of it); it is not served")]
     OutsideRoot { what: String },
-    #[error(
-        "shard {shard:?} in dataset {dataset:?} is at version {found}, not {expected}: it changed \
-         since it was stat'ed or while it was read; stat it again and restart the read"
-    )]
-    VersionChanged { dataset: String, shard: String, expected: String, found: String },
     /// The source refused the hub's own credentials (S3 AccessDenied, a bad key).
     #[error("{store} refused the hub: {message}")]
     SourceDenied { store: String, message: String },
     /// The source cannot be used now (throttled past the retries, down, no bucket).
     #[error("{store} is unavailable: {message}")]
     SourceUnavailable { store: String, message: String },
-    #[error("page token {token:?} is not one this server issued; start listing again without a token")]
-    BadPageToken { token: String },
     #[error("cannot read {what}: {source}")]
     Io {
         what: String,
@@ -47,7 +41,29 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl From<NameError> for Error {
+    fn from(err: NameError) -> Self {
+        Error::Read(err.into())
+    }
+}
+
+impl From<RangeError> for Error {
+    fn from(err: RangeError) -> Self {
+        Error::Read(err.into())
+    }
+}
+
 impl Error {
+    /// The shard is no longer at the version it was opened at (`found` says what it is).
+    pub fn version_changed(dataset: &str, shard: &str, expected: &str, found: impl Into<String>) -> Self {
+        Error::Read(ReadError::VersionChanged {
+            dataset: dataset.to_owned(),
+            shard: shard.to_owned(),
+            expected: expected.to_owned(),
+            found: found.into(),
+        })
+    }
+
     /// An I/O error while working on `what` (a dataset or `dataset/shard`, never a host path).
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { what: what.into(), source }
@@ -59,13 +75,11 @@ impl From<Error> for tonic::Status {
         use tonic::Status;
         let message = err.to_string();
         match err {
-            Error::Name(e) => e.into(),
-            Error::Range(e) => e.into(),
-            Error::BadPageToken { .. } | Error::OutsideRoot { .. } => Status::invalid_argument(message),
+            Error::Read(e) => e.into(),
+            Error::OutsideRoot { .. } => Status::invalid_argument(message),
             Error::DatasetNotFound { .. } | Error::ShardNotFound { .. } | Error::NotAFile { .. } => {
                 Status::not_found(message)
             }
-            Error::VersionChanged { .. } => Status::aborted(message),
             Error::SourceDenied { .. } => Status::permission_denied(message),
             Error::SourceUnavailable { .. } => Status::unavailable(message),
             Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {

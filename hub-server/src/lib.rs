@@ -1,8 +1,8 @@
-//! shardcache hub: serves the shards of datasets from a [`source::Source`] over the
-//! `shardcache.v1.ShardReader` gRPC API.
+//! shardcache hub: serves the shards of datasets from a [`source::Storage`] over the
+//! `shardcache.v1.ShardReader` gRPC API (the read service of [`shardcache_reader`]).
 //!
-//! - [`source`]: where bytes come from (a local directory; S3 later), version-checked;
-//! - [`service`]: the gRPC read service: validation, limits, CRC32C on every chunk;
+//! - [`source`]: where bytes come from (a local directory or an S3 prefix),
+//!   version-checked, and how the shared read service sees them;
 //! - [`server`]: assembly of health, reflection, layers and graceful shutdown;
 //! - [`stats`]: counters of what was served;
 //! - [`config`]: flags and environment variables;
@@ -11,7 +11,6 @@
 pub mod config;
 pub mod error;
 pub mod server;
-pub mod service;
 pub mod source;
 pub mod stats;
 

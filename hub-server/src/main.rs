@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use hub_server::{
     config::{HubArgs, SourceSpec},
-    source::{Source, local::LocalSource, s3::S3Source},
+    source::{Storage, local::LocalSource, s3::S3Source},
     stats::HubStats,
 };
 
@@ -37,7 +37,7 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn run<S: Source>(
+async fn run<S: Storage>(
     args: &HubArgs,
     source: S,
     what: &str,

@@ -11,10 +11,11 @@ use shardcache_serving::{
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 
+use shardcache_reader::{ReadLimits, ReadService};
+
 use crate::{
     Error, Result,
-    service::{ReadLimits, ReadService},
-    source::Source,
+    source::{HubSource, Storage},
     stats::HubStats,
 };
 
@@ -37,7 +38,7 @@ pub struct ServeOptions {
 /// Serves `source` on `listener` until `shutdown` resolves, then lets in-flight
 /// requests finish. Tests pass a listener bound to `127.0.0.1:0` and a oneshot; the
 /// binary passes its `--listen` socket and SIGTERM/SIGINT. `stats` counts what was served.
-pub async fn serve<S: Source>(
+pub async fn serve<S: Storage>(
     listener: TcpListener,
     source: S,
     options: ServeOptions,
@@ -45,11 +46,11 @@ pub async fn serve<S: Source>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<ShardReaderServer<ReadService<S>>>().await;
+    health.set_serving::<ShardReaderServer<ReadService<HubSource<S>>>>().await;
     let (reflection_v1, reflection_v1alpha) =
         server::reflection().map_err(|e| Error::Internal(e.to_string()))?;
 
-    let reader = ShardReaderServer::new(ReadService::new(source, options.limits, stats))
+    let reader = ShardReaderServer::new(ReadService::new(HubSource(source), options.limits, stats))
         // Responses are bounded by --max-read; requests by the number of ranges.
         .max_encoding_message_size(usize::MAX)
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);

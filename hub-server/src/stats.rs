@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use shardcache_reader::Observer;
+
 /// Requests and bytes served since start. Cheap to update: relaxed atomics.
 #[derive(Debug, Default)]
 pub struct HubStats {
@@ -22,19 +24,22 @@ pub struct HubStatsSnapshot {
     pub bytes_served: u64,
 }
 
-impl HubStats {
-    pub fn stat_request(&self) {
+/// The read service counts into the hub's stats.
+impl Observer for HubStats {
+    fn stat_request(&self) {
         self.stat_requests.fetch_add(1, Relaxed);
     }
 
-    pub fn read_request(&self) {
+    fn read_request(&self) {
         self.read_requests.fetch_add(1, Relaxed);
     }
 
-    pub fn served(&self, bytes: usize) {
+    fn served(&self, bytes: usize) {
         self.bytes_served.fetch_add(bytes as u64, Relaxed);
     }
+}
 
+impl HubStats {
     pub fn snapshot(&self) -> HubStatsSnapshot {
         HubStatsSnapshot {
             stat_requests: self.stat_requests.load(Relaxed),

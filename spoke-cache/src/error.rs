@@ -4,13 +4,14 @@
 //! chunk, and each of them gets the fetch's error.
 
 use shardcache_proto::{names::NameError, range::RangeError};
+use shardcache_reader::ReadError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
+    /// Bad names and ranges, versions that changed, page tokens: the read service's
+    /// own words, shared with the hub.
     #[error(transparent)]
-    Name(#[from] NameError),
-    #[error(transparent)]
-    Range(#[from] RangeError),
+    Read(#[from] ReadError),
     /// The hub answered with an error status; passed on with its code.
     #[error("hub {hub}: {message}")]
     Hub { hub: String, code: tonic::Code, message: String },
@@ -27,11 +28,6 @@ pub enum Error {
     /// The hub sent bytes that failed verification (checksum, offsets).
     #[error("hub {hub} sent data that failed verification: {message}")]
     HubCorrupt { hub: String, message: String },
-    #[error(
-        "shard {shard:?} in dataset {dataset:?} is at version {found}, not {expected}; stat it again and \
-         restart the read"
-    )]
-    VersionChanged { dataset: String, shard: String, expected: String, found: String },
     #[error("cache storage failed while {what}: {message}")]
     Store { what: String, message: String },
     #[error("invalid configuration: {0}")]
@@ -44,6 +40,18 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl From<NameError> for Error {
+    fn from(err: NameError) -> Self {
+        Error::Read(err.into())
+    }
+}
+
+impl From<RangeError> for Error {
+    fn from(err: RangeError) -> Self {
+        Error::Read(err.into())
+    }
+}
+
 impl Error {
     /// Storage reported damaged files (as opposed to, say, a permission problem).
     pub fn is_damage(&self) -> bool {
@@ -54,12 +62,14 @@ impl Error {
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
         match self {
-            Error::Name(_) | Error::Range(_) => Code::InvalidArgument,
+            Error::Read(ReadError::VersionChanged { .. }) => Code::Aborted,
+            Error::Read(ReadError::Name(_) | ReadError::Range(_) | ReadError::BadPageToken { .. }) => {
+                Code::InvalidArgument
+            }
             Error::Hub { code, .. } => *code,
             Error::HubUnavailable { .. } | Error::HubRefused { .. } | Error::HubCorrupt { .. } => {
                 Code::Unavailable
             }
-            Error::VersionChanged { .. } => Code::Aborted,
             Error::Store { .. } | Error::Config(_) | Error::Transport(_) | Error::Internal(_) => {
                 Code::Internal
             }

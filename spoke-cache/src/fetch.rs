@@ -17,6 +17,7 @@ use futures::{
     FutureExt,
     future::{BoxFuture, Shared},
 };
+use shardcache_reader::ReadError;
 
 use crate::{
     Error, Result,
@@ -123,12 +124,12 @@ impl Cache {
             Err(e) if e.code() == tonic::Code::Aborted => {
                 // The hub has a newer version: check it at the next access.
                 entry.state().record.validated_at_ms = 0;
-                return Err(Error::VersionChanged {
+                return Err(Error::Read(ReadError::VersionChanged {
                     dataset: entry.dataset.clone(),
                     shard: entry.shard.clone(),
                     expected: entry.version.clone(),
                     found: "a newer version on the hub".into(),
-                });
+                }));
             }
             Err(e) => return Err(e),
         };

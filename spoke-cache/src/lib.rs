@@ -8,7 +8,7 @@
 //! - [`fetch`]: upstream fetches, request coalescing, admission of verified chunks;
 //! - [`upstream`]: the hubs, through the verifying client SDK;
 //! - [`evict`]: capacity, watermarks, LRU eviction;
-//! - [`service`]: the read API over the cache;
+//! - [`source`]: the cache as the shared read service's source (the hub's API);
 //! - [`control`]: prefetch, status, evict, pin;
 //! - [`metrics`]: counters and histograms, Prometheus text on an HTTP port;
 //! - [`server`]: assembly and graceful shutdown; [`config`]: flags.
@@ -22,7 +22,7 @@ pub mod evict;
 pub mod fetch;
 pub mod metrics;
 pub mod server;
-pub mod service;
+pub mod source;
 pub mod store;
 pub mod upstream;
 

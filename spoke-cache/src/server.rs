@@ -7,6 +7,7 @@ use shardcache_client::ConnectOptions;
 use shardcache_proto::v1::{
     cache_control_server::CacheControlServer, shard_reader_server::ShardReaderServer,
 };
+use shardcache_reader::{ReadLimits, ReadService};
 use shardcache_serving::{
     server::{self, Security, ShedLayer},
     transport::Http2Settings,
@@ -20,7 +21,7 @@ use crate::{
     control::Control,
     evict::run_evictor,
     metrics::{Metrics, Occupancy, serve_metrics},
-    service::CachedReader,
+    source::{CachedSource, STREAM_MESSAGE_MAX},
     store::{Store, StoreOptions},
     upstream::{HubTransport, Upstream},
 };
@@ -98,10 +99,16 @@ pub async fn serve(
     ));
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<ShardReaderServer<CachedReader>>().await;
+    health.set_serving::<ShardReaderServer<ReadService<CachedSource>>>().await;
     let (reflection_v1, reflection_v1alpha) =
         server::reflection().map_err(|e| Error::Internal(e.to_string()))?;
-    let reader = ShardReaderServer::new(CachedReader::new(cache.clone(), options.max_read))
+    let limits = ReadLimits {
+        // Streams send messages of at most STREAM_MESSAGE_MAX (a cache chunk is larger).
+        chunk_size: cache.config().chunk_size.min(STREAM_MESSAGE_MAX) as u32,
+        max_read: options.max_read,
+    };
+    let service = ReadService::new(CachedSource(cache.clone()), limits, cache.metrics.clone());
+    let reader = ShardReaderServer::new(service)
         .max_encoding_message_size(usize::MAX)
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);
     let control = CacheControlServer::new(Control::new(cache.clone()))

@@ -24,10 +24,11 @@ use std::{
     time::Duration,
 };
 
-use hub_server::{ServeOptions, service::ReadLimits, source::local::LocalSource, stats::HubStats};
+use hub_server::{ServeOptions, source::local::LocalSource, stats::HubStats};
 use sha2::{Digest, Sha256};
 use shardcache_cli::dataset_gen::{GenSpec, generate};
 use shardcache_client::{CacheClient, Client};
+use shardcache_reader::ReadLimits;
 use spoke_cache::{
     SpokeOptions,
     cache::{Cache, CacheConfig},
@@ -68,7 +69,7 @@ impl TestHub {
     }
 
     /// A hub over any source (S3 in the S3 tests).
-    pub async fn start_source<S: hub_server::source::Source>(source: S, options: ServeOptions) -> Self {
+    pub async fn start_source<S: hub_server::source::Storage>(source: S, options: ServeOptions) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();

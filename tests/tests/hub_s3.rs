@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use hub_server::source::{
-    Source,
+    Storage,
     s3::{PART_SIZE, S3Location, S3Source},
 };
 use shardcache_client::{Client, Range};

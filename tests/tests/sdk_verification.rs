@@ -7,13 +7,14 @@
 
 use std::sync::Arc;
 
-use hub_server::{service::ReadService, source::local::LocalSource};
+use hub_server::source::{HubSource, local::LocalSource};
 use shardcache_client::{Client, Error, Range};
 use shardcache_proto::v1::{
     Chunk, ListDatasetsRequest, ListDatasetsResponse, ListShardsRequest, ListShardsResponse,
     ReadRangeRequest, ReadRangesRequest, ReadRangesResponse, ShardInfo, StatShardRequest, StreamShardRequest,
     shard_reader_server::{ShardReader, ShardReaderServer},
 };
+use shardcache_reader::ReadService;
 use shardcache_tests::{test_options, write_pattern};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -28,7 +29,7 @@ enum Damage {
 }
 
 struct Damaging {
-    inner: ReadService<Arc<LocalSource>>,
+    inner: ReadService<HubSource<Arc<LocalSource>>>,
     damage: Damage,
 }
 
@@ -96,7 +97,7 @@ impl ShardReader for Damaging {
 
 async fn damaging_server(root: &std::path::Path, damage: Damage) -> Client {
     let source = Arc::new(LocalSource::new(root).unwrap());
-    let inner = ReadService::new(source, test_options().limits, Default::default());
+    let inner = ReadService::new(HubSource(source), test_options().limits, Arc::new(()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(

@@ -44,14 +44,31 @@ async fn same_answers(hub: &Client, spoke: &Client, len: u64) {
         hl.iter().map(|s| (&s.shard, s.size, &s.version)).collect::<Vec<_>>(),
         sl.iter().map(|s| (&s.shard, s.size, &s.version)).collect::<Vec<_>>()
     );
-    // Errors too: same code, same words.
+    // Errors too: same code, same words (one read service serves both).
+    let mut stale = Range::new("ds", "s.bin", 0, 1);
+    stale.expected_version = Some("an-old-version".into());
     for range in [
         Range::new("ds", "../x", 0, 1),
         Range::new("ds", "nope.bin", 0, 1),
         Range::new("ds", "s.bin", len, 1),
+        Range::new("ds", "s.bin", 0, 1 << 30),
+        stale,
     ] {
         let (a, b) = (hub.read_range(&range).await.unwrap_err(), spoke.read_range(&range).await.unwrap_err());
-        assert_eq!(a.code(), b.code(), "{range:?}: {a} / {b}");
+        assert_eq!(status(a), status(b), "{range:?}");
+    }
+    let (a, b) = (
+        hub.list_shards_page("ds", 10, "../bad-token").await.unwrap_err(),
+        spoke.list_shards_page("ds", 10, "../bad-token").await.unwrap_err(),
+    );
+    assert_eq!(status(a), status(b));
+}
+
+/// The code and message of a failed call.
+fn status(err: shardcache_client::Error) -> (tonic::Code, String) {
+    match err {
+        shardcache_client::Error::Status { status, .. } => (status.code(), status.message().to_owned()),
+        other => panic!("not a status: {other}"),
     }
 }
 

@@ -25,7 +25,7 @@ use std::{
 use bytes::Bytes;
 use shardcache_proto::names::{DATASET_META_FILE, DatasetName, ShardName};
 
-use super::{DatasetMeta, ShardHandle, ShardMeta, Source};
+use super::{DatasetMeta, ShardHandle, ShardMeta, Storage};
 use crate::{Error, Result};
 
 /// Open descriptors kept for reuse. Each costs one fd; 1024 stays well under the usual
@@ -252,7 +252,7 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + '
         .unwrap_or_else(|e| Err(Error::Internal(format!("filesystem task failed: {e}"))))
 }
 
-impl Source for Arc<LocalSource> {
+impl Storage for Arc<LocalSource> {
     type Shard = LocalShard;
 
     async fn list_datasets(&self) -> Result<Vec<DatasetMeta>> {
@@ -277,6 +277,8 @@ impl Source for Arc<LocalSource> {
 }
 
 impl ShardHandle for LocalShard {
+    type Error = Error;
+
     fn meta(&self) -> &ShardMeta {
         &self.0.meta
     }
@@ -289,12 +291,7 @@ impl ShardHandle for LocalShard {
 
 impl OpenShard {
     fn changed(&self, found: String) -> Error {
-        Error::VersionChanged {
-            dataset: self.dataset.clone(),
-            shard: self.meta.name.clone(),
-            expected: self.meta.version.clone(),
-            found,
-        }
+        Error::version_changed(&self.dataset, &self.meta.name, &self.meta.version, found)
     }
 
     fn read_at_blocking(&self, offset: u64, len: usize) -> Result<Bytes> {
@@ -345,7 +342,10 @@ mod tests {
         assert_eq!(&three.read_at(0, 7).await.unwrap()[..], b"second!");
         // The old handle never returns the new bytes: replacing the file unlinked the old
         // inode, which moved its ctime, so reads through the old handle are refused.
-        assert!(matches!(one.read_at(0, 5).await, Err(Error::VersionChanged { .. })));
+        assert!(matches!(
+            one.read_at(0, 5).await,
+            Err(Error::Read(shardcache_reader::ReadError::VersionChanged { .. }))
+        ));
 
         for i in 0..MAX_OPEN_FILES + 10 {
             let shard = format!("f{i}");

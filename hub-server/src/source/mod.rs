@@ -1,32 +1,28 @@
-//! Where shard bytes come from. The service speaks gRPC; a [`Source`] knows storage.
+//! Where the hub's shard bytes come from: a [`Storage`] (a local directory, [`local`],
+//! or an S3 prefix, [`s3`], ETag + If-Match) served through the shared read service
+//! ([`shardcache_reader`]) by [`HubSource`].
 //!
-//! A source lists datasets and shards and opens a shard at its current version; the
-//! opened [`ShardHandle`] reads ranges *of that version only*, failing with
-//! [`Error::VersionChanged`](crate::Error::VersionChanged) rather than returning bytes
-//! of a newer one. That contract is what lets the service promise "never mixed bytes"
-//! for any source: a local directory ([`local`]) or an S3 prefix ([`s3`], ETag + If-Match).
+//! A storage lists datasets and shards and opens a shard at its current version; the
+//! opened handle reads ranges *of that version only*, failing with `VersionChanged`
+//! rather than returning bytes of a newer one. [`HubSource`] adds what the read service
+//! asks of every source and storages need not each write: dataset totals, pages,
+//! `StatShard`'s record size.
 
 pub mod local;
 pub mod s3;
 
 use std::future::Future;
 
-use bytes::Bytes;
-use shardcache_proto::names::{DatasetName, ShardName};
+use shardcache_proto::{
+    names::{DatasetName, ShardName},
+    v1::DatasetInfo,
+};
+pub use shardcache_reader::{ShardHandle, ShardMeta};
+use shardcache_reader::{ShardPage, ShardStat, Source};
 
-use crate::Result;
+use crate::{Error, Result};
 
-/// What a source knows about one shard at one moment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardMeta {
-    /// Relative name inside the dataset.
-    pub name: String,
-    pub size: u64,
-    /// Opaque version; equal versions mean equal bytes.
-    pub version: String,
-}
-
-/// What a source knows about one dataset.
+/// What a storage knows about one dataset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DatasetMeta {
     pub name: String,
@@ -35,11 +31,10 @@ pub struct DatasetMeta {
 }
 
 /// A storage backend the hub serves from.
-pub trait Source: Send + Sync + 'static {
-    type Shard: ShardHandle;
+pub trait Storage: Send + Sync + 'static {
+    type Shard: ShardHandle<Error = Error>;
 
-    /// Chunk reads a `StreamShard` keeps in flight. A local disk reads ahead on its own;
-    /// an object store answers each GET after a round trip, so several run at once.
+    /// Chunk reads a `StreamShard` keeps in flight (see [`Source::READ_PARALLELISM`]).
     const READ_PARALLELISM: usize = 1;
 
     /// Every dataset, in name order.
@@ -59,11 +54,52 @@ pub trait Source: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Shard>> + Send;
 }
 
-/// A shard opened at one version.
-pub trait ShardHandle: Clone + Send + Sync + 'static {
-    fn meta(&self) -> &ShardMeta;
+/// A storage as the read service's [`Source`].
+#[derive(Debug)]
+pub struct HubSource<S>(pub S);
 
-    /// Reads `[offset, offset + len)`, which the caller has checked lies inside the shard.
-    /// Fails with `VersionChanged` if the shard is no longer at [`ShardHandle::meta`]'s version.
-    fn read_at(&self, offset: u64, len: usize) -> impl Future<Output = Result<Bytes>> + Send;
+impl<S: Storage> Source for HubSource<S> {
+    type Shard = S::Shard;
+    type Error = Error;
+    const READ_PARALLELISM: usize = S::READ_PARALLELISM;
+
+    async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<Vec<DatasetInfo>> {
+        let mut datasets = Vec::new();
+        for meta in self.0.list_datasets().await?.into_iter().filter(|m| wanted(&m.name)) {
+            let shards = self.0.list_shards(&DatasetName::new(&meta.name)?).await?;
+            datasets.push(DatasetInfo {
+                shard_count: shards.len() as u64,
+                total_bytes: shards.iter().map(|s| s.size).sum(),
+                name: meta.name,
+                record_size: meta.record_size,
+            });
+        }
+        Ok(datasets)
+    }
+
+    async fn list_shards(
+        &self,
+        dataset: &DatasetName,
+        after: Option<&ShardName>,
+        limit: usize,
+    ) -> Result<ShardPage> {
+        let record_size = self.0.dataset(dataset).await?.record_size;
+        let mut shards = self.0.list_shards(dataset).await?;
+        let start = after.map_or(0, |after| shards.partition_point(|s| s.name.as_str() <= after.as_str()));
+        let end = start.saturating_add(limit).min(shards.len());
+        let more = end < shards.len();
+        shards.truncate(end);
+        shards.drain(..start);
+        Ok(ShardPage { shards, record_size, more })
+    }
+
+    async fn open(&self, dataset: &DatasetName, shard: &ShardName) -> Result<S::Shard> {
+        self.0.open(dataset, shard).await
+    }
+
+    async fn stat(&self, dataset: &DatasetName, shard: &ShardName) -> Result<ShardStat> {
+        let handle = self.0.open(dataset, shard).await?;
+        let record_size = self.0.dataset(dataset).await?.record_size;
+        Ok(ShardStat { meta: handle.meta().clone(), record_size })
+    }
 }

@@ -7,7 +7,7 @@
 //! - Reads larger than [`PART_SIZE`] are split into ranged GETs run [`READ_PARALLELISM`]
 //!   at a time (one GET stream from S3 gives ~50-100 MB/s; several fill the NIC).
 //!   `StreamShard` keeps the same number of chunk reads in flight
-//!   ([`Source::READ_PARALLELISM`]), so memory per stream stays a few chunks.
+//!   ([`Storage::READ_PARALLELISM`]), so memory per stream stays a few chunks.
 //! - Listings are paginated and cached for [`LISTING_TTL`]: `ListDatasets` lists every
 //!   dataset's shards, and a spoke's prefetch plan asks for them right after.
 //! - Credentials and region come from `aws-config`'s default chain (environment, profile,
@@ -32,7 +32,9 @@ use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 use shardcache_proto::names::{DATASET_META_FILE, DatasetName, ShardName};
 
-use super::{DatasetMeta, ShardHandle, ShardMeta, Source};
+use shardcache_reader::ReadError;
+
+use super::{DatasetMeta, ShardHandle, ShardMeta, Storage};
 use crate::{Error, Result};
 
 /// Largest single ranged GET. AWS's guidance for parallel GETs is 8-16 MB parts: large
@@ -269,12 +271,7 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>
             message: format!("bucket {bucket} does not exist (NoSuchBucket)"),
         },
         (Some(404), _) | (_, "NoSuchKey" | "NotFound") => not_found(),
-        (Some(412), _) | (_, "PreconditionFailed") => Error::VersionChanged {
-            dataset: String::new(),
-            shard: what.to_owned(),
-            expected: String::new(),
-            found: "a newer object".to_owned(),
-        },
+        (Some(412), _) | (_, "PreconditionFailed") => Error::version_changed("", what, "", "a newer object"),
         (Some(403), _) | (_, "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch") => {
             Error::SourceDenied {
                 store: format!("s3://{bucket}"),
@@ -291,7 +288,7 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>
     }
 }
 
-impl Source for Arc<S3Source> {
+impl Storage for Arc<S3Source> {
     type Shard = S3Shard;
     const READ_PARALLELISM: usize = READ_PARALLELISM;
 
@@ -400,12 +397,7 @@ impl OpenObject {
             .into_bytes();
         if data.len() as u64 != len {
             // A shorter object than the ETag we hold said: it changed.
-            return Err(self.with_context(Error::VersionChanged {
-                dataset: String::new(),
-                shard: String::new(),
-                expected: String::new(),
-                found: "a shorter object".into(),
-            }));
+            return Err(self.with_context(Error::version_changed("", "", "", "a shorter object")));
         }
         Ok(data)
     }
@@ -413,18 +405,17 @@ impl OpenObject {
     /// Fills in which shard a `VersionChanged` is about.
     fn with_context(&self, err: Error) -> Error {
         match err {
-            Error::VersionChanged { found, .. } => Error::VersionChanged {
-                dataset: self.dataset.clone(),
-                shard: self.meta.name.clone(),
-                expected: self.meta.version.clone(),
-                found,
-            },
+            Error::Read(ReadError::VersionChanged { found, .. }) => {
+                Error::version_changed(&self.dataset, &self.meta.name, &self.meta.version, found)
+            }
             other => other,
         }
     }
 }
 
 impl ShardHandle for S3Shard {
+    type Error = Error;
+
     fn meta(&self) -> &ShardMeta {
         &self.0.meta
     }

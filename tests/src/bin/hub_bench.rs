@@ -14,8 +14,9 @@
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use hub_server::{ServeOptions, service::ReadLimits};
+use hub_server::ServeOptions;
 use shardcache_client::{Client, Range};
+use shardcache_reader::ReadLimits;
 use shardcache_tests::{
     TestHub,
     bench::{mb_per_s, next_random, percentiles, raw_tcp},

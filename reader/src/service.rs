@@ -1,0 +1,308 @@
+//! The `shardcache.v1.ShardReader` service over any [`Source`]: validates every request,
+//! checks grants, enforces the read limits, pages listings, shapes `ReadRanges` and
+//! `StreamShard`, and stamps each data message with its CRC32C and version.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use futures::{StreamExt, future::try_join_all};
+use shardcache_proto::{
+    checksum::crc32c,
+    names::{DatasetName, ShardName},
+    range,
+    v1::{
+        Chunk, ListDatasetsRequest, ListDatasetsResponse, ListShardsRequest, ListShardsResponse,
+        ReadRangeRequest, ReadRangesRequest, ReadRangesResponse, ShardInfo, StatShardRequest,
+        StreamShardRequest, shard_reader_server::ShardReader,
+    },
+};
+use shardcache_serving::auth::Grant;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    ReadError,
+    source::{ShardHandle, ShardMeta, Source},
+};
+
+/// Shards per `ListShards` page when the request does not say.
+pub const DEFAULT_PAGE_SIZE: usize = 1000;
+/// Largest page a client may ask for; bounds one response to ~1 MB of names.
+pub const MAX_PAGE_SIZE: usize = 10_000;
+/// Messages a stream reads ahead of what the client has taken. Two keeps the source busy
+/// while the previous message is on the wire; at 1 MiB messages it is 2 MiB per stream.
+pub const STREAM_READ_AHEAD: usize = 2;
+
+/// How reads are cut and bounded.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits {
+    /// Size of the messages `StreamShard` sends (and the alignment of their offsets),
+    /// reported as `ShardInfo.chunk_size`.
+    pub chunk_size: u32,
+    /// Most bytes one `ReadRange` or `ReadRanges` call returns.
+    pub max_read: u64,
+}
+
+/// What a server counts of the requests it serves (the hub's stats, the spoke's
+/// metrics). Every method has a default that counts nothing.
+pub trait Observer: Send + Sync + std::fmt::Debug + 'static {
+    /// A `ListDatasets`, `ListShards` or `StatShard` call.
+    fn stat_request(&self) {}
+    /// A `ReadRange`, `ReadRanges` or `StreamShard` call.
+    fn read_request(&self) {}
+    /// Shard bytes about to be sent in data messages.
+    fn served(&self, _bytes: usize) {}
+    /// A read finished: a `ReadRange` or `ReadRanges` call, or one message of a stream.
+    fn read_latency(&self, _elapsed: Duration) {}
+}
+
+/// Counts nothing.
+impl Observer for () {}
+
+/// `ShardReader` over a source.
+#[derive(Debug)]
+pub struct ReadService<S> {
+    source: S,
+    limits: ReadLimits,
+    observer: Arc<dyn Observer>,
+}
+
+type Result<T, E> = std::result::Result<T, E>;
+
+impl<S: Source> ReadService<S> {
+    pub fn new(source: S, limits: ReadLimits, observer: Arc<dyn Observer>) -> Self {
+        Self { source, limits, observer }
+    }
+
+    /// Opens a shard, holding it to `expected_version` when the client gave one.
+    async fn open(&self, dataset: &str, shard: &str, expected_version: &str) -> Result<S::Shard, S::Error> {
+        let (dataset_name, shard_name) = names(dataset, shard)?;
+        let handle = self.source.open(&dataset_name, &shard_name).await?;
+        expect_version(handle.meta(), dataset, expected_version)?;
+        Ok(handle)
+    }
+
+    fn shard_info(&self, dataset: &str, meta: &ShardMeta, record_size: u32) -> ShardInfo {
+        ShardInfo {
+            dataset: dataset.to_owned(),
+            shard: meta.name.clone(),
+            size: meta.size,
+            version: meta.version.clone(),
+            chunk_size: self.limits.chunk_size,
+            record_size,
+        }
+    }
+}
+
+fn names(dataset: &str, shard: &str) -> Result<(DatasetName, ShardName), ReadError> {
+    Ok((DatasetName::new(dataset)?, ShardName::new(shard)?))
+}
+
+/// `VersionChanged` unless the shard is at `expected` (or the client did not say).
+fn expect_version(meta: &ShardMeta, dataset: &str, expected: &str) -> Result<(), ReadError> {
+    if expected.is_empty() || expected == meta.version {
+        return Ok(());
+    }
+    Err(ReadError::VersionChanged {
+        dataset: dataset.to_owned(),
+        shard: meta.name.clone(),
+        expected: expected.to_owned(),
+        found: meta.version.clone(),
+    })
+}
+
+/// A data message: `data` read at `offset` of a shard at `version`.
+fn chunk(offset: u64, data: Bytes, version: &str) -> Chunk {
+    Chunk { offset, crc32c: crc32c(&data), data, version: version.to_owned() }
+}
+
+/// `[offset, end)` cut into messages of `size` that end on multiples of it, so every
+/// reader of a shard sees the same boundaries.
+fn messages(offset: u64, end: u64, size: u64) -> impl Iterator<Item = (u64, u64)> {
+    std::iter::successors((offset < end).then_some(offset), move |&pos| {
+        let next = pos + (size - pos % size);
+        (next < end).then_some(next)
+    })
+    .map(move |pos| (pos, (size - pos % size).min(end - pos)))
+}
+
+#[tonic::async_trait]
+impl<S: Source> ShardReader for ReadService<S> {
+    async fn list_datasets(
+        &self,
+        request: Request<ListDatasetsRequest>,
+    ) -> Result<Response<ListDatasetsResponse>, Status> {
+        self.observer.stat_request();
+        let grant = Grant::of(&request)?;
+        // A token lists only the datasets it may read.
+        let datasets = self.source.list_datasets(&|name| grant.allows(name)).await.map_err(Into::into)?;
+        Ok(Response::new(ListDatasetsResponse { datasets }))
+    }
+
+    async fn list_shards(
+        &self,
+        request: Request<ListShardsRequest>,
+    ) -> Result<Response<ListShardsResponse>, Status> {
+        self.observer.stat_request();
+        let grant = Grant::of(&request)?;
+        let req = request.into_inner();
+        grant.check(&req.dataset)?;
+        let dataset = DatasetName::new(&req.dataset).map_err(ReadError::from)?;
+        // The token is the last name of the previous page: stable while shards come and go.
+        let after = match req.page_token.as_str() {
+            "" => None,
+            token => {
+                Some(ShardName::new(token).map_err(|_| ReadError::BadPageToken { token: token.to_owned() })?)
+            }
+        };
+        let page_size = match req.page_size as usize {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        };
+        let page = self.source.list_shards(&dataset, after.as_ref(), page_size).await.map_err(Into::into)?;
+        let next_page_token = match page.shards.last() {
+            Some(last) if page.more => last.name.clone(),
+            _ => String::new(),
+        };
+        let shards = page.shards.iter().map(|s| self.shard_info(&req.dataset, s, page.record_size)).collect();
+        Ok(Response::new(ListShardsResponse { shards, next_page_token }))
+    }
+
+    async fn stat_shard(&self, request: Request<StatShardRequest>) -> Result<Response<ShardInfo>, Status> {
+        self.observer.stat_request();
+        let grant = Grant::of(&request)?;
+        let req = request.into_inner();
+        grant.check(&req.dataset)?;
+        let (dataset, shard) = names(&req.dataset, &req.shard)?;
+        let stat = self.source.stat(&dataset, &shard).await.map_err(Into::into)?;
+        Ok(Response::new(self.shard_info(&req.dataset, &stat.meta, stat.record_size)))
+    }
+
+    async fn read_range(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
+        let started = Instant::now();
+        self.observer.read_request();
+        let grant = Grant::of(&request)?;
+        let req = request.into_inner();
+        grant.check(&req.dataset)?;
+        range::check_total(req.length, self.limits.max_read).map_err(ReadError::from)?;
+        let handle = self.open(&req.dataset, &req.shard, &req.expected_version).await.map_err(Into::into)?;
+        let meta = handle.meta();
+        range::check_within(req.offset, req.length, meta.size).map_err(ReadError::from)?;
+        // `length` fits in usize: it is under `max_read`, checked above.
+        let data = handle.read_at(req.offset, req.length as usize).await.map_err(Into::into)?;
+        self.observer.served(data.len());
+        self.observer.read_latency(started.elapsed());
+        Ok(Response::new(chunk(req.offset, data, &meta.version)))
+    }
+
+    async fn read_ranges(
+        &self,
+        request: Request<ReadRangesRequest>,
+    ) -> Result<Response<ReadRangesResponse>, Status> {
+        let started = Instant::now();
+        self.observer.read_request();
+        let grant = Grant::of(&request)?;
+        let ranges = request.into_inner().ranges;
+        range::check_count(ranges.len()).map_err(ReadError::from)?;
+        for r in &ranges {
+            grant.check(&r.dataset)?;
+        }
+        let total = ranges.iter().fold(0u64, |sum, r| sum.saturating_add(r.length));
+        range::check_total(total, self.limits.max_read).map_err(ReadError::from)?;
+        // Each shard is opened once for the whole batch, so every range of one shard is
+        // read at the same version even if the shard changes meanwhile; and the shards at
+        // once, so a batch over shards the spoke has not seen costs one round trip.
+        let shards: HashSet<(&str, &str)> =
+            ranges.iter().map(|r| (r.dataset.as_str(), r.shard.as_str())).collect();
+        let opened = try_join_all(
+            shards
+                .into_iter()
+                .map(|key| async move { Ok::<_, S::Error>((key, self.open(key.0, key.1, "").await?)) }),
+        )
+        .await
+        .map_err(Into::into)?;
+        let handles: HashMap<(&str, &str), S::Shard> = opened.into_iter().collect();
+        let reads = ranges
+            .iter()
+            .map(|r| {
+                let handle = &handles[&(r.dataset.as_str(), r.shard.as_str())];
+                expect_version(handle.meta(), &r.dataset, &r.expected_version)?;
+                range::check_within(r.offset, r.length, handle.meta().size)?;
+                Ok((handle, r.offset, r.length))
+            })
+            .collect::<Result<Vec<_>, ReadError>>()?;
+        let data = self.source.read_many(&reads).await.map_err(Into::into)?;
+        self.observer.served(data.iter().map(Bytes::len).sum());
+        let chunks = reads
+            .iter()
+            .zip(data)
+            .map(|(&(handle, offset, _), data)| chunk(offset, data, &handle.meta().version))
+            .collect();
+        self.observer.read_latency(started.elapsed());
+        Ok(Response::new(ReadRangesResponse { chunks }))
+    }
+
+    type StreamShardStream = ReceiverStream<Result<Chunk, Status>>;
+
+    async fn stream_shard(
+        &self,
+        request: Request<StreamShardRequest>,
+    ) -> Result<Response<Self::StreamShardStream>, Status> {
+        self.observer.read_request();
+        let grant = Grant::of(&request)?;
+        let req = request.into_inner();
+        grant.check(&req.dataset)?;
+        let handle = self.open(&req.dataset, &req.shard, &req.expected_version).await.map_err(Into::into)?;
+        let size = handle.meta().size;
+        let length = req.length.unwrap_or(size.saturating_sub(req.offset));
+        range::check_within(req.offset, length, size).map_err(ReadError::from)?;
+        let spans = messages(req.offset, req.offset + length, u64::from(self.limits.chunk_size));
+        let (tx, rx) = mpsc::channel(STREAM_READ_AHEAD);
+        let observer = self.observer.clone();
+        tokio::spawn(async move {
+            // In order, with the source's number of reads in flight; memory per stream is
+            // (READ_PARALLELISM + STREAM_READ_AHEAD) messages.
+            let mut reads = futures::stream::iter(spans)
+                .map(|(pos, len)| {
+                    let (handle, observer) = (handle.clone(), observer.clone());
+                    async move {
+                        let started = Instant::now();
+                        let data = handle.read_at(pos, len as usize).await?;
+                        observer.read_latency(started.elapsed());
+                        Ok(chunk(pos, data, &handle.meta().version))
+                    }
+                })
+                .buffered(S::READ_PARALLELISM);
+            while let Some(message) = reads.next().await {
+                let message: Result<Chunk, S::Error> = message;
+                if let Ok(chunk) = &message {
+                    observer.served(chunk.data.len());
+                }
+                let failed = message.is_err();
+                // A send fails when the client went away: stop reading for it.
+                if tx.send(message.map_err(Into::into)).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::messages;
+
+    #[test]
+    fn stream_messages_end_on_multiples_of_their_size() {
+        let cut: Vec<_> = messages(5, 25, 10).collect();
+        assert_eq!(cut, [(5, 5), (10, 10), (20, 5)]);
+        assert_eq!(messages(7, 7, 10).count(), 0);
+        assert_eq!(messages(0, 30, 10).collect::<Vec<_>>(), [(0, 10), (10, 10), (20, 10)]);
+    }
+}
