@@ -1,21 +1,25 @@
-//! The read-through cache: which shard versions are cached, which of their chunks are
-//! present, and how a miss becomes exactly one upstream fetch.
+//! The read-through cache: the parts of the cached source, each with one owner, and the
+//! paths that cross them.
+//!
+//! - [`Index`] (`index.rs`): which shard versions are cached, their records, LRU order;
+//! - [`Fetcher`] (`fetch.rs`): coalesced, bounded fetches from the hubs;
+//! - [`Store`] (`store/`): chunk files and records in RocksDB;
+//! - [`Capacity`] (`evict.rs`): bytes held against the watermarks, and the evictor.
+//!
+//! Here: a shard's entry (one `StatShard` shared by concurrent callers, revalidation
+//! after `revalidate_after`), reads (stored parts from the store, CRC-checked per page;
+//! missing chunks through the fetcher), admission of fetched chunks, and removal (a
+//! chunk that failed its check, an evicted shard).
 //!
 //! - An [`Entry`] is one shard *version* with its own store id. A new version found at
 //!   revalidation replaces the entry (new id), so bytes of two versions never mix.
-//! - A read serves present chunks from the store (CRC-checked per page) and fetches the
-//!   others through `fetch.rs` (one shared fetch per chunk; a chunk becomes visible only
-//!   once written and verified).
-//! - Versions are revalidated with the hub after `revalidate_after`; when the hub cannot
-//!   be reached, cached shards are served as they are and misses fail with UNAVAILABLE.
+//! - When the hub cannot be reached, cached shards are served as they are and misses
+//!   fail with UNAVAILABLE.
 
 use std::{
     collections::HashMap,
-    sync::{
-        Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard,
-        atomic::{AtomicU64, Ordering::Relaxed},
-    },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    sync::{Arc, Mutex, atomic::Ordering::Relaxed},
+    time::Duration,
 };
 
 use bytes::{Bytes, BytesMut};
@@ -23,18 +27,16 @@ use futures::{
     FutureExt,
     future::{BoxFuture, Shared},
 };
-use shardcache_proto::{
-    names::{DatasetName, ShardName},
-    v1::ShardInfo,
-};
-use tokio::sync::Notify;
+use shardcache_proto::names::{DatasetName, ShardName};
 
 use crate::{
     Error, Result,
     entry::Entry,
-    fetch::ChunkFetch,
+    evict::Capacity,
+    fetch::{ChunkFetch, Fetcher},
+    index::{Index, ShardKey, blocking},
     metrics::Metrics,
-    store::{PageFault, ShardRecord, Store},
+    store::{PageFault, Store},
     upstream::Upstream,
 };
 
@@ -64,54 +66,19 @@ pub struct CacheConfig {
     pub upstream_bytes_in_flight: u64,
 }
 
-/// Chunk requests to the hubs in flight at once, whatever their size. The byte bound
-/// alone let a cold read of many small chunks (16 MiB in 64 KiB chunks) send 256
-/// requests at once, and a hub sheds what is over its `--max-concurrency` (256 by
-/// default, for all its spokes together) with RESOURCE_EXHAUSTED. 32 is what whole-shard
-/// fetches kept in flight before reads started all their chunks at once (4 shards x 8);
-/// with the default 4 MiB chunks the 64 MiB byte bound (16 chunks) binds first.
-pub const UPSTREAM_REQUESTS_IN_FLIGHT: usize = 32;
-
-type ShardKey = (String, String);
-pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 type SharedLookup = Shared<BoxFuture<'static, Result<Arc<Entry>>>>;
 
 /// The cache.
 #[derive(Debug)]
 pub struct Cache {
-    pub(crate) store: Arc<Store>,
-    pub(crate) upstream: Upstream,
-    pub(crate) config: CacheConfig,
-    pub(crate) metrics: Arc<Metrics>,
-    /// Read-locked by reads and by eviction's scan alike, so neither waits for the
-    /// other; written only to add or remove an entry.
-    index: RwLock<HashMap<ShardKey, Arc<Entry>>>,
-    pub(crate) inflight: Mutex<HashMap<(u64, u64), ChunkFetch>>,
+    store: Arc<Store>,
+    index: Index,
+    fetcher: Fetcher,
+    capacity: Capacity,
+    config: CacheConfig,
+    metrics: Arc<Metrics>,
     /// Shard lookups (StatShard) in progress, shared by concurrent callers.
     lookups: Mutex<HashMap<ShardKey, SharedLookup>>,
-    /// Room for `upstream_bytes_in_flight`, in KiB permits.
-    pub(crate) upstream_budget: tokio::sync::Semaphore,
-    /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests to the hubs.
-    pub(crate) upstream_requests: tokio::sync::Semaphore,
-    next_id: AtomicU64,
-    pub(crate) used: AtomicU64,
-    started: Instant,
-    pub(crate) evict_wakeup: Notify,
-    /// Eviction passes running (see `evict.rs`).
-    pub(crate) evicting: AtomicU64,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Runs store work on the blocking pool.
-pub(crate) async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .unwrap_or_else(|e| Err(Error::Internal(format!("store task failed: {e}"))))
 }
 
 /// Runs `job` in its own task, so a caller that goes away does not cancel it for the
@@ -140,72 +107,79 @@ impl Cache {
         config: CacheConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>> {
-        let upstream_budget = tokio::sync::Semaphore::new(
-            (config.upstream_bytes_in_flight.max(config.chunk_size) >> 10) as usize,
-        );
+        let store = Arc::new(store);
         // Records with the chunks their files hold; files of no record are gone.
-        let records = store.load_records()?;
-        let next_id = records.iter().map(|(_, _, r)| r.id + 1).max().unwrap_or(1);
-        let mut index = HashMap::new();
-        let mut used = 0;
-        for (dataset, shard, record) in records {
-            if record.chunk_size == 0 || u64::from(record.chunk_size) != config.chunk_size {
-                // Cached with another chunk size: drop rather than reinterpret.
-                store.delete_shard(record.id, Some((&dataset, &shard)))?;
-                continue;
-            }
-            used += record.cached_bytes();
-            let entry = Entry::new(dataset.clone(), shard.clone(), record, 0);
-            index.insert((dataset, shard), Arc::new(entry));
-        }
-        tracing::info!(shards = index.len(), used_bytes = used, "cache loaded");
+        let (index, used) = Index::load(store.clone(), config.chunk_size, config.revalidate_after)?;
         Ok(Arc::new(Self {
-            store: Arc::new(store),
-            upstream,
+            store,
+            index,
+            fetcher: Fetcher::new(upstream, &config, metrics.clone()),
+            capacity: Capacity::new(&config, used),
             config,
             metrics,
-            index: RwLock::new(index),
-            inflight: Mutex::default(),
             lookups: Mutex::default(),
-            upstream_budget,
-            upstream_requests: tokio::sync::Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT),
-            next_id: AtomicU64::new(next_id),
-            used: AtomicU64::new(used),
-            started: Instant::now(),
-            evict_wakeup: Notify::new(),
-            evicting: AtomicU64::new(0),
         }))
-    }
-
-    fn index(&self) -> RwLockReadGuard<'_, HashMap<ShardKey, Arc<Entry>>> {
-        self.index.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn index_mut(&self) -> RwLockWriteGuard<'_, HashMap<ShardKey, Arc<Entry>>> {
-        self.index.write().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn config(&self) -> &CacheConfig {
         &self.config
     }
 
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The hubs (listings pass through to them).
+    pub fn upstream(&self) -> &Upstream {
+        self.fetcher.upstream()
+    }
+
+    pub(crate) fn fetcher(&self) -> &Fetcher {
+        &self.fetcher
+    }
+
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
+    }
+
     pub fn used_bytes(&self) -> u64 {
-        self.used.load(Relaxed)
+        self.capacity.used()
+    }
+
+    /// Bytes the store's files take on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        self.store.disk_bytes()
+    }
+
+    /// True while an eviction is running.
+    pub fn is_evicting(&self) -> bool {
+        self.capacity.is_evicting()
     }
 
     /// Chunk fetches running: fetched chunks not yet stored count here, not in
     /// [`Cache::used_bytes`] (readers get a chunk's bytes before it is stored).
     pub fn fetches_in_flight(&self) -> usize {
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.fetcher.in_flight()
     }
 
     /// Every cached entry.
     pub fn entries(&self) -> Vec<Arc<Entry>> {
-        self.index().values().cloned().collect()
+        self.index.entries()
     }
 
-    fn touch(&self, entry: &Entry) {
-        entry.state().last_access = self.started.elapsed().as_millis() as u64;
+    /// An entry from the index, without contacting the hub.
+    pub fn cached_entry(&self, dataset: &str, shard: &str) -> Option<Arc<Entry>> {
+        self.index.get(&(dataset.to_owned(), shard.to_owned()))
+    }
+
+    /// The least recently used entry eviction may take (see [`Index::least_recently_used`]).
+    pub fn least_recently_used(&self) -> Option<Arc<Entry>> {
+        self.index.least_recently_used()
+    }
+
+    /// Sets or clears the pin of `entry`; true when it changed.
+    pub async fn set_pinned(&self, entry: &Arc<Entry>, pinned: bool) -> Result<bool> {
+        self.index.set_pinned(entry, pinned).await
     }
 
     /// The cached entry of a shard, checked with the hub when its TTL has passed, or a
@@ -216,7 +190,7 @@ impl Cache {
     /// each asked the hub, which shed them (seed-demo, 1536 reads in flight).
     pub async fn entry(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
-        if let Some(entry) = self.fresh(&key) {
+        if let Some(entry) = self.index.fresh(&key) {
             return Ok(entry);
         }
         let lookup = {
@@ -239,45 +213,31 @@ impl Cache {
         lookup.await
     }
 
-    /// The cached entry of `key` if its version was checked within `revalidate_after`
-    /// (marked as used).
-    fn fresh(&self, key: &ShardKey) -> Option<Arc<Entry>> {
-        let entry = self.index().get(key).cloned()?;
-        let validated_at = entry.state().record.validated_at_ms;
-        let age = Duration::from_millis(now_ms().saturating_sub(validated_at));
-        (age < self.config.revalidate_after).then(|| {
-            self.touch(&entry);
-            entry
-        })
-    }
-
     /// The slow path of [`Cache::entry`]: ask the hub.
     async fn lookup(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
         // Another lookup may have refreshed it since the caller looked.
-        if let Some(entry) = self.fresh(&key) {
+        if let Some(entry) = self.index.fresh(&key) {
             return Ok(entry);
         }
-        let cached = self.index().get(&key).cloned();
-        let Some(entry) = cached else {
-            let info = self.upstream.stat(dataset.as_str(), shard.as_str()).await?;
-            return self.install(key, info).await;
+        let upstream = self.upstream();
+        let Some(entry) = self.index.get(&key) else {
+            let info = upstream.stat(dataset.as_str(), shard.as_str()).await?;
+            return self.index.install(key, &info, self.config.chunk_size).await;
         };
-        match self.upstream.stat(dataset.as_str(), shard.as_str()).await {
+        match upstream.stat(dataset.as_str(), shard.as_str()).await {
             Ok(info) if info.version == entry.version && info.size == entry.size => {
-                entry.state().record.validated_at_ms = now_ms();
-                self.persist_record(&entry).await?;
-                self.touch(&entry);
+                self.index.revalidated(&entry).await?;
                 Ok(entry)
             }
             Ok(info) => {
                 tracing::info!(dataset = %dataset, shard = %shard, old = %entry.version, new = %info.version, "shard changed on the hub");
                 self.drop_entry(&entry, false).await;
-                self.install(key, info).await
+                self.index.install(key, &info, self.config.chunk_size).await
             }
             Err(Error::HubUnavailable { hub, message }) => {
                 tracing::warn!(%hub, %message, dataset = %dataset, shard = %shard, "cannot revalidate: serving the cached version");
-                self.touch(&entry);
+                self.index.touch(&entry);
                 Ok(entry)
             }
             Err(e) if e.code() == tonic::Code::NotFound => {
@@ -288,50 +248,25 @@ impl Cache {
         }
     }
 
-    /// Adds an entry for a shard version the hub just described.
-    async fn install(self: &Arc<Self>, key: ShardKey, info: ShardInfo) -> Result<Arc<Entry>> {
-        let entry = {
-            let mut index = self.index_mut();
-            if let Some(existing) = index.get(&key).filter(|e| e.version == info.version) {
-                return Ok(existing.clone());
-            }
-            let record = ShardRecord {
-                id: self.next_id.fetch_add(1, Relaxed),
-                version: info.version.clone(),
-                size: info.size,
-                chunk_size: self.config.chunk_size as u32,
-                record_size: info.record_size,
-                present: Vec::new(),
-                pinned: false,
-                validated_at_ms: now_ms(),
-            };
-            let now = self.started.elapsed().as_millis() as u64;
-            let entry = Arc::new(Entry::new(key.0.clone(), key.1.clone(), record, now));
-            index.insert(key, entry.clone());
-            entry
-        };
-        self.persist_record(&entry).await?;
-        Ok(entry)
-    }
-
-    /// Writes `entry`'s record as it is now (copied under the lock that orders record
-    /// writes, so a slower writer never puts back an older copy).
-    async fn persist_record(&self, entry: &Arc<Entry>) -> Result<()> {
-        let _serial = entry.record_writes.lock().await;
-        let record = {
-            let state = entry.state();
-            if state.evicted {
-                return Ok(());
-            }
-            state.record.clone()
-        };
-        let (store, dataset, shard) = (self.store.clone(), entry.dataset.clone(), entry.shard.clone());
-        blocking(move || store.put_record(&dataset, &shard, &record)).await
+    /// Evicts `entries` (their chunks and records); returns (shards, bytes) evicted.
+    /// Shared by the evictor and the `Evict` call.
+    pub async fn evict(&self, entries: &[Arc<Entry>]) -> (u64, u64) {
+        let _running = self.capacity.evicting();
+        let (mut shards, mut bytes) = (0, 0);
+        for entry in entries {
+            bytes += self.drop_entry(entry, true).await;
+            shards += 1;
+        }
+        if shards > 0 {
+            self.metrics.evicted_shards.fetch_add(shards, Relaxed);
+            self.metrics.evicted_bytes.fetch_add(bytes, Relaxed);
+        }
+        (shards, bytes)
     }
 
     /// Removes `entry` from the index and its pages from the store. `with_record`: also
     /// delete the record (not when a newer version takes its key).
-    pub(crate) async fn drop_entry(&self, entry: &Arc<Entry>, with_record: bool) -> u64 {
+    async fn drop_entry(&self, entry: &Arc<Entry>, with_record: bool) -> u64 {
         // Waits for admissions in progress; none starts after `evicted` is set.
         let _chunks = entry.chunk_writes.write().await;
         let _record = entry.record_writes.lock().await;
@@ -343,14 +278,8 @@ impl Cache {
             state.evicted = true;
             state.record.cached_bytes()
         };
-        {
-            let mut index = self.index_mut();
-            let key = (entry.dataset.clone(), entry.shard.clone());
-            if index.get(&key).is_some_and(|e| e.id == entry.id) {
-                index.remove(&key);
-            }
-        }
-        self.used.fetch_sub(bytes, Relaxed);
+        self.index.remove(entry);
+        self.capacity.removed(bytes);
         let (store, id, dataset, shard) =
             (self.store.clone(), entry.id, entry.dataset.clone(), entry.shard.clone());
         let deleted = blocking(move || {
@@ -498,11 +427,45 @@ impl Cache {
             state.record.set_chunk(index, false);
         }
         let (offset, length) = entry.chunk_range(index);
-        self.used.fetch_sub(length, Relaxed);
+        self.capacity.removed(length);
         let (store, id) = (self.store.clone(), entry.id);
         if let Err(e) = blocking(move || store.delete_chunk(id, offset, length)).await {
             tracing::error!(error = %e, "could not remove a damaged chunk; its refetch is stored over it");
         }
+    }
+
+    /// The shared fetch of chunk `index`: started unless one is already running.
+    pub(crate) fn fetch_chunk(self: &Arc<Self>, entry: &Arc<Entry>, index: u64) -> ChunkFetch {
+        self.fetcher.chunk(self, entry, index)
+    }
+
+    /// Fetches every absent chunk of `entry`, `shard_fetch_parallelism` at a time, and
+    /// returns once they are stored, with the bytes that crossed the link.
+    pub async fn fetch_shard(self: &Arc<Self>, entry: &Arc<Entry>) -> Result<u64> {
+        use futures::stream::{self, StreamExt, TryStreamExt};
+        let missing: Vec<u64> = (0..entry.chunk_count()).filter(|&i| !entry.has_chunk(i)).collect();
+        stream::iter(missing)
+            .map(|index| self.fetch_chunk(entry, index).stored)
+            .buffer_unordered(self.config.shard_fetch_parallelism.max(1))
+            .try_fold(0, |sum, n| async move { Ok(sum + n) })
+            .await
+    }
+
+    /// Writes a verified chunk, then makes it visible.
+    pub(crate) async fn admit(&self, entry: &Arc<Entry>, index: u64, data: Bytes) -> Result<()> {
+        let _sharing = entry.chunk_writes.read().await;
+        {
+            let state = entry.state();
+            if state.evicted || state.record.has_chunk(index) {
+                return Ok(());
+            }
+        }
+        let (store, id) = (self.store.clone(), entry.id);
+        let (offset, length) = entry.chunk_range(index);
+        blocking(move || store.admit_chunk(id, offset, &data)).await?;
+        entry.state().record.set_chunk(index, true);
+        self.capacity.added(length);
+        Ok(())
     }
 
     /// Read-ahead and whole-shard fetch, in the background.
@@ -528,46 +491,6 @@ impl Cache {
                 drop(self.fetch_chunk(entry, index));
             }
         }
-    }
-
-    /// Sets or clears the pin of `entry`; true when it changed.
-    pub async fn set_pinned(&self, entry: &Arc<Entry>, pinned: bool) -> Result<bool> {
-        {
-            let mut state = entry.state();
-            if state.record.pinned == pinned {
-                return Ok(false);
-            }
-            state.record.pinned = pinned;
-        }
-        self.persist_record(entry).await?;
-        Ok(true)
-    }
-
-    /// Marks `entry` as part of a running prefetch (or no longer).
-    pub fn hold_for_prefetch(&self, entry: &Entry, hold: bool) {
-        let mut state = entry.state();
-        if hold {
-            state.prefetching += 1;
-        } else {
-            state.prefetching = state.prefetching.saturating_sub(1);
-        }
-    }
-
-    /// The least recently used entry that may be evicted: never a pinned one; one held
-    /// by a prefetch only when nothing else is left.
-    pub(crate) fn eviction_victim(&self) -> Option<Arc<Entry>> {
-        let index = self.index();
-        let candidates = index.values().filter_map(|e| {
-            let state = e.state();
-            let evictable = !state.record.pinned && !state.evicted && state.record.cached_bytes() > 0;
-            evictable.then(|| (state.prefetching > 0, state.last_access, e.clone()))
-        });
-        candidates.min_by_key(|(held, last_access, _)| (*held, *last_access)).map(|(_, _, e)| e)
-    }
-
-    /// An entry from the index, without contacting the hub.
-    pub fn cached_entry(&self, dataset: &str, shard: &str) -> Option<Arc<Entry>> {
-        self.index().get(&(dataset.to_owned(), shard.to_owned())).cloned()
     }
 }
 

@@ -45,7 +45,7 @@ impl Control {
         let shards = if shards.is_empty() {
             DatasetName::new(dataset)?;
             let listed =
-                self.cache.upstream.list(|hub| async move { hub.list_shards(dataset).await }).await?;
+                self.cache.upstream().list(|hub| async move { hub.list_shards(dataset).await }).await?;
             listed.into_iter().map(|s| (dataset.to_owned(), s.shard)).collect()
         } else {
             shards
@@ -104,7 +104,7 @@ impl CacheControl for Control {
             .into_iter()
             .collect::<Result<_>>()?;
         for entry in &entries {
-            cache.hold_for_prefetch(entry, true);
+            entry.hold_for_prefetch(true);
         }
         let mut progress = PrefetchProgress {
             shards_total: entries.len() as u64,
@@ -142,12 +142,11 @@ impl CacheControl for Control {
             }
             drop(fetches);
             for entry in &entries {
-                cache.hold_for_prefetch(entry, false);
+                entry.hold_for_prefetch(false);
             }
-            if !failed
-                && cache.used_bytes() as f64 > cache.config.capacity as f64 * cache.config.high_watermark
-            {
-                cache.evict_wakeup.notify_one();
+            if !failed {
+                // Shards it held may be evicted now.
+                cache.capacity().wake_if_over();
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -164,7 +163,7 @@ impl CacheControl for Control {
             status.cached_bytes += bytes;
             status.pinned_shards += u64::from(entry.is_pinned());
         }
-        for (name, counters) in cache.metrics.datasets() {
+        for (name, counters) in cache.metrics().datasets() {
             let status = datasets.entry(name).or_default();
             status.hit_requests = counters.hit_requests.load(Relaxed);
             status.miss_requests = counters.miss_requests.load(Relaxed);
@@ -179,29 +178,20 @@ impl CacheControl for Control {
             .map(|(dataset, status)| DatasetStatus { dataset, ..status })
             .collect();
         Ok(Response::new(StatusResponse {
-            capacity_bytes: cache.config.capacity,
+            capacity_bytes: cache.capacity().capacity(),
             used_bytes: cache.used_bytes(),
             datasets,
-            evicted_shards: cache.metrics.evicted_shards.load(Relaxed),
-            evicted_bytes: cache.metrics.evicted_bytes.load(Relaxed),
-            checksum_failures: cache.metrics.checksum_failures.load(Relaxed),
-            hubs: cache.upstream.urls(),
+            evicted_shards: cache.metrics().evicted_shards.load(Relaxed),
+            evicted_bytes: cache.metrics().evicted_bytes.load(Relaxed),
+            checksum_failures: cache.metrics().checksum_failures.load(Relaxed),
+            hubs: cache.upstream().urls(),
         }))
     }
 
     async fn evict(&self, request: Request<EvictRequest>) -> Result<Response<EvictResponse>, Status> {
         Grant::of(&request)?.check(&request.get_ref().dataset)?;
         let req = request.into_inner();
-        let entries = self.cached(&req.dataset, &req.shards)?;
-        let (mut shards, mut bytes) = (0, 0);
-        for entry in &entries {
-            bytes += self.cache.drop_entry(entry, true).await;
-            shards += 1;
-        }
-        if shards > 0 {
-            self.cache.metrics.evicted_shards.fetch_add(shards, Relaxed);
-            self.cache.metrics.evicted_bytes.fetch_add(bytes, Relaxed);
-        }
+        let (shards, bytes) = self.cache.evict(&self.cached(&req.dataset, &req.shards)?).await;
         Ok(Response::new(EvictResponse { shards, bytes }))
     }
 

@@ -80,6 +80,22 @@ impl Entry {
         self.state().record.pinned
     }
 
+    /// Makes the next access check the version with the hub.
+    pub fn expire(&self) {
+        self.state().record.validated_at_ms = 0;
+    }
+
+    /// Marks the entry as part of a running prefetch (or no longer): eviction takes it
+    /// only when nothing else is left.
+    pub fn hold_for_prefetch(&self, hold: bool) {
+        let mut state = self.state();
+        if hold {
+            state.prefetching += 1;
+        } else {
+            state.prefetching = state.prefetching.saturating_sub(1);
+        }
+    }
+
     pub fn is_complete(&self) -> bool {
         (0..self.chunk_count()).all(|i| self.has_chunk(i))
     }

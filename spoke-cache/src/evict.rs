@@ -1,53 +1,121 @@
-//! Keeps the cache under its capacity: above the high watermark, evict least recently
-//! used shards until under the low watermark. A shard's chunk files leave the disk as
-//! it is evicted (see `store`), so nothing is compacted afterwards.
+//! Keeps the cache under its capacity: [`Capacity`] counts the bytes the cache holds and
+//! wakes the evictor when an admission crosses the high watermark; the evictor then
+//! evicts least recently used shards until under the low watermark. A shard's chunk
+//! files leave the disk as it is evicted (see `store`), so nothing is compacted
+//! afterwards.
 //!
 //! Whole shards go first (a training epoch reads whole shards, so half a shard is worth
 //! little); pinned shards never; shards held by a running prefetch only when nothing
 //! else is left (a plan larger than the cache must not push it past its capacity).
 
-use std::sync::{Arc, atomic::Ordering::Relaxed};
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering::Relaxed},
+};
 
-use crate::cache::Cache;
+use tokio::sync::Notify;
 
-impl Cache {
-    /// Evicts until `used <= capacity x low_watermark`; returns (shards, bytes) evicted.
-    pub async fn evict_to_low_watermark(self: &Arc<Self>) -> (u64, u64) {
-        self.evicting.fetch_add(1, Relaxed);
-        let evicted = self.evict_least_recently_used().await;
-        self.evicting.fetch_sub(1, Relaxed);
-        evicted
+use crate::cache::{Cache, CacheConfig};
+
+/// The bytes the cache holds against its capacity and watermarks.
+#[derive(Debug)]
+pub struct Capacity {
+    capacity: u64,
+    /// Eviction starts above this...
+    high: u64,
+    /// ...and stops at or below this.
+    low: u64,
+    used: AtomicU64,
+    /// Evictions running (the evictor's pass, an `Evict` call).
+    evicting: AtomicU64,
+    wakeup: Notify,
+}
+
+impl Capacity {
+    /// `config`'s capacity, with `used` bytes already held.
+    pub fn new(config: &CacheConfig, used: u64) -> Self {
+        let at = |fraction: f64| (config.capacity as f64 * fraction) as u64;
+        Self {
+            capacity: config.capacity,
+            high: at(config.high_watermark),
+            low: at(config.low_watermark),
+            used: AtomicU64::new(used),
+            evicting: AtomicU64::new(0),
+            wakeup: Notify::new(),
+        }
     }
 
-    /// True while an eviction pass is running.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    /// `bytes` were admitted.
+    pub fn added(&self, bytes: u64) {
+        self.used.fetch_add(bytes, Relaxed);
+        self.wake_if_over();
+    }
+
+    /// `bytes` left the cache.
+    pub fn removed(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Relaxed);
+    }
+
+    /// Wakes the evictor when over the high watermark.
+    pub fn wake_if_over(&self) {
+        if self.used() > self.high {
+            self.wakeup.notify_one();
+        }
+    }
+
+    /// True while an eviction is running.
     pub fn is_evicting(&self) -> bool {
         self.evicting.load(Relaxed) > 0
     }
 
-    async fn evict_least_recently_used(self: &Arc<Self>) -> (u64, u64) {
-        let target = (self.config.capacity as f64 * self.config.low_watermark) as u64;
-        let (mut shards, mut bytes) = (0, 0);
-        while self.used_bytes() > target {
-            let Some(victim) = self.eviction_victim() else {
-                tracing::warn!(
-                    used = self.used_bytes(),
-                    target,
-                    "over capacity but every cached shard is pinned"
-                );
-                break;
-            };
-            let freed = self.drop_entry(&victim, true).await;
-            tracing::debug!(dataset = %victim.dataset, shard = %victim.shard, freed, "evicted");
-            shards += 1;
-            bytes += freed;
-        }
-        if shards > 0 {
-            self.metrics.evicted_shards.fetch_add(shards, Relaxed);
-            self.metrics.evicted_bytes.fetch_add(bytes, Relaxed);
-            tracing::info!(shards, bytes, used = self.used_bytes(), "evicted to the low watermark");
-        }
-        (shards, bytes)
+    /// Counts an eviction as running until the guard is dropped.
+    pub(crate) fn evicting(&self) -> Evicting<'_> {
+        self.evicting.fetch_add(1, Relaxed);
+        Evicting(self)
     }
+}
+
+/// An eviction in progress (see [`Capacity::evicting`]).
+#[derive(Debug)]
+pub(crate) struct Evicting<'a>(&'a Capacity);
+
+impl Drop for Evicting<'_> {
+    fn drop(&mut self) {
+        self.0.evicting.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Evicts until the cache holds at most the low watermark; returns (shards, bytes).
+pub async fn evict_to_low_watermark(cache: &Arc<Cache>) -> (u64, u64) {
+    let capacity = cache.capacity();
+    let _running = capacity.evicting();
+    let (mut shards, mut bytes) = (0, 0);
+    while capacity.used() > capacity.low {
+        let Some(victim) = cache.least_recently_used() else {
+            tracing::warn!(
+                used = capacity.used(),
+                target = capacity.low,
+                "over capacity but every cached shard is pinned"
+            );
+            break;
+        };
+        let (evicted, freed) = cache.evict(std::slice::from_ref(&victim)).await;
+        tracing::debug!(dataset = %victim.dataset, shard = %victim.shard, freed, "evicted");
+        shards += evicted;
+        bytes += freed;
+    }
+    if shards > 0 {
+        tracing::info!(shards, bytes, used = capacity.used(), "evicted to the low watermark");
+    }
+    (shards, bytes)
 }
 
 /// Runs eviction whenever an admission crosses the high watermark, until `shutdown`.
@@ -56,8 +124,8 @@ pub async fn run_evictor(cache: Arc<Cache>, shutdown: impl std::future::Future<O
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
-            _ = cache.evict_wakeup.notified() => {}
+            _ = cache.capacity().wakeup.notified() => {}
         }
-        cache.evict_to_low_watermark().await;
+        evict_to_low_watermark(&cache).await;
     }
 }

@@ -1,14 +1,15 @@
-//! Upstream fetches: one shared fetch per missing chunk (request coalescing), whole
-//! shards fetched with bounded parallelism, and admission of verified chunks.
+//! Upstream fetches: one shared fetch per missing chunk (request coalescing), bounded by
+//! bytes and by requests in flight to the hubs.
 //!
 //! A fetch runs in its own task, so a reader that goes away does not cancel it for the
 //! others waiting on the same chunk. Readers get the verified bytes as soon as they
-//! arrive; the task then stores the chunk and only then leaves `inflight`, after its
-//! presence bit is set, so a chunk is always either present or being fetched by exactly
-//! one task (and a reader arriving meanwhile takes the bytes from memory).
+//! arrive; the task then has the cache admit the chunk and only then leaves `inflight`,
+//! after its presence bit is set, so a chunk is always either present or being fetched
+//! by exactly one task (and a reader arriving meanwhile takes the bytes from memory).
 
 use std::{
-    sync::{Arc, atomic::Ordering::Relaxed},
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, atomic::Ordering::Relaxed},
     time::Instant,
 };
 
@@ -18,12 +19,26 @@ use futures::{
     future::{BoxFuture, Shared},
 };
 use shardcache_reader::ReadError;
+use tokio::sync::Semaphore;
 
 use crate::{
     Error, Result,
-    cache::{Cache, SharedFetch, blocking, spawn_shared},
+    cache::{Cache, CacheConfig, spawn_shared},
     entry::Entry,
+    metrics::Metrics,
+    upstream::Upstream,
 };
+
+/// Chunk requests to the hubs in flight at once, whatever their size. The byte bound
+/// alone let a cold read of many small chunks (16 MiB in 64 KiB chunks) send 256
+/// requests at once, and a hub sheds what is over its `--max-concurrency` (256 by
+/// default, for all its spokes together) with RESOURCE_EXHAUSTED. 32 is what whole-shard
+/// fetches kept in flight before reads started all their chunks at once (4 shards x 8);
+/// with the default 4 MiB chunks the 64 MiB byte bound (16 chunks) binds first.
+pub const UPSTREAM_REQUESTS_IN_FLIGHT: usize = 32;
+
+/// A chunk's bytes, shared by everyone waiting for them.
+pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 
 /// One chunk's fetch, shared by everyone who needs the chunk while it runs.
 #[derive(Debug, Clone)]
@@ -35,27 +50,53 @@ pub(crate) struct ChunkFetch {
     pub(crate) stored: Shared<BoxFuture<'static, Result<u64>>>,
 }
 
-impl Cache {
-    /// Fetches every absent chunk of `entry`, `shard_fetch_parallelism` at a time, and
-    /// returns once they are stored, with the bytes that crossed the link.
-    pub async fn fetch_shard(self: &Arc<Self>, entry: &Arc<Entry>) -> Result<u64> {
-        use futures::stream::{self, StreamExt, TryStreamExt};
-        let missing: Vec<u64> = (0..entry.chunk_count()).filter(|&i| !entry.has_chunk(i)).collect();
-        stream::iter(missing)
-            .map(|index| self.fetch_chunk(entry, index).stored)
-            .buffer_unordered(self.config.shard_fetch_parallelism.max(1))
-            .try_fold(0, |sum, n| async move { Ok(sum + n) })
-            .await
+/// The fetches from the hubs.
+#[derive(Debug)]
+pub struct Fetcher {
+    upstream: Upstream,
+    /// Running fetches by `(entry id, chunk index)`.
+    inflight: Mutex<HashMap<(u64, u64), ChunkFetch>>,
+    /// Room for `CacheConfig::upstream_bytes_in_flight`, in KiB permits.
+    budget: Semaphore,
+    /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests to the hubs.
+    requests: Semaphore,
+    metrics: Arc<Metrics>,
+}
+
+impl Fetcher {
+    pub fn new(upstream: Upstream, config: &CacheConfig, metrics: Arc<Metrics>) -> Self {
+        Self {
+            upstream,
+            inflight: Mutex::default(),
+            budget: Semaphore::new((config.upstream_bytes_in_flight.max(config.chunk_size) >> 10) as usize),
+            requests: Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT),
+            metrics,
+        }
     }
 
-    /// The shared fetch of chunk `index`: started here unless one is already running.
-    pub(crate) fn fetch_chunk(self: &Arc<Self>, entry: &Arc<Entry>, index: u64) -> ChunkFetch {
+    /// The hubs (for listings, which are not cached).
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    fn inflight(&self) -> MutexGuard<'_, HashMap<(u64, u64), ChunkFetch>> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Chunk fetches running (fetched chunks not yet stored among them).
+    pub fn in_flight(&self) -> usize {
+        self.inflight().len()
+    }
+
+    /// The shared fetch of chunk `index` of `entry`: started here unless one is already
+    /// running; `cache` admits the chunk once fetched.
+    pub(crate) fn chunk(&self, cache: &Arc<Cache>, entry: &Arc<Entry>, index: u64) -> ChunkFetch {
         let key = (entry.id, index);
-        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inflight = self.inflight();
         if let Some(running) = inflight.get(&key) {
             return running.clone();
         }
-        let (cache, entry) = (self.clone(), entry.clone());
+        let (cache, entry) = (cache.clone(), entry.clone());
         // Checked under the lock: a fetch sets the presence bit before it leaves
         // `inflight`, so a chunk is either present here or its fetch is registered.
         if entry.has_chunk(index) {
@@ -77,21 +118,22 @@ impl Cache {
         let stored = spawn_shared(
             "chunk fetch",
             async move {
+                let fetcher = cache.fetcher();
                 let (offset, length) = entry.chunk_range(index);
                 // Held until the chunk is stored (see `CacheConfig::upstream_bytes_in_flight`).
-                let _room = cache
-                    .upstream_budget
+                let _room = fetcher
+                    .budget
                     .acquire_many(length.div_ceil(1024) as u32)
                     .await
                     .map_err(|_| Error::Internal("upstream budget closed".into()))?;
                 let fetched = {
                     // Held for the request only: storing the chunk needs no hub.
-                    let _request = cache
-                        .upstream_requests
+                    let _request = fetcher
+                        .requests
                         .acquire()
                         .await
                         .map_err(|_| Error::Internal("upstream requests closed".into()))?;
-                    cache.fetch_verified(&entry, offset, length).await
+                    fetcher.fetch_verified(&entry, offset, length).await
                 };
                 let _ = bytes_tx.send(fetched.clone());
                 if let Err(e) = cache.admit(&entry, index, fetched?).await {
@@ -101,7 +143,7 @@ impl Cache {
                 Ok(length)
             },
             move || {
-                done_cache.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                done_cache.fetcher().inflight().remove(&key);
             },
         );
         let fetched = async move {
@@ -123,7 +165,7 @@ impl Cache {
             Ok(data) => data,
             Err(e) if e.code() == tonic::Code::Aborted => {
                 // The hub has a newer version: check it at the next access.
-                entry.state().record.validated_at_ms = 0;
+                entry.expire();
                 return Err(Error::Read(ReadError::VersionChanged {
                     dataset: entry.dataset.clone(),
                     shard: entry.shard.clone(),
@@ -136,25 +178,5 @@ impl Cache {
         self.metrics.fetch_latency.observe(started.elapsed());
         self.metrics.dataset(&entry.dataset).upstream_bytes.fetch_add(length, Relaxed);
         Ok(data)
-    }
-
-    /// Writes a verified chunk, then makes it visible.
-    async fn admit(&self, entry: &Arc<Entry>, index: u64, data: Bytes) -> Result<()> {
-        let _sharing = entry.chunk_writes.read().await;
-        {
-            let state = entry.state();
-            if state.evicted || state.record.has_chunk(index) {
-                return Ok(());
-            }
-        }
-        let (store, id) = (self.store.clone(), entry.id);
-        let (offset, length) = entry.chunk_range(index);
-        blocking(move || store.admit_chunk(id, offset, &data)).await?;
-        entry.state().record.set_chunk(index, true);
-        let used = self.used.fetch_add(length, Relaxed) + length;
-        if used as f64 > self.config.capacity as f64 * self.config.high_watermark {
-            self.evict_wakeup.notify_one();
-        }
-        Ok(())
     }
 }

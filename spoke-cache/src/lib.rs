@@ -3,11 +3,13 @@
 //!
 //! - [`store`]: RocksDB layout: shard pages with CRC32C in one ingested SST file per
 //!   chunk (written once, never compacted), shard records;
-//! - [`cache`]: the index of entries, read-through, revalidation;
+//! - [`cache`]: the cached source's parts put together: entries, revalidation, reads,
+//!   admission and removal of chunks;
+//! - [`index`]: which shard versions are cached, their records, LRU order;
 //! - [`entry`]: one cached shard version, its present chunks and write locks;
-//! - [`fetch`]: upstream fetches, request coalescing, admission of verified chunks;
+//! - [`fetch`]: upstream fetches, request coalescing, bounds on what is in flight;
 //! - [`upstream`]: the hubs, through the verifying client SDK;
-//! - [`evict`]: capacity, watermarks, LRU eviction;
+//! - [`evict`]: capacity, watermarks, the LRU evictor;
 //! - [`source`]: the cache as the shared read service's source (the hub's API);
 //! - [`control`]: prefetch, status, evict, pin;
 //! - [`metrics`]: counters and histograms, Prometheus text on an HTTP port;
@@ -20,6 +22,7 @@ pub mod entry;
 pub mod error;
 pub mod evict;
 pub mod fetch;
+pub mod index;
 pub mod metrics;
 pub mod server;
 pub mod source;

@@ -94,7 +94,7 @@ pub async fn serve(
     let metrics = tokio::spawn(serve_metrics(
         metrics_listener,
         options.security.tls.clone(),
-        move || scraped.metrics.render(&occupancy(&scraped)),
+        move || scraped.metrics().render(&occupancy(&scraped)),
         stopped(),
     ));
 
@@ -107,7 +107,7 @@ pub async fn serve(
         chunk_size: cache.config().chunk_size.min(STREAM_MESSAGE_MAX) as u32,
         max_read: options.max_read,
     };
-    let service = ReadService::new(CachedSource(cache.clone()), limits, cache.metrics.clone());
+    let service = ReadService::new(CachedSource(cache.clone()), limits, cache.metrics().clone());
     let reader = ShardReaderServer::new(service)
         .max_encoding_message_size(usize::MAX)
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);
@@ -157,9 +157,9 @@ const SHUTDOWN_STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(
 /// Occupancy for metrics.
 fn occupancy(cache: &Cache) -> Occupancy {
     let mut occupancy = Occupancy {
-        capacity_bytes: cache.config.capacity,
+        capacity_bytes: cache.capacity().capacity(),
         used_bytes: cache.used_bytes(),
-        disk_bytes: cache.store.disk_bytes(),
+        disk_bytes: cache.disk_bytes(),
         ..Default::default()
     };
     for entry in cache.entries() {

@@ -48,7 +48,7 @@ impl Source for CachedSource {
     type Error = Error;
 
     async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<Vec<DatasetInfo>> {
-        let mut datasets = self.0.upstream.list(|hub| async move { hub.list_datasets().await }).await?;
+        let mut datasets = self.0.upstream().list(|hub| async move { hub.list_datasets().await }).await?;
         datasets.retain(|d| wanted(&d.name));
         Ok(datasets)
     }
@@ -64,7 +64,7 @@ impl Source for CachedSource {
         let (dataset, after) = (dataset.as_str(), after.map_or("", |a| a.as_str()));
         let page = self
             .0
-            .upstream
+            .upstream()
             .list(|hub| async move { hub.list_shards_page(dataset, limit as u32, after).await })
             .await?;
         Ok(ShardPage {
