@@ -8,8 +8,6 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed setup should fail the test loudly
 
-pub mod bench;
-pub mod demo;
 pub mod pki;
 pub mod s3;
 /// The WAN emulator (its own crate, `tools/wan-proxy`), under the name the tests use.
@@ -279,6 +277,12 @@ pub fn rewrite_in_place(path: &Path, data: &[u8]) {
         std::thread::sleep(Duration::from_millis(1));
     }
     panic!("ctime of {} never moved", path.display());
+}
+
+/// A small LCG for reproducible random offsets.
+pub fn next_random(state: &mut u64) -> u64 {
+    *state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+    *state >> 11
 }
 
 pub fn sha256(data: &[u8]) -> String {

@@ -76,7 +76,7 @@ async fn a_corrupted_page_on_disk_is_detected_refetched_and_counted() {
     let mut state = 9u64;
     // (High bits: an LCG's low bits repeat with a short period.)
     let data: Vec<u8> =
-        (0..1 << 20).map(|_| (shardcache_tests::bench::next_random(&mut state) >> 40) as u8).collect();
+        (0..1 << 20).map(|_| (shardcache_tests::next_random(&mut state) >> 40) as u8).collect();
     std::fs::create_dir_all(root.path().join("ds")).unwrap();
     std::fs::write(root.path().join("ds/s.bin"), &data).unwrap();
     let hub = TestHub::start(root.path()).await;

@@ -15,13 +15,10 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use hub_server::ServeOptions;
+use shardcache_bench::measure::{mb_per_s, percentiles, raw_tcp};
 use shardcache_client::{Client, Range};
 use shardcache_reader::ReadLimits;
-use shardcache_tests::{
-    TestHub,
-    bench::{mb_per_s, next_random, percentiles, raw_tcp},
-    make_dataset, test_options,
-};
+use shardcache_tests::{TestHub, make_dataset, next_random, test_options};
 
 const SHARDS: u32 = 8;
 const SHARD_SIZE: u64 = 64 << 20;

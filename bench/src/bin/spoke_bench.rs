@@ -16,12 +16,9 @@
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use shardcache_bench::measure::{mb_per_s, peak_rss_mib, percentiles, raw_tcp};
 use shardcache_client::{CacheClient, Client, Range};
-use shardcache_tests::{
-    HubProcess, SpokeProcess,
-    bench::{mb_per_s, next_random, peak_rss_mib, percentiles, raw_tcp},
-    make_dataset,
-};
+use shardcache_tests::{HubProcess, SpokeProcess, make_dataset, next_random};
 
 const SHARDS: u32 = 16;
 const SHARD_SIZE: u64 = 64 << 20;

@@ -28,8 +28,9 @@ use std::{
 };
 
 use bytes::Bytes;
+use shardcache_bench::measure::cpu_seconds;
 use shardcache_proto::checksum::crc32c;
-use shardcache_tests::bench::{cpu_seconds, next_random};
+use shardcache_tests::next_random;
 use spoke_cache::store::{ShardRecord, Store, StoreOptions, page_key};
 
 const SHARDS: u64 = 8;

@@ -21,7 +21,7 @@ use std::{
 use futures::{StreamExt, future::BoxFuture, stream};
 use tokio::sync::mpsc;
 
-use crate::bench::next_random;
+use shardcache_tests::next_random;
 
 /// How the dataset is cut into shards and samples.
 #[derive(Debug, Clone, Copy)]

@@ -24,19 +24,16 @@ use std::{
 use anyhow::Context;
 use clap::Parser;
 use futures::FutureExt;
+use shardcache_bench::demo::{
+    metric_sum, nginx,
+    readers::{self, HttpCacheCounts},
+    report::{self, PhaseRow},
+    trainer::{EpochOrder, EpochRun, JobShape, Layout, ReadBatch, Step, epoch_order, run_epoch},
+};
 use shardcache_cli::dataset_gen::{GenSpec, generate, shard_name};
 use shardcache_client::{CacheClient, Client};
 use shardcache_proto::units::ByteSize;
-use shardcache_tests::{
-    HubProcess, ProxyProcess, SpokeProcess,
-    demo::{
-        metric_sum, nginx,
-        readers::{self, HttpCacheCounts},
-        report::{self, PhaseRow},
-        trainer::{EpochOrder, EpochRun, JobShape, Layout, ReadBatch, Step, epoch_order, run_epoch},
-    },
-    scrape_metrics,
-};
+use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess, scrape_metrics};
 
 const DATASET: &str = "c4";
 /// 4096 tokens x 4 bytes, as in the seed.

@@ -7,7 +7,7 @@ use anyhow::Context;
 use plotters::prelude::*;
 
 use super::trainer::Step;
-use crate::bench::percentiles;
+use crate::measure::percentiles;
 
 /// One row of the table: one setup in one phase.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -17,12 +17,9 @@
 
 use std::time::Instant;
 
+use shardcache_bench::measure::{cpu_seconds, mb_per_s, peak_rss_mib, raw_tcp_via};
 use shardcache_client::{CacheClient, Client};
-use shardcache_tests::{
-    HubProcess, ProxyProcess, SpokeProcess,
-    bench::{cpu_seconds, mb_per_s, peak_rss_mib, raw_tcp_via},
-    make_dataset,
-};
+use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess, make_dataset};
 
 const SHARDS: u32 = 16;
 const SHARD_SIZE: u64 = 64 << 20;

@@ -1,4 +1,5 @@
-//! Measurement helpers shared by the benchmark binaries (`src/bin/*_bench.rs`).
+//! Measurement helpers shared by the benchmark binaries (`src/bin/*_bench.rs`) and the
+//! seed demo: raw TCP references, rates, percentiles, a process's CPU time and peak RSS.
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -69,12 +70,6 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
-}
-
-/// A small LCG for reproducible random offsets.
-pub fn next_random(state: &mut u64) -> u64 {
-    *state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-    *state >> 11
 }
 
 /// CPU seconds (user + system) a process has used so far.
