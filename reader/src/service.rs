@@ -3,7 +3,7 @@
 //! `StreamShard`, and stamps each data message with its CRC32C and version.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -79,10 +79,17 @@ impl<S: Source> ReadService<S> {
         Self { source, limits, observer }
     }
 
-    /// Opens a shard, holding it to `expected_version` when the client gave one.
-    async fn open(&self, dataset: &str, shard: &str, expected_version: &str) -> Result<S::Shard, S::Error> {
+    /// Opens a shard for `reads` (see [`Source::open_for`]), holding it to
+    /// `expected_version` when the client gave one.
+    async fn open(
+        &self,
+        dataset: &str,
+        shard: &str,
+        expected_version: &str,
+        reads: &[(u64, u64)],
+    ) -> Result<S::Shard, S::Error> {
         let (dataset_name, shard_name) = names(dataset, shard)?;
-        let handle = self.source.open(&dataset_name, &shard_name).await?;
+        let handle = self.source.open_for(&dataset_name, &shard_name, reads).await?;
         expect_version(handle.meta(), dataset, expected_version)?;
         Ok(handle)
     }
@@ -190,7 +197,10 @@ impl<S: Source> ShardReader for ReadService<S> {
         let req = request.into_inner();
         grant.check(&req.dataset)?;
         range::check_total(req.length, self.limits.max_read).map_err(ReadError::from)?;
-        let handle = self.open(&req.dataset, &req.shard, &req.expected_version).await.map_err(Into::into)?;
+        let handle = self
+            .open(&req.dataset, &req.shard, &req.expected_version, &[(req.offset, req.length)])
+            .await
+            .map_err(Into::into)?;
         let meta = handle.meta();
         range::check_within(req.offset, req.length, meta.size).map_err(ReadError::from)?;
         // `length` fits in usize: it is under `max_read`, checked above.
@@ -217,13 +227,13 @@ impl<S: Source> ShardReader for ReadService<S> {
         // Each shard is opened once for the whole batch, so every range of one shard is
         // read at the same version even if the shard changes meanwhile; and the shards at
         // once, so a batch over shards the spoke has not seen costs one round trip.
-        let shards: HashSet<(&str, &str)> =
-            ranges.iter().map(|r| (r.dataset.as_str(), r.shard.as_str())).collect();
-        let opened = try_join_all(
-            shards
-                .into_iter()
-                .map(|key| async move { Ok::<_, S::Error>((key, self.open(key.0, key.1, "").await?)) }),
-        )
+        let mut shards: HashMap<(&str, &str), Vec<(u64, u64)>> = HashMap::new();
+        for r in &ranges {
+            shards.entry((r.dataset.as_str(), r.shard.as_str())).or_default().push((r.offset, r.length));
+        }
+        let opened = try_join_all(shards.into_iter().map(|(key, reads)| async move {
+            Ok::<_, S::Error>((key, self.open(key.0, key.1, "", &reads).await?))
+        }))
         .await
         .map_err(Into::into)?;
         let handles: HashMap<(&str, &str), S::Shard> = opened.into_iter().collect();
@@ -257,7 +267,8 @@ impl<S: Source> ShardReader for ReadService<S> {
         let grant = Grant::of(&request)?;
         let req = request.into_inner();
         grant.check(&req.dataset)?;
-        let handle = self.open(&req.dataset, &req.shard, &req.expected_version).await.map_err(Into::into)?;
+        let handle =
+            self.open(&req.dataset, &req.shard, &req.expected_version, &[]).await.map_err(Into::into)?;
         let size = handle.meta().size;
         let length = req.length.unwrap_or(size.saturating_sub(req.offset));
         range::check_within(req.offset, length, size).map_err(ReadError::from)?;

@@ -79,6 +79,20 @@ pub trait Source: Send + Sync + 'static {
         shard: &ShardName,
     ) -> impl Future<Output = Result<Self::Shard, Self::Error>> + Send;
 
+    /// Opens `shard` for a call that will read `reads` (`(offset, length)` pairs, not
+    /// yet checked against the shard's size) of it. The default opens it; a source that
+    /// can start those reads while it opens (the spoke, on a shard it has not seen: its
+    /// `StatShard` and the reads cross the link together) does so.
+    fn open_for(
+        &self,
+        dataset: &DatasetName,
+        shard: &ShardName,
+        reads: &[(u64, u64)],
+    ) -> impl Future<Output = Result<Self::Shard, Self::Error>> + Send {
+        let _ = reads;
+        self.open(dataset, shard)
+    }
+
     /// `shard`'s metadata and its dataset's record size.
     fn stat(
         &self,

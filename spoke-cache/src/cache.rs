@@ -213,6 +213,52 @@ impl Cache {
         lookup.await
     }
 
+    /// [`Cache::entry`] for a call that will read `reads` (`(offset, length)` pairs) of
+    /// the shard. When the cache has never seen the shard, the chunks those reads cover
+    /// entirely are read from the hub alongside its `StatShard` rather than after it,
+    /// and kept when the hub read them at the version the stat returns: a cold read
+    /// costs one round trip to the hub, not two. Only whole chunks that end within a
+    /// read are asked for (a read inside the shard proves they exist), at most what the
+    /// in-flight byte bound has room for.
+    pub async fn entry_for(
+        self: &Arc<Self>,
+        dataset: &DatasetName,
+        shard: &ShardName,
+        reads: &[(u64, u64)],
+    ) -> Result<Arc<Entry>> {
+        let key = (dataset.to_string(), shard.to_string());
+        if self.index.get(&key).is_some() {
+            return self.entry(dataset, shard).await;
+        }
+        let chunk_size = self.config.chunk_size;
+        let mut chunks: Vec<u64> = reads
+            .iter()
+            .flat_map(|&(offset, length)| offset / chunk_size..(offset + length) / chunk_size)
+            .collect();
+        chunks.sort_unstable();
+        chunks.dedup();
+        if chunks.is_empty() {
+            return self.entry(dataset, shard).await;
+        }
+        let speculative = futures::future::join_all(chunks.iter().map(|&index| {
+            self.fetcher.speculate(dataset.as_str(), shard.as_str(), index * chunk_size, chunk_size)
+        }));
+        let (entry, reads) = tokio::join!(self.entry(dataset, shard), speculative);
+        let entry = entry?;
+        for (index, read) in chunks.into_iter().zip(reads) {
+            let fits = entry.chunk_range(index) == (index * chunk_size, chunk_size);
+            match read {
+                Some(read) if fits && read.version == entry.version => {
+                    self.fetcher.adopt(self, &entry, index, read);
+                }
+                // Past the end (the read was invalid), or read at another version: the
+                // read fetches what it needs at the entry's version.
+                _ => {}
+            }
+        }
+        Ok(entry)
+    }
+
     /// The slow path of [`Cache::entry`]: ask the hub.
     async fn lookup(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());

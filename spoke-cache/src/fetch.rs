@@ -19,7 +19,7 @@ use futures::{
     future::{BoxFuture, Shared},
 };
 use shardcache_reader::ReadError;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
     Error, Result,
@@ -50,6 +50,16 @@ pub(crate) struct ChunkFetch {
     pub(crate) stored: Shared<BoxFuture<'static, Result<u64>>>,
 }
 
+/// Bytes read from a hub before the cache had an entry for their shard.
+#[derive(Debug)]
+pub(crate) struct Speculative {
+    pub(crate) data: Bytes,
+    /// The version the hub read them at.
+    pub(crate) version: String,
+    /// Their room in the byte bound, held until they are stored.
+    room: OwnedSemaphorePermit,
+}
+
 /// The fetches from the hubs.
 #[derive(Debug)]
 pub struct Fetcher {
@@ -57,7 +67,7 @@ pub struct Fetcher {
     /// Running fetches by `(entry id, chunk index)`.
     inflight: Mutex<HashMap<(u64, u64), ChunkFetch>>,
     /// Room for `CacheConfig::upstream_bytes_in_flight`, in KiB permits.
-    budget: Semaphore,
+    budget: Arc<Semaphore>,
     /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests to the hubs.
     requests: Semaphore,
     metrics: Arc<Metrics>,
@@ -68,7 +78,9 @@ impl Fetcher {
         Self {
             upstream,
             inflight: Mutex::default(),
-            budget: Semaphore::new((config.upstream_bytes_in_flight.max(config.chunk_size) >> 10) as usize),
+            budget: Arc::new(Semaphore::new(
+                (config.upstream_bytes_in_flight.max(config.chunk_size) >> 10) as usize,
+            )),
             requests: Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT),
             metrics,
         }
@@ -154,6 +166,58 @@ impl Fetcher {
         let fetch = ChunkFetch { fetched: fetched.boxed().shared(), stored };
         inflight.insert(key, fetch.clone());
         fetch
+    }
+
+    /// Reads `[offset, offset + length)` of a shard the cache has no entry for yet, at
+    /// whatever version the hub has, so that it crosses the link alongside the shard's
+    /// `StatShard` (see [`Cache::entry_for`]). `None` when the byte bound has no room now:
+    /// speculation never waits for room, so speculative reads waiting for each other's
+    /// room cannot deadlock. The bytes keep their room until adopted and stored.
+    pub(crate) async fn speculate(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: u64,
+    ) -> Option<Speculative> {
+        let room = self.budget.clone().try_acquire_many_owned(length.div_ceil(1024) as u32).ok()?;
+        let _request = self.requests.acquire().await.ok()?;
+        let started = Instant::now();
+        self.metrics.upstream_requests.fetch_add(1, Relaxed);
+        let (data, version) =
+            self.upstream.read_at_any_version(dataset, shard, offset, length, None).await.ok()?;
+        self.metrics.fetch_latency.observe(started.elapsed());
+        self.metrics.dataset(dataset).upstream_bytes.fetch_add(length, Relaxed);
+        Some(Speculative { data, version, room })
+    }
+
+    /// Registers the bytes of a speculative read as the fetch of chunk `index` of
+    /// `entry` (whose version the caller has checked), and has `cache` admit them; nothing
+    /// when the chunk is present or being fetched already.
+    pub(crate) fn adopt(&self, cache: &Arc<Cache>, entry: &Arc<Entry>, index: u64, read: Speculative) {
+        let key = (entry.id, index);
+        let mut inflight = self.inflight();
+        if inflight.contains_key(&key) || entry.has_chunk(index) {
+            return;
+        }
+        let Speculative { data, room, .. } = read;
+        let fetched = futures::future::ready(Ok(data.clone())).boxed().shared();
+        let (cache, entry, done_cache) = (cache.clone(), entry.clone(), cache.clone());
+        let stored = spawn_shared(
+            "chunk admission",
+            async move {
+                let _room = room;
+                let length = data.len() as u64;
+                if let Err(e) = cache.admit(&entry, index, data).await {
+                    tracing::error!(error = %e, "could not store a fetched chunk");
+                }
+                Ok(length)
+            },
+            move || {
+                done_cache.fetcher().inflight().remove(&key);
+            },
+        );
+        inflight.insert(key, ChunkFetch { fetched, stored });
     }
 
     /// `[offset, offset + length)` of `entry` from the hub, verified by the SDK.

@@ -36,8 +36,13 @@ pub struct CachedShard {
 }
 
 impl CachedSource {
-    async fn entry(&self, dataset: &DatasetName, shard: &ShardName) -> Result<CachedShard> {
-        let entry = self.0.entry(dataset, shard).await?;
+    async fn entry(
+        &self,
+        dataset: &DatasetName,
+        shard: &ShardName,
+        reads: &[(u64, u64)],
+    ) -> Result<CachedShard> {
+        let entry = self.0.entry_for(dataset, shard, reads).await?;
         let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
         Ok(CachedShard { cache: self.0.clone(), entry, meta })
     }
@@ -46,6 +51,7 @@ impl CachedSource {
 impl Source for CachedSource {
     type Shard = CachedShard;
     type Error = Error;
+    const READ_PARALLELISM: usize = 2;
 
     async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<Vec<DatasetInfo>> {
         let mut datasets = self.0.upstream().list(|hub| async move { hub.list_datasets().await }).await?;
@@ -79,11 +85,20 @@ impl Source for CachedSource {
     }
 
     async fn open(&self, dataset: &DatasetName, shard: &ShardName) -> Result<CachedShard> {
-        self.entry(dataset, shard).await
+        self.entry(dataset, shard, &[]).await
+    }
+
+    async fn open_for(
+        &self,
+        dataset: &DatasetName,
+        shard: &ShardName,
+        reads: &[(u64, u64)],
+    ) -> Result<CachedShard> {
+        self.entry(dataset, shard, reads).await
     }
 
     async fn stat(&self, dataset: &DatasetName, shard: &ShardName) -> Result<ShardStat> {
-        let shard = self.entry(dataset, shard).await?;
+        let shard = self.entry(dataset, shard, &[]).await?;
         Ok(ShardStat { record_size: shard.entry.record_size, meta: shard.meta })
     }
 

@@ -147,11 +147,27 @@ impl Upstream {
         length: u64,
         version: &str,
     ) -> Result<Bytes> {
+        Ok(self.read_at_any_version(dataset, shard, offset, length, Some(version)).await?.0)
+    }
+
+    /// Reads one range at `version`, or at whatever version the hub has when `None`;
+    /// returns the bytes with the version they were read at (the SDK has verified CRC,
+    /// offset and length).
+    pub async fn read_at_any_version(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: u64,
+        version: Option<&str>,
+    ) -> Result<(Bytes, String)> {
         let mut range = Range::new(dataset, shard, offset, length);
-        range.expected_version = Some(version.to_owned());
+        range.expected_version = version.map(str::to_owned);
         let range = &range;
-        self.first_answer(dataset, shard, |hub| async move { hub.read_range(range).await.map(|v| v.data) })
-            .await
+        self.first_answer(dataset, shard, |hub| async move {
+            hub.read_range(range).await.map(|v| (v.data, v.version))
+        })
+        .await
     }
 
     /// The hub for listing calls (the first one that answers).

@@ -1,0 +1,201 @@
+//! A cold read costs one round trip to the hub: when the spoke has never seen a shard,
+//! the chunks a read covers cross the link alongside the shard's StatShard, and are kept
+//! only when the hub read them at the version the stat returned.
+//!
+//! The hub here is the real read service over a real directory, wrapped: its StatShard
+//! waits (bounded) until it has seen a read of the shard, so a spoke that asks for the
+//! chunks only after the stat fails the test; and it can answer unpinned reads as if the
+//! shard had just changed (other bytes, another version), which the spoke must not keep.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+    },
+    time::Duration,
+};
+
+use hub_server::source::{HubSource, local::LocalSource};
+use shardcache_client::{Client, Range};
+use shardcache_proto::{
+    checksum::crc32c,
+    v1::{
+        Chunk, ListDatasetsRequest, ListDatasetsResponse, ListShardsRequest, ListShardsResponse,
+        ReadRangeRequest, ReadRangesRequest, ReadRangesResponse, ShardInfo, StatShardRequest,
+        StreamShardRequest,
+        shard_reader_server::{ShardReader, ShardReaderServer},
+    },
+};
+use shardcache_reader::ReadService;
+use shardcache_tests::{TestSpoke, spoke_options, test_options, write_pattern};
+use tokio::sync::Notify;
+use tonic::{Request, Response, Status};
+
+/// How long a StatShard waits for a read of its shard before answering anyway (then the
+/// test fails on the order it saw, not on time).
+const STAT_WAITS_AT_MOST: Duration = Duration::from_secs(5);
+
+struct Hub {
+    inner: ReadService<HubSource<Arc<LocalSource>>>,
+    read_seen: Notify,
+    reads_seen: AtomicU64,
+    /// Stats answered before any read of the shard had arrived.
+    stats_before_reads: AtomicU64,
+    /// Unpinned reads are answered as if the shard had changed since.
+    unpinned_see_a_new_version: AtomicBool,
+    unpinned_reads: AtomicU64,
+}
+
+#[tonic::async_trait]
+impl ShardReader for Hub {
+    async fn list_datasets(
+        &self,
+        r: Request<ListDatasetsRequest>,
+    ) -> Result<Response<ListDatasetsResponse>, Status> {
+        self.inner.list_datasets(r).await
+    }
+    async fn list_shards(
+        &self,
+        r: Request<ListShardsRequest>,
+    ) -> Result<Response<ListShardsResponse>, Status> {
+        self.inner.list_shards(r).await
+    }
+    async fn stat_shard(&self, r: Request<StatShardRequest>) -> Result<Response<ShardInfo>, Status> {
+        let seen = self.read_seen.notified();
+        if self.reads_seen.load(SeqCst) == 0 && tokio::time::timeout(STAT_WAITS_AT_MOST, seen).await.is_err()
+        {
+            self.stats_before_reads.fetch_add(1, SeqCst);
+        }
+        self.inner.stat_shard(r).await
+    }
+    async fn read_range(&self, r: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
+        let unpinned = r.get_ref().expected_version.is_empty();
+        self.reads_seen.fetch_add(1, SeqCst);
+        self.read_seen.notify_waiters();
+        let mut chunk = self.inner.read_range(r).await?.into_inner();
+        if unpinned {
+            self.unpinned_reads.fetch_add(1, SeqCst);
+            if self.unpinned_see_a_new_version.load(SeqCst) {
+                // A consistent answer for a newer version: other bytes, their own CRC.
+                chunk.data = chunk.data.iter().map(|b| b ^ 0xff).collect::<Vec<u8>>().into();
+                chunk.crc32c = crc32c(&chunk.data);
+                chunk.version.push_str("-newer");
+            }
+        }
+        Ok(Response::new(chunk))
+    }
+    async fn read_ranges(
+        &self,
+        r: Request<ReadRangesRequest>,
+    ) -> Result<Response<ReadRangesResponse>, Status> {
+        self.inner.read_ranges(r).await
+    }
+    type StreamShardStream = <ReadService<HubSource<Arc<LocalSource>>> as ShardReader>::StreamShardStream;
+    async fn stream_shard(
+        &self,
+        r: Request<StreamShardRequest>,
+    ) -> Result<Response<Self::StreamShardStream>, Status> {
+        self.inner.stream_shard(r).await
+    }
+}
+
+/// The wrapped hub over `root`, and its address.
+async fn start_hub(root: &std::path::Path, newer_when_unpinned: bool) -> (Arc<Hub>, String) {
+    let mut limits = test_options().limits;
+    limits.max_read = 4 << 20;
+    let hub = Arc::new(Hub {
+        inner: ReadService::new(HubSource(Arc::new(LocalSource::new(root).unwrap())), limits, Arc::new(())),
+        read_seen: Notify::new(),
+        reads_seen: AtomicU64::new(0),
+        stats_before_reads: AtomicU64::new(0),
+        unpinned_see_a_new_version: AtomicBool::new(newer_when_unpinned),
+        unpinned_reads: AtomicU64::new(0),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            // The open authenticator grants every dataset, as on a server without tokens.
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                ShardReaderServer::from_arc(hub.clone()),
+                shardcache_serving::auth::Authenticator::open(),
+            ))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (hub, endpoint)
+}
+
+/// A spoke with 256 KiB chunks, no background fetches, in front of `hub`.
+async fn start_spoke(hub: &str, cache: &std::path::Path) -> (TestSpoke, Client) {
+    let mut options = spoke_options(hub);
+    options.cache.fetch_whole_shard = false;
+    options.cache.read_ahead_chunks = 0;
+    let spoke = TestSpoke::start(cache, options).await;
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    (spoke, client)
+}
+
+#[tokio::test]
+async fn a_cold_read_asks_for_its_chunks_alongside_the_stat_and_keeps_them() {
+    let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = write_pattern(&root.path().join("ds/s.bin"), 3 << 20, 7);
+    let (hub, endpoint) = start_hub(root.path(), false).await;
+    let (spoke, client) = start_spoke(&endpoint, cache.path()).await;
+
+    // 1 MiB from 512 KiB: chunks 2..=5 of 256 KiB, all whole inside the read.
+    let read = client.read_range(&Range::new("ds", "s.bin", 512 << 10, 1 << 20)).await.unwrap();
+    assert!(read.data == data[512 << 10..(512 << 10) + (1 << 20)], "the bytes of the file");
+    assert_eq!(hub.stats_before_reads.load(SeqCst), 0, "the stat was answered before any read had arrived");
+    assert_eq!(hub.unpinned_reads.load(SeqCst), 4, "the four chunks were read alongside the stat");
+    assert_eq!(hub.reads_seen.load(SeqCst), 4, "and nothing was fetched again after it");
+
+    // Kept: the same range again is a hit, and nothing more crosses the link.
+    let again = client.read_range(&Range::new("ds", "s.bin", 512 << 10, 1 << 20)).await.unwrap();
+    assert!(again.data == read.data);
+    assert_eq!(hub.reads_seen.load(SeqCst), 4);
+    // Readers get the bytes before they are stored: wait (bounded) for the admissions.
+    for _ in 0..500 {
+        if spoke.cache.fetches_in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let entry = spoke.cache.cached_entry("ds", "s.bin").unwrap();
+    assert!((2..=5).all(|i| entry.has_chunk(i)) && !entry.has_chunk(1) && !entry.has_chunk(6));
+}
+
+#[tokio::test]
+async fn chunks_read_at_another_version_than_the_stat_are_not_kept() {
+    let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = write_pattern(&root.path().join("ds/s.bin"), 3 << 20, 9);
+    let (hub, endpoint) = start_hub(root.path(), true).await;
+    let (spoke, client) = start_spoke(&endpoint, cache.path()).await;
+
+    let read = client.read_range(&Range::new("ds", "s.bin", 0, 1 << 20)).await.unwrap();
+    assert!(read.data == data[..1 << 20], "the bytes of the stat's version, not the newer ones");
+    assert_eq!(hub.unpinned_reads.load(SeqCst), 4, "the speculative reads happened");
+    assert_eq!(hub.reads_seen.load(SeqCst), 8, "and were fetched again, pinned to the stat's version");
+    let entry = spoke.cache.cached_entry("ds", "s.bin").unwrap();
+    assert!(!entry.version.ends_with("-newer"));
+    // What the cache kept is the stat's version too: a hit returns the same bytes.
+    let again = client.read_range(&Range::new("ds", "s.bin", 0, 1 << 20)).await.unwrap();
+    assert!(again.data == data[..1 << 20]);
+    assert_eq!(hub.reads_seen.load(SeqCst), 8);
+}
+
+#[tokio::test]
+async fn a_read_past_the_end_of_an_unseen_shard_is_refused_as_on_the_hub() {
+    let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_pattern(&root.path().join("ds/s.bin"), 600 << 10, 3);
+    let (_hub, endpoint) = start_hub(root.path(), false).await;
+    let (_spoke, client) = start_spoke(&endpoint, cache.path()).await;
+    // Speculates chunks 0..=3 (1 MiB), of which only two exist: the read still gets the
+    // hub's answer for a range past the end, and the spoke keeps serving.
+    let err = client.read_range(&Range::new("ds", "s.bin", 0, 1 << 20)).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
+    assert!(err.to_string().contains("past the end of the shard"), "{err}");
+    let ok = client.read_range(&Range::new("ds", "s.bin", 0, 512 << 10)).await.unwrap();
+    assert_eq!(ok.data.len(), 512 << 10);
+}
