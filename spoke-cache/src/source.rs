@@ -51,7 +51,10 @@ impl CachedSource {
 impl Source for CachedSource {
     type Shard = CachedShard;
     type Error = Error;
-    const READ_PARALLELISM: usize = 2;
+    // One stream message read at a time (the default): `spoke-bench`'s warm 16-client
+    // stream moved 908-1176 MB/s with 1, 966-1103 with 2 and 1014-1103 with 4 reads in
+    // flight, the extra buffers taking peak RSS to 478-501 MiB of the 512 MiB target
+    // (same machine, one day; BENCHMARKS.md): the stream is CPU-bound, not latency-bound.
 
     async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<Vec<DatasetInfo>> {
         let mut datasets = self.0.upstream().list(|hub| async move { hub.list_datasets().await }).await?;
