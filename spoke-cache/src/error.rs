@@ -30,6 +30,10 @@ pub enum Error {
     HubCorrupt { hub: String, message: String },
     #[error("cache storage failed while {what}: {message}")]
     Store { what: String, message: String },
+    /// Storage found its own files damaged (RocksDB's `Corruption` status): the cache
+    /// can be rebuilt from the hub.
+    #[error("cache files are damaged ({what}): {message}")]
+    Damaged { what: String, message: String },
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("gRPC server failed: {0}")]
@@ -53,10 +57,10 @@ impl From<RangeError> for Error {
 }
 
 impl Error {
-    /// Storage reported damaged files (as opposed to, say, a permission problem).
+    /// Storage reported damaged files (as opposed to, say, a permission problem or a
+    /// bad option): decided by RocksDB's status code, never by its message's text.
     pub fn is_damage(&self) -> bool {
-        matches!(self, Error::Store { message, .. }
-            if ["Corruption", "checksum mismatch", "Invalid argument"].iter().any(|m| message.contains(m)))
+        matches!(self, Error::Damaged { .. })
     }
 
     pub fn code(&self) -> tonic::Code {
@@ -70,9 +74,11 @@ impl Error {
             Error::HubUnavailable { .. } | Error::HubRefused { .. } | Error::HubCorrupt { .. } => {
                 Code::Unavailable
             }
-            Error::Store { .. } | Error::Config(_) | Error::Transport(_) | Error::Internal(_) => {
-                Code::Internal
-            }
+            Error::Store { .. }
+            | Error::Damaged { .. }
+            | Error::Config(_)
+            | Error::Transport(_)
+            | Error::Internal(_) => Code::Internal,
         }
     }
 }

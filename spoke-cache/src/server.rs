@@ -45,10 +45,11 @@ pub struct SpokeOptions {
     pub security: Security,
 }
 
-/// Opens the cache in `dir`. A cache whose files are damaged (RocksDB reports
-/// corruption while opening or loading it) is wiped and started empty, with an error
-/// in the log: the hub has every byte, so a broken cache costs a refill, never a
-/// refusal to start, and its damaged files do not keep taking the disk.
+/// Opens the cache in `dir`. A cache whose files are damaged (RocksDB's `Corruption`
+/// status while opening or loading it) is removed and started empty, with an error in
+/// the log: the hub has every byte, so a broken cache costs a refill, never a refusal to
+/// start, and its damaged files do not keep taking the disk. Only the store's own files
+/// are removed; any other error (a bad option, a permission) stops the start instead.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
     let upstream = Upstream::new(&options.hubs, &options.hub_transport, &options.hub_credentials)?;
     let create = |dir: &Path| {
@@ -62,10 +63,13 @@ pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
     };
     match open() {
         Err(e) if e.is_damage() => {
-            tracing::error!(error = %e, dir = %dir.display(), "cache files are damaged; wiping the cache and starting empty");
-            std::fs::remove_dir_all(dir).map_err(|io| {
-                Error::Config(format!("cannot wipe the damaged cache {}: {io}", dir.display()))
-            })?;
+            // Only the store's own files go: --cache-dir is the user's directory and may
+            // hold other things.
+            tracing::error!(error = %e, dir = %dir.display(), "cache files are damaged; removing the store's files and starting empty");
+            let left = Store::destroy(dir)?;
+            if !left.is_empty() {
+                tracing::warn!(dir = %dir.display(), ?left, "kept files in the cache directory that are not the store's");
+            }
             create(dir)?;
             open()
         }

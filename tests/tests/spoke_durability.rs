@@ -191,10 +191,14 @@ async fn damaged_cache_files_do_not_crash_the_spoke() {
     let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
     spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
     spoke.stop().await;
+    // The user's own files in --cache-dir, which recovery must leave alone.
+    std::fs::write(cache_dir.path().join("NOTES.txt"), b"mine").unwrap();
+    std::fs::create_dir(cache_dir.path().join("keep")).unwrap();
+    std::fs::write(cache_dir.path().join("keep/data.bin"), b"also mine").unwrap();
     // Scribble over every RocksDB file: SSTs, manifest, WAL, options.
     for entry in std::fs::read_dir(cache_dir.path()).unwrap().flatten() {
         let path = entry.path();
-        if path.is_file() && !path.ends_with("LOCK") {
+        if path.is_file() && !path.ends_with("LOCK") && !path.ends_with("NOTES.txt") {
             let mut bytes = std::fs::read(&path).unwrap();
             for b in bytes.iter_mut().skip(7).step_by(97) {
                 *b ^= 0x5a;
@@ -205,4 +209,43 @@ async fn damaged_cache_files_do_not_crash_the_spoke() {
     let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &[]);
     let client = Client::connect(&spoke.endpoint).await.unwrap();
     assert_dataset_reads_back(&client, "ds", &dir).await;
+    assert_eq!(std::fs::read(cache_dir.path().join("NOTES.txt")).unwrap(), b"mine");
+    assert_eq!(std::fs::read(cache_dir.path().join("keep/data.bin")).unwrap(), b"also mine");
+}
+
+#[tokio::test]
+async fn a_bad_store_option_stops_the_start_and_deletes_nothing() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "ds", 2, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
+    spoke.stop().await;
+    std::fs::write(cache_dir.path().join("NOTES.txt"), b"mine").unwrap();
+    let files_before = std::fs::read_dir(cache_dir.path()).unwrap().count();
+
+    // A typo in an option: the start fails naming it, and nothing is removed.
+    let out = std::process::Command::new(shardcache_tests::binary("spoke-cache"))
+        .args(["--hub", &hub.endpoint, "--cache-dir", cache_dir.path().to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--chunk-size", "256KiB", "--rocksdb-pages-options", "max_write_bufer_number=3"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--rocksdb-pages-options") && stderr.contains("max_write_bufer_number"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("damaged"), "a bad option is not damage: {stderr}");
+    assert_eq!(std::fs::read_dir(cache_dir.path()).unwrap().count(), files_before);
+    assert_eq!(std::fs::read(cache_dir.path().join("NOTES.txt")).unwrap(), b"mine");
+
+    // Fixed, the cache is all there: every read a hit, nothing from the hub.
+    let served_before = hub.stats.snapshot().bytes_served;
+    // (The chunk size of spoke_options: a cache of another chunk size is refetched.)
+    let spoke = SpokeProcess::start(&hub.endpoint, cache_dir.path(), &["--chunk-size", "256KiB"]);
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    assert_dataset_reads_back(&client, "ds", &dir).await;
+    assert_eq!(hub.stats.snapshot().bytes_served, served_before, "the cache survived the typo");
 }

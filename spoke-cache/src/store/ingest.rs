@@ -30,6 +30,8 @@ use super::{PAGE_HEADER, db_error, page_key};
 use crate::{Error, Result};
 
 /// Names of the files this module writes: `chunk-<id>-<page>-<n>.sst` in `ingest/`.
+/// Where chunk files are written before they are ingested, under the cache directory.
+pub(super) const DIR: &str = "ingest";
 const FILE_PREFIX: &str = "chunk-";
 const FILE_SUFFIX: &str = ".sst";
 
@@ -66,7 +68,7 @@ impl Ingester {
     /// Prepares `<cache-dir>/ingest/`, removing chunk files a crash left there (ours by
     /// name; nothing else in the directory is touched).
     pub(super) fn new(cache_dir: &Path, pages: Options) -> Result<Self> {
-        let dir = cache_dir.join("ingest");
+        let dir = cache_dir.join(DIR);
         let io = |what: &str, e: std::io::Error| Error::Store {
             what: format!("{what} {}", dir.display()),
             message: e.to_string(),

@@ -195,8 +195,14 @@ pub fn page_key(shard_id: u64, page: u64) -> [u8; 16] {
     key
 }
 
+/// A RocksDB error while doing `what`; its status code says whether the store's files
+/// are damaged.
 fn db_error(what: &str) -> impl FnOnce(rocksdb::Error) -> Error + '_ {
-    move |source| Error::Store { what: what.to_owned(), message: source.into_string() }
+    move |source| {
+        let (what, damaged) = (what.to_owned(), source.kind() == rocksdb::ErrorKind::Corruption);
+        let message = source.into_string();
+        if damaged { Error::Damaged { what, message } } else { Error::Store { what, message } }
+    }
 }
 
 /// A record as stored: presence is not part of it (the live files are, see `files.rs`).
@@ -221,9 +227,13 @@ impl Store {
         // only rewrite bytes that are written once.
         pages.set_disable_auto_compactions(true);
         if !options.pages_options.is_empty() {
-            pages = pages
-                .get_options_from_string(&options.pages_options)
-                .map_err(db_error("applying --rocksdb-pages-options"))?;
+            pages = pages.get_options_from_string(&options.pages_options).map_err(|e| {
+                Error::Config(format!(
+                    "--rocksdb-pages-options {:?} is not a valid RocksDB option string: {}",
+                    options.pages_options,
+                    e.into_string()
+                ))
+            })?;
         }
         let mut records_table = BlockBasedOptions::default();
         records_table.set_block_cache(&cache);
@@ -262,6 +272,23 @@ impl Store {
         }
         let ingester = Ingester::new(dir, pages)?;
         Ok(Self { db, path: dir.to_owned(), ingester, page_size: options.page_size })
+    }
+
+    /// Removes the store in `dir` after damage: RocksDB's own files (those whose names
+    /// RocksDB gives its files, as `DestroyDB` recognises them) and the chunk files
+    /// being written (`ingest/`); anything else in `dir` stays. Returns what was left.
+    pub fn destroy(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+        DB::destroy(&Options::default(), dir).map_err(db_error("removing the damaged store"))?;
+        let ingest = dir.join(ingest::DIR);
+        if ingest.exists() {
+            std::fs::remove_dir_all(&ingest).map_err(|e| Error::Store {
+                what: format!("removing {}", ingest.display()),
+                message: e.to_string(),
+            })?;
+        }
+        let left =
+            std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        Ok(left)
     }
 
     pub fn path(&self) -> &Path {
