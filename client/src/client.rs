@@ -156,7 +156,24 @@ impl Client {
         if chunks.len() != ranges.len() {
             return Err(self.protocol(format!("{} chunks for {} ranges", chunks.len(), ranges.len())));
         }
-        ranges.iter().zip(chunks).map(|(range, chunk)| self.verify(range, chunk)).collect()
+        let verified: Vec<Verified> = ranges
+            .iter()
+            .zip(chunks)
+            .map(|(range, chunk)| self.verify(range, chunk))
+            .collect::<Result<_>>()?;
+        // Every range of one shard was read at one version: a batch never mixes two.
+        let mut versions: std::collections::HashMap<(&str, &str), &str> = std::collections::HashMap::new();
+        for (range, read) in ranges.iter().zip(&verified) {
+            let first = *versions.entry((&range.dataset, &range.shard)).or_insert(&read.version);
+            if first != read.version {
+                return Err(Error::VersionChanged {
+                    shard: format!("{}/{}", range.dataset, range.shard),
+                    expected: first.to_owned(),
+                    found: read.version.clone(),
+                });
+            }
+        }
+        Ok(verified)
     }
 
     /// Streams `[offset, offset + length)` of a shard, or to its end when `length` is
@@ -205,6 +222,13 @@ impl Client {
                 chunk.data.len(),
                 chunk.offset
             )));
+        }
+        if let Some(expected) = range.expected_version.as_deref().filter(|v| *v != chunk.version) {
+            return Err(Error::VersionChanged {
+                shard: format!("{}/{}", range.dataset, range.shard),
+                expected: expected.to_owned(),
+                found: chunk.version,
+            });
         }
         self.checked(chunk)
     }

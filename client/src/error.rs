@@ -52,10 +52,12 @@ fn causes(status: &tonic::Status) -> String {
 }
 
 impl Error {
-    /// The gRPC status code, when the server answered with an error status.
+    /// The gRPC status code: the server's, when it answered with an error status;
+    /// ABORTED when the SDK itself saw a version change (what a server says for one).
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             Error::Status { status, .. } => Some(status.code()),
+            Error::VersionChanged { .. } => Some(tonic::Code::Aborted),
             _ => None,
         }
     }

@@ -25,6 +25,8 @@ enum Damage {
     FlipBit,
     WrongOffset,
     VersionChangesAfterFirstChunk,
+    /// Every chunk claims another version than the shard's.
+    WrongVersion,
     DropLastChunk,
 }
 
@@ -44,6 +46,7 @@ impl Damaging {
             }
             Damage::WrongOffset => chunk.offset += 1,
             Damage::VersionChangesAfterFirstChunk if index > 0 => chunk.version.push_str("-new"),
+            Damage::WrongVersion => chunk.version.push_str("-other"),
             _ => {}
         }
         chunk
@@ -166,6 +169,23 @@ async fn wrong_offsets_mixed_versions_and_short_streams_are_refused() {
     // With no length the SDK pins the stat'ed version, and the server itself refuses nothing
     // here, so the SDK's own check is what catches it.
     assert!(matches!(read_stream(&client, None).await.unwrap_err(), Error::VersionChanged { .. }));
+
+    // A batch whose ranges of one shard come back at two versions: refused, ABORTED.
+    let batch = [Range::new("ds", "s.bin", 0, 10), Range::new("ds", "s.bin", 70_000, 16384)];
+    let err = client.read_ranges(&batch).await.unwrap_err();
+    assert!(matches!(err, Error::VersionChanged { .. }), "{err}");
+    assert_eq!(err.code(), Some(tonic::Code::Aborted));
+
+    // A read pinned to a version that comes back at another: refused on ReadRange and in
+    // a batch; unpinned, any one version is accepted.
+    let client = damaging_server(root.path(), Damage::WrongVersion).await;
+    let version = client.stat("ds", "s.bin").await.unwrap().version;
+    let mut pinned = Range::new("ds", "s.bin", 0, 10);
+    pinned.expected_version = Some(version);
+    let err = client.read_range(&pinned).await.unwrap_err();
+    assert!(matches!(err, Error::VersionChanged { .. }) && err.to_string().contains("-other"), "{err}");
+    assert!(matches!(client.read_ranges(&[pinned]).await.unwrap_err(), Error::VersionChanged { .. }));
+    assert_eq!(client.read_range(&Range::new("ds", "s.bin", 0, 10)).await.unwrap().data, data[..10]);
 
     let client = damaging_server(root.path(), Damage::DropLastChunk).await;
     let err = read_stream(&client, None).await.unwrap_err();
