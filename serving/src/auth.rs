@@ -13,7 +13,11 @@
 //!
 //! Tokens are 256 random bits ([`new_token`]), so a plain SHA-256 is as good as a slow
 //! password hash: there is nothing to guess. Revoking a token is deleting its line; the
-//! file is [`Reloading`], so that takes effect within seconds without a restart. On a
+//! file is [`Reloading`], so that takes effect within seconds without a restart. A token
+//! file that can no longer be read or parsed fails closed: requests with a token get
+//! UNAVAILABLE, naming the problem, until it is fixed (keeping the old list would undo a
+//! revocation that broke the file), and [`Authenticator::token_file_failure`] says so
+//! for an alarm. On a
 //! hub that also verifies client certificates, a connection with a verified certificate
 //! may read every dataset without a token (spokes use one or the other).
 //!
@@ -242,6 +246,11 @@ impl Authenticator {
         Self { tokens: Some(Reloading::fixed(book)) }
     }
 
+    /// Why the token file no longer loads (tokens are refused meanwhile), or `None`.
+    pub fn token_file_failure(&self) -> Option<String> {
+        self.tokens.as_ref().and_then(Reloading::failure)
+    }
+
     fn grant<T>(&self, request: &Request<T>) -> Result<Grant, Status> {
         let Some(book) = &self.tokens else { return Ok(Grant::Everything) };
         let certified = request.extensions().get::<PeerInfo>().is_some_and(|peer| peer.client_certified);
@@ -260,6 +269,12 @@ impl Authenticator {
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim)
             .ok_or_else(|| Status::unauthenticated("the authorization header must be `Bearer <token>`"))?;
+        if let Some(failure) = book.failure() {
+            return Err(Status::unavailable(format!(
+                "the server's token file cannot be used ({failure}); requests with tokens are refused until \
+                 it is fixed"
+            )));
+        }
         // Never log the token: the holder's name is what identifies it.
         match book.get().holder(token) {
             Some(holder) => Ok(Grant::Token(holder)),

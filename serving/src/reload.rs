@@ -6,8 +6,10 @@
 //! SIGHUP. Contents rather than mtimes: Kubernetes rotates a mounted secret by swapping
 //! a symlink, and a rewrite within one filesystem tick keeps the mtime. A reload that
 //! fails (a half-written key, a cert without its key) keeps the old value and logs why,
-//! so a botched rotation never takes a server down. Connections and requests already in
-//! progress keep what they started with; only new ones see the new value.
+//! so a botched rotation never takes a server down; [`Reloading::failure`] says that the
+//! files no longer load, for values that must fail closed instead (a token file: a
+//! revocation must not be undone by breaking the file). Connections and requests already
+//! in progress keep what they started with; only new ones see the new value.
 
 use std::{
     fmt,
@@ -25,11 +27,13 @@ type Loader<T> = dyn Fn() -> Result<T, String> + Send + Sync;
 /// A value built from files, rebuilt when they change. Cheap to clone.
 pub struct Reloading<T> {
     current: Arc<RwLock<Arc<T>>>,
+    /// Why the files stopped loading, while they do not (cleared by the next good load).
+    failure: Arc<RwLock<Option<String>>>,
 }
 
 impl<T> Clone for Reloading<T> {
     fn clone(&self) -> Self {
-        Self { current: self.current.clone() }
+        Self { current: self.current.clone(), failure: self.failure.clone() }
     }
 }
 
@@ -50,22 +54,30 @@ impl<T: Send + Sync + 'static> Reloading<T> {
     ) -> Result<Self, String> {
         let seen = fingerprint(&files);
         let current = Arc::new(RwLock::new(Arc::new(load()?)));
+        let failure = Arc::new(RwLock::new(None));
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let watched = Watcher {
                 what: what.to_owned(),
                 files,
                 load: Box::new(load),
                 current: Arc::downgrade(&current),
+                failure: failure.clone(),
                 seen,
             };
             runtime.spawn(watched.run());
         }
-        Ok(Self { current })
+        Ok(Self { current, failure })
     }
 
     /// A value that never changes (tests, and values not read from files).
     pub fn fixed(value: T) -> Self {
-        Self { current: Arc::new(RwLock::new(Arc::new(value))) }
+        Self { current: Arc::new(RwLock::new(Arc::new(value))), failure: Arc::default() }
+    }
+
+    /// Why the files no longer load (the value is then the last one that did), or
+    /// `None` while they do.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The value now.
@@ -80,6 +92,7 @@ struct Watcher<T> {
     files: Vec<PathBuf>,
     load: Box<Loader<T>>,
     current: Weak<RwLock<Arc<T>>>,
+    failure: Arc<RwLock<Option<String>>>,
     seen: Vec<Option<Vec<u8>>>,
 }
 
@@ -99,6 +112,7 @@ impl<T> Watcher<T> {
             match (self.load)() {
                 Ok(value) => {
                     *current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(value);
+                    *self.failure.write().unwrap_or_else(|p| p.into_inner()) = None;
                     self.seen = now;
                     tracing::info!(what = %self.what, forced, "reloaded");
                 }
@@ -107,6 +121,7 @@ impl<T> Watcher<T> {
                     // every poll; a further change (the fix) triggers a new attempt.
                     self.seen = now;
                     tracing::error!(what = %self.what, %error, "reload failed; keeping the previous version");
+                    *self.failure.write().unwrap_or_else(|p| p.into_inner()) = Some(error);
                 }
             }
         }
@@ -141,6 +156,7 @@ mod tests {
         std::fs::write(dir.path().join("unrelated"), "x").expect("write");
         tokio::time::sleep(RELOAD_POLL * 2).await;
         assert_eq!(*value.get(), 1, "a broken file must not replace a good value");
+        assert!(value.failure().is_some_and(|why| why.contains("not a number")), "{:?}", value.failure());
 
         std::fs::write(&path, "2").expect("write");
         let mut waited = Duration::ZERO;
@@ -149,5 +165,6 @@ mod tests {
             waited += Duration::from_millis(50);
         }
         assert_eq!(*value.get(), 2);
+        assert_eq!(value.failure(), None, "a good load clears the failure");
     }
 }

@@ -103,6 +103,8 @@ pub struct Occupancy {
     pub disk_bytes: u64,
     /// Per dataset: (cached shards, cached bytes, pinned shards).
     pub datasets: BTreeMap<String, (u64, u64, u64)>,
+    /// The token file no longer loads, so requests with tokens are refused (an alarm).
+    pub token_file_broken: bool,
 }
 
 impl Metrics {
@@ -160,6 +162,11 @@ impl Metrics {
             ("shardcache_spoke_capacity_bytes", "Configured cache capacity", occupancy.capacity_bytes),
             ("shardcache_spoke_used_bytes", "Bytes of cached chunks", occupancy.used_bytes),
             ("shardcache_spoke_disk_bytes", "Bytes of live RocksDB files", occupancy.disk_bytes),
+            (
+                "shardcache_spoke_token_file_broken",
+                "1 while --token-file cannot be read or parsed: requests with tokens are refused",
+                u64::from(occupancy.token_file_broken),
+            ),
         ];
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");

@@ -98,7 +98,16 @@ pub async fn serve(
     let metrics = tokio::spawn(serve_metrics(
         metrics_listener,
         options.security.tls.clone(),
-        move || scraped.metrics().render(&occupancy(&scraped)),
+        {
+            let auth = options.security.auth.clone();
+            move || {
+                let occupancy = Occupancy {
+                    token_file_broken: auth.token_file_failure().is_some(),
+                    ..occupancy(&scraped)
+                };
+                scraped.metrics().render(&occupancy)
+            }
+        },
         stopped(),
     ));
 

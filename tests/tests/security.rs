@@ -18,7 +18,7 @@ use shardcache_serving::{
 use shardcache_tests::{
     TestHub, TestSpoke, make_dataset,
     pki::{Pki, expired, not_yet_valid, valid},
-    sha256, spoke_options, test_options, write_pattern,
+    scrape_metrics, sha256, spoke_options, test_options, write_pattern,
 };
 use tonic::Code;
 
@@ -239,6 +239,57 @@ async fn mutual_tls_spoke_to_hub_and_tokens_on_the_spoke_end_to_end() {
     let refused = refused.expect("a revoked token kept working");
     assert_eq!(refused.code(), Some(Code::Unauthenticated), "{refused}");
     assert!(refused.to_string().contains("unknown or revoked token"), "{refused}");
+}
+
+/// Polls `call` (bounded: ten reload polls) until `done` accepts its answer.
+async fn within_reload_polls<T, F: std::future::Future<Output = T>>(
+    mut call: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    for _ in 0..(RELOAD_POLL.as_millis() * 10 / 50) {
+        let answer = call().await;
+        if done(&answer) {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    call().await
+}
+
+#[tokio::test]
+async fn a_broken_token_file_refuses_tokens_until_it_is_fixed() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 1, 16384);
+    let hub = TestHub::start(root.path()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens_path = dir.path().join("tokens");
+    let tokens = token_file(&tokens_path, &[("trainer", "c4")]);
+    let mut spoke_opts = spoke_options(&hub.endpoint);
+    spoke_opts.security = Security { tls: None, auth: Authenticator::with_token_file(&tokens_path).unwrap() };
+    let cache_dir = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_opts).await;
+    let client = Client::connect_with(&spoke.endpoint, &options_token(&tokens[0])).await.unwrap();
+    client.stat("c4", "shard-00000.bin").await.unwrap();
+    let alarm = || async { scrape_metrics(spoke.metrics_addr).await.unwrap() };
+    assert!(alarm().await.contains("shardcache_spoke_token_file_broken 0"));
+
+    // Broken (a half-written rotation): the old list must not stay in force.
+    let text = std::fs::read_to_string(&tokens_path).unwrap();
+    std::fs::write(&tokens_path, &text[..text.len() / 2]).unwrap();
+    let refused = within_reload_polls(|| client.stat("c4", "shard-00000.bin"), Result::is_err).await;
+    let err = refused.expect_err("a token stayed valid while the token file was broken");
+    assert_eq!(err.code(), Some(Code::Unavailable), "{err}");
+    assert!(err.to_string().contains("token file cannot be used"), "{err}");
+    assert!(alarm().await.contains("shardcache_spoke_token_file_broken 1"));
+
+    // Fixed: the same token works again, and the alarm clears.
+    std::fs::write(&tokens_path, &text).unwrap();
+    within_reload_polls(|| client.stat("c4", "shard-00000.bin"), Result::is_ok).await.unwrap();
+    assert!(alarm().await.contains("shardcache_spoke_token_file_broken 0"));
+}
+
+fn options_token(token: &str) -> ConnectOptions {
+    ConnectOptions { token: Some(token.to_owned()), ..Default::default() }
 }
 
 #[tokio::test]
