@@ -82,7 +82,8 @@ async fn the_upstream_may_be_a_host_name() {
     let addr = listener.local_addr().unwrap();
     let link = LinkConfig { rtt: Duration::from_millis(2), rate_bps: None, jitter: Duration::ZERO };
     let upstream = format!("localhost:{}", echo.port());
-    let proxy = tokio::spawn(wan::run(listener, upstream, link, Default::default()));
+    let (_fault, faults) = tokio::sync::watch::channel(wan::Fault::None);
+    let proxy = tokio::spawn(wan::run(listener, upstream, link, Default::default(), faults));
     for round in 0..2u8 {
         assert_eq!(echo_through(addr, vec![round; 100_000]).await, vec![round; 100_000]);
     }
@@ -129,4 +130,35 @@ async fn a_spoke_across_the_link_serves_the_hubs_bytes_over_several_connections(
     let before = hub.stats.snapshot();
     assert_dataset_reads_back(&spoke.client().await, "ds", &dataset).await;
     assert_eq!(hub.stats.snapshot().read_requests, before.read_requests, "warm reads stay local");
+}
+
+#[tokio::test]
+async fn a_stalled_link_moves_nothing_until_healed_and_a_down_link_closes_connections() {
+    let echo = echo_server().await;
+    let proxy =
+        WanProxy::start("127.0.0.1:0".parse().unwrap(), echo, LinkConfig::rtt(Duration::ZERO)).await.unwrap();
+    let mut socket = TcpStream::connect(proxy.addr).await.unwrap();
+    socket.write_all(b"one").await.unwrap();
+    let mut buf = [0u8; 3];
+    socket.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"one");
+
+    // Stalled: what is written does not come back (a bounded wait is the failure bound)...
+    proxy.set_fault(wan::Fault::Stall);
+    socket.write_all(b"two").await.unwrap();
+    let stalled = tokio::time::timeout(Duration::from_millis(300), socket.read_exact(&mut buf)).await;
+    assert!(stalled.is_err(), "bytes crossed a stalled link");
+    // ...until the link heals, and then nothing was lost.
+    proxy.set_fault(wan::Fault::None);
+    socket.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"two");
+
+    // Down: the open connection is closed, and a new one is closed at once.
+    proxy.set_fault(wan::Fault::Down);
+    let mut rest = Vec::new();
+    assert_eq!(socket.read_to_end(&mut rest).await.unwrap_or(0), 0, "the connection was closed");
+    let mut again = TcpStream::connect(proxy.addr).await.unwrap();
+    assert_eq!(again.read_to_end(&mut rest).await.unwrap_or(0), 0);
+    proxy.set_fault(wan::Fault::None);
+    assert_eq!(echo_through(proxy.addr, b"three".to_vec()).await, b"three");
 }

@@ -14,7 +14,9 @@
 //! - `jitter`: each piece gets up to +-jitter extra delay, never reordering a connection's
 //!   bytes (a piece is never delivered before the one before it).
 //!
-//! Bytes are never changed, dropped or reordered; only their timing is.
+//! Bytes are never changed, dropped or reordered; only their timing is, unless a
+//! [`Fault`] is set: the link can stall (a hung peer, a black-holed route) or go down
+//! (every connection closed, new ones refused), and heal again.
 
 use std::{
     net::SocketAddr,
@@ -29,7 +31,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream, tcp},
-    sync::{OwnedSemaphorePermit, Semaphore, mpsc},
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch},
     task::JoinSet,
     time::Instant,
 };
@@ -84,6 +86,21 @@ pub fn parse_rate(text: &str) -> Result<u64, String> {
     Ok(bps as u64)
 }
 
+/// What the link does besides delaying traffic, switched at run time (tests, soaks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fault {
+    /// Bytes pass after the link's delay.
+    #[default]
+    None,
+    /// No byte moves, in either direction of any connection; new connections are
+    /// accepted (and reach the upstream) but carry nothing: a hung peer, a black-holed
+    /// route. Connections carry on where they stopped once the fault is cleared.
+    Stall,
+    /// Every connection is closed, and new ones are closed as soon as they are
+    /// accepted: a peer that is down or a link that was cut.
+    Down,
+}
+
 /// One direction of the link, shared by every connection through the proxy.
 #[derive(Debug)]
 struct Direction {
@@ -122,6 +139,7 @@ pub struct WanProxy {
     pub addr: SocketAddr,
     /// Connections accepted so far.
     pub accepted: Arc<AtomicU64>,
+    fault: watch::Sender<Fault>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -135,8 +153,14 @@ impl WanProxy {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let accepted = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(run(listener, upstream, config, accepted.clone()));
-        Ok(Self { addr, accepted, task })
+        let (fault, faults) = watch::channel(Fault::None);
+        let task = tokio::spawn(run(listener, upstream, config, accepted.clone(), faults));
+        Ok(Self { addr, accepted, fault, task })
+    }
+
+    /// Sets the link's fault (`Fault::None` heals it).
+    pub fn set_fault(&self, fault: Fault) {
+        self.fault.send_replace(fault);
     }
 
     /// `http://ADDR`, for gRPC clients.
@@ -154,11 +178,13 @@ impl Drop for WanProxy {
 /// Accepts connections until the task is dropped; each connection's tasks live in a
 /// `JoinSet` owned here, so they stop with it. `upstream` is an address or a `HOST:PORT`
 /// looked up for each connection (containers: the hub's address changes when it restarts).
+/// `faults` switches the link's [`Fault`].
 pub async fn run<U>(
     listener: TcpListener,
     upstream: U,
     config: LinkConfig,
     connections_accepted: Arc<AtomicU64>,
+    faults: watch::Receiver<Fault>,
 ) where
     U: tokio::net::ToSocketAddrs + Clone + Send + Sync + 'static,
 {
@@ -171,19 +197,35 @@ pub async fn run<U>(
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
                 connections_accepted.fetch_add(1, Ordering::Relaxed);
+                if *faults.borrow() == Fault::Down {
+                    continue; // closed as soon as accepted
+                }
                 seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
                 let (forward, backward) = (forward.clone(), backward.clone());
                 let upstream = upstream.clone();
+                let faults = faults.clone();
                 connections.spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else { return };
                     let _ = client.set_nodelay(true);
                     let _ = server.set_nodelay(true);
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
-                    tokio::join!(
-                        delay_line(client_read, server_write, forward, seed),
-                        delay_line(server_read, client_write, backward, seed ^ 1),
-                    );
+                    let mut down = faults.clone();
+                    // Dropping the delay lines closes both sockets: the link went down.
+                    tokio::select! {
+                        _ = async {
+                            tokio::join!(
+                                delay_line(client_read, server_write, forward, seed, faults.clone()),
+                                delay_line(server_read, client_write, backward, seed ^ 1, faults),
+                            )
+                        } => {}
+                        _ = async {
+                            // No one left to set faults: the link never goes down.
+                            if down.wait_for(|f| *f == Fault::Down).await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        } => {}
+                    }
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -198,6 +240,7 @@ async fn delay_line(
     mut to: tcp::OwnedWriteHalf,
     link: Arc<Direction>,
     seed: u64,
+    mut faults: watch::Receiver<Fault>,
 ) {
     type Piece = (Instant, Option<Bytes>, Option<OwnedSemaphorePermit>);
     let (tx, mut rx) = mpsc::unbounded_channel::<Piece>();
@@ -239,6 +282,10 @@ async fn delay_line(
     let writer = async move {
         while let Some((due, piece, _permit)) = rx.recv().await {
             tokio::time::sleep_until(due).await;
+            // A stalled link holds what it has (the reader stops once its budget is full).
+            if faults.wait_for(|f| *f != Fault::Stall).await.is_err() {
+                return;
+            }
             match piece {
                 Some(bytes) => {
                     if to.write_all(&bytes).await.is_err() {

@@ -38,8 +38,10 @@ async fn main() -> std::io::Result<()> {
     let config = LinkConfig { rtt: args.rtt, rate_bps: args.rate, jitter: args.jitter };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("wan-proxy listening on {}", listener.local_addr()?);
+    // No faults from the command line (yet): the sender stays, unused.
+    let (_fault, faults) = tokio::sync::watch::channel(wan::Fault::None);
     tokio::select! {
-        () = wan::run(listener, args.upstream, config, Default::default()) => {}
+        () = wan::run(listener, args.upstream, config, Default::default(), faults) => {}
         _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())
