@@ -17,4 +17,4 @@ pub mod source;
 
 pub use error::ReadError;
 pub use service::{Observer, ReadLimits, ReadService};
-pub use source::{ShardHandle, ShardMeta, ShardPage, ShardStat, Source};
+pub use source::{DatasetListing, STALE_METADATA, ShardHandle, ShardMeta, ShardPage, ShardStat, Source};

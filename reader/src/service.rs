@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     ReadError,
-    source::{ShardHandle, ShardMeta, Source},
+    source::{STALE_METADATA, ShardHandle, ShardMeta, Source},
 };
 
 /// Shards per `ListShards` page when the request does not say.
@@ -123,6 +123,19 @@ fn expect_version(meta: &ShardMeta, dataset: &str, expected: &str) -> Result<(),
     })
 }
 
+/// `response`, with [`STALE_METADATA`] when the source could not confirm it.
+fn marked<T>(mut response: Response<T>, stale: bool) -> Response<T> {
+    if stale {
+        response.metadata_mut().insert(
+            STALE_METADATA,
+            tonic::metadata::MetadataValue::from_static(
+                "the source could not be reached; answered from what was seen",
+            ),
+        );
+    }
+    response
+}
+
 /// A data message: `data` read at `offset` of a shard at `version`.
 fn chunk(offset: u64, data: Bytes, version: &str) -> Chunk {
     Chunk { offset, crc32c: crc32c(&data), data, version: version.to_owned() }
@@ -147,8 +160,8 @@ impl<S: Source> ShardReader for ReadService<S> {
         self.observer.stat_request();
         let grant = Grant::of(&request)?;
         // A token lists only the datasets it may read.
-        let datasets = self.source.list_datasets(&|name| grant.allows(name)).await.map_err(Into::into)?;
-        Ok(Response::new(ListDatasetsResponse { datasets }))
+        let listing = self.source.list_datasets(&|name| grant.allows(name)).await.map_err(Into::into)?;
+        Ok(marked(Response::new(ListDatasetsResponse { datasets: listing.datasets }), listing.stale))
     }
 
     async fn list_shards(
@@ -177,7 +190,7 @@ impl<S: Source> ShardReader for ReadService<S> {
             _ => String::new(),
         };
         let shards = page.shards.iter().map(|s| self.shard_info(&req.dataset, s, page.record_size)).collect();
-        Ok(Response::new(ListShardsResponse { shards, next_page_token }))
+        Ok(marked(Response::new(ListShardsResponse { shards, next_page_token }), page.stale))
     }
 
     async fn stat_shard(&self, request: Request<StatShardRequest>) -> Result<Response<ShardInfo>, Status> {
@@ -187,7 +200,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         grant.check(&req.dataset)?;
         let (dataset, shard) = names(&req.dataset, &req.shard)?;
         let stat = self.source.stat(&dataset, &shard).await.map_err(Into::into)?;
-        Ok(Response::new(self.shard_info(&req.dataset, &stat.meta, stat.record_size)))
+        Ok(marked(Response::new(self.shard_info(&req.dataset, &stat.meta, stat.record_size)), stat.stale))
     }
 
     async fn read_range(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {

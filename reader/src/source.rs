@@ -34,6 +34,8 @@ pub struct ShardStat {
     pub meta: ShardMeta,
     /// Record (sample) size of the shard's dataset, 0 when unknown.
     pub record_size: u32,
+    /// Possibly out of date: the source could not confirm it (see [`STALE_METADATA`]).
+    pub stale: bool,
 }
 
 /// One page of a dataset's shards, in name order.
@@ -44,7 +46,22 @@ pub struct ShardPage {
     pub record_size: u32,
     /// More shards follow the last one of this page.
     pub more: bool,
+    /// Possibly out of date or incomplete (see [`STALE_METADATA`]).
+    pub stale: bool,
 }
+
+/// Datasets with their shard counts and bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DatasetListing {
+    pub datasets: Vec<DatasetInfo>,
+    /// Possibly out of date or incomplete (see [`STALE_METADATA`]).
+    pub stale: bool,
+}
+
+/// Response metadata (a gRPC header) on a listing or stat that the server answered from
+/// what it had seen because its own source could not answer (a spoke whose hub is
+/// away): it may be out of date, and a listing may miss shards never read through it.
+pub const STALE_METADATA: &str = "shardcache-stale";
 
 /// Where a [`ReadService`](crate::ReadService) reads from.
 pub trait Source: Send + Sync + 'static {
@@ -62,7 +79,7 @@ pub trait Source: Send + Sync + 'static {
     fn list_datasets(
         &self,
         wanted: &(dyn Fn(&str) -> bool + Sync),
-    ) -> impl Future<Output = Result<Vec<DatasetInfo>, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<DatasetListing, Self::Error>> + Send;
 
     /// At most `limit` shards of `dataset` whose names sort after `after`, in name order.
     fn list_shards(

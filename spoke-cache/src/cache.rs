@@ -36,6 +36,7 @@ use crate::{
     fetch::{ChunkFetch, Fetcher},
     index::{Index, ShardKey, blocking},
     metrics::Metrics,
+    revalidation::{REVALIDATION_WAIT, Revalidation},
     store::{PageFault, Store},
     upstream::Upstream,
 };
@@ -79,6 +80,7 @@ pub struct Cache {
     metrics: Arc<Metrics>,
     /// Shard lookups (StatShard) in progress, shared by concurrent callers.
     lookups: Mutex<HashMap<ShardKey, SharedLookup>>,
+    revalidation: Revalidation,
 }
 
 /// Runs `job` in its own task, so a caller that goes away does not cancel it for the
@@ -118,6 +120,7 @@ impl Cache {
             config,
             metrics,
             lookups: Mutex::default(),
+            revalidation: Revalidation::default(),
         }))
     }
 
@@ -172,6 +175,11 @@ impl Cache {
         self.index.get(&(dataset.to_owned(), shard.to_owned()))
     }
 
+    /// The hub confirmed `entry`'s version within `--revalidate-after`.
+    pub fn is_fresh(&self, entry: &Entry) -> bool {
+        self.index.is_fresh(entry)
+    }
+
     /// The least recently used entry eviction may take (see [`Index::least_recently_used`]).
     pub fn least_recently_used(&self) -> Option<Arc<Entry>> {
         self.index.least_recently_used()
@@ -193,6 +201,12 @@ impl Cache {
         if let Some(entry) = self.index.fresh(&key) {
             return Ok(entry);
         }
+        let cached = self.index.get(&key);
+        if let Some(entry) = cached.as_ref().filter(|_| self.revalidation.paused()) {
+            // The hub did not answer lately: serve what is cached without asking.
+            self.index.touch(entry);
+            return Ok(entry.clone());
+        }
         let lookup = {
             let mut lookups = self.lookups.lock().unwrap_or_else(|p| p.into_inner());
             lookups
@@ -210,7 +224,17 @@ impl Cache {
                 })
                 .clone()
         };
-        lookup.await
+        let Some(entry) = cached else { return lookup.await };
+        // A cached shard is served within REVALIDATION_WAIT whatever the hub does; the
+        // lookup carries on (bounded by --hub-timeout) for the readers after.
+        match tokio::time::timeout(REVALIDATION_WAIT, lookup).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.revalidation_failed(&format_args!("no answer within {REVALIDATION_WAIT:?}"));
+                self.index.touch(&entry);
+                Ok(entry)
+            }
+        }
     }
 
     /// [`Cache::entry`] for a call that will read `reads` (`(offset, length)` pairs) of
@@ -271,7 +295,12 @@ impl Cache {
             let info = upstream.stat(dataset.as_str(), shard.as_str()).await?;
             return self.index.install(key, &info, self.config.chunk_size).await;
         };
-        match upstream.stat(dataset.as_str(), shard.as_str()).await {
+        let answer = upstream.stat(dataset.as_str(), shard.as_str()).await;
+        match &answer {
+            Err(e) if e.hub_cannot_answer() => self.revalidation_failed(e),
+            _ => self.revalidation.answered(),
+        }
+        match answer {
             Ok(info) if info.version == entry.version && info.size == entry.size => {
                 self.index.revalidated(&entry).await?;
                 Ok(entry)
@@ -281,8 +310,9 @@ impl Cache {
                 self.drop_entry(&entry, false).await;
                 self.index.install(key, &info, self.config.chunk_size).await
             }
-            Err(Error::HubUnavailable { hub, message }) => {
-                tracing::warn!(%hub, %message, dataset = %dataset, shard = %shard, "cannot revalidate: serving the cached version");
+            Err(e) if e.hub_cannot_answer() => {
+                // Whatever the trouble (down, hung, overloaded, refusing us, garbled),
+                // the verified bytes on disk are still the version the hub served.
                 self.index.touch(&entry);
                 Ok(entry)
             }
@@ -292,6 +322,11 @@ impl Cache {
             }
             Err(e) => Err(e),
         }
+    }
+
+    fn revalidation_failed(&self, why: &dyn std::fmt::Display) {
+        self.metrics.revalidation_failures.fetch_add(1, Relaxed);
+        self.revalidation.failed(why);
     }
 
     /// Evicts `entries` (their chunks and records); returns (shards, bytes) evicted.

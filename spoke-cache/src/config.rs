@@ -107,6 +107,11 @@ pub struct SpokeArgs {
     #[arg(long, env = "SPOKE_HUB_TRANSPORT_DEFAULTS")]
     pub hub_transport_defaults: bool,
 
+    /// Deadline of every call to a hub (a chunk fetch, a stat, a listing): a hub that
+    /// hangs fails the call with UNAVAILABLE after this, and cached data is served.
+    #[arg(long, env = "SPOKE_HUB_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub hub_timeout: Duration,
+
     /// Time a request may take to produce its response headers (e.g. 30s, 2m).
     #[arg(long, env = "SPOKE_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
@@ -162,7 +167,11 @@ pub const LOW_WATERMARK: f64 = 0.85;
 impl SpokeArgs {
     pub fn hub_transport(&self) -> Result<HubTransport, Error> {
         if self.hub_transport_defaults {
-            return Ok(HubTransport { connections: 1, http2: Http2Settings::DEFAULTS });
+            return Ok(HubTransport {
+                connections: 1,
+                http2: Http2Settings::DEFAULTS,
+                timeout: self.hub_timeout,
+            });
         }
         if self.hub_connections == 0 {
             return Err(Error::Config("--hub-connections must be at least 1".into()));
@@ -174,7 +183,10 @@ impl SpokeArgs {
             self.hub_socket_recv_buffer.0,
         )
         .map_err(|e| Error::Config(format!("--hub-*: {e}")))?;
-        Ok(HubTransport { connections: self.hub_connections, http2 })
+        if self.hub_timeout.is_zero() {
+            return Err(Error::Config("--hub-timeout must be more than 0".into()));
+        }
+        Ok(HubTransport { connections: self.hub_connections, http2, timeout: self.hub_timeout })
     }
 
     /// Everything the spoke needs to serve, from these flags; loads certificates and

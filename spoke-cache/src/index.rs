@@ -105,12 +105,16 @@ impl Index {
     /// as used).
     pub fn fresh(&self, key: &ShardKey) -> Option<Arc<Entry>> {
         let entry = self.get(key)?;
-        let validated_at = entry.state().record.validated_at_ms;
-        let age = Duration::from_millis(now_ms().saturating_sub(validated_at));
-        (age < self.revalidate_after).then(|| {
+        self.is_fresh(&entry).then(|| {
             self.touch(&entry);
             entry
         })
+    }
+
+    /// `entry`'s version was checked within `revalidate_after`.
+    pub fn is_fresh(&self, entry: &Entry) -> bool {
+        let validated_at = entry.state().record.validated_at_ms;
+        Duration::from_millis(now_ms().saturating_sub(validated_at)) < self.revalidate_after
     }
 
     /// The entry of the shard version `info` describes: the one cached, or a new one

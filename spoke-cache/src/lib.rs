@@ -10,6 +10,7 @@
 //! - [`fetch`]: upstream fetches, request coalescing, bounds on what is in flight;
 //! - [`upstream`]: the hubs, through the verifying client SDK;
 //! - [`evict`]: capacity, watermarks, the LRU evictor;
+//! - [`revalidation`]: cached data stays served when the hub cannot answer; backoff;
 //! - [`source`]: the cache as the shared read service's source (the hub's API);
 //! - [`control`]: prefetch, status, evict, pin;
 //! - [`metrics`]: counters and histograms, Prometheus text on an HTTP port;
@@ -24,6 +25,7 @@ pub mod evict;
 pub mod fetch;
 pub mod index;
 pub mod metrics;
+pub mod revalidation;
 pub mod server;
 pub mod source;
 pub mod store;

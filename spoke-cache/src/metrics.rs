@@ -89,6 +89,8 @@ pub struct Metrics {
     pub evicted_shards: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub upstream_requests: AtomicU64,
+    /// Revalidations the hub could not answer (the cached version was served).
+    pub revalidation_failures: AtomicU64,
     /// Time to answer a read RPC (ReadRange, ReadRanges, one StreamShard chunk).
     pub read_latency: Histogram,
     /// Time of one upstream chunk fetch, hub round trip included.
@@ -152,6 +154,11 @@ impl Metrics {
                 "shardcache_spoke_upstream_requests_total",
                 "Chunk fetches sent to the hub",
                 &self.upstream_requests,
+            ),
+            (
+                "shardcache_spoke_revalidation_failures_total",
+                "Revalidations the hub could not answer; the cached version was served",
+                &self.revalidation_failures,
             ),
         ];
         for (name, help, value) in globals {

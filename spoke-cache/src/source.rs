@@ -4,15 +4,19 @@
 //! open as cache entries (one `StatShard` on the first access and after the TTL); reads
 //! go through [`Cache::read_many`] (stored parts in one hop, missing chunks fetched at
 //! once).
+//!
+//! When the hub cannot answer, listings and stats are answered from the cache's index
+//! (the shards read through this spoke), marked stale (`shardcache-stale`): a warm spoke
+//! can start a job while its hub is away.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use bytes::Bytes;
 use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::DatasetInfo,
 };
-use shardcache_reader::{Observer, ShardHandle, ShardMeta, ShardPage, ShardStat, Source};
+use shardcache_reader::{DatasetListing, Observer, ShardHandle, ShardMeta, ShardPage, ShardStat, Source};
 
 use crate::{Error, Result, cache::Cache, entry::Entry, metrics::Metrics};
 
@@ -56,10 +60,15 @@ impl Source for CachedSource {
     // flight, the extra buffers taking peak RSS to 478-501 MiB of the 512 MiB target
     // (same machine, one day; BENCHMARKS.md): the stream is CPU-bound, not latency-bound.
 
-    async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<Vec<DatasetInfo>> {
-        let mut datasets = self.0.upstream().list(|hub| async move { hub.list_datasets().await }).await?;
+    async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<DatasetListing> {
+        let (mut datasets, stale) =
+            match self.0.upstream().list(|hub| async move { hub.list_datasets().await }).await {
+                Ok(datasets) => (datasets, false),
+                Err(e) if e.hub_cannot_answer() => (self.cached_datasets(), true),
+                Err(e) => return Err(e),
+            };
         datasets.retain(|d| wanted(&d.name));
-        Ok(datasets)
+        Ok(DatasetListing { datasets, stale })
     }
 
     async fn list_shards(
@@ -71,12 +80,18 @@ impl Source for CachedSource {
         // Metadata: passed through to the hub, page by page (its page token is the last
         // name of the previous page, as the read service's).
         let (dataset, after) = (dataset.as_str(), after.map_or("", |a| a.as_str()));
-        let page = self
+        let page = match self
             .0
             .upstream()
             .list(|hub| async move { hub.list_shards_page(dataset, limit as u32, after).await })
-            .await?;
+            .await
+        {
+            Ok(page) => page,
+            Err(e) if e.hub_cannot_answer() => return self.cached_shards(dataset, after, limit).ok_or(e),
+            Err(e) => return Err(e),
+        };
         Ok(ShardPage {
+            stale: false,
             record_size: page.shards.first().map_or(0, |s| s.record_size),
             more: !page.next_page_token.is_empty(),
             shards: page
@@ -102,13 +117,47 @@ impl Source for CachedSource {
 
     async fn stat(&self, dataset: &DatasetName, shard: &ShardName) -> Result<ShardStat> {
         let shard = self.entry(dataset, shard, &[]).await?;
-        Ok(ShardStat { record_size: shard.entry.record_size, meta: shard.meta })
+        // Not confirmed within --revalidate-after: the hub could not be asked.
+        let stale = !self.0.is_fresh(&shard.entry);
+        Ok(ShardStat { record_size: shard.entry.record_size, meta: shard.meta, stale })
     }
 
     async fn read_many(&self, reads: &[(&CachedShard, u64, u64)]) -> Result<Vec<Bytes>> {
         let wants: Vec<_> =
             reads.iter().map(|&(shard, offset, length)| (&shard.entry, offset, length)).collect();
         self.0.read_many(&wants).await
+    }
+}
+
+impl CachedSource {
+    /// The datasets of the shards the cache knows, with their counts and bytes.
+    fn cached_datasets(&self) -> Vec<DatasetInfo> {
+        let mut datasets: BTreeMap<String, DatasetInfo> = BTreeMap::new();
+        for entry in self.0.entries() {
+            let info = datasets.entry(entry.dataset.clone()).or_insert_with(|| DatasetInfo {
+                name: entry.dataset.clone(),
+                record_size: entry.record_size,
+                ..Default::default()
+            });
+            info.shard_count += 1;
+            info.total_bytes += entry.size;
+        }
+        datasets.into_values().collect()
+    }
+
+    /// A page of the shards of `dataset` the cache knows; `None` when it knows none.
+    fn cached_shards(&self, dataset: &str, after: &str, limit: usize) -> Option<ShardPage> {
+        let mut entries: Vec<_> = self.0.entries().into_iter().filter(|e| e.dataset == dataset).collect();
+        let record_size = entries.first()?.record_size;
+        entries.sort_by(|a, b| a.shard.cmp(&b.shard));
+        let mut after_token = entries.iter().filter(|e| e.shard.as_str() > after).peekable();
+        let shards: Vec<ShardMeta> = after_token
+            .by_ref()
+            .take(limit)
+            .map(|e| ShardMeta { name: e.shard.clone(), size: e.size, version: e.version.clone() })
+            .collect();
+        let more = after_token.peek().is_some();
+        Some(ShardPage { shards, record_size, more, stale: true })
     }
 }
 

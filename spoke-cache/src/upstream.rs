@@ -28,17 +28,34 @@ use crate::{Error, Result};
 /// SYN in ~60 ms; 3 s covers retransmits without letting an uncached read hang.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Default of `--hub-timeout`, the deadline of every call to a hub: a 4 MiB chunk at
+/// ~1 Mbit/s, or a listing of the largest datasets, still fits; a hub that hangs does
+/// not hold a fetch's room in the in-flight bounds for longer.
+pub const DEFAULT_HUB_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// HTTP/2 PINGs on idle hub connections, and how long an answer may take: a connection
+/// whose peer vanished (no RST: a cut link, a frozen host) is found dead within
+/// ~20 s instead of when TCP gives up (minutes), so new calls go to a fresh one.
+pub const HUB_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub const HUB_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How the spoke talks to its hubs (flags `--hub-connections`, `--hub-*-window`, ...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HubTransport {
     /// HTTP/2 connections per hub; fetches take them in turn.
     pub connections: usize,
     pub http2: Http2Settings,
+    /// Deadline of every call to a hub (`--hub-timeout`).
+    pub timeout: Duration,
 }
 
 impl Default for HubTransport {
     fn default() -> Self {
-        Self { connections: DEFAULT_HUB_CONNECTIONS, http2: Http2Settings::TUNED }
+        Self {
+            connections: DEFAULT_HUB_CONNECTIONS,
+            http2: Http2Settings::TUNED,
+            timeout: DEFAULT_HUB_TIMEOUT,
+        }
     }
 }
 
@@ -59,7 +76,10 @@ impl Hub {
         let endpoint = Endpoint::from_shared(url.to_owned())
             .map_err(|e| Error::Config(format!("--hub {url:?} is not a valid URL: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(HUB_KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(HUB_KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         let endpoint = transport.http2.endpoint(endpoint);
         let connections = (0..transport.connections.max(1))
             .map(|_| {
@@ -82,6 +102,7 @@ impl Hub {
 #[derive(Debug, Clone)]
 pub struct Upstream {
     hubs: Arc<Vec<Hub>>,
+    timeout: Duration,
 }
 
 impl Upstream {
@@ -94,7 +115,7 @@ impl Upstream {
             .iter()
             .map(|url| Hub::connect_lazy(url, transport, credentials))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { hubs: Arc::new(hubs) })
+        Ok(Self { hubs: Arc::new(hubs), timeout: transport.timeout })
     }
 
     pub fn urls(&self) -> Vec<String> {
@@ -119,7 +140,21 @@ impl Upstream {
     {
         let mut last = None;
         for hub in self.order(dataset, shard) {
-            match call(hub.client()).await {
+            let answer = match tokio::time::timeout(self.timeout, call(hub.client())).await {
+                Ok(answer) => answer,
+                // A hung hub: the call is dropped (its stream reset) and counts as
+                // unreachable, so the next hub is tried and cached data is served.
+                Err(_) => {
+                    let message = format!(
+                        "no answer within --hub-timeout {}",
+                        humantime::format_duration(self.timeout)
+                    );
+                    tracing::warn!(hub = hub.url, %message, "hub timed out");
+                    last = Some(Error::HubUnavailable { hub: hub.url.clone(), message });
+                    continue;
+                }
+            };
+            match answer {
                 Ok(answer) => return Ok(answer),
                 Err(e) => {
                     let e = classify(&hub.url, e);
@@ -193,8 +228,15 @@ fn classify(hub: &str, err: shardcache_client::Error) -> Error {
     use shardcache_client::Error as E;
     let hub = hub.to_owned();
     match err {
-        // tonic reports a refused or failed connection as UNAVAILABLE.
-        E::Status { status, .. } if status.code() == tonic::Code::Unavailable => {
+        // tonic reports a refused or failed connection as UNAVAILABLE, and one closed
+        // under a request (a link that went down, the hub's own request timeout) as
+        // CANCELLED: either way the hub did not answer.
+        E::Status { status, .. }
+            if matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+            ) =>
+        {
             Error::HubUnavailable { hub, message: status.message().to_owned() }
         }
         E::Status { status, .. }

@@ -279,6 +279,23 @@ pub fn rewrite_in_place(path: &Path, data: &[u8]) {
     panic!("ctime of {} never moved", path.display());
 }
 
+/// Writes a token file at `path` with a new token for each `(name, datasets)` holder
+/// (`datasets`: `*` or a comma-separated list); returns the tokens, in order.
+pub fn token_file(path: &Path, holders: &[(&str, &str)]) -> Vec<String> {
+    use shardcache_serving::auth::{Datasets, TokenHolder, new_token};
+    let mut text = String::from("# test tokens\n");
+    let mut tokens = Vec::new();
+    for (name, datasets) in holders {
+        let token = new_token().unwrap();
+        let holder = TokenHolder { name: (*name).into(), datasets: Datasets::parse(datasets).unwrap() };
+        text.push_str(&holder.line(&token));
+        text.push('\n');
+        tokens.push(token);
+    }
+    std::fs::write(path, text).unwrap();
+    tokens
+}
+
 /// A small LCG for reproducible random offsets.
 pub fn next_random(state: &mut u64) -> u64 {
     *state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);

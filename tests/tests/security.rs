@@ -9,7 +9,7 @@ use hub_server::ServeOptions;
 use shardcache_client::{Client, ConnectOptions, Range};
 use shardcache_proto::v1::{ReadRangeRequest, shard_reader_client::ShardReaderClient};
 use shardcache_serving::{
-    auth::{Authenticator, Datasets, TokenHolder, new_token},
+    auth::Authenticator,
     reload::RELOAD_POLL,
     server::Security,
     tls::{ClientTlsFiles, ServerTls, ServerTlsFiles},
@@ -18,7 +18,7 @@ use shardcache_serving::{
 use shardcache_tests::{
     TestHub, TestSpoke, make_dataset,
     pki::{Pki, expired, not_yet_valid, valid},
-    scrape_metrics, sha256, spoke_options, test_options, write_pattern,
+    scrape_metrics, sha256, spoke_options, test_options, token_file, write_pattern,
 };
 use tonic::Code;
 
@@ -149,20 +149,6 @@ async fn a_hub_that_requires_client_certificates_refuses_clients_without_a_valid
 }
 
 /// Writes a token file with `holders` and returns each holder's token.
-fn token_file(path: &Path, holders: &[(&str, &str)]) -> Vec<String> {
-    let mut text = String::from("# test tokens\n");
-    let mut tokens = Vec::new();
-    for (name, datasets) in holders {
-        let token = new_token().unwrap();
-        let holder = TokenHolder { name: (*name).into(), datasets: Datasets::parse(datasets).unwrap() };
-        text.push_str(&holder.line(&token));
-        text.push('\n');
-        tokens.push(token);
-    }
-    std::fs::write(path, text).unwrap();
-    tokens
-}
-
 #[tokio::test]
 async fn mutual_tls_spoke_to_hub_and_tokens_on_the_spoke_end_to_end() {
     let root = tempfile::tempdir().unwrap();

@@ -122,7 +122,7 @@ async fn a_spoke_across_the_link_serves_the_hubs_bytes_over_several_connections(
     let proxy = WanProxy::start("127.0.0.1:0".parse().unwrap(), hub.addr, link).await.unwrap();
 
     let mut options = spoke_options(&format!("http://{}", proxy.addr));
-    options.hub_transport = HubTransport { connections: 3, http2: sized };
+    options.hub_transport = HubTransport { connections: 3, http2: sized, ..Default::default() };
     let spoke = TestSpoke::start(cache_dir.path(), options).await;
     let progress = spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
     assert_eq!(progress.bytes_fetched, 6 * (3 << 20));

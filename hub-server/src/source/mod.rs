@@ -17,8 +17,8 @@ use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::DatasetInfo,
 };
+use shardcache_reader::{DatasetListing, ShardPage, ShardStat, Source};
 pub use shardcache_reader::{ShardHandle, ShardMeta};
-use shardcache_reader::{ShardPage, ShardStat, Source};
 
 use crate::{Error, Result};
 
@@ -63,7 +63,7 @@ impl<S: Storage> Source for HubSource<S> {
     type Error = Error;
     const READ_PARALLELISM: usize = S::READ_PARALLELISM;
 
-    async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<Vec<DatasetInfo>> {
+    async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<DatasetListing> {
         let mut datasets = Vec::new();
         for meta in self.0.list_datasets().await?.into_iter().filter(|m| wanted(&m.name)) {
             let shards = self.0.list_shards(&DatasetName::new(&meta.name)?).await?;
@@ -74,7 +74,7 @@ impl<S: Storage> Source for HubSource<S> {
                 record_size: meta.record_size,
             });
         }
-        Ok(datasets)
+        Ok(DatasetListing { datasets, stale: false })
     }
 
     async fn list_shards(
@@ -90,7 +90,7 @@ impl<S: Storage> Source for HubSource<S> {
         let more = end < shards.len();
         shards.truncate(end);
         shards.drain(..start);
-        Ok(ShardPage { shards, record_size, more })
+        Ok(ShardPage { shards, record_size, more, stale: false })
     }
 
     async fn open(&self, dataset: &DatasetName, shard: &ShardName) -> Result<S::Shard> {
@@ -100,6 +100,6 @@ impl<S: Storage> Source for HubSource<S> {
     async fn stat(&self, dataset: &DatasetName, shard: &ShardName) -> Result<ShardStat> {
         let handle = self.0.open(dataset, shard).await?;
         let record_size = self.0.dataset(dataset).await?.record_size;
-        Ok(ShardStat { meta: handle.meta().clone(), record_size })
+        Ok(ShardStat { meta: handle.meta().clone(), record_size, stale: false })
     }
 }
