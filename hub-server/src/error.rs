@@ -19,6 +19,11 @@ pub enum Error {
     NotAFile { dataset: String, shard: String },
     #[error("{what} resolves outside the served root (a symlink leading out of it); it is not served")]
     OutsideRoot { what: String },
+    #[error(
+        "{what} resolves outside its dataset {dataset:?} (a symlink leading out of it); it is not served: \
+         a grant for one dataset must not read another"
+    )]
+    OutsideDataset { what: String, dataset: String },
     /// The source refused the hub's own credentials (S3 AccessDenied, a bad key).
     #[error("{store} refused the hub: {message}")]
     SourceDenied { store: String, message: String },
@@ -76,7 +81,7 @@ impl From<Error> for tonic::Status {
         let message = err.to_string();
         match err {
             Error::Read(e) => e.into(),
-            Error::OutsideRoot { .. } => Status::invalid_argument(message),
+            Error::OutsideRoot { .. } | Error::OutsideDataset { .. } => Status::invalid_argument(message),
             Error::DatasetNotFound { .. } | Error::ShardNotFound { .. } | Error::NotAFile { .. } => {
                 Status::not_found(message)
             }

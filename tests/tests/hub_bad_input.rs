@@ -78,7 +78,12 @@ async fn symlinks_cannot_leave_the_root() {
         let err = client.read_range(&Range::new(dataset, shard, 0, 100)).await.unwrap_err();
         let (code, message) = code_and_message(err);
         assert!(matches!(code, Code::InvalidArgument | Code::NotFound), "{dataset}/{shard}: {code:?}");
-        assert!(message.contains("outside the served root") || message.contains("not found"), "{message}");
+        assert!(
+            ["outside its dataset", "outside the served root", "not found"]
+                .iter()
+                .any(|m| message.contains(m)),
+            "{message}"
+        );
         let mut stream = client.stream_shard(dataset, shard, 0, Some(100)).await;
         if let Ok(s) = stream.as_mut() {
             assert!(s.next_chunk().await.is_err());
@@ -92,6 +97,49 @@ async fn symlinks_cannot_leave_the_root() {
     // A link that stays inside the root is served.
     assert_eq!(client.read_range(&Range::new("ds", "alias.bin", 0, 100)).await.unwrap().data, good);
     assert_ne!(good, secret);
+}
+
+#[tokio::test]
+async fn symlinks_cannot_cross_from_one_dataset_into_another() {
+    let root = tempfile::tempdir().unwrap();
+    let private = write_pattern(&root.path().join("private/y.bin"), 100, 7);
+    let public = write_pattern(&root.path().join("public/good.bin"), 100, 1);
+    // Relative and absolute links into the other dataset, a dataset folder that is a link
+    // to another dataset, and an absolute link that stays inside its own dataset.
+    std::os::unix::fs::symlink("../private/y.bin", root.path().join("public/x.bin")).unwrap();
+    std::os::unix::fs::symlink(root.path().join("private"), root.path().join("public/dir")).unwrap();
+    std::os::unix::fs::symlink(root.path().join("private"), root.path().join("alias")).unwrap();
+    std::os::unix::fs::symlink(root.path().join("public/good.bin"), root.path().join("public/same.bin"))
+        .unwrap();
+    // A token for `public` only: what a grant for one dataset may reach.
+    let tokens = tempfile::tempdir().unwrap();
+    let token =
+        shardcache_tests::token_file(&tokens.path().join("t"), &[("reader", "public,alias")]).remove(0);
+    let mut options = shardcache_tests::test_options();
+    options.security = shardcache_serving::server::Security {
+        tls: None,
+        auth: shardcache_serving::auth::Authenticator::with_token_file(&tokens.path().join("t")).unwrap(),
+    };
+    let hub = TestHub::start_with(root.path(), options).await;
+    let client = Client::connect_with(
+        &hub.endpoint,
+        &shardcache_client::ConnectOptions { token: Some(token), ..Default::default() },
+    )
+    .await
+    .unwrap();
+
+    for (dataset, shard) in [("public", "x.bin"), ("public", "dir/y.bin"), ("alias", "y.bin")] {
+        let err = client.read_range(&Range::new(dataset, shard, 0, 100)).await.unwrap_err();
+        let (code, message) = code_and_message(err);
+        assert_eq!(code, Code::InvalidArgument, "{dataset}/{shard}: {message}");
+        assert!(message.contains("outside its dataset"), "{message}");
+    }
+    let names: Vec<_> = client.list_shards("public").await.unwrap().into_iter().map(|s| s.shard).collect();
+    assert_eq!(names, ["good.bin", "same.bin"], "links into another dataset are not listed");
+    let datasets: Vec<_> = client.list_datasets().await.unwrap().into_iter().map(|d| d.name).collect();
+    assert_eq!(datasets, ["public"], "a dataset folder that is a link is not a dataset");
+    assert_eq!(client.read_range(&Range::new("public", "same.bin", 0, 100)).await.unwrap().data, public);
+    assert_ne!(public, private);
 }
 
 #[tokio::test]

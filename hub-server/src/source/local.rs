@@ -11,8 +11,12 @@
 //!   moves ctime, so the read fails with `VersionChanged` instead of returning mixed bytes.
 //! - Open descriptors are kept in a small cache keyed by canonical path and reused while
 //!   the file on disk is still the same version.
-//! - Symlinks are followed only while they stay inside the root (checked on the canonical
-//!   path); symlinked folders are not walked when listing, so listing cannot loop.
+//! - Symlinks are followed only while they stay inside the shard's own dataset, so a
+//!   grant for one dataset never reads another's files: checked on the canonical path,
+//!   and again on the descriptor actually opened (its path as the kernel reports it), so
+//!   a link swapped between the check and the open is caught. A dataset is a real folder
+//!   of the root (a symlinked dataset folder would alias another dataset); symlinked
+//!   folders are not walked when listing, so listing cannot loop.
 
 use std::{
     collections::HashMap,
@@ -89,11 +93,32 @@ impl LocalSource {
         &self.root
     }
 
-    /// Canonical path of `dataset`, which must be a folder inside the root.
+    /// Canonical path of `dataset`, which must be a real folder of the root: a symlink
+    /// there would let a grant for its name read the dataset it points to.
     fn dataset_dir(&self, dataset: &DatasetName) -> Result<PathBuf> {
         let not_found = || Error::DatasetNotFound { dataset: dataset.to_string() };
         let dir = self.inside_root(&self.root.join(dataset.as_str()), dataset.as_str(), not_found)?;
+        if dir != self.root.join(dataset.as_str()) {
+            return Err(Error::OutsideDataset { what: dataset.to_string(), dataset: dataset.to_string() });
+        }
         if dir.is_dir() { Ok(dir) } else { Err(not_found()) }
+    }
+
+    /// Canonicalizes `path`, shard `shard` of `dataset` (whose canonical folder is
+    /// `dir`), refusing anything that resolves outside that folder.
+    fn inside_dataset(&self, path: &Path, dir: &Path, dataset: &DatasetName, shard: &str) -> Result<PathBuf> {
+        let what = format!("{dataset}/{shard}");
+        let what = what.as_str();
+        let not_found = || Error::ShardNotFound { dataset: dataset.to_string(), shard: shard.to_owned() };
+        let canonical = self.inside_root(path, what, not_found).map_err(|e| match e {
+            Error::OutsideRoot { what } => Error::OutsideDataset { what, dataset: dataset.to_string() },
+            other => other,
+        })?;
+        if canonical.starts_with(dir) {
+            Ok(canonical)
+        } else {
+            Err(Error::OutsideDataset { what: what.to_owned(), dataset: dataset.to_string() })
+        }
     }
 
     /// Canonicalizes `path`, refusing anything that resolves outside the root.
@@ -116,15 +141,20 @@ impl LocalSource {
     fn open_blocking(&self, dataset: &DatasetName, shard: &ShardName) -> Result<LocalShard> {
         let dir = self.dataset_dir(dataset)?;
         let what = format!("{dataset}/{shard}");
-        let mut path = dir;
+        let mut path = dir.clone();
         path.extend(shard.components());
-        let not_found = || Error::ShardNotFound { dataset: dataset.to_string(), shard: shard.to_string() };
-        let path = self.inside_root(&path, &what, not_found)?;
+        let path = self.inside_dataset(&path, &dir, dataset, shard.as_str())?;
         let on_disk = std::fs::metadata(&path).map_err(|e| Error::io(&what, e))?;
         if !on_disk.is_file() {
             return Err(Error::NotAFile { dataset: dataset.to_string(), shard: shard.to_string() });
         }
         let (file, size, version) = self.cached_or_open(&path, &on_disk, &what)?;
+        // What was opened, not what was checked: a link swapped in between is caught here
+        // (a cached descriptor was checked when it was opened, and is keyed by this path).
+        let opened = opened_path(&file).map_err(|e| Error::io(&what, e))?;
+        if !opened.starts_with(&dir) {
+            return Err(Error::OutsideDataset { what, dataset: dataset.to_string() });
+        }
         let meta = ShardMeta { name: shard.to_string(), size, version };
         Ok(LocalShard(Arc::new(OpenShard { file, meta, dataset: dataset.to_string() })))
     }
@@ -184,9 +214,9 @@ impl LocalSource {
     }
 
     fn list_shards_blocking(&self, dataset: &DatasetName) -> Result<Vec<ShardMeta>> {
-        let dir = self.dataset_dir(dataset)?;
+        let dataset_dir = self.dataset_dir(dataset)?;
         let mut shards = Vec::new();
-        let mut pending = vec![(dir, String::new())];
+        let mut pending = vec![(dataset_dir.clone(), String::new())];
         while let Some((dir, prefix)) = pending.pop() {
             let entries = std::fs::read_dir(&dir).map_err(|e| Error::io(format!("{dataset}/{prefix}"), e))?;
             for entry in entries {
@@ -200,11 +230,8 @@ impl LocalSource {
                 if file_type.is_dir() {
                     pending.push((entry.path(), format!("{name}/")));
                 } else if file_type.is_file() || file_type.is_symlink() {
-                    let what = format!("{dataset}/{name}");
-                    let Ok(target) =
-                        self.inside_root(&entry.path(), &what, || Error::Internal(String::new()))
-                    else {
-                        continue; // dangling, or leading out of the root
+                    let Ok(target) = self.inside_dataset(&entry.path(), &dataset_dir, dataset, &name) else {
+                        continue; // dangling, or leading out of the dataset
                     };
                     match std::fs::metadata(&target) {
                         Ok(m) if m.is_file() => {
@@ -218,6 +245,12 @@ impl LocalSource {
         shards.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(shards)
     }
+}
+
+/// The path of the file `file` is open on, as the kernel reports it.
+fn opened_path(file: &File) -> std::io::Result<PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 /// The version string of a file's metadata.
