@@ -6,10 +6,15 @@
 //! each:
 //!
 //! ```text
-//! # NAME        HASH                 DATASETS (comma-separated, or * for all)
+//! # NAME        HASH                 DATASETS (comma-separated, or * for all)  [control]
 //! trainer-a     sha256:5e884898...   c4,wiki
+//! ops           sha256:2c26b46b...   *                                          control
 //! spoke-eu      sha256:a665a459...   *
 //! ```
+//!
+//! A token reads its datasets; only one marked `control` may also change what a spoke
+//! holds of them (prefetch, evict, pin, unpin): a reader cannot pin a cache full or
+//! evict what other jobs read.
 //!
 //! Tokens are 256 random bits ([`new_token`]), so a plain SHA-256 is as good as a slow
 //! password hash: there is nothing to guess. Revoking a token is deleting its line; the
@@ -106,12 +111,18 @@ impl Datasets {
 pub struct TokenHolder {
     pub name: String,
     pub datasets: Datasets,
+    /// May also control a spoke's cache of its datasets (prefetch, evict, pin).
+    pub control: bool,
 }
+
+/// The word that gives a token control of a spoke's cache, after its datasets.
+pub const CONTROL: &str = "control";
 
 impl TokenHolder {
     /// The token file line for this holder's `token`.
     pub fn line(&self, token: &str) -> String {
-        format!("{} {} {}", self.name, hash_token(token), self.datasets)
+        let control = if self.control { format!(" {CONTROL}") } else { String::new() };
+        format!("{} {} {}{control}", self.name, hash_token(token), self.datasets)
     }
 }
 
@@ -133,12 +144,22 @@ impl TokenBook {
                 continue;
             }
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [name, hash, datasets] = fields[..] else {
-                return Err(format!(
-                    "{}: expected `NAME sha256:HASH DATASETS`, found {} fields",
-                    at(),
-                    fields.len()
-                ));
+            let (name, hash, datasets, control) = match fields[..] {
+                [name, hash, datasets] => (name, hash, datasets, false),
+                [name, hash, datasets, CONTROL] => (name, hash, datasets, true),
+                [_, _, _, other] => {
+                    return Err(format!(
+                        "{}: unknown capability {other:?} (the only one is `{CONTROL}`)",
+                        at()
+                    ));
+                }
+                _ => {
+                    return Err(format!(
+                        "{}: expected `NAME sha256:HASH DATASETS [{CONTROL}]`, found {} fields",
+                        at(),
+                        fields.len()
+                    ));
+                }
             };
             let digest = hash.strip_prefix("sha256:").unwrap_or_default();
             if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -151,7 +172,7 @@ impl TokenBook {
             if !names.insert(name.to_owned()) {
                 return Err(format!("{}: the name {name} is used twice", at()));
             }
-            let holder = Arc::new(TokenHolder { name: name.to_owned(), datasets });
+            let holder = Arc::new(TokenHolder { name: name.to_owned(), datasets, control });
             if by_hash.insert(digest.to_ascii_lowercase(), holder).is_some() {
                 return Err(format!("{}: {name}'s token hash is used twice", at()));
             }
@@ -204,6 +225,20 @@ impl Grant {
                 Datasets::All => true,
                 Datasets::Only(names) => names.contains(dataset),
             },
+        }
+    }
+
+    /// PERMISSION_DENIED unless the grant holds `dataset` and may control a cache's
+    /// copy of it (prefetch, evict, pin).
+    pub fn check_control(&self, dataset: &str) -> Result<(), Status> {
+        self.check(dataset)?;
+        match self {
+            Grant::Token(holder) if !holder.control => Err(Status::permission_denied(format!(
+                "token {:?} may read dataset {dataset:?} but not change what the cache holds of it \
+                 (prefetch, evict, pin): its line in the token file needs `{CONTROL}`",
+                holder.name
+            ))),
+            _ => Ok(()),
         }
     }
 
@@ -312,11 +347,14 @@ mod tests {
         let a = new_token().expect("random");
         let b = new_token().expect("random");
         assert_ne!(a, b);
-        let holder =
-            TokenHolder { name: "trainer-a".into(), datasets: Datasets::parse("c4,wiki").expect("names") };
+        let holder = TokenHolder {
+            name: "trainer-a".into(),
+            datasets: Datasets::parse("c4,wiki").expect("names"),
+            control: false,
+        };
         let line = holder.line(&a);
         assert!(!line.contains(&a), "the file must not hold the token: {line}");
-        let all = TokenHolder { name: "spoke".into(), datasets: Datasets::All }.line(&b);
+        let all = TokenHolder { name: "spoke".into(), datasets: Datasets::All, control: true }.line(&b);
         let mut auth =
             Authenticator::with_tokens(book(&format!("# comment\n\n{line}\n{all}\n")).expect("parses"));
 
@@ -327,6 +365,12 @@ mod tests {
         assert_eq!(denied.code(), tonic::Code::PermissionDenied);
         assert!(denied.message().contains("\"trainer-a\" may not read dataset \"secret\""), "{denied:?}");
         assert!(Grant::of(&auth.call(request(Some(&b))).expect("known")).expect("attached").allows("secret"));
+        // Control is its own capability: the reader may not, the `control` line may.
+        let refused = grant.check_control("c4").unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(refused.message().contains("needs `control`"), "{refused:?}");
+        let controller = Grant::of(&auth.call(request(Some(&b))).expect("known")).expect("attached");
+        assert!(controller.check_control("c4").is_ok());
 
         for (token, words) in [
             (None, "missing credentials"),
@@ -357,5 +401,7 @@ mod tests {
         assert!(book(&twice).unwrap_err().contains("tokens:2: b's token hash is used twice"));
         let names = format!("a {hash} *\na {} *", hash_token("y"));
         assert!(book(&names).unwrap_err().contains("tokens:2: the name a is used twice"));
+        assert!(book(&format!("a {hash} * contrl")).unwrap_err().contains("unknown capability \"contrl\""));
+        assert!(book(&format!("a {hash} * control")).expect("parses").by_hash.values().all(|h| h.control));
     }
 }

@@ -81,6 +81,8 @@ pub struct Cache {
     /// Shard lookups (StatShard) in progress, shared by concurrent callers.
     lookups: Mutex<HashMap<ShardKey, SharedLookup>>,
     revalidation: Revalidation,
+    /// Pin changes, one at a time (their limit is checked against all pins).
+    pinning: tokio::sync::Mutex<()>,
 }
 
 /// Runs `job` in its own task, so a caller that goes away does not cancel it for the
@@ -121,6 +123,7 @@ impl Cache {
             metrics,
             lookups: Mutex::default(),
             revalidation: Revalidation::default(),
+            pinning: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -185,9 +188,24 @@ impl Cache {
         self.index.least_recently_used()
     }
 
-    /// Sets or clears the pin of `entry`; true when it changed.
-    pub async fn set_pinned(&self, entry: &Arc<Entry>, pinned: bool) -> Result<bool> {
-        self.index.set_pinned(entry, pinned).await
+    /// Sets or clears the pin of each of `entries`; returns how many changed. Pins
+    /// count against the capacity: whole shards (a pinned shard is fetched whole), and
+    /// all of them below the high watermark, or none is pinned (`PinLimit`).
+    pub async fn set_pinned(&self, entries: &[Arc<Entry>], pinned: bool) -> Result<u64> {
+        let _one_at_a_time = self.pinning.lock().await;
+        if pinned {
+            let requested: u64 = entries.iter().filter(|e| !e.is_pinned()).map(|e| e.size).sum();
+            let already: u64 = self.index.entries().iter().filter(|e| e.is_pinned()).map(|e| e.size).sum();
+            let limit = self.capacity.high_watermark();
+            if already + requested > limit {
+                return Err(Error::PinLimit { requested, would_pin: already + requested, limit });
+            }
+        }
+        let mut changed = 0;
+        for entry in entries {
+            changed += u64::from(self.index.set_pinned(entry, pinned).await?);
+        }
+        Ok(changed)
     }
 
     /// The cached entry of a shard, checked with the hub when its TTL has passed, or a

@@ -79,10 +79,10 @@ impl CacheControl for Control {
         let grant = Grant::of(&request)?;
         let req = request.into_inner();
         if req.shards.is_empty() {
-            grant.check(&req.dataset)?;
+            grant.check_control(&req.dataset)?;
         }
         for shard in &req.shards {
-            grant.check(&shard.dataset)?;
+            grant.check_control(&shard.dataset)?;
         }
         let listed = req.shards.into_iter().map(|s| (s.dataset, s.shard)).collect();
         let plan = self.plan(&req.dataset, listed).await?;
@@ -189,14 +189,14 @@ impl CacheControl for Control {
     }
 
     async fn evict(&self, request: Request<EvictRequest>) -> Result<Response<EvictResponse>, Status> {
-        Grant::of(&request)?.check(&request.get_ref().dataset)?;
+        Grant::of(&request)?.check_control(&request.get_ref().dataset)?;
         let req = request.into_inner();
         let (shards, bytes) = self.cache.evict(&self.cached(&req.dataset, &req.shards)?).await;
         Ok(Response::new(EvictResponse { shards, bytes }))
     }
 
     async fn pin(&self, request: Request<PinRequest>) -> Result<Response<PinResponse>, Status> {
-        Grant::of(&request)?.check(&request.get_ref().dataset)?;
+        Grant::of(&request)?.check_control(&request.get_ref().dataset)?;
         let req = request.into_inner();
         // Named shards are pinned even before they are cached (pin, then prefetch);
         // a whole dataset means its cached shards.
@@ -214,7 +214,7 @@ impl CacheControl for Control {
     }
 
     async fn unpin(&self, request: Request<PinRequest>) -> Result<Response<PinResponse>, Status> {
-        Grant::of(&request)?.check(&request.get_ref().dataset)?;
+        Grant::of(&request)?.check_control(&request.get_ref().dataset)?;
         set_pins(&self.cache, self.cached(&request.get_ref().dataset, &request.get_ref().shards)?, false)
             .await
     }
@@ -225,9 +225,6 @@ async fn set_pins(
     entries: Vec<Arc<Entry>>,
     pinned: bool,
 ) -> Result<Response<PinResponse>, Status> {
-    let mut changed = 0;
-    for entry in &entries {
-        changed += u64::from(cache.set_pinned(entry, pinned).await.map_err(Status::from)?);
-    }
+    let changed = cache.set_pinned(&entries, pinned).await?;
     Ok(Response::new(PinResponse { shards: changed }))
 }

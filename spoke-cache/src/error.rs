@@ -34,6 +34,12 @@ pub enum Error {
     /// can be rebuilt from the hub.
     #[error("cache files are damaged ({what}): {message}")]
     Damaged { what: String, message: String },
+    /// Pinning would keep more of the cache than it may hold below its high watermark.
+    #[error(
+        "pinning {requested} more bytes would pin {would_pin} bytes, over the {limit} bytes the cache \
+         may hold (--capacity x its high watermark); unpin or evict first, or raise --capacity"
+    )]
+    PinLimit { requested: u64, would_pin: u64, limit: u64 },
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("gRPC server failed: {0}")]
@@ -67,6 +73,7 @@ impl Error {
         use tonic::Code;
         match self {
             Error::Read(ReadError::VersionChanged { .. }) => Code::Aborted,
+            Error::PinLimit { .. } => Code::ResourceExhausted,
             Error::Read(ReadError::Name(_) | ReadError::Range(_) | ReadError::BadPageToken { .. }) => {
                 Code::InvalidArgument
             }

@@ -49,6 +49,11 @@ impl Capacity {
         self.capacity
     }
 
+    /// Bytes above which eviction starts.
+    pub fn high_watermark(&self) -> u64 {
+        self.high
+    }
+
     pub fn used(&self) -> u64 {
         self.used.load(Relaxed)
     }

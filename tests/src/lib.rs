@@ -280,14 +280,20 @@ pub fn rewrite_in_place(path: &Path, data: &[u8]) {
 }
 
 /// Writes a token file at `path` with a new token for each `(name, datasets)` holder
-/// (`datasets`: `*` or a comma-separated list); returns the tokens, in order.
+/// (`datasets`: `*` or a comma-separated list, then ` control` for a token that may
+/// control a spoke's cache); returns the tokens, in order.
 pub fn token_file(path: &Path, holders: &[(&str, &str)]) -> Vec<String> {
     use shardcache_serving::auth::{Datasets, TokenHolder, new_token};
     let mut text = String::from("# test tokens\n");
     let mut tokens = Vec::new();
     for (name, datasets) in holders {
         let token = new_token().unwrap();
-        let holder = TokenHolder { name: (*name).into(), datasets: Datasets::parse(datasets).unwrap() };
+        let (datasets, control) = match datasets.split_once(' ') {
+            Some((datasets, "control")) => (datasets, true),
+            _ => (*datasets, false),
+        };
+        let holder =
+            TokenHolder { name: (*name).into(), datasets: Datasets::parse(datasets).unwrap(), control };
         text.push_str(&holder.line(&token));
         text.push('\n');
         tokens.push(token);

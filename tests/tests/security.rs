@@ -274,6 +274,45 @@ async fn a_broken_token_file_refuses_tokens_until_it_is_fixed() {
     assert!(alarm().await.contains("shardcache_spoke_token_file_broken 0"));
 }
 
+#[tokio::test]
+async fn reading_a_dataset_does_not_grant_control_of_the_cache() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 2, 16384);
+    let hub = TestHub::start(root.path()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens_path = dir.path().join("tokens");
+    let tokens = token_file(&tokens_path, &[("trainer", "c4"), ("ops", "c4 control")]);
+    let mut spoke_opts = spoke_options(&hub.endpoint);
+    spoke_opts.security = Security { tls: None, auth: Authenticator::with_token_file(&tokens_path).unwrap() };
+    let cache_dir = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_opts).await;
+    let shard = ["shard-00000.bin".to_owned()];
+
+    let reader = shardcache_client::CacheClient::connect_with(&spoke.endpoint, &options_token(&tokens[0]))
+        .await
+        .unwrap();
+    let client = Client::connect_with(&spoke.endpoint, &options_token(&tokens[0])).await.unwrap();
+    client.read_range(&Range::new("c4", "shard-00000.bin", 0, 100)).await.unwrap();
+    reader.status().await.unwrap();
+    let refusals = [
+        reader.pin("c4", &shard, true).await.unwrap_err(),
+        reader.evict("c4", &shard).await.unwrap_err(),
+        reader.prefetch("c4", &shard, 0).await.unwrap_err(),
+    ];
+    for err in refusals {
+        assert_eq!(err.code(), Some(Code::PermissionDenied), "{err}");
+        assert!(err.to_string().contains("needs `control`"), "{err}");
+    }
+
+    let ops = shardcache_client::CacheClient::connect_with(&spoke.endpoint, &options_token(&tokens[1]))
+        .await
+        .unwrap();
+    ops.prefetch("c4", &shard, 0).await.unwrap().finish().await.unwrap();
+    assert_eq!(ops.pin("c4", &shard, true).await.unwrap(), 1);
+    assert_eq!(ops.pin("c4", &shard, false).await.unwrap(), 1);
+    assert_eq!(ops.evict("c4", &shard).await.unwrap().shards, 1);
+}
+
 fn options_token(token: &str) -> ConnectOptions {
     ConnectOptions { token: Some(token.to_owned()), ..Default::default() }
 }

@@ -95,3 +95,28 @@ async fn least_recently_used_goes_first_and_pinned_shards_stay() {
     assert!(spoke.cache.used_bytes() <= 4 << 20);
     assert_dataset_reads_back(&client, "ds", &dir).await;
 }
+
+#[tokio::test]
+async fn pins_count_against_the_capacity_and_past_it_are_refused() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    make_dataset(root.path(), "ds", 6, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let mut options = spoke_options(&hub.endpoint);
+    options.cache.capacity = 4 << 20; // 3.8 MiB below the high watermark: three 1 MiB shards
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let control = spoke.control().await;
+    let names: Vec<String> = (0..6).map(shardcache_cli::dataset_gen::shard_name).collect();
+    // Pinned before they are cached (pin, then prefetch): they count whole.
+    assert_eq!(control.pin("ds", &names[..3], true).await.unwrap(), 3);
+    let err = control.pin("ds", &names[3..5], true).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::ResourceExhausted), "{err}");
+    assert!(err.to_string().contains("unpin or evict first"), "{err}");
+    let pinned = |spoke: &TestSpoke| {
+        names.iter().filter(|n| spoke.cache.cached_entry("ds", n).is_some_and(|e| e.is_pinned())).count()
+    };
+    assert_eq!(pinned(&spoke), 3, "a refused pin pins nothing");
+    // Room again once one is unpinned.
+    assert_eq!(control.pin("ds", &names[..1], false).await.unwrap(), 1);
+    assert_eq!(control.pin("ds", &names[3..4], true).await.unwrap(), 1);
+    assert_eq!(pinned(&spoke), 3);
+}

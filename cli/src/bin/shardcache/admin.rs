@@ -13,13 +13,13 @@ pub fn certs(out: &Path, names: &[String], days: i64) -> anyhow::Result<()> {
 }
 
 /// Prints a new token and appends `NAME sha256:HASH DATASETS` to `file`.
-pub fn new_token(name: &str, datasets: &str, file: &Path) -> anyhow::Result<()> {
+pub fn new_token(name: &str, datasets: &str, control: bool, file: &Path) -> anyhow::Result<()> {
     if name.is_empty() || name.contains(char::is_whitespace) || name.starts_with('#') {
         anyhow::bail!("--name {name:?} must be one word");
     }
     let datasets = Datasets::parse(datasets).map_err(anyhow::Error::msg).context("--datasets")?;
     let existing = std::fs::read_to_string(file).unwrap_or_default();
-    let holder = TokenHolder { name: name.to_owned(), datasets };
+    let holder = TokenHolder { name: name.to_owned(), datasets, control };
     let token = random_token().map_err(anyhow::Error::msg)?;
     let mut text = existing.clone();
     if !text.is_empty() && !text.ends_with('\n') {

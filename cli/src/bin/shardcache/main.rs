@@ -143,6 +143,9 @@ enum TokenCommand {
         /// Datasets it may read: a comma-separated list, or * for all.
         #[arg(long)]
         datasets: String,
+        /// It may also control a spoke's cache of those datasets (prefetch, evict, pin).
+        #[arg(long)]
+        control: bool,
         /// The token file a server reads with --token-file.
         #[arg(long)]
         file: PathBuf,
@@ -188,8 +191,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             std::fs::write(&out, shardcache_proto::FILE_DESCRIPTOR_SET)?;
             Ok(())
         }
-        Command::Token(TokenCommand::New { name, datasets, file }) => {
-            admin::new_token(&name, &datasets, &file)
+        Command::Token(TokenCommand::New { name, datasets, control, file }) => {
+            admin::new_token(&name, &datasets, control, &file)
         }
         Command::Token(TokenCommand::Revoke { name, file }) => admin::revoke_token(&name, &file),
         Command::Gen { dir, dataset, shards, shard_size, record_size, seed } => {
