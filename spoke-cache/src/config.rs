@@ -1,6 +1,6 @@
 //! Command-line flags of `spoke-cache`; every flag is also an environment variable.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Parser;
 use shardcache_client::ConnectOptions;
@@ -13,7 +13,8 @@ use shardcache_serving::{
 };
 
 use crate::{
-    Error, SpokeOptions, cache::CacheConfig, store::PAGE_SIZE, store::StoreOptions, upstream::HubTransport,
+    Error, SpokeOptions, cache::CacheConfig, scrape::ScrapeAccess, store::PAGE_SIZE, store::StoreOptions,
+    upstream::HubTransport,
 };
 
 /// Read-through cache of hub shards in RocksDB on local disk.
@@ -157,6 +158,12 @@ pub struct SpokeArgs {
     /// File holding the bearer token the spoke presents to hubs started with --token-file.
     #[arg(long, env = "SPOKE_HUB_TOKEN_FILE")]
     pub hub_token_file: Option<PathBuf>,
+
+    /// File holding the bearer token a scraper must send to --metrics-listen
+    /// (Prometheus: `authorization: {credentials_file: ...}`); without it, anyone who can
+    /// connect may read the metrics, dataset names included.
+    #[arg(long, env = "SPOKE_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<PathBuf>,
 }
 
 /// Eviction starts above 95% of the capacity and frees down to 85%: a 10% band means one
@@ -210,6 +217,15 @@ impl SpokeArgs {
             hubs: self.hubs.clone(),
             hub_transport: self.hub_transport()?,
             hub_credentials,
+            metrics_access: ScrapeAccess {
+                token: self
+                    .metrics_token_file
+                    .as_deref()
+                    .map(read_token_file)
+                    .transpose()
+                    .map_err(|e| Error::Config(format!("--metrics-token-file: {e}")))?
+                    .map(Arc::from),
+            },
             cache: self.cache_config()?,
             store: StoreOptions {
                 pages_options: self.rocksdb_pages_options.clone(),

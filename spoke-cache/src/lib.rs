@@ -13,7 +13,8 @@
 //! - [`revalidation`]: cached data stays served when the hub cannot answer; backoff;
 //! - [`source`]: the cache as the shared read service's source (the hub's API);
 //! - [`control`]: prefetch, status, evict, pin;
-//! - [`metrics`]: counters and histograms, Prometheus text on an HTTP port;
+//! - [`metrics`]: counters and histograms, Prometheus text;
+//! - [`scrape`]: the metrics listener (hyper, bounded, optionally behind a token);
 //! - [`server`]: assembly and graceful shutdown; [`config`]: flags.
 
 pub mod cache;
@@ -26,6 +27,7 @@ pub mod fetch;
 pub mod index;
 pub mod metrics;
 pub mod revalidation;
+pub mod scrape;
 pub mod server;
 pub mod source;
 pub mod store;

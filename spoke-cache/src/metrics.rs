@@ -1,5 +1,5 @@
-//! What the spoke counts, served in Prometheus text format on `--metrics-listen` and
-//! summarised by the `Status` RPC.
+//! What the spoke counts, served in Prometheus text format on `--metrics-listen` (by
+//! `scrape.rs`) and summarised by the `Status` RPC.
 //!
 //! Hand-rolled rather than a metrics crate: a few counters, gauges and two histograms,
 //! all relaxed atomics on the read path, rendered on scrape.
@@ -12,12 +12,6 @@ use std::{
         atomic::{AtomicU64, Ordering::Relaxed},
     },
     time::Duration,
-};
-
-use shardcache_serving::tls::ServerTls;
-use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
-    net::TcpListener,
 };
 
 /// Upper bounds (seconds) of the latency histogram buckets: 50 us to 10 s, covering a
@@ -195,77 +189,4 @@ impl Metrics {
 
 fn escape(label: &str) -> String {
     label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// Serves `GET /metrics` on `listener` (over TLS when `tls` is set, with the gRPC
-/// listener's certificate) until `shutdown` resolves. A minimal HTTP/1.0 responder: one
-/// request per connection, which is all a Prometheus scrape needs.
-pub async fn serve_metrics<F>(
-    listener: TcpListener,
-    tls: Option<ServerTls>,
-    render: F,
-    shutdown: impl std::future::Future<Output = ()>,
-) where
-    F: Fn() -> String + Send + Sync + 'static,
-{
-    let render = Arc::new(render);
-    tokio::pin!(shutdown);
-    loop {
-        let (socket, remote) = tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics accept failed");
-                    continue;
-                }
-            },
-        };
-        let render = render.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            match tls {
-                None => answer(socket, &*render).await,
-                Some(tls) => match tls.accept_http1(socket).await {
-                    Ok(socket) => answer(socket, &*render).await,
-                    Err(error) => tracing::info!(%remote, %error, "metrics: TLS handshake failed"),
-                },
-            }
-        });
-    }
-}
-
-/// Reads one request head (bounded: 4 KiB, 5 s) and answers it.
-async fn answer(
-    mut socket: impl AsyncRead + AsyncWrite + Unpin,
-    render: &(dyn Fn() -> String + Send + Sync),
-) {
-    let mut request = vec![0u8; 4096];
-    let mut filled = 0;
-    let read_head = async {
-        while filled < request.len() {
-            let n = socket.read(&mut request[filled..]).await?;
-            if n == 0 || request[..filled + n].windows(4).any(|w| w == b"\r\n\r\n") {
-                filled += n;
-                break;
-            }
-            filled += n;
-        }
-        std::io::Result::Ok(())
-    };
-    if tokio::time::timeout(Duration::from_secs(5), read_head).await.is_err() {
-        return;
-    }
-    let head = String::from_utf8_lossy(&request[..filled]);
-    let (status, body) = if head.starts_with("GET /metrics ") || head.starts_with("GET / ") {
-        ("200 OK", render())
-    } else {
-        ("404 Not Found", "try GET /metrics\n".to_owned())
-    };
-    let response = format!(
-        "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = socket.write_all(response.as_bytes()).await;
-    let _ = socket.shutdown().await;
 }

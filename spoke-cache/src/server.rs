@@ -20,7 +20,8 @@ use crate::{
     cache::{Cache, CacheConfig},
     control::Control,
     evict::run_evictor,
-    metrics::{Metrics, Occupancy, serve_metrics},
+    metrics::{Metrics, Occupancy},
+    scrape::{ScrapeAccess, serve_metrics},
     source::{CachedSource, STREAM_MESSAGE_MAX},
     store::{Store, StoreOptions},
     upstream::{HubTransport, Upstream},
@@ -43,6 +44,8 @@ pub struct SpokeOptions {
     pub request_timeout: std::time::Duration,
     /// TLS (gRPC and metrics listeners) and client tokens.
     pub security: Security,
+    /// Who may scrape the metrics listener.
+    pub metrics_access: ScrapeAccess,
 }
 
 /// Opens the cache in `dir`. A cache whose files are damaged (RocksDB's `Corruption`
@@ -98,6 +101,7 @@ pub async fn serve(
     let metrics = tokio::spawn(serve_metrics(
         metrics_listener,
         options.security.tls.clone(),
+        options.metrics_access.clone(),
         {
             let auth = options.security.auth.clone();
             move || {

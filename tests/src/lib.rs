@@ -148,6 +148,7 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
         max_streams_per_connection: shardcache_serving::server::DEFAULT_MAX_STREAMS_PER_CONNECTION,
         request_timeout: Duration::from_secs(30),
         security: Default::default(),
+        metrics_access: spoke_cache::scrape::ScrapeAccess { token: None },
     }
 }
 
@@ -197,7 +198,7 @@ impl TestSpoke {
     /// The Prometheus page, fetched over HTTP like a scraper would.
     pub async fn scrape(&self) -> String {
         let page = scrape_metrics(self.metrics_addr).await.unwrap();
-        assert!(page.starts_with("HTTP/1.0 200 OK"), "{page}");
+        assert!(page.starts_with("HTTP/1.") && page.contains(" 200 OK"), "{page}");
         page
     }
 

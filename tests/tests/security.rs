@@ -313,6 +313,54 @@ async fn reading_a_dataset_does_not_grant_control_of_the_cache() {
     assert_eq!(ops.evict("c4", &shard).await.unwrap().shards, 1);
 }
 
+#[tokio::test]
+async fn the_metrics_listener_wants_its_token_and_caps_its_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 1, 16384);
+    let hub = TestHub::start(root.path()).await;
+    let mut spoke_opts = spoke_options(&hub.endpoint);
+    spoke_opts.metrics_access = spoke_cache::scrape::ScrapeAccess { token: Some("sct_scraper".into()) };
+    let cache_dir = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_opts).await;
+    let get = |headers: &'static str| async move {
+        let mut socket = tokio::net::TcpStream::connect(spoke.metrics_addr).await.unwrap();
+        socket
+            .write_all(format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{headers}\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut page = String::new();
+        socket.read_to_string(&mut page).await.unwrap_or_default();
+        page
+    };
+    assert!(get("").await.starts_with("HTTP/1.1 401"), "no token");
+    assert!(get("Authorization: Bearer sct_wrong\r\n").await.starts_with("HTTP/1.1 401"), "a wrong token");
+    let page = get("Authorization: Bearer sct_scraper\r\n").await;
+    assert!(page.starts_with("HTTP/1.1 200") && page.contains("shardcache_spoke_used_bytes"), "{page}");
+
+    // Connections past the cap are closed unanswered; the listener serves again once
+    // they go.
+    let mut idle = Vec::new();
+    for _ in 0..spoke_cache::scrape::MAX_CONNECTIONS {
+        idle.push(tokio::net::TcpStream::connect(spoke.metrics_addr).await.unwrap());
+    }
+    assert_eq!(
+        get("Authorization: Bearer sct_scraper\r\n").await,
+        "",
+        "a connection past the cap was served"
+    );
+    drop(idle);
+    let mut served = String::new();
+    for _ in 0..200 {
+        served = get("Authorization: Bearer sct_scraper\r\n").await;
+        if !served.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+}
+
 fn options_token(token: &str) -> ConnectOptions {
     ConnectOptions { token: Some(token.to_owned()), ..Default::default() }
 }
@@ -498,5 +546,8 @@ async fn the_spokes_metrics_listener_serves_tls_with_the_same_certificate() {
     tls.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
     let mut page = String::new();
     tls.read_to_string(&mut page).await.unwrap();
-    assert!(page.starts_with("HTTP/1.0 200 OK") && page.contains("shardcache_"), "{page}");
+    assert!(
+        page.starts_with("HTTP/1.") && page.contains(" 200 OK") && page.contains("shardcache_"),
+        "{page}"
+    );
 }
