@@ -1,8 +1,8 @@
 //! shardcache's benchmarks and the seed demo, on the end-to-end test harness
 //! (`shardcache_tests`: real hubs, spokes and WAN emulators, in-process or as processes).
 //!
-//! - `src/bin/`: `hub-bench`, `store-bench`, `spoke-bench`, `wan-bench` (tables recorded
-//!   in BENCHMARKS.md) and `seed-demo` (`make demo`);
+//! - `src/bin/`: `hub-bench`, `store-bench`, `spoke-bench`, `wan-bench`, `soak-bench`
+//!   (tables recorded in BENCHMARKS.md) and `seed-demo` (`make demo`);
 //! - [`measure`]: raw TCP references, rates, percentiles, CPU time and peak RSS;
 //! - [`demo`]: the seed demo's simulated trainer, readers, nginx peer and report.
 

@@ -1,11 +1,15 @@
 //! Development certificates (`shardcache certs --out DIR`): a CA, and hub, spoke and
 //! client certificates signed by it, so a TLS or mTLS setup takes a few lines.
 //!
-//! Every leaf is valid for `localhost`, `127.0.0.1` and `::1` plus the names given
-//! (container or Kubernetes service names). The hub's and the spoke's certificates serve
-//! TLS and also work as client certificates (the spoke presents its own to the hub);
-//! `client` is for trainers and the CLI. Keys are ECDSA P-256, written with mode 0600.
-//! For production, use certificates from your own CA (cert-manager, Vault).
+//! Every leaf has one role. `hub` and `spoke` are server certificates only (they cannot
+//! be presented as a client: the spoke's cannot pose as a reader of the hub, nor a
+//! client's as a server); `spoke-client` is the spoke's identity towards the hub and
+//! `client` the trainers' and the CLI's, client certificates only. A client
+//! certificate's DNS name (`spoke-client`, `client`) is what a grants file names
+//! (`NAME cert:DNSNAME DATASETS`). Server leaves are valid for `localhost`,
+//! `127.0.0.1` and `::1` plus the names given (container or Kubernetes service names).
+//! Keys are ECDSA P-256, written with mode 0600. For production, use certificates from
+//! your own CA (cert-manager, Vault).
 
 use std::{io::Write, os::unix::fs::OpenOptionsExt, path::Path};
 
@@ -61,6 +65,15 @@ impl Validity {
     }
 }
 
+/// What a leaf certificate may be used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Serves TLS (extended key usage serverAuth only).
+    Server,
+    /// Authenticates a client (clientAuth only); its DNS name is its identity.
+    Client,
+}
+
 impl Authority {
     /// A new self-signed CA named `name`.
     pub fn new(name: &str, validity: Validity) -> Result<Self> {
@@ -76,10 +89,14 @@ impl Authority {
         Ok(Self { pem, issuer: Issuer::new(params, key) })
     }
 
-    /// A leaf for `name` valid for `localhost`, loopback and `extra_names`, usable as a
-    /// server and as a client certificate.
-    pub fn leaf(&self, name: &str, extra_names: &[String], validity: Validity) -> Result<Pem> {
-        let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+    /// A leaf for `name` in `role`: a server certificate valid for `localhost`,
+    /// loopback, `name` and `extra_names`; a client certificate named `name` (and
+    /// `extra_names`) only, its identity.
+    pub fn leaf(&self, name: &str, extra_names: &[String], role: Role, validity: Validity) -> Result<Pem> {
+        let mut names = match role {
+            Role::Server => vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()],
+            Role::Client => Vec::new(),
+        };
         names.extend(extra_names.iter().cloned());
         if !names.iter().any(|n| n == name) && !name.contains(' ') {
             names.push(name.to_owned());
@@ -87,8 +104,10 @@ impl Authority {
         let mut params = CertificateParams::new(names).map_err(failed)?;
         params.distinguished_name.push(DnType::CommonName, name);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages =
-            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.extended_key_usages = vec![match role {
+            Role::Server => ExtendedKeyUsagePurpose::ServerAuth,
+            Role::Client => ExtendedKeyUsagePurpose::ClientAuth,
+        }];
         validity.apply(&mut params);
         let key = KeyPair::generate().map_err(failed)?;
         let cert = params.signed_by(&key, &self.issuer).map_err(failed)?;
@@ -114,16 +133,22 @@ pub fn write(dir: &Path, name: &str, pem: &Pem) -> Result<()> {
     Ok(())
 }
 
-/// `shardcache certs`: `ca`, `hub`, `spoke` and `client` in `dir`, valid for `days`;
-/// `names` are added to the hub's and the spoke's certificates. Returns the files.
+/// `shardcache certs`: `ca`, the servers' `hub` and `spoke`, and the clients'
+/// `spoke-client` and `client` in `dir`, valid for `days`; `names` are added to the hub's
+/// and the spoke's certificates. Returns the files.
 pub fn write_dev_set(dir: &Path, names: &[String], days: i64) -> Result<Vec<String>> {
     std::fs::create_dir_all(dir).map_err(|e| CertError(format!("cannot create {}: {e}", dir.display())))?;
     let validity = Validity::days(days);
     let ca = Authority::new("shardcache development CA", validity)?;
     write(dir, "ca", &ca.pem)?;
     let mut written = vec!["ca.pem".to_owned(), "ca.key".to_owned()];
-    for (name, extra) in [("hub", names), ("spoke", names), ("client", &[][..])] {
-        write(dir, name, &ca.leaf(name, extra, validity)?)?;
+    for (name, extra, role) in [
+        ("hub", names, Role::Server),
+        ("spoke", names, Role::Server),
+        ("spoke-client", &[][..], Role::Client),
+        ("client", &[][..], Role::Client),
+    ] {
+        write(dir, name, &ca.leaf(name, extra, role, validity)?)?;
         written.extend([format!("{name}.pem"), format!("{name}.key")]);
     }
     Ok(written)

@@ -16,15 +16,19 @@
 //! holds of them (prefetch, evict, pin, unpin): a reader cannot pin a cache full or
 //! evict what other jobs read.
 //!
+//! Client certificates get grants in the same file: `NAME cert:DNSNAME DATASETS
+//! [control]` grants a certificate (verified against `--client-ca`) whose DNS name is
+//! DNSNAME. On a server with a token file, a verified certificate with no such line is
+//! refused; without a token file (mTLS only) every verified certificate reads
+//! everything.
+//!
 //! Tokens are 256 random bits ([`new_token`]), so a plain SHA-256 is as good as a slow
 //! password hash: there is nothing to guess. Revoking a token is deleting its line; the
 //! file is [`Reloading`], so that takes effect within seconds without a restart. A token
 //! file that can no longer be read or parsed fails closed: requests with a token get
 //! UNAVAILABLE, naming the problem, until it is fixed (keeping the old list would undo a
 //! revocation that broke the file), and [`Authenticator::token_file_failure`] says so
-//! for an alarm. On a
-//! hub that also verifies client certificates, a connection with a verified certificate
-//! may read every dataset without a token (spokes use one or the other).
+//! for an alarm.
 //!
 //! The [`Authenticator`] interceptor puts a [`Grant`] in every request; handlers call
 //! [`Grant::check`] with the dataset they are about to touch. A request that reaches a
@@ -126,16 +130,21 @@ impl TokenHolder {
     }
 }
 
-/// A parsed token file: holders by token hash.
+/// A parsed token file: holders by token hash, and by client certificate name.
 #[derive(Debug, Default)]
 pub struct TokenBook {
     by_hash: HashMap<String, Arc<TokenHolder>>,
+    by_cert: HashMap<String, Arc<TokenHolder>>,
 }
+
+/// The prefix of a grants-file line's second field that names a client certificate.
+pub const CERT_PREFIX: &str = "cert:";
 
 impl TokenBook {
     /// Parses a token file; an error names the line.
     pub fn parse(text: &str, path: &Path) -> Result<Self, String> {
         let mut by_hash = HashMap::new();
+        let mut by_cert = HashMap::new();
         let mut names = BTreeSet::new();
         for (number, line) in text.lines().enumerate() {
             let at = || format!("{}:{}", path.display(), number + 1);
@@ -161,6 +170,20 @@ impl TokenBook {
                     ));
                 }
             };
+            if let Some(cert_name) = hash.strip_prefix(CERT_PREFIX) {
+                if cert_name.is_empty() {
+                    return Err(format!("{}: {name}'s `cert:` needs the certificate's DNS name", at()));
+                }
+                let datasets = Datasets::parse(datasets).map_err(|e| format!("{}: {e}", at()))?;
+                if !names.insert(name.to_owned()) {
+                    return Err(format!("{}: the name {name} is used twice", at()));
+                }
+                let holder = Arc::new(TokenHolder { name: name.to_owned(), datasets, control });
+                if by_cert.insert(cert_name.to_ascii_lowercase(), holder).is_some() {
+                    return Err(format!("{}: the certificate name {cert_name} is granted twice", at()));
+                }
+                continue;
+            }
             let digest = hash.strip_prefix("sha256:").unwrap_or_default();
             if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(format!(
@@ -177,7 +200,12 @@ impl TokenBook {
                 return Err(format!("{}: {name}'s token hash is used twice", at()));
             }
         }
-        Ok(Self { by_hash })
+        Ok(Self { by_hash, by_cert })
+    }
+
+    /// The grant of a client certificate with DNS names `names`, if a line names one.
+    fn certificate(&self, names: &[String]) -> Option<Arc<TokenHolder>> {
+        names.iter().find_map(|name| self.by_cert.get(&name.to_ascii_lowercase()).cloned())
     }
 
     pub fn load(path: &Path) -> Result<Self, String> {
@@ -192,18 +220,18 @@ impl TokenBook {
     }
 
     pub fn len(&self) -> usize {
-        self.by_hash.len()
+        self.by_hash.len() + self.by_cert.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_hash.is_empty()
+        self.len() == 0
     }
 }
 
 /// What one request may read, put in its extensions by the [`Authenticator`].
 #[derive(Debug, Clone)]
 pub enum Grant {
-    /// No token file (an open server), or a verified client certificate.
+    /// No token file: an open server, or one that only checks client certificates.
     Everything,
     Token(Arc<TokenHolder>),
 }
@@ -288,10 +316,21 @@ impl Authenticator {
 
     fn grant<T>(&self, request: &Request<T>) -> Result<Grant, Status> {
         let Some(book) = &self.tokens else { return Ok(Grant::Everything) };
-        let certified = request.extensions().get::<PeerInfo>().is_some_and(|peer| peer.client_certified);
+        let peer = request.extensions().get::<PeerInfo>().filter(|peer| peer.client_certified);
         let Some(value) = request.metadata().get("authorization") else {
-            if certified {
-                return Ok(Grant::Everything);
+            if let Some(peer) = peer {
+                if book.failure().is_some() {
+                    return Err(Status::unavailable(
+                        "the server's grants file cannot be used; certificates are refused until it is fixed",
+                    ));
+                }
+                return book.get().certificate(&peer.client_names).map(Grant::Token).ok_or_else(|| {
+                    Status::unauthenticated(format!(
+                        "client certificate {:?} has no grant: add `NAME {CERT_PREFIX}<its DNS name> DATASETS` \
+                         to the server's token file",
+                        peer.client_names
+                    ))
+                });
             }
             return Err(Status::unauthenticated(
                 "missing credentials: send `authorization: Bearer <token>` (shardcache --token-file, \

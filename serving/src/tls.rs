@@ -244,7 +244,14 @@ impl ServerTls {
             }
         };
         let certified = self.verifies_client_certs && tls.get_ref().1.peer_certificates().is_some();
-        Ok(ServerConn { io: ConnIo::ServerTls(Box::new(tls)), certified })
+        // The verified certificate's DNS names: what a grants file's `cert:NAME` matches.
+        let client_names: Arc<[String]> = match tls.get_ref().1.peer_certificates() {
+            Some([leaf, ..]) if certified => webpki::EndEntityCert::try_from(leaf)
+                .map(|cert| cert.valid_dns_names().map(str::to_owned).collect())
+                .unwrap_or_default(),
+            _ => Arc::from([]),
+        };
+        Ok(ServerConn { io: ConnIo::ServerTls(Box::new(tls)), certified, client_names })
     }
 }
 
@@ -253,14 +260,17 @@ impl ServerTls {
 pub struct ServerConn {
     io: ConnIo,
     certified: bool,
+    client_names: Arc<[String]>,
 }
 
 /// What a request knows about its connection (tonic puts it in the request extensions).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PeerInfo {
     pub remote: Option<SocketAddr>,
     /// The client presented a certificate that verified against the client CA.
     pub client_certified: bool,
+    /// The DNS names of that certificate (its identity), when it did.
+    pub client_names: Arc<[String]>,
 }
 
 impl Connected for ServerConn {
@@ -272,7 +282,11 @@ impl Connected for ServerConn {
             ConnIo::ServerTls(tls) => tls.get_ref().0,
             ConnIo::ClientTls(tls) => tls.get_ref().0,
         };
-        PeerInfo { remote: tcp.peer_addr().ok(), client_certified: self.certified }
+        PeerInfo {
+            remote: tcp.peer_addr().ok(),
+            client_certified: self.certified,
+            client_names: self.client_names.clone(),
+        }
     }
 }
 
@@ -289,7 +303,11 @@ pub fn incoming(
         async move {
             let tcp = accepted?;
             let Some(tls) = tls else {
-                return Ok(Some(ServerConn { io: ConnIo::Plain(tcp), certified: false }));
+                return Ok(Some(ServerConn {
+                    io: ConnIo::Plain(tcp),
+                    certified: false,
+                    client_names: Arc::from([]),
+                }));
             };
             let remote = tcp.peer_addr().ok();
             match tokio::spawn(async move { tls.accept(tcp).await }).await {

@@ -235,8 +235,11 @@ fn classify(hub: &str, err: shardcache_client::Error) -> Error {
             if matches!(
                 status.code(),
                 tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
-            ) =>
+            ) || std::error::Error::source(&status).is_some() =>
         {
+            // (A status with a source was made here, from a transport failure: tonic
+            // calls a connection reset mid-call "Unknown: transport error". A status the
+            // hub sent has no source.)
             Error::HubUnavailable { hub, message: status.message().to_owned() }
         }
         E::Status { status, .. }

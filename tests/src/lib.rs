@@ -10,6 +10,7 @@
 
 pub mod pki;
 pub mod s3;
+pub mod soak;
 /// The WAN emulator (its own crate, `tools/wan-proxy`), under the name the tests use.
 pub use shardcache_wan as wan;
 

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use shardcache_cli::certs::{Authority, Validity, write};
+use shardcache_cli::certs::{Authority, Role, Validity, write};
 use shardcache_serving::tls::{ClientTlsFiles, ServerTlsFiles};
 use time::Duration;
 
@@ -43,14 +43,23 @@ impl Pki {
         self.dir.path().join(format!("{}-ca.pem", self.name))
     }
 
-    /// Writes a leaf `file` (`FILE.pem`, `FILE.key`) for localhost/127.0.0.1.
+    /// Writes a server leaf `file` (`FILE.pem`, `FILE.key`) for localhost/127.0.0.1.
     pub fn leaf(&self, file: &str, validity: Validity) -> (PathBuf, PathBuf) {
         self.leaf_in(self.dir.path(), file, validity)
     }
 
-    /// Writes a leaf into another folder (to replace a server's files in place).
+    /// Writes a server leaf into another folder (to replace a server's files in place).
     pub fn leaf_in(&self, dir: &Path, file: &str, validity: Validity) -> (PathBuf, PathBuf) {
-        write(dir, file, &self.ca.leaf(file, &[], validity).unwrap()).unwrap();
+        self.write_leaf(dir, file, Role::Server, validity)
+    }
+
+    /// Writes a client leaf `file` whose identity (DNS name) is `file`.
+    pub fn client_leaf(&self, file: &str, validity: Validity) -> (PathBuf, PathBuf) {
+        self.write_leaf(self.dir.path(), file, Role::Client, validity)
+    }
+
+    fn write_leaf(&self, dir: &Path, file: &str, role: Role, validity: Validity) -> (PathBuf, PathBuf) {
+        write(dir, file, &self.ca.leaf(file, &[], role, validity).unwrap()).unwrap();
         (dir.join(format!("{file}.pem")), dir.join(format!("{file}.key")))
     }
 
@@ -65,7 +74,7 @@ impl Pki {
     pub fn client(&self, identity: Option<(&str, Validity)>) -> ClientTlsFiles {
         let (cert, key) = match identity {
             Some((file, validity)) => {
-                let (cert, key) = self.leaf(file, validity);
+                let (cert, key) = self.client_leaf(file, validity);
                 (Some(cert), Some(key))
             }
             None => (None, None),

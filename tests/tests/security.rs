@@ -393,9 +393,51 @@ async fn a_spoke_without_the_hubs_client_certificate_or_token_says_so() {
             assert!(err.to_string().contains("--hub-token-file"), "{err}");
         }
     }
-    // A client certificate instead of a token works too.
+    // A client certificate instead of a token, with the grant its name has in the same
+    // file (reloaded); one the file does not name is refused, however well signed.
+    let stranger = options(pki.client(Some(("stranger", valid()))), None);
+    let err = list(&hub.endpoint, &stranger).await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::Unauthenticated), "{err}");
+    assert!(err.to_string().contains("has no grant"), "{err}");
+    let mut text = std::fs::read_to_string(&hub_tokens).unwrap();
+    text.push_str("eu-spoke cert:spoke-cert ds\n");
+    std::fs::write(&hub_tokens, text).unwrap();
     let certified = options(pki.client(Some(("spoke-cert", valid()))), None);
-    assert_eq!(list(&hub.endpoint, &certified).await.unwrap(), ["ds"]);
+    let mut listed = list(&hub.endpoint, &certified).await;
+    for _ in 0..(RELOAD_POLL.as_millis() * 10 / 50) {
+        if listed.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        listed = list(&hub.endpoint, &certified).await;
+    }
+    assert_eq!(listed.unwrap(), ["ds"]);
+}
+
+#[tokio::test]
+async fn certificates_have_one_role_a_server_one_cannot_be_a_client_nor_a_client_one_a_server() {
+    let root = tempfile::tempdir().unwrap();
+    dataset(root.path());
+    let pki = Pki::new("main");
+    let hub = tls_hub(root.path(), &pki.server("hub", Some(pki.ca()))).await;
+    // The spoke's server certificate presented as a client certificate: refused.
+    let (cert, key) = pki.leaf("spoke-server", valid());
+    let as_client = ClientTlsFiles { ca: Some(pki.ca()), cert: Some(cert), key: Some(key), domain: None };
+    assert!(
+        list(&hub.endpoint, &options(as_client, None)).await.is_err(),
+        "a server certificate posed as a client"
+    );
+    assert_eq!(
+        list(&hub.endpoint, &options(pki.client(Some(("reader", valid()))), None)).await.unwrap(),
+        ["ds"]
+    );
+
+    // A client certificate serving: clients refuse it.
+    let (cert, key) = pki.client_leaf("not-a-server", valid());
+    let files = ServerTlsFiles { cert, key, client_ca: None, client_cert_optional: false };
+    let impostor = tls_hub(root.path(), &files).await;
+    let err = list(&impostor.endpoint, &options(pki.client(None), None)).await.unwrap_err();
+    assert!(chain(&err).to_lowercase().contains("certificate"), "{}", chain(&err));
 }
 
 #[tokio::test]

@@ -33,7 +33,7 @@ fn certs_and_tokens_from_the_cli_secure_a_hub_end_to_end() {
     let work = tempfile::tempdir().unwrap();
     let certs = work.path().join("certs");
     ok(shardcache(&["certs", "--out", path(&certs), "--name", "hub.example"]));
-    for name in ["ca", "hub", "spoke", "client"] {
+    for name in ["ca", "hub", "spoke", "spoke-client", "client"] {
         let mode = std::fs::metadata(certs.join(format!("{name}.key"))).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "{name}.key");
     }
@@ -78,10 +78,25 @@ fn certs_and_tokens_from_the_cli_secure_a_hub_end_to_end() {
     assert!(!denied.status.success());
     assert!(String::from_utf8_lossy(&denied.stderr).contains("PermissionDenied"), "{denied:?}");
 
-    // With the client certificate instead: everything.
+    // With the client certificate instead: refused until the grants file names it, then
+    // what its line grants.
     let (cert, key) = (certs.join("client.pem"), certs.join("client.key"));
     let client_cert = ["--cert", path(&cert), "--key", path(&key)];
-    assert!(ok(with(&[&client_cert[..], &["ls"]].concat())).contains("other"));
+    let unnamed = with(&[&client_cert[..], &["ls"]].concat());
+    assert!(String::from_utf8_lossy(&unnamed.stderr).contains("has no grant"), "{unnamed:?}");
+    let mut grants = std::fs::read_to_string(&tokens).unwrap();
+    grants.push_str("ops cert:client *\n");
+    std::fs::write(&tokens, grants).unwrap();
+    let mut listed = String::new();
+    for _ in 0..(RELOAD_POLL.as_millis() * 10 / 100) {
+        let out = with(&[&client_cert[..], &["ls"]].concat());
+        if out.status.success() {
+            listed = String::from_utf8(out.stdout).unwrap();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(listed.contains("other") && listed.contains("ds"), "{listed}");
 
     // Neither: refused, saying what is missing.
     let bare = with(&["ls"]);

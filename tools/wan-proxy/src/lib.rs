@@ -14,9 +14,12 @@
 //! - `jitter`: each piece gets up to +-jitter extra delay, never reordering a connection's
 //!   bytes (a piece is never delivered before the one before it).
 //!
-//! Bytes are never changed, dropped or reordered; only their timing is, unless a
-//! [`Fault`] is set: the link can stall (a hung peer, a black-holed route) or go down
-//! (every connection closed, new ones refused), and heal again.
+//! Bytes are never changed, dropped or reordered; only their timing is. A [`Fault`]
+//! (`faults.rs`), set at run time or cycled by a [`Schedule`], makes the link misbehave
+//! and heal again: stall, go down, stall each connection after some bytes, hold one
+//! direction, or throttle.
+
+mod faults;
 
 use std::{
     net::SocketAddr,
@@ -28,6 +31,7 @@ use std::{
 };
 
 use bytes::{Bytes, BytesMut};
+pub use faults::{Fault, Schedule, Toward, parse_schedule, run_schedule};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream, tcp},
@@ -84,21 +88,6 @@ pub fn parse_rate(text: &str) -> Result<u64, String> {
         return Err(format!("rate {text:?} must be positive"));
     }
     Ok(bps as u64)
-}
-
-/// What the link does besides delaying traffic, switched at run time (tests, soaks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Fault {
-    /// Bytes pass after the link's delay.
-    #[default]
-    None,
-    /// No byte moves, in either direction of any connection; new connections are
-    /// accepted (and reach the upstream) but carry nothing: a hung peer, a black-holed
-    /// route. Connections carry on where they stopped once the fault is cleared.
-    Stall,
-    /// Every connection is closed, and new ones are closed as soon as they are
-    /// accepted: a peer that is down or a link that was cut.
-    Down,
 }
 
 /// One direction of the link, shared by every connection through the proxy.
@@ -163,6 +152,11 @@ impl WanProxy {
         self.fault.send_replace(fault);
     }
 
+    /// A handle that sets the link's fault (for a [`run_schedule`] task).
+    pub fn fault_sender(&self) -> watch::Sender<Fault> {
+        self.fault.clone()
+    }
+
     /// `http://ADDR`, for gRPC clients.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
@@ -215,8 +209,8 @@ pub async fn run<U>(
                     tokio::select! {
                         _ = async {
                             tokio::join!(
-                                delay_line(client_read, server_write, forward, seed, faults.clone()),
-                                delay_line(server_read, client_write, backward, seed ^ 1, faults),
+                                delay_line(client_read, server_write, forward, seed, Toward::Upstream, faults.clone()),
+                                delay_line(server_read, client_write, backward, seed ^ 1, Toward::Client, faults),
                             )
                         } => {}
                         _ = async {
@@ -240,6 +234,7 @@ async fn delay_line(
     mut to: tcp::OwnedWriteHalf,
     link: Arc<Direction>,
     seed: u64,
+    toward: Toward,
     mut faults: watch::Receiver<Fault>,
 ) {
     type Piece = (Instant, Option<Bytes>, Option<OwnedSemaphorePermit>);
@@ -280,10 +275,14 @@ async fn delay_line(
         }
     };
     let writer = async move {
+        // Bytes this direction of this connection has delivered (for `StallAfter`).
+        let mut written = 0u64;
         while let Some((due, piece, _permit)) = rx.recv().await {
             tokio::time::sleep_until(due).await;
-            // A stalled link holds what it has (the reader stops once its budget is full).
-            if faults.wait_for(|f| *f != Fault::Stall).await.is_err() {
+            // A fault may hold what the link has (the reader stops once its budget is
+            // full) or slow it down.
+            let len = piece.as_ref().map_or(0, Bytes::len);
+            if faults::pass(&mut faults, toward, written, len).await.is_err() {
                 return;
             }
             match piece {
@@ -291,6 +290,7 @@ async fn delay_line(
                     if to.write_all(&bytes).await.is_err() {
                         return;
                     }
+                    written += bytes.len() as u64;
                 }
                 None => {
                     let _ = to.shutdown().await;

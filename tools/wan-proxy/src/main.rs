@@ -30,6 +30,11 @@ struct Args {
     /// Random extra delay per piece, up to +-this (never reorders bytes), e.g. 2ms.
     #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
     jitter: std::time::Duration,
+    /// Faults to cycle through, each for its time: FAULT:DURATION,... with FAULT one of
+    /// none, stall, down, stall-after=BYTES, hold-requests, hold-answers, throttle=RATE
+    /// (e.g. none:10s,stall:3s,down:1s,throttle=20Mbit:5s). Each change is printed.
+    #[arg(long, value_parser = wan::parse_schedule)]
+    faults: Option<wan::Schedule>,
 }
 
 #[tokio::main]
@@ -38,10 +43,13 @@ async fn main() -> std::io::Result<()> {
     let config = LinkConfig { rtt: args.rtt, rate_bps: args.rate, jitter: args.jitter };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("wan-proxy listening on {}", listener.local_addr()?);
-    // No faults from the command line (yet): the sender stays, unused.
-    let (_fault, faults) = tokio::sync::watch::channel(wan::Fault::None);
+    let (fault, faults) = tokio::sync::watch::channel(wan::Fault::None);
+    let schedule = args.faults.unwrap_or_default();
     tokio::select! {
         () = wan::run(listener, args.upstream, config, Default::default(), faults) => {}
+        () = wan::run_schedule(fault, schedule, |fault| println!("wan-proxy fault: {fault}")) => {
+            std::future::pending::<()>().await
+        }
         _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())
