@@ -3,7 +3,8 @@
 //! `soak-bench` measures at 1 GiB.
 //!
 //! The epoch reads every record of a dataset once, in a shuffled order, in `ReadRanges`
-//! batches (as a trainer does), with every tenth call a `StreamShard` of one record.
+//! batches (as a trainer does); every tenth batch is read as one `StreamShard` per
+//! record instead.
 //! Each call is checked against the dataset's files and must finish within `hung_after`;
 //! once the schedule has run its course the link heals and every record whose call
 //! failed is read again: the epoch must complete.
@@ -120,16 +121,17 @@ pub async fn soak(client: &Client, proxy: &WanProxy, plan: SoakPlan<'_>) -> Soak
     for (call, batch) in order.chunks(batch).enumerate() {
         tokio::time::sleep(pace).await;
         report.calls += 1;
-        let ranges: Vec<Range> = if call % 10 == 9 {
-            vec![Range::new(dataset, &batch[0].0, batch[0].1, batch[0].2)]
-        } else {
-            batch.iter().map(|(shard, offset, len)| Range::new(dataset, shard, *offset, *len)).collect()
-        };
+        let ranges: Vec<Range> =
+            batch.iter().map(|(shard, offset, len)| Range::new(dataset, shard, *offset, *len)).collect();
         let read = async {
-            if ranges.len() == 1 && call % 10 == 9 {
-                let r = &ranges[0];
-                let stream = client.stream_shard(dataset, &r.shard, r.offset, Some(r.length)).await?;
-                Ok(vec![stream.read_to_end().await?])
+            if call % 10 == 9 {
+                // Every tenth call streams its records, one StreamShard each.
+                let mut data = Vec::with_capacity(ranges.len());
+                for r in &ranges {
+                    let stream = client.stream_shard(dataset, &r.shard, r.offset, Some(r.length)).await?;
+                    data.push(stream.read_to_end().await?);
+                }
+                Ok(data)
             } else {
                 client.read_ranges(&ranges).await.map(|v| v.into_iter().map(|c| c.data.to_vec()).collect())
             }

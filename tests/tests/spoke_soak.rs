@@ -59,4 +59,7 @@ async fn an_epoch_through_a_faulty_link_is_byte_exact_never_hangs_and_completes(
     assert!(report.unclean.is_empty(), "failures without a clean status: {:?}", report.unclean);
     assert_eq!(report.still_failing, 0, "the epoch did not complete after the link healed");
     assert!(report.faults_injected >= 4, "the faults ran during the epoch");
+    let failed: u64 = report.failures.values().sum();
+    assert!(failed > 0, "no call met a fault: the soak proved nothing");
+    assert_eq!(report.bytes + report.reread * (64 << 10), 32 << 20, "every record was read, first or again");
 }

@@ -25,7 +25,10 @@ use shardcache_tests::{
 async fn main() {
     let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let dir = make_dataset(root.path(), "c4", 64, 16 << 20);
-    let hub = TestHub::start(root.path()).await;
+    // The hub's --max-read must hold a spoke chunk (4 MiB), as with its 16 MiB default.
+    let mut hub_options = shardcache_tests::test_options();
+    hub_options.limits.max_read = 16 << 20;
+    let hub = TestHub::start_with(root.path(), hub_options).await;
     let link =
         LinkConfig { rtt: Duration::from_millis(60), rate_bps: Some(2_000_000_000), jitter: Duration::ZERO };
     let proxy = WanProxy::start("127.0.0.1:0".parse().unwrap(), hub.addr, link).await.unwrap();
@@ -63,7 +66,7 @@ async fn main() {
 
     println!("| soak (1 GiB epoch, 60 ms link, 16 x 64 KiB records per call) | result |");
     println!("|---|---|");
-    println!("| read calls (ReadRanges, every tenth a StreamShard) | {} |", report.calls);
+    println!("| read calls (ReadRanges of 16 records; every tenth, 16 StreamShards) | {} |", report.calls);
     println!("| bytes returned, all equal to the files | {} MiB |", report.bytes >> 20);
     println!("| faults injected (2 s each, between 2 s of health) | {} |", report.faults_injected);
     let failures: Vec<String> = report.failures.iter().map(|(code, n)| format!("{code} {n}")).collect();
