@@ -183,14 +183,21 @@ async fn sigterm_right_after_a_cold_read_keeps_what_was_read() {
     assert_eq!(hub.stats.snapshot().bytes_served, before, "every chunk read before the stop was kept");
 }
 
-#[tokio::test]
-async fn damaged_cache_files_do_not_crash_the_spoke() {
+/// A hub over two 1 MiB shards of `ds` and a cache dir holding both (the spoke that
+/// filled it stopped): (root, cache dir, dataset dir, hub).
+async fn warm_cache_then_stop() -> (tempfile::TempDir, tempfile::TempDir, std::path::PathBuf, TestHub) {
     let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let dir = make_dataset(root.path(), "ds", 2, 1 << 20);
     let hub = TestHub::start(root.path()).await;
     let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
     spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
     spoke.stop().await;
+    (root, cache_dir, dir, hub)
+}
+
+#[tokio::test]
+async fn damaged_cache_files_do_not_crash_the_spoke() {
+    let (_root, cache_dir, dir, hub) = warm_cache_then_stop().await;
     // The user's own files in --cache-dir, which recovery must leave alone.
     std::fs::write(cache_dir.path().join("NOTES.txt"), b"mine").unwrap();
     std::fs::create_dir(cache_dir.path().join("keep")).unwrap();
@@ -215,12 +222,7 @@ async fn damaged_cache_files_do_not_crash_the_spoke() {
 
 #[tokio::test]
 async fn a_bad_store_option_stops_the_start_and_deletes_nothing() {
-    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let dir = make_dataset(root.path(), "ds", 2, 1 << 20);
-    let hub = TestHub::start(root.path()).await;
-    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
-    spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
-    spoke.stop().await;
+    let (_root, cache_dir, dir, hub) = warm_cache_then_stop().await;
     std::fs::write(cache_dir.path().join("NOTES.txt"), b"mine").unwrap();
     let files_before = std::fs::read_dir(cache_dir.path()).unwrap().count();
 
