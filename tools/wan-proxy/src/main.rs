@@ -43,14 +43,15 @@ async fn main() -> std::io::Result<()> {
     let config = LinkConfig { rtt: args.rtt, rate_bps: args.rate, jitter: args.jitter };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("wan-proxy listening on {}", listener.local_addr()?);
+    // `fault` lives as long as the proxy: with no sender left, the delay lines would
+    // take the link for gone.
     let (fault, faults) = tokio::sync::watch::channel(wan::Fault::None);
     let schedule = args.faults.unwrap_or_default();
+    tokio::spawn(wan::run_schedule(fault.clone(), schedule, |fault| println!("wan-proxy fault: {fault}")));
     tokio::select! {
         () = wan::run(listener, args.upstream, config, Default::default(), faults) => {}
-        () = wan::run_schedule(fault, schedule, |fault| println!("wan-proxy fault: {fault}")) => {
-            std::future::pending::<()>().await
-        }
         _ = tokio::signal::ctrl_c() => {}
     }
+    drop(fault);
     Ok(())
 }
