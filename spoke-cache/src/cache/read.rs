@@ -1,0 +1,180 @@
+//! The read path of the cache: stored parts from the store in one hop to the blocking
+//! pool, missing chunks through the fetcher (all started at once), parts of fetched
+//! chunks copied out; a stored chunk that fails its check is forgotten and refetched.
+
+use std::sync::{Arc, atomic::Ordering::Relaxed};
+
+use bytes::{Bytes, BytesMut};
+
+use super::Cache;
+use crate::{Error, Result, entry::Entry, fetch::ChunkFetch, index::blocking, store::PageFault};
+
+impl Cache {
+    /// Reads `[offset, offset + length)` of `entry` (inside the shard: checked by the
+    /// caller), from the store where present and from the hub where not.
+    pub async fn read(self: &Arc<Self>, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Bytes> {
+        let mut read = self.read_many(&[(entry, offset, length)]).await?;
+        Ok(read.pop().unwrap_or_default())
+    }
+
+    /// Reads several ranges (each inside its shard: checked by the caller) for one call.
+    ///
+    /// Every missing chunk's fetch starts before anything is awaited, so a cold read of
+    /// n chunks costs one round trip to the hub, not n; and every stored part is read in
+    /// one trip to the blocking pool, so a warm batch makes one hop off the runtime.
+    pub async fn read_many(self: &Arc<Self>, wants: &[(&Arc<Entry>, u64, u64)]) -> Result<Vec<Bytes>> {
+        let mut parts = Vec::new();
+        for (want, &(entry, offset, length)) in wants.iter().enumerate() {
+            if length == 0 {
+                continue;
+            }
+            let end = offset + length;
+            for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
+                let (chunk_start, chunk_len) = entry.chunk_range(index);
+                let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
+                let fetch = (!entry.has_chunk(index)).then(|| self.fetch_chunk(entry, index));
+                parts.push(Part { want, entry, index, from, to, fetch, bytes: None });
+            }
+        }
+        let stored: Vec<(u64, u64, u64)> =
+            parts.iter().filter(|p| p.fetch.is_none()).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
+        if !stored.is_empty() {
+            let store = self.store.clone();
+            let read: Vec<Result<Bytes, PageFault>> = blocking(move || {
+                stored.into_iter().map(|(id, from, len)| store.read(id, from, len)).collect()
+            })
+            .await?;
+            for (part, result) in parts.iter_mut().filter(|p| p.fetch.is_none()).zip(read) {
+                match result {
+                    Ok(bytes) => part.bytes = Some(bytes),
+                    Err(fault) => {
+                        // Its stored copy failed its check (now forgotten): fetch it.
+                        self.stored_fault(part.entry, part.index, fault).await;
+                        part.fetch = Some(self.fetch_chunk(part.entry, part.index));
+                    }
+                }
+            }
+        }
+        let fetched = parts.iter().filter_map(|part| {
+            let fetch = part.fetch.as_ref()?.fetched.clone();
+            let chunk_start = part.index * part.entry.chunk_size;
+            let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
+            Some(async move {
+                let chunk = fetch.await?;
+                // A part of a chunk is copied out rather than sliced: a slice would keep
+                // the whole chunk alive as long as the response, so a batch of small reads
+                // in many chunks would hold chunk size x ranges instead of what it returns.
+                Ok::<_, Error>(if range.len() == chunk.len() {
+                    chunk
+                } else {
+                    Bytes::copy_from_slice(&chunk[range])
+                })
+            })
+        });
+        let mut fetched = futures::future::try_join_all(fetched).await?.into_iter();
+        for part in parts.iter_mut().filter(|p| p.fetch.is_some()) {
+            part.bytes = fetched.next();
+        }
+        // Parts were planned in the order of the ranges: each range takes its run.
+        let mut parts = parts.into_iter().peekable();
+        let mut out = Vec::with_capacity(wants.len());
+        for (want, &(entry, _, length)) in wants.iter().enumerate() {
+            let (mut mine, mut missed, mut last) = (Vec::new(), false, None);
+            while let Some(part) = parts.next_if(|p| p.want == want) {
+                missed |= part.fetch.is_some();
+                last = Some(part.index);
+                mine.extend(part.bytes);
+            }
+            if let Some(last) = last {
+                self.after_read(entry, last, missed);
+            }
+            let counters = self.metrics.dataset(&entry.dataset);
+            let (requests, bytes) = if missed {
+                (&counters.miss_requests, &counters.miss_bytes)
+            } else {
+                (&counters.hit_requests, &counters.hit_bytes)
+            };
+            requests.fetch_add(1, Relaxed);
+            bytes.fetch_add(length, Relaxed);
+            out.push(concat(mine));
+        }
+        Ok(out)
+    }
+
+    /// Stored bytes `[from, to)` of chunk `index`, or `None` when they must be fetched
+    /// (a missing or corrupt page: the chunk is then marked absent).
+    pub(crate) async fn read_stored(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<Option<Bytes>> {
+        let (store, id) = (self.store.clone(), entry.id);
+        match blocking(move || store.read(id, from, to - from)).await? {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(fault) => {
+                self.stored_fault(entry, index, fault).await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// A stored chunk that cannot be served: counted and logged, then forgotten so that
+    /// it is fetched again.
+    async fn stored_fault(&self, entry: &Arc<Entry>, index: u64, fault: PageFault) {
+        if let PageFault::Corrupt { page } = fault {
+            self.metrics.checksum_failures.fetch_add(1, Relaxed);
+            tracing::error!(dataset = %entry.dataset, shard = %entry.shard, page, "stored page failed its checksum; refetching");
+        } else {
+            tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, ?fault, "stored chunk incomplete; refetching");
+        }
+        self.forget_chunk(entry, index).await;
+    }
+
+    /// Marks chunk `index` absent and removes its stored copy, so a refetch can store it
+    /// again.
+    async fn forget_chunk(&self, entry: &Arc<Entry>, index: u64) {
+        let _exclusive = entry.chunk_writes.write().await;
+        {
+            let mut state = entry.state();
+            // An evicted entry's bytes were already taken off `used` as a whole.
+            if state.evicted || !state.record.has_chunk(index) {
+                return;
+            }
+            state.record.set_chunk(index, false);
+        }
+        let (offset, length) = entry.chunk_range(index);
+        self.capacity.removed(length);
+        let (store, id) = (self.store.clone(), entry.id);
+        if let Err(e) = blocking(move || store.delete_chunk(id, offset, length)).await {
+            tracing::error!(error = %e, "could not remove a damaged chunk; its refetch is stored over it");
+        }
+    }
+}
+
+/// One chunk's share of one range of a `read_many` call.
+struct Part<'a> {
+    /// Which range of the call.
+    want: usize,
+    entry: &'a Arc<Entry>,
+    index: u64,
+    /// Shard offsets `[from, to)` of the part.
+    from: u64,
+    to: u64,
+    /// The chunk's fetch, when it is not (or no longer) stored.
+    fetch: Option<ChunkFetch>,
+    bytes: Option<Bytes>,
+}
+
+/// Joins parts without copying when there is only one.
+fn concat(mut parts: Vec<Bytes>) -> Bytes {
+    if parts.len() == 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    for part in parts {
+        out.extend_from_slice(&part);
+    }
+    out.freeze()
+}
