@@ -1,12 +1,12 @@
-//! [`CacheClient`]: the spoke's cache-control API (prefetch, status, evict, pin).
+//! [`CacheClient`]: the spoke's cache-control API (prefetch, status, evict, pin, plans).
 
 use crate::{
     ConnectOptions, Credentials, Error, Result,
     connect::{AuthChannel, connect_channel},
 };
 use shardcache_proto::v1::{
-    EvictRequest, EvictResponse, PinRequest, PrefetchProgress, PrefetchRequest, ShardRef, StatusRequest,
-    StatusResponse, cache_control_client::CacheControlClient,
+    EpochPlan, EvictRequest, EvictResponse, PinRequest, PlanRequest, PrefetchProgress, PrefetchRequest,
+    ShardRef, StatusRequest, StatusResponse, cache_control_client::CacheControlClient,
 };
 
 /// A connection to a spoke's cache control. Cheap to clone.
@@ -72,6 +72,31 @@ impl CacheClient {
         let mut control = self.control.clone();
         let response = if pinned { control.pin(request).await } else { control.unpin(request).await };
         Ok(response.map_err(|s| self.status_error(s))?.into_inner().shards)
+    }
+
+    /// Tells the spoke the order in which `job` will read shards of `dataset`: one shard
+    /// list per epoch from `epoch` on (the rest of this epoch, then the next), so that it
+    /// evicts what is read again furthest away. Replaces the job's previous plan (no
+    /// epochs withdraws it); returns the distinct shards it names.
+    pub async fn set_plan(
+        &self,
+        job: &str,
+        epoch: u64,
+        dataset: &str,
+        epochs: &[Vec<String>],
+    ) -> Result<u64> {
+        let epochs = epochs
+            .iter()
+            .map(|shards| EpochPlan {
+                shards: shards
+                    .iter()
+                    .map(|shard| ShardRef { dataset: dataset.to_owned(), shard: shard.clone() })
+                    .collect(),
+            })
+            .collect();
+        let request = PlanRequest { job: job.to_owned(), epoch, epochs };
+        let response = self.control.clone().set_plan(request).await.map_err(|s| self.status_error(s))?;
+        Ok(response.into_inner().shards)
     }
 }
 

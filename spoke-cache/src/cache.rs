@@ -39,6 +39,7 @@ use crate::{
     fetch::{ChunkFetch, Fetcher},
     index::{Index, ShardKey, blocking},
     metrics::Metrics,
+    plan::Plans,
     revalidation::{REVALIDATION_WAIT, Revalidation},
     store::Store,
     upstream::Upstream,
@@ -84,6 +85,7 @@ pub struct Cache {
     /// Shard lookups (StatShard) in progress, shared by concurrent callers.
     lookups: Mutex<HashMap<ShardKey, SharedLookup>>,
     revalidation: Revalidation,
+    plans: Plans,
     /// Pin changes, one at a time (their limit is checked against all pins).
     pinning: tokio::sync::Mutex<()>,
 }
@@ -126,6 +128,7 @@ impl Cache {
             metrics,
             lookups: Mutex::default(),
             revalidation: Revalidation::default(),
+            plans: Plans::default(),
             pinning: tokio::sync::Mutex::new(()),
         }))
     }
@@ -186,9 +189,15 @@ impl Cache {
         self.index.is_fresh(entry)
     }
 
-    /// The least recently used entry eviction may take (see [`Index::least_recently_used`]).
-    pub fn least_recently_used(&self) -> Option<Arc<Entry>> {
-        self.index.least_recently_used()
+    /// The entry eviction takes next (see [`Index::eviction_victim`]): by the jobs'
+    /// plans when they name it, else least recently used.
+    pub fn eviction_victim(&self) -> Option<Arc<Entry>> {
+        self.index.eviction_victim(|e| self.plans.next_use(&(e.dataset.clone(), e.shard.clone())))
+    }
+
+    /// The jobs' access plans (`SetPlan`).
+    pub fn plans(&self) -> &Plans {
+        &self.plans
     }
 
     /// Sets or clears the pin of each of `entries`; returns how many changed. Pins

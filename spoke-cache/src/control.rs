@@ -1,4 +1,5 @@
-//! The `shardcache.v1.CacheControl` service: prefetch with progress, status, evict, pin.
+//! The `shardcache.v1.CacheControl` service: prefetch with progress, status, evict, pin,
+//! and jobs' access plans.
 
 use std::sync::{Arc, atomic::Ordering::Relaxed};
 
@@ -6,8 +7,9 @@ use futures::stream::{self, StreamExt};
 use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::{
-        DatasetStatus, EvictRequest, EvictResponse, PinRequest, PinResponse, PrefetchProgress,
-        PrefetchRequest, StatusRequest, StatusResponse, cache_control_server::CacheControl,
+        DatasetStatus, EvictRequest, EvictResponse, PinRequest, PinResponse, PlanRequest, PlanResponse,
+        PrefetchProgress, PrefetchRequest, ShardRef, StatusRequest, StatusResponse,
+        cache_control_server::CacheControl,
     },
 };
 use shardcache_serving::auth::Grant;
@@ -15,11 +17,14 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::{Result, cache::Cache, entry::Entry};
+use crate::{Result, cache::Cache, entry::Entry, plan::MAX_PLAN_POSITIONS};
 
 /// Shards a prefetch fetches at once when the request does not say. Each shard fetch
 /// itself keeps `shard_fetch_parallelism` chunks in flight.
 pub const DEFAULT_PREFETCH_PARALLELISM: usize = 4;
+
+/// Longest job name in a `SetPlan`.
+const MAX_JOB_NAME: usize = 256;
 
 /// Shard versions a prefetch asks the hub for at once before fetching: 64 shards per
 /// 60 ms round trip (the demo's 75-shard plan resolves in two round trips, not five).
@@ -211,6 +216,52 @@ impl CacheControl for Control {
             entries
         };
         set_pins(&self.cache, entries, true).await
+    }
+
+    async fn set_plan(&self, request: Request<PlanRequest>) -> Result<Response<PlanResponse>, Status> {
+        let grant = Grant::of(&request)?;
+        let req = request.into_inner();
+        if req.job.is_empty() || req.job.len() > MAX_JOB_NAME || req.job.chars().any(char::is_control) {
+            return Err(Status::invalid_argument(format!(
+                "job {:?} must be 1 to {MAX_JOB_NAME} printable characters",
+                req.job
+            )));
+        }
+        let positions: Vec<&ShardRef> = req.epochs.iter().flat_map(|e| &e.shards).collect();
+        if positions.len() > MAX_PLAN_POSITIONS {
+            return Err(Status::invalid_argument(format!(
+                "a plan of {} reads is over the limit of {MAX_PLAN_POSITIONS}; send the current and the next \
+                 epoch only",
+                positions.len()
+            )));
+        }
+        let mut order = Vec::with_capacity(positions.len());
+        for shard in &positions {
+            grant.check(&shard.dataset)?;
+            order.push((DatasetName::new(&shard.dataset)?, ShardName::new(&shard.shard)?));
+        }
+        // Every shard the plan names must exist (its StatShard, as a prefetch's).
+        let distinct: std::collections::BTreeSet<_> = order.iter().cloned().collect();
+        let resolved = stream::iter(distinct)
+            .map(|(dataset, shard)| {
+                let cache = self.cache.clone();
+                async move {
+                    cache.entry(&dataset, &shard).await.map_err(|e| match e.code() {
+                        tonic::Code::NotFound => Status::invalid_argument(format!(
+                            "the plan names {dataset}/{shard}, which does not exist on the hub: {e}"
+                        )),
+                        _ => Status::from(e),
+                    })
+                }
+            })
+            .buffered(STAT_PARALLELISM)
+            .collect::<Vec<_>>()
+            .await;
+        resolved.into_iter().collect::<Result<Vec<_>, Status>>()?;
+        let order = order.into_iter().map(|(d, s)| (d.to_string(), s.to_string())).collect();
+        let shards = self.cache.plans().set(&req.job, order) as u64;
+        tracing::info!(job = %req.job, epoch = req.epoch, reads = positions.len(), shards, "access plan set");
+        Ok(Response::new(PlanResponse { shards }))
     }
 
     async fn unpin(&self, request: Request<PinRequest>) -> Result<Response<PinResponse>, Status> {

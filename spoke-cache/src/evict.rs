@@ -1,6 +1,8 @@
 //! Keeps the cache under its capacity: [`Capacity`] counts the bytes the cache holds and
 //! wakes the evictor when an admission crosses the high watermark; the evictor then
-//! evicts least recently used shards until under the low watermark. A shard's chunk
+//! evicts shards until under the low watermark: by the jobs' access plans (the one read
+//! again furthest in the future first, `plan.rs`), and least recently used where no
+//! plan says. A shard's chunk
 //! files leave the disk as it is evicted (see `store`), so nothing is compacted
 //! afterwards.
 //!
@@ -104,7 +106,7 @@ pub async fn evict_to_low_watermark(cache: &Arc<Cache>) -> (u64, u64) {
     let _running = capacity.evicting();
     let (mut shards, mut bytes) = (0, 0);
     while capacity.used() > capacity.low {
-        let Some(victim) = cache.least_recently_used() else {
+        let Some(victim) = cache.eviction_victim() else {
             tracing::warn!(
                 used = capacity.used(),
                 target = capacity.low,

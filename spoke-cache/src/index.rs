@@ -188,15 +188,25 @@ impl Index {
         blocking(move || store.put_record(&dataset, &shard, &record)).await
     }
 
-    /// The least recently used entry that may be evicted: never a pinned one; one held
-    /// by a prefetch only when nothing else is left.
-    pub fn least_recently_used(&self) -> Option<Arc<Entry>> {
+    /// The entry to evict next: never a pinned one; one held by a prefetch only when
+    /// nothing else is left; among the rest, shards no plan reads again first, least
+    /// recently used first, then the one whose next planned read (`next_use`, in plan
+    /// positions) is furthest away (see `plan.rs`).
+    pub fn eviction_victim(&self, next_use: impl Fn(&Entry) -> Option<usize>) -> Option<Arc<Entry>> {
         let entries = self.read();
         let candidates = entries.values().filter_map(|e| {
-            let state = e.state();
-            let evictable = !state.record.pinned && !state.evicted && state.record.cached_bytes() > 0;
-            evictable.then(|| (state.prefetching > 0, state.last_access, e.clone()))
+            let (held, last_access) = {
+                let state = e.state();
+                let evictable = !state.record.pinned && !state.evicted && state.record.cached_bytes() > 0;
+                if !evictable {
+                    return None;
+                }
+                (state.prefetching > 0, state.last_access)
+            };
+            Some((held, (next_use(e), last_access), e.clone()))
         });
-        candidates.min_by_key(|(held, last_access, _)| (*held, *last_access)).map(|(_, _, e)| e)
+        candidates
+            .min_by(|a, b| a.0.cmp(&b.0).then_with(|| crate::plan::evict_before(a.1, b.1)))
+            .map(|(_, _, e)| e)
     }
 }

@@ -9,7 +9,8 @@
 //! - [`entry`]: one cached shard version, its present chunks and write locks;
 //! - [`fetch`]: upstream fetches, request coalescing, bounds on what is in flight;
 //! - [`upstream`]: the hubs, through the verifying client SDK;
-//! - [`evict`]: capacity, watermarks, the LRU evictor;
+//! - [`evict`]: capacity, watermarks, the evictor;
+//! - [`plan`]: jobs' access plans and the eviction order they give (Belady);
 //! - [`revalidation`]: cached data stays served when the hub cannot answer; backoff;
 //! - [`source`]: the cache as the shared read service's source (the hub's API);
 //! - [`control`]: prefetch, status, evict, pin;
@@ -26,6 +27,7 @@ pub mod evict;
 pub mod fetch;
 pub mod index;
 pub mod metrics;
+pub mod plan;
 pub mod revalidation;
 pub mod scrape;
 pub mod server;

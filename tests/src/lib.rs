@@ -196,6 +196,21 @@ impl TestSpoke {
         CacheClient::connect(&self.endpoint).await.unwrap()
     }
 
+    /// Waits (bounded) until every fetched chunk is stored (a reader gets a chunk's
+    /// bytes before it is) and the evictor has brought `used` back under the high
+    /// watermark.
+    pub async fn settled(&self) {
+        let limit = (self.cache.config().capacity as f64 * self.cache.config().high_watermark) as u64;
+        for _ in 0..2000 {
+            let cache = &self.cache;
+            if cache.fetches_in_flight() == 0 && cache.used_bytes() <= limit && !cache.is_evicting() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("eviction did not bring {} under {limit}", self.cache.used_bytes());
+    }
+
     /// The Prometheus page, fetched over HTTP like a scraper would.
     pub async fn scrape(&self) -> String {
         let page = scrape_metrics(self.metrics_addr).await.unwrap();

@@ -3,25 +3,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
-
 use shardcache_tests::{
     TestHub, TestSpoke, assert_dataset_reads_back, disk_usage, make_dataset, spoke_options,
 };
-
-/// Waits (bounded) until every fetched chunk is stored (a reader gets a chunk's bytes
-/// before it is) and the evictor has brought `used` back under the high watermark.
-async fn settled(spoke: &TestSpoke) {
-    let limit = (spoke.cache.config().capacity as f64 * spoke.cache.config().high_watermark) as u64;
-    for _ in 0..2000 {
-        let cache = &spoke.cache;
-        if cache.fetches_in_flight() == 0 && cache.used_bytes() <= limit && !cache.is_evicting() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("eviction did not bring {} under {limit}", spoke.cache.used_bytes());
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dataset_four_times_the_capacity_read_twice_stays_under_capacity_on_disk() {
@@ -44,7 +28,7 @@ async fn a_dataset_four_times_the_capacity_read_twice_stays_under_capacity_on_di
                 got.extend_from_slice(&chunk.data);
             }
             assert_eq!(got, std::fs::read(dir.join(&shard.shard)).unwrap(), "{}", shard.shard);
-            settled(&spoke).await;
+            spoke.settled().await;
             peak = peak.max(disk_usage(cache_dir.path()));
             let listing = || {
                 let mut files: Vec<_> = std::fs::read_dir(cache_dir.path())
@@ -85,7 +69,7 @@ async fn least_recently_used_goes_first_and_pinned_shards_stay() {
     let client = spoke.client().await;
     client.read_range(&shardcache_client::Range::new("ds", &names[1], 0, 10)).await.unwrap();
     control.prefetch("ds", &names[3..5], 1).await.unwrap().finish().await.unwrap();
-    settled(&spoke).await;
+    spoke.settled().await;
     let cached: Vec<bool> = names
         .iter()
         .map(|n| spoke.cache.cached_entry("ds", n).is_some_and(|e| e.cached_bytes() > 0))

@@ -23,6 +23,14 @@ impl Cache {
     /// n chunks costs one round trip to the hub, not n; and every stored part is read in
     /// one trip to the blocking pool, so a warm batch makes one hop off the runtime.
     pub async fn read_many(self: &Arc<Self>, wants: &[(&Arc<Entry>, u64, u64)]) -> Result<Vec<Bytes>> {
+        // The jobs that planned these shards have reached them (before any admission
+        // this read causes makes room by the plans).
+        if self.plans.any() {
+            let mut seen = std::collections::HashSet::new();
+            for (entry, ..) in wants.iter().filter(|(entry, ..)| seen.insert(entry.id)) {
+                self.plans.read(&entry.dataset, &entry.shard);
+            }
+        }
         let mut parts = Vec::new();
         for (want, &(entry, offset, length)) in wants.iter().enumerate() {
             if length == 0 {
