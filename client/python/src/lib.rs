@@ -270,6 +270,24 @@ impl Client {
         Ok(Some(d))
     }
 
+    /// Tells a spoke the order in which ``job`` will read shards of ``dataset``: one
+    /// shard list per epoch from ``epoch`` on (the rest of this one, then the next), so
+    /// a cache smaller than the data evicts what is read again furthest away. Returns
+    /// the distinct shards the plan names; an empty ``epochs`` withdraws the plan.
+    #[pyo3(signature = (job, epoch, dataset, epochs))]
+    fn set_plan(
+        &self,
+        py: Python<'_>,
+        job: String,
+        epoch: u64,
+        dataset: String,
+        epochs: Vec<Vec<String>>,
+    ) -> PyResult<u64> {
+        let runtime = runtime()?;
+        let control = self.control(py, &runtime)?;
+        py.detach(|| runtime.block_on(control.set_plan(&job, epoch, &dataset, &epochs))).map_err(to_py)
+    }
+
     /// A spoke's occupancy and per-dataset counters.
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let runtime = runtime()?;

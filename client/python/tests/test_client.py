@@ -79,3 +79,13 @@ def test_prefetch_and_status_on_the_spoke(spoke):
     assert progress["shards_done"] == progress["shards_total"] == 2
     status = client.status()
     assert status["datasets"]["c4"]["cached_bytes"] >= 2 * 16 * RECORD
+
+
+def test_access_plans_are_taken_by_a_spoke_and_checked(spoke):
+    client = shardcache.Client(spoke)
+    order = ["shard-00002.bin", "shard-00000.bin"]
+    assert client.set_plan("trainer", 0, "c4", [order, list(reversed(order))]) == 2
+    with pytest.raises(shardcache.ShardcacheError) as refused:
+        client.set_plan("trainer", 0, "c4", [["no-such-shard.bin"]])
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert client.set_plan("trainer", 0, "c4", []) == 0

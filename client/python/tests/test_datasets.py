@@ -92,3 +92,13 @@ def test_torch_dataloader_with_workers(spoke):
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=3)
     total = sum(batch.shape[0] for batch in loader)
     assert total == TOTAL
+
+
+def test_iteration_sends_the_plan_to_a_spoke_and_a_hub_ignores_it(spoke, hub, recwarn):
+    for endpoint in (spoke, hub):
+        ds = shardcache.StreamingShardDataset(
+            endpoint, "c4", batch_size=4, seed=3, rank=0, world_size=1, prefetch=False
+        )
+        assert sum(1 for _ in ds) == TOTAL
+    # The spoke took the plan and the hub said it takes none: no warning either way.
+    assert not [w for w in recwarn if "access plan" in str(w.message)]

@@ -42,5 +42,8 @@ class Client:
     ) -> Optional[Dict[str, int]]:
         """Has a spoke fetch ``shards`` (all when None) in this order; with ``wait``, the
         final progress, else ``None`` at once."""
+    def set_plan(self, job: str, epoch: int, dataset: str, epochs: List[List[str]]) -> int:
+        """Tells a spoke the shard order of ``job`` (one list per epoch from ``epoch``
+        on), so it evicts what is read again furthest away; returns the distinct shards."""
     def status(self) -> Dict[str, object]: ...
     def _bench_read_many(self, ranges: List[Tuple[str, str, int, int]], rounds: int) -> float: ...

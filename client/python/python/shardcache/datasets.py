@@ -23,9 +23,10 @@ How :class:`StreamingShardDataset` orders and splits an epoch:
 import bisect
 import os
 import random
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ._native import Client
+from ._native import Client, ShardcacheError
 
 try:  # numpy is optional: without it records are bytes
     import numpy as _np
@@ -159,6 +160,11 @@ class StreamingShardDataset(_IterableBase):
     ``batch_size`` must be the DataLoader's, for exact resumption. Call
     :meth:`set_epoch` before each epoch. ``prefetch=True`` sends the spoke this rank's
     shards in epoch order when iteration starts, so its prefetch follows the reads.
+    ``plan=True`` sends the spoke this worker's shard order for this epoch and the next
+    (its access plan, as job ``job`` or one named after the dataset, seed, rank and
+    worker), so a spoke smaller than the dataset evicts what is read again furthest
+    away; a server that takes no plans (a hub, an older spoke) is told nothing more, and
+    a plan the spoke refuses is a warning, never a failed epoch.
     """
 
     def __init__(
@@ -174,10 +180,14 @@ class StreamingShardDataset(_IterableBase):
         dtype: Optional[str] = "uint32",
         prefetch: bool = True,
         read_batch: int = 32,
+        plan: bool = True,
+        job: Optional[str] = None,
         **client_args: Any,
     ):
         if batch_size <= 0:
             raise ValueError("batch_size must be positive")
+        self.plan = plan
+        self.job = job
         self._records = _Records(endpoint, dataset, record_size, dtype, client_args)
         default_rank, default_world = _rank_and_world()
         self.rank = default_rank if rank is None else rank
@@ -219,6 +229,32 @@ class StreamingShardDataset(_IterableBase):
         total = self._records.total
         return total // self.world_size + (1 if self.rank < total % self.world_size else 0)
 
+    def _shard_order(self, items: List[Tuple[int, int]]) -> List[str]:
+        """The shards of ``items`` in the order of their first read."""
+        names = self._records.shards
+        seen: Dict[int, None] = {}
+        for shard, _ in items:
+            seen.setdefault(shard, None)
+        return [names[shard] for shard in seen]
+
+    def _send_plan(self, todo: List[Tuple[int, int]], worker_id: int, num_workers: int) -> None:
+        """Sends this worker's shard order for the rest of this epoch and the next."""
+        epoch, consumed = self.epoch, self.consumed
+        try:
+            self.epoch, self.consumed = epoch + 1, 0
+            after = self.indices(worker_id, num_workers)
+        finally:
+            self.epoch, self.consumed = epoch, consumed
+        records = self._records
+        job = self.job or f"{records.dataset}:{self.seed}:rank{self.rank}:worker{worker_id}"
+        try:
+            records.client.set_plan(job, epoch, records.dataset, [self._shard_order(todo), self._shard_order(after)])
+        except ShardcacheError as error:
+            # A plan is a hint: without it the spoke evicts least recently used. A server
+            # that takes no plans says UNIMPLEMENTED; anything else is worth a warning.
+            if getattr(error, "code", "") != "UNIMPLEMENTED":
+                warnings.warn(f"shardcache: the spoke did not take the access plan: {error}", stacklevel=2)
+
     def epoch_order(self) -> List[Tuple[int, int]]:
         """(shard number, record number) of every record, in this epoch's order."""
         records = self._records
@@ -249,13 +285,10 @@ class StreamingShardDataset(_IterableBase):
         worker_id, num_workers = _worker()
         todo = self.indices(worker_id, num_workers)
         records = self._records
+        if self.plan and todo:
+            self._send_plan(todo, worker_id, num_workers)
         if self.prefetch and todo:
-            shards: List[str] = []
-            for shard, _ in todo:
-                name = records.shards[shard]
-                if not shards or shards[-1] != name:
-                    shards.append(name)
-            records.client.prefetch(records.dataset, shards, wait=False)
+            records.client.prefetch(records.dataset, self._shard_order(todo), wait=False)
         for start in range(0, len(todo), self.read_batch):
             ranges = [records.range(shard, record) for shard, record in todo[start : start + self.read_batch]]
             for data in records.client.read_many(ranges):
