@@ -25,9 +25,16 @@ def test_map_dataset_reads_every_record(spoke, records):
         ds[TOTAL]
 
 
-def streaming(spoke, rank=0, world_size=2, epoch=0, seed=11, batch_size=4):
+def streaming(spoke, rank=0, world_size=2, epoch=0, seed=11, batch_size=4, shard_block=4):
     ds = shardcache.StreamingShardDataset(
-        spoke, "c4", batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, prefetch=False
+        spoke,
+        "c4",
+        batch_size=batch_size,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        prefetch=False,
+        shard_block=shard_block,
     )
     ds.set_epoch(epoch)
     return ds
@@ -48,9 +55,15 @@ def test_order_depends_only_on_seed_and_epoch(spoke):
     assert streaming(spoke, epoch=3).epoch_order() == first
     assert streaming(spoke, epoch=4).epoch_order() != first
     assert streaming(spoke, epoch=3, seed=12).epoch_order() != first
-    # Shard-major: each shard's records are contiguous (reads stay on few shards).
-    shards = [s for s, _ in first]
-    assert sum(1 for a, b in zip(shards, shards[1:]) if a != b) == SHARDS - 1
+    # A block shuffle: batches mix shards (3 shards make one block of the default 4).
+    mixed = [first[i : i + 4] for i in range(0, len(first), 4)]
+    assert sum(1 for batch in mixed if len({s for s, _ in batch}) > 1) > len(mixed) // 2
+    # One shard per block: shard-major, each shard's records contiguous.
+    major = [s for s, _ in streaming(spoke, epoch=3, shard_block=1).epoch_order()]
+    assert sum(1 for a, b in zip(major, major[1:]) if a != b) == SHARDS - 1
+    # Blocks of two: the first two shards' records all come before the third's.
+    paired = [s for s, _ in streaming(spoke, epoch=3, shard_block=2).epoch_order()]
+    assert set(paired[: 2 * RECORDS_PER_SHARD]) == set(paired[: 2 * RECORDS_PER_SHARD]) - {paired[-1]}
 
 
 def dataloader_order(ds, workers):

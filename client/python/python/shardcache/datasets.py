@@ -6,10 +6,13 @@ when numpy is installed and ``dtype`` is set, else as ``bytes``.
 
 How :class:`StreamingShardDataset` orders and splits an epoch:
 
-1. The *epoch order*: shards shuffled by ``(seed, epoch)``, and the records of each
-   shard shuffled by ``(seed, epoch, shard)``, shard after shard. Reads stay within a few
+1. The *epoch order*: shards shuffled by ``(seed, epoch)`` and cut into blocks of
+   ``shard_block`` shards; the records of each block shuffled together by ``(seed,
+   epoch, block)``, block after block (a block shuffle, as MosaicML Streaming's
+   ``py1b``). A batch mixes records of several shards, reads stay within one block of
    shards at a time (what a read-through cache and its prefetch like), and the order is
-   the same in every process that has the same ``(seed, epoch)``.
+   the same in every process that has the same ``(seed, epoch)``. ``shard_block=1``
+   reads shard after shard.
 2. *Ranks*: record ``k`` of the epoch order goes to rank ``k % world_size``.
 3. *Resume*: a rank skips the first ``consumed`` records of its sequence
    (:meth:`state_dict` / :meth:`load_state_dict`).
@@ -182,10 +185,14 @@ class StreamingShardDataset(_IterableBase):
         read_batch: int = 32,
         plan: bool = True,
         job: Optional[str] = None,
+        shard_block: int = 4,
         **client_args: Any,
     ):
         if batch_size <= 0:
             raise ValueError("batch_size must be positive")
+        if shard_block <= 0:
+            raise ValueError("shard_block must be positive")
+        self.shard_block = shard_block
         self.plan = plan
         self.job = job
         self._records = _Records(endpoint, dataset, record_size, dtype, client_args)
@@ -263,11 +270,12 @@ class StreamingShardDataset(_IterableBase):
         if self.shuffle:
             rng.shuffle(shards)
         order = []
-        for shard in shards:
-            inside = list(range(records.counts[shard]))
+        for start in range(0, len(shards), self.shard_block):
+            block = shards[start : start + self.shard_block]
+            inside = [(shard, record) for shard in block for record in range(records.counts[shard])]
             if self.shuffle:
-                random.Random(f"shardcache:{self.seed}:{self.epoch}:{records.shards[shard]}").shuffle(inside)
-            order.extend((shard, record) for record in inside)
+                random.Random(f"shardcache:{self.seed}:{self.epoch}:block{start}").shuffle(inside)
+            order.extend(inside)
         return order
 
     def indices(self, worker_id: int = 0, num_workers: int = 1) -> List[Tuple[int, int]]:
