@@ -257,10 +257,10 @@ impl Cache {
         let Some(entry) = cached else { return lookup.await };
         // A cached shard is served within REVALIDATION_WAIT whatever the hub does; the
         // lookup carries on (bounded by --hub-timeout) for the readers after.
+        // (The lookup itself counts the failure and pauses revalidation.)
         match tokio::time::timeout(REVALIDATION_WAIT, lookup).await {
             Ok(answer) => answer,
             Err(_) => {
-                self.revalidation_failed(&format_args!("no answer within {REVALIDATION_WAIT:?}"));
                 self.index.touch(&entry);
                 Ok(entry)
             }
@@ -281,6 +281,10 @@ impl Cache {
         reads: &[(u64, u64)],
     ) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
+        // The warm path: one look at the index (not again in `entry`).
+        if let Some(entry) = self.index.fresh(&key) {
+            return Ok(entry);
+        }
         if self.index.get(&key).is_some() {
             return self.entry(dataset, shard).await;
         }
@@ -325,9 +329,24 @@ impl Cache {
             let info = upstream.stat(dataset.as_str(), shard.as_str()).await?;
             return self.index.install(key, &info, self.config.chunk_size).await;
         };
-        let answer = upstream.stat(dataset.as_str(), shard.as_str()).await;
+        // Readers are served the cached version after REVALIDATION_WAIT; past it, the
+        // hub counts as not answering (once per lookup, not once per waiting reader), so
+        // revalidation pauses while this stat carries on to --hub-timeout.
+        let stat = upstream.stat(dataset.as_str(), shard.as_str());
+        tokio::pin!(stat);
+        let (answer, slow) = match tokio::time::timeout(REVALIDATION_WAIT, &mut stat).await {
+            Ok(answer) => (answer, false),
+            Err(_) => {
+                self.revalidation_failed(&format_args!("no answer within {REVALIDATION_WAIT:?}"));
+                (stat.await, true)
+            }
+        };
         match &answer {
-            Err(e) if e.hub_cannot_answer() => self.revalidation_failed(e),
+            Err(e) if e.hub_cannot_answer() => {
+                if !slow {
+                    self.revalidation_failed(e);
+                }
+            }
             _ => self.revalidation.answered(),
         }
         match answer {

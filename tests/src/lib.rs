@@ -319,6 +319,27 @@ pub fn token_file(path: &Path, holders: &[(&str, &str)]) -> Vec<String> {
     tokens
 }
 
+/// Serves `reader` (a test's wrapper around the real read service) on `127.0.0.1:0` with
+/// the open authenticator (every dataset granted, as on a server without tokens);
+/// returns its `http://` endpoint.
+pub async fn serve_reader<R>(reader: Arc<R>) -> String
+where
+    R: shardcache_proto::v1::shard_reader_server::ShardReader,
+{
+    use shardcache_proto::v1::shard_reader_server::ShardReaderServer;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                ShardReaderServer::from_arc(reader),
+                shardcache_serving::auth::Authenticator::open(),
+            ))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    endpoint
+}
+
 /// A small LCG for reproducible random offsets.
 pub fn next_random(state: &mut u64) -> u64 {
     *state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);

@@ -12,10 +12,10 @@ use shardcache_client::{Client, Error, Range};
 use shardcache_proto::v1::{
     Chunk, ListDatasetsRequest, ListDatasetsResponse, ListShardsRequest, ListShardsResponse,
     ReadRangeRequest, ReadRangesRequest, ReadRangesResponse, ShardInfo, StatShardRequest, StreamShardRequest,
-    shard_reader_server::{ShardReader, ShardReaderServer},
+    shard_reader_server::ShardReader,
 };
 use shardcache_reader::ReadService;
-use shardcache_tests::{test_options, write_pattern};
+use shardcache_tests::{serve_reader, test_options, write_pattern};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
@@ -101,17 +101,7 @@ impl ShardReader for Damaging {
 async fn damaging_server(root: &std::path::Path, damage: Damage) -> Client {
     let source = Arc::new(LocalSource::new(root).unwrap());
     let inner = ReadService::new(HubSource(source), test_options().limits, Arc::new(()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            // The open authenticator grants every dataset, as on a server without tokens.
-            .add_service(ShardReaderServer::with_interceptor(
-                Damaging { inner, damage },
-                shardcache_serving::auth::Authenticator::open(),
-            ))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let endpoint = serve_reader(Arc::new(Damaging { inner, damage })).await;
     Client::connect(&endpoint).await.unwrap()
 }
 

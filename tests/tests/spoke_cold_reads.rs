@@ -24,8 +24,7 @@ use shardcache_proto::{
     v1::{
         Chunk, ListDatasetsRequest, ListDatasetsResponse, ListShardsRequest, ListShardsResponse,
         ReadRangeRequest, ReadRangesRequest, ReadRangesResponse, ShardInfo, StatShardRequest,
-        StreamShardRequest,
-        shard_reader_server::{ShardReader, ShardReaderServer},
+        StreamShardRequest, shard_reader_server::ShardReader,
     },
 };
 use shardcache_reader::ReadService;
@@ -113,17 +112,7 @@ async fn start_hub(root: &std::path::Path, newer_when_unpinned: bool) -> (Arc<Hu
         unpinned_see_a_new_version: AtomicBool::new(newer_when_unpinned),
         unpinned_reads: AtomicU64::new(0),
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            // The open authenticator grants every dataset, as on a server without tokens.
-            .add_service(tonic::service::interceptor::InterceptedService::new(
-                ShardReaderServer::from_arc(hub.clone()),
-                shardcache_serving::auth::Authenticator::open(),
-            ))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let endpoint = shardcache_tests::serve_reader(hub.clone()).await;
     (hub, endpoint)
 }
 
