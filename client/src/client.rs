@@ -5,6 +5,7 @@
 //! that cannot be verified is an [`Error`], never data.
 
 use bytes::Bytes;
+use shardcache_proto::job::{EPOCH_HEADER, JOB_HEADER, check_job_name};
 use shardcache_proto::{
     checksum,
     v1::{
@@ -13,7 +14,10 @@ use shardcache_proto::{
         shard_reader_client::ShardReaderClient,
     },
 };
-use tonic::transport::Channel;
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    transport::Channel,
+};
 
 use crate::{
     ConnectOptions, Credentials, Error, Result,
@@ -66,6 +70,8 @@ impl Range {
 pub struct Client {
     reader: ShardReaderClient<AuthChannel>,
     endpoint: String,
+    /// The job and epoch headers reads carry ([`Client::for_job`]).
+    job: Option<(MetadataValue<Ascii>, MetadataValue<Ascii>)>,
 }
 
 impl Client {
@@ -89,7 +95,27 @@ impl Client {
     pub fn from_channel_with(channel: Channel, endpoint: &str, credentials: Credentials) -> Self {
         let reader = ShardReaderClient::with_interceptor(channel, credentials)
             .max_decoding_message_size(MAX_RESPONSE_BYTES);
-        Self { reader, endpoint: endpoint.to_owned() }
+        Self { reader, endpoint: endpoint.to_owned(), job: None }
+    }
+
+    /// A client on the same connection whose reads say they are for `job`'s `epoch` (the
+    /// `shardcache-job` and `shardcache-epoch` headers): a spoke reports reads, hits and
+    /// hub bytes per job and epoch. A hub ignores them.
+    pub fn for_job(&self, job: &str, epoch: u64) -> Result<Self> {
+        check_job_name(job).map_err(Error::Config)?;
+        let name = job.parse().map_err(|_| Error::Config(format!("job {job:?} cannot be a header")))?;
+        let epoch = epoch.to_string().parse().map_err(|_| Error::Config("epoch header".into()))?;
+        Ok(Self { job: Some((name, epoch)), ..self.clone() })
+    }
+
+    /// `message` as a read request, with the job headers when there are any.
+    fn read_request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some((job, epoch)) = &self.job {
+            request.metadata_mut().insert(JOB_HEADER, job.clone());
+            request.metadata_mut().insert(EPOCH_HEADER, epoch.clone());
+        }
+        request
     }
 
     pub fn endpoint(&self) -> &str {
@@ -144,13 +170,15 @@ impl Client {
 
     /// Reads one range in one call (at most the server's `--max-read`).
     pub async fn read_range(&self, range: &Range) -> Result<Verified> {
-        let chunk = self.reader.clone().read_range(range.to_request()).await.map_err(|s| self.status(s))?;
+        let request = self.read_request(range.to_request());
+        let chunk = self.reader.clone().read_range(request).await.map_err(|s| self.status(s))?;
         self.verify(range, chunk.into_inner())
     }
 
     /// Reads many ranges in one round trip; results are in the order of `ranges`.
     pub async fn read_ranges(&self, ranges: &[Range]) -> Result<Vec<Verified>> {
-        let request = ReadRangesRequest { ranges: ranges.iter().map(Range::to_request).collect() };
+        let request =
+            self.read_request(ReadRangesRequest { ranges: ranges.iter().map(Range::to_request).collect() });
         let chunks =
             self.reader.clone().read_ranges(request).await.map_err(|s| self.status(s))?.into_inner().chunks;
         if chunks.len() != ranges.len() {
@@ -192,13 +220,13 @@ impl Client {
                 (info.size.saturating_sub(offset), info.version)
             }
         };
-        let request = StreamShardRequest {
+        let request = self.read_request(StreamShardRequest {
             dataset: dataset.to_owned(),
             shard: shard.to_owned(),
             offset,
             length: Some(length),
             expected_version: expected_version.clone(),
-        };
+        });
         let stream =
             self.reader.clone().stream_shard(request).await.map_err(|s| self.status(s))?.into_inner();
         Ok(ShardStream {

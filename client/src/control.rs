@@ -74,29 +74,68 @@ impl CacheClient {
         Ok(response.map_err(|s| self.status_error(s))?.into_inner().shards)
     }
 
-    /// Tells the spoke the order in which `job` will read shards of `dataset`: one shard
-    /// list per epoch from `epoch` on (the rest of this epoch, then the next), so that it
-    /// evicts what is read again furthest away. Replaces the job's previous plan (no
-    /// epochs withdraws it); returns the distinct shards it names.
+    /// Tells the spoke the order in which `job` will read shards of `dataset`: one
+    /// [`PlannedEpoch`] per epoch from `epoch` on (the rest of this epoch, then the next),
+    /// so that it evicts what is read again furthest away and prefetches what is read
+    /// next. Replaces the job's previous plan (no epochs withdraws it); returns the
+    /// distinct shards it names. A job with several readers (DataLoader workers) sends
+    /// one plan per reader, as `JOB/READER`.
     pub async fn set_plan(
         &self,
         job: &str,
         epoch: u64,
         dataset: &str,
-        epochs: &[Vec<String>],
+        epochs: &[PlannedEpoch],
     ) -> Result<u64> {
         let epochs = epochs
             .iter()
-            .map(|shards| EpochPlan {
-                shards: shards
+            .map(|planned| EpochPlan {
+                shards: planned
+                    .shards
                     .iter()
                     .map(|shard| ShardRef { dataset: dataset.to_owned(), shard: shard.clone() })
                     .collect(),
+                until: planned.until.clone(),
             })
             .collect();
         let request = PlanRequest { job: job.to_owned(), epoch, epochs };
         let response = self.control.clone().set_plan(request).await.map_err(|s| self.status_error(s))?;
         Ok(response.into_inner().shards)
+    }
+}
+
+/// One epoch of an access plan: shards in the order of their first read, and for each
+/// the last shard first read before its own last read (see `EpochPlan` in the proto).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlannedEpoch {
+    pub shards: Vec<String>,
+    pub until: Vec<u32>,
+}
+
+impl PlannedEpoch {
+    /// Shards read one after another, each to its end before the next.
+    pub fn in_order(shards: Vec<String>) -> Self {
+        Self { shards, until: Vec::new() }
+    }
+
+    /// The plan of an epoch that reads the shards `reads` names, in that order (one
+    /// item per read, repeats included).
+    pub fn from_reads<'a>(reads: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        let (mut shards, mut until) = (Vec::<String>::new(), Vec::<u32>::new());
+        for shard in reads {
+            let latest = shards.len().saturating_sub(1) as u32;
+            match index.get(shard) {
+                Some(&at) => until[at] = latest,
+                None => {
+                    index.insert(shard, shards.len());
+                    until.push(shards.len() as u32);
+                    shards.push(shard.to_owned());
+                }
+            }
+        }
+        let overlaps = until.iter().enumerate().any(|(i, &u)| u as usize != i);
+        Self { shards, until: if overlaps { until } else { Vec::new() } }
     }
 }
 
@@ -120,5 +159,22 @@ impl PrefetchStream {
             last = progress;
         }
         Ok(last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PlannedEpoch;
+
+    #[test]
+    fn a_plan_from_reads_says_which_shards_are_read_together() {
+        let plan = PlannedEpoch::from_reads(["a", "a", "b", "a", "c", "b", "c", "d"]);
+        assert_eq!(plan.shards, ["a", "b", "c", "d"]);
+        // a's last read comes after b's first; b's after c's first; d alone.
+        assert_eq!(plan.until, [1, 2, 2, 3]);
+        assert_eq!(
+            PlannedEpoch::from_reads(["a", "a", "b", "c", "c"]),
+            PlannedEpoch::in_order(vec!["a".into(), "b".into(), "c".into()])
+        );
     }
 }

@@ -21,5 +21,5 @@ pub mod error;
 
 pub use client::{Client, Range, ShardStream, Verified};
 pub use connect::{ConnectOptions, Credentials};
-pub use control::{CacheClient, PrefetchStream};
+pub use control::{CacheClient, PlannedEpoch, PrefetchStream};
 pub use error::{Error, Result};

@@ -7,12 +7,14 @@
 //!   touches a filesystem path or a cache key;
 //! - [`range`]: which byte ranges a read may ask for;
 //! - [`checksum`]: the CRC32C every data message carries;
+//! - [`job`]: the job and epoch headers reads carry, and job names;
 //! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them.
 //!
 //! How servers and clients carry the contract (TLS, tokens, HTTP/2 tuning, load
 //! shedding, server assembly) is `shardcache-serving`'s.
 
 pub mod checksum;
+pub mod job;
 pub mod names;
 pub mod range;
 pub mod units;

@@ -9,12 +9,15 @@
 //! - [`source`]: the [`Source`] and [`ShardHandle`] traits and what they return;
 //! - [`service`]: validation of names and ranges, grants, read limits, paging,
 //!   `ReadRanges` and `StreamShard` shaping, a CRC32C and version on every data message;
+//! - [`job`]: the job and epoch a read says it is for ([`JobTag`], from request headers);
 //! - [`error`]: the errors the service itself finds ([`ReadError`]) and their statuses.
 
 pub mod error;
+pub mod job;
 pub mod service;
 pub mod source;
 
 pub use error::ReadError;
+pub use job::JobTag;
 pub use service::{Observer, ReadLimits, ReadService};
 pub use source::{DatasetListing, STALE_METADATA, ShardHandle, ShardMeta, ShardPage, ShardStat, Source};

@@ -16,7 +16,7 @@ use shardcache_proto::{
 };
 use tonic::Status;
 
-use crate::ReadError;
+use crate::{JobTag, ReadError};
 
 /// What a source knows about one shard at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,16 +97,18 @@ pub trait Source: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Shard, Self::Error>> + Send;
 
     /// Opens `shard` for a call that will read `reads` (`(offset, length)` pairs, not
-    /// yet checked against the shard's size) of it. The default opens it; a source that
-    /// can start those reads while it opens (the spoke, on a shard it has not seen: its
+    /// yet checked against the shard's size) of it, for `job` when the request names one
+    /// (its reads are counted under it). The default opens it; a source that can start
+    /// those reads while it opens (the spoke, on a shard it has not seen: its
     /// `StatShard` and the reads cross the link together) does so.
     fn open_for(
         &self,
         dataset: &DatasetName,
         shard: &ShardName,
         reads: &[(u64, u64)],
+        job: Option<&JobTag>,
     ) -> impl Future<Output = Result<Self::Shard, Self::Error>> + Send {
-        let _ = reads;
+        let _ = (reads, job);
         self.open(dataset, shard)
     }
 

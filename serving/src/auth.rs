@@ -256,6 +256,14 @@ impl Grant {
         }
     }
 
+    /// Whether the grant holds every dataset (sees what is not one dataset's: jobs).
+    pub fn allows_all(&self) -> bool {
+        match self {
+            Grant::Everything => true,
+            Grant::Token(holder) => matches!(holder.datasets, Datasets::All),
+        }
+    }
+
     /// PERMISSION_DENIED unless the grant holds `dataset` and may control a cache's
     /// copy of it (prefetch, evict, pin).
     pub fn check_control(&self, dataset: &str) -> Result<(), Status> {

@@ -38,6 +38,7 @@ use crate::{
     evict::Capacity,
     fetch::{ChunkFetch, Fetcher},
     index::{Index, ShardKey, blocking},
+    jobs::JobRow,
     metrics::Metrics,
     plan::Plans,
     revalidation::{REVALIDATION_WAIT, Revalidation},
@@ -69,6 +70,9 @@ pub struct CacheConfig {
     /// each chunk holds its room for a round trip plus its admission (an fsync). The
     /// default, 64 MiB, is chosen by `wan-bench` (uncapped 60 ms link; BENCHMARKS.md).
     pub upstream_bytes_in_flight: u64,
+    /// How far ahead of the jobs' reads their plans are fetched, in bytes of shards
+    /// (`plan_fetch.rs`); also what plan-aware eviction sets aside for streaming.
+    pub plan_window: u64,
 }
 
 type SharedLookup = Shared<BoxFuture<'static, Result<Arc<Entry>>>>;
@@ -279,6 +283,7 @@ impl Cache {
         dataset: &DatasetName,
         shard: &ShardName,
         reads: &[(u64, u64)],
+        row: &JobRow,
     ) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
         // The warm path: one look at the index (not again in `entry`).
@@ -299,7 +304,7 @@ impl Cache {
             return self.entry(dataset, shard).await;
         }
         let speculative = futures::future::join_all(chunks.iter().map(|&index| {
-            self.fetcher.speculate(dataset.as_str(), shard.as_str(), index * chunk_size, chunk_size)
+            self.fetcher.speculate(dataset.as_str(), shard.as_str(), index * chunk_size, chunk_size, row)
         }));
         let (entry, reads) = tokio::join!(self.entry(dataset, shard), speculative);
         let entry = entry?;
@@ -422,18 +427,20 @@ impl Cache {
         bytes
     }
 
-    /// The shared fetch of chunk `index`: started unless one is already running.
-    pub(crate) fn fetch_chunk(self: &Arc<Self>, entry: &Arc<Entry>, index: u64) -> ChunkFetch {
-        self.fetcher.chunk(self, entry, index)
+    /// The shared fetch of chunk `index`: started unless one is already running (what
+    /// it fetches is counted in `row`).
+    pub(crate) fn fetch_chunk(self: &Arc<Self>, entry: &Arc<Entry>, index: u64, row: &JobRow) -> ChunkFetch {
+        self.fetcher.chunk(self, entry, index, row)
     }
 
     /// Fetches every absent chunk of `entry`, `shard_fetch_parallelism` at a time, and
-    /// returns once they are stored, with the bytes that crossed the link.
-    pub async fn fetch_shard(self: &Arc<Self>, entry: &Arc<Entry>) -> Result<u64> {
+    /// returns once they are stored, with the bytes that crossed the link (counted in
+    /// `row`).
+    pub async fn fetch_shard(self: &Arc<Self>, entry: &Arc<Entry>, row: &JobRow) -> Result<u64> {
         use futures::stream::{self, StreamExt, TryStreamExt};
         let missing: Vec<u64> = (0..entry.chunk_count()).filter(|&i| !entry.has_chunk(i)).collect();
         stream::iter(missing)
-            .map(|index| self.fetch_chunk(entry, index).stored)
+            .map(|index| self.fetch_chunk(entry, index, row).stored)
             .buffer_unordered(self.config.shard_fetch_parallelism.max(1))
             .try_fold(0, |sum, n| async move { Ok(sum + n) })
             .await
@@ -457,15 +464,15 @@ impl Cache {
     }
 
     /// Read-ahead and whole-shard fetch, in the background.
-    fn after_read(self: &Arc<Self>, entry: &Arc<Entry>, last: u64, missed: bool) {
+    fn after_read(self: &Arc<Self>, entry: &Arc<Entry>, last: u64, missed: bool, row: &JobRow) {
         let start_whole = missed && self.config.fetch_whole_shard && {
             let mut state = entry.state();
             !std::mem::replace(&mut state.whole_fetch_started, true)
         };
         if start_whole {
-            let (cache, entry) = (self.clone(), entry.clone());
+            let (cache, entry, row) = (self.clone(), entry.clone(), row.clone());
             tokio::spawn(async move {
-                if let Err(e) = cache.fetch_shard(&entry).await {
+                if let Err(e) = cache.fetch_shard(&entry, &row).await {
                     tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, error = %e, "background shard fetch failed");
                 }
             });
@@ -476,7 +483,7 @@ impl Cache {
         {
             if !entry.has_chunk(index) {
                 // Started by `fetch_chunk` itself; the result is only wanted in the store.
-                drop(self.fetch_chunk(entry, index));
+                drop(self.fetch_chunk(entry, index, row));
             }
         }
     }

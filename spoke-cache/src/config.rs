@@ -77,6 +77,12 @@ pub struct SpokeArgs {
     #[arg(long, env = "SPOKE_UPSTREAM_BYTES_IN_FLIGHT", default_value = "64MiB")]
     pub upstream_bytes_in_flight: ByteSize,
 
+    /// How far ahead of the jobs' reads the spoke fetches the shards their access plans
+    /// name (whole shards, nearest first; never past what fits under the low watermark).
+    /// 0 turns planned prefetch off.
+    #[arg(long, env = "SPOKE_PLAN_WINDOW", default_value = "64MiB")]
+    pub plan_window: ByteSize,
+
     /// RocksDB options for the pages column family, as RocksDB's option string (e.g.
     /// "block_based_table_factory={cache_index_and_filter_blocks=true}"), applied
     /// over the spoke's own; for tuning a cache to its disks. A bad string stops the start.
@@ -267,6 +273,7 @@ impl SpokeArgs {
             read_ahead_chunks: self.read_ahead_chunks,
             shard_fetch_parallelism: self.shard_fetch_parallelism.max(1),
             upstream_bytes_in_flight: self.upstream_bytes_in_flight.0,
+            plan_window: self.plan_window.0,
         })
     }
 }

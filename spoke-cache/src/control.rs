@@ -1,14 +1,17 @@
 //! The `shardcache.v1.CacheControl` service: prefetch with progress, status, evict, pin,
 //! and jobs' access plans.
 
-use std::sync::{Arc, atomic::Ordering::Relaxed};
+use std::{
+    collections::HashMap,
+    sync::{Arc, atomic::Ordering::Relaxed},
+};
 
 use futures::stream::{self, StreamExt};
 use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::{
-        DatasetStatus, EvictRequest, EvictResponse, PinRequest, PinResponse, PlanRequest, PlanResponse,
-        PrefetchProgress, PrefetchRequest, ShardRef, StatusRequest, StatusResponse,
+        DatasetStatus, EvictRequest, EvictResponse, JobStatus, PinRequest, PinResponse, PlanRequest,
+        PlanResponse, PrefetchProgress, PrefetchRequest, StatusRequest, StatusResponse,
         cache_control_server::CacheControl,
     },
 };
@@ -17,14 +20,17 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::{Result, cache::Cache, entry::Entry, plan::MAX_PLAN_POSITIONS};
+use crate::{
+    Result,
+    cache::Cache,
+    entry::Entry,
+    index::ShardKey,
+    plan::{MAX_PLAN_POSITIONS, Planned, Use},
+};
 
 /// Shards a prefetch fetches at once when the request does not say. Each shard fetch
 /// itself keeps `shard_fetch_parallelism` chunks in flight.
 pub const DEFAULT_PREFETCH_PARALLELISM: usize = 4;
-
-/// Longest job name in a `SetPlan`.
-const MAX_JOB_NAME: usize = 256;
 
 /// Shard versions a prefetch asks the hub for at once before fetching: 64 shards per
 /// 60 ms round trip (the demo's 75-shard plan resolves in two round trips, not five).
@@ -98,6 +104,8 @@ impl CacheControl for Control {
         // Resolve every shard first (size and version), so progress has a total. Across
         // a 60 ms link that is one round trip per STAT_PARALLELISM shards.
         let cache = self.cache.clone();
+        // A prefetch names no job: what it fetches counts in the untagged row.
+        let row = cache.metrics().jobs.row(None);
         let entries: Vec<Arc<Entry>> = stream::iter(plan)
             .map(|(d, s)| {
                 let cache = cache.clone();
@@ -122,8 +130,8 @@ impl CacheControl for Control {
             // In plan order, `parallelism` shards at a time.
             let mut fetches = stream::iter(entries.iter().cloned())
                 .map(|entry| {
-                    let cache = cache.clone();
-                    async move { (cache.fetch_shard(&entry).await, entry) }
+                    let (cache, row) = (cache.clone(), row.clone());
+                    async move { (cache.fetch_shard(&entry, &row).await, entry) }
                 })
                 .buffered(parallelism);
             let mut failed = false;
@@ -190,6 +198,7 @@ impl CacheControl for Control {
             evicted_bytes: cache.metrics().evicted_bytes.load(Relaxed),
             checksum_failures: cache.metrics().checksum_failures.load(Relaxed),
             hubs: cache.upstream().urls(),
+            jobs: if grant.allows_all() { job_statuses(cache) } else { Vec::new() },
         }))
     }
 
@@ -221,46 +230,72 @@ impl CacheControl for Control {
     async fn set_plan(&self, request: Request<PlanRequest>) -> Result<Response<PlanResponse>, Status> {
         let grant = Grant::of(&request)?;
         let req = request.into_inner();
-        if req.job.is_empty() || req.job.len() > MAX_JOB_NAME || req.job.chars().any(char::is_control) {
+        shardcache_proto::job::check_job_name(&req.job).map_err(Status::invalid_argument)?;
+        let positions: usize = req.epochs.iter().map(|e| e.shards.len()).sum();
+        if positions > MAX_PLAN_POSITIONS {
             return Err(Status::invalid_argument(format!(
-                "job {:?} must be 1 to {MAX_JOB_NAME} printable characters",
-                req.job
+                "a plan of {positions} reads is over the limit of {MAX_PLAN_POSITIONS}; send the current and the \
+                 next epoch only"
             )));
         }
-        let positions: Vec<&ShardRef> = req.epochs.iter().flat_map(|e| &e.shards).collect();
-        if positions.len() > MAX_PLAN_POSITIONS {
-            return Err(Status::invalid_argument(format!(
-                "a plan of {} reads is over the limit of {MAX_PLAN_POSITIONS}; send the current and the next \
-                 epoch only",
-                positions.len()
-            )));
-        }
-        let mut order = Vec::with_capacity(positions.len());
-        for shard in &positions {
-            grant.check(&shard.dataset)?;
-            order.push((DatasetName::new(&shard.dataset)?, ShardName::new(&shard.shard)?));
+        // Each position's shard and use, the epochs one after another.
+        let mut order = Vec::with_capacity(positions);
+        for (number, epoch) in req.epochs.iter().enumerate() {
+            let count = epoch.shards.len();
+            if !epoch.until.is_empty() && epoch.until.len() != count {
+                return Err(Status::invalid_argument(format!(
+                    "epoch {} of the plan has {count} shards but {} `until` entries; send one per shard or none",
+                    req.epoch + number as u64,
+                    epoch.until.len()
+                )));
+            }
+            let offset = order.len();
+            for (i, shard) in epoch.shards.iter().enumerate() {
+                grant.check(&shard.dataset)?;
+                let until = epoch.until.get(i).map_or(i, |&u| u as usize);
+                if until < i || until >= count {
+                    return Err(Status::invalid_argument(format!(
+                        "`until` of shard {i} ({}/{}) in epoch {} of the plan is {until}: it must be from {i} to {}",
+                        shard.dataset,
+                        shard.shard,
+                        req.epoch + number as u64,
+                        count - 1
+                    )));
+                }
+                let key = (DatasetName::new(&shard.dataset)?, ShardName::new(&shard.shard)?);
+                let at = Use { first: offset + i, until: offset + until };
+                order.push((key, at, req.epoch + number as u64));
+            }
         }
         // Every shard the plan names must exist (its StatShard, as a prefetch's).
-        let distinct: std::collections::BTreeSet<_> = order.iter().cloned().collect();
+        let distinct: std::collections::BTreeSet<_> = order.iter().map(|(key, ..)| key.clone()).collect();
         let resolved = stream::iter(distinct)
             .map(|(dataset, shard)| {
                 let cache = self.cache.clone();
                 async move {
-                    cache.entry(&dataset, &shard).await.map_err(|e| match e.code() {
+                    let entry = cache.entry(&dataset, &shard).await.map_err(|e| match e.code() {
                         tonic::Code::NotFound => Status::invalid_argument(format!(
                             "the plan names {dataset}/{shard}, which does not exist on the hub: {e}"
                         )),
                         _ => Status::from(e),
-                    })
+                    })?;
+                    Ok::<_, Status>(((dataset.to_string(), shard.to_string()), entry.size))
                 }
             })
             .buffered(STAT_PARALLELISM)
             .collect::<Vec<_>>()
             .await;
-        resolved.into_iter().collect::<Result<Vec<_>, Status>>()?;
-        let order = order.into_iter().map(|(d, s)| (d.to_string(), s.to_string())).collect();
+        let sizes: HashMap<ShardKey, u64> = resolved.into_iter().collect::<Result<_, Status>>()?;
+        let order = order
+            .into_iter()
+            .map(|((d, s), at, epoch)| {
+                let key = (d.to_string(), s.to_string());
+                let size = sizes.get(&key).copied().unwrap_or_default();
+                Planned { key, at, size, epoch }
+            })
+            .collect();
         let shards = self.cache.plans().set(&req.job, order) as u64;
-        tracing::info!(job = %req.job, epoch = req.epoch, reads = positions.len(), shards, "access plan set");
+        tracing::info!(job = %req.job, epoch = req.epoch, reads = positions, shards, "access plan set");
         Ok(Response::new(PlanResponse { shards }))
     }
 
@@ -269,6 +304,22 @@ impl CacheControl for Control {
         set_pins(&self.cache, self.cached(&request.get_ref().dataset, &request.get_ref().shards)?, false)
             .await
     }
+}
+
+/// Every (job, epoch) row (see `jobs.rs`).
+fn job_statuses(cache: &Cache) -> Vec<JobStatus> {
+    let rows = cache.metrics().jobs.snapshot();
+    rows.into_iter()
+        .map(|(tag, row)| JobStatus {
+            job: tag.job,
+            epoch: tag.epoch,
+            reads: row.reads,
+            hit_reads: row.hit_reads,
+            bytes: row.bytes,
+            hit_bytes: row.hit_bytes,
+            hub_bytes: row.hub_bytes,
+        })
+        .collect()
 }
 
 async fn set_pins(

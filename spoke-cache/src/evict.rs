@@ -51,6 +51,11 @@ impl Capacity {
         self.capacity
     }
 
+    /// Bytes eviction stops at.
+    pub fn low_watermark(&self) -> u64 {
+        self.low
+    }
+
     /// Bytes above which eviction starts.
     pub fn high_watermark(&self) -> u64 {
         self.high

@@ -25,6 +25,7 @@ use crate::{
     Error, Result,
     cache::{Cache, CacheConfig, spawn_shared},
     entry::Entry,
+    jobs::JobRow,
     metrics::Metrics,
     upstream::Upstream,
 };
@@ -101,14 +102,21 @@ impl Fetcher {
     }
 
     /// The shared fetch of chunk `index` of `entry`: started here unless one is already
-    /// running; `cache` admits the chunk once fetched.
-    pub(crate) fn chunk(&self, cache: &Arc<Cache>, entry: &Arc<Entry>, index: u64) -> ChunkFetch {
+    /// running (then the bytes it fetches are counted in `row`); `cache` admits the
+    /// chunk once fetched.
+    pub(crate) fn chunk(
+        &self,
+        cache: &Arc<Cache>,
+        entry: &Arc<Entry>,
+        index: u64,
+        row: &JobRow,
+    ) -> ChunkFetch {
         let key = (entry.id, index);
         let mut inflight = self.inflight();
         if let Some(running) = inflight.get(&key) {
             return running.clone();
         }
-        let (cache, entry) = (cache.clone(), entry.clone());
+        let (cache, entry, row) = (cache.clone(), entry.clone(), row.clone());
         // Checked under the lock: a fetch sets the presence bit before it leaves
         // `inflight`, so a chunk is either present here or its fetch is registered.
         if entry.has_chunk(index) {
@@ -116,7 +124,7 @@ impl Fetcher {
                 let (offset, length) = entry.chunk_range(index);
                 match cache.read_stored(&entry, index, offset, offset + length).await? {
                     Some(bytes) => Ok(bytes),
-                    None => cache.fetch_chunk(&entry, index).fetched.await,
+                    None => cache.fetch_chunk(&entry, index, &row).fetched.await,
                 }
             };
             return ChunkFetch {
@@ -145,7 +153,7 @@ impl Fetcher {
                         .acquire()
                         .await
                         .map_err(|_| Error::Internal("upstream requests closed".into()))?;
-                    fetcher.fetch_verified(&entry, offset, length).await
+                    fetcher.fetch_verified(&entry, offset, length, &row).await
                 };
                 let _ = bytes_tx.send(fetched.clone());
                 if let Err(e) = cache.admit(&entry, index, fetched?).await {
@@ -179,6 +187,7 @@ impl Fetcher {
         shard: &str,
         offset: u64,
         length: u64,
+        row: &JobRow,
     ) -> Option<Speculative> {
         let room = self.budget.clone().try_acquire_many_owned(length.div_ceil(1024) as u32).ok()?;
         let _request = self.requests.acquire().await.ok()?;
@@ -188,6 +197,7 @@ impl Fetcher {
             self.upstream.read_at_any_version(dataset, shard, offset, length, None).await.ok()?;
         self.metrics.fetch_latency.observe(started.elapsed());
         self.metrics.dataset(dataset).upstream_bytes.fetch_add(length, Relaxed);
+        row.hub_bytes.fetch_add(length, Relaxed);
         Some(Speculative { data, version, room })
     }
 
@@ -221,7 +231,13 @@ impl Fetcher {
     }
 
     /// `[offset, offset + length)` of `entry` from the hub, verified by the SDK.
-    async fn fetch_verified(&self, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Bytes> {
+    async fn fetch_verified(
+        &self,
+        entry: &Arc<Entry>,
+        offset: u64,
+        length: u64,
+        row: &JobRow,
+    ) -> Result<Bytes> {
         let started = Instant::now();
         self.metrics.upstream_requests.fetch_add(1, Relaxed);
         let fetched = self.upstream.read(&entry.dataset, &entry.shard, offset, length, &entry.version).await;
@@ -241,6 +257,7 @@ impl Fetcher {
         };
         self.metrics.fetch_latency.observe(started.elapsed());
         self.metrics.dataset(&entry.dataset).upstream_bytes.fetch_add(length, Relaxed);
+        row.hub_bytes.fetch_add(length, Relaxed);
         Ok(data)
     }
 }

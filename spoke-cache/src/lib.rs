@@ -11,10 +11,11 @@
 //! - [`upstream`]: the hubs, through the verifying client SDK;
 //! - [`evict`]: capacity, watermarks, the evictor;
 //! - [`plan`]: jobs' access plans and the eviction order they give (Belady);
+//! - [`plan_fetch`]: prefetch that follows the plans, never evicting a nearer read;
 //! - [`revalidation`]: cached data stays served when the hub cannot answer; backoff;
 //! - [`source`]: the cache as the shared read service's source (the hub's API);
 //! - [`control`]: prefetch, status, evict, pin;
-//! - [`metrics`]: counters and histograms, Prometheus text;
+//! - [`metrics`]: counters and histograms, Prometheus text; [`jobs`]: per job and epoch;
 //! - [`scrape`]: the metrics listener (hyper, bounded, optionally behind a token);
 //! - [`server`]: assembly and graceful shutdown; [`config`]: flags.
 
@@ -26,8 +27,10 @@ pub mod error;
 pub mod evict;
 pub mod fetch;
 pub mod index;
+pub mod jobs;
 pub mod metrics;
 pub mod plan;
+pub mod plan_fetch;
 pub mod revalidation;
 pub mod scrape;
 pub mod server;

@@ -14,6 +14,8 @@ use std::{
     time::Duration,
 };
 
+use crate::jobs::{JobSnapshot, Jobs};
+
 /// Upper bounds (seconds) of the latency histogram buckets: 50 us to 10 s, covering a
 /// warm page read (~100 us) up to a cold fetch across a slow link.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -22,6 +24,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 /// Picks one counter of a dataset's counters.
 type CounterField = fn(&DatasetCounters) -> &AtomicU64;
+/// Picks one value of a job row.
+type JobField = fn(&JobSnapshot) -> u64;
 
 /// Per-dataset counters.
 #[derive(Debug, Default)]
@@ -89,6 +93,8 @@ pub struct Metrics {
     pub read_latency: Histogram,
     /// Time of one upstream chunk fetch, hub round trip included.
     pub fetch_latency: Histogram,
+    /// Per job and epoch (`jobs.rs`).
+    pub jobs: Jobs,
 }
 
 /// Occupancy the cache reports at scrape time.
@@ -136,6 +142,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{dataset=\"{}\"}} {}", escape(dataset), field(c).load(Relaxed));
             }
         }
+        self.render_jobs(&mut out);
         let globals = [
             (
                 "shardcache_spoke_checksum_failures_total",
@@ -184,6 +191,43 @@ impl Metrics {
             "Time of one chunk fetch from the hub",
         );
         out
+    }
+}
+
+impl Metrics {
+    /// Per (job, epoch) counters, labelled `job_id` (Prometheus keeps `job` for the scrape
+    /// job) and `epoch`.
+    fn render_jobs(&self, out: &mut String) {
+        let rows = self.jobs.snapshot();
+        let series: [(&str, &str, JobField); 5] = [
+            ("shardcache_spoke_job_reads_total", "Reads per job and epoch", |r| r.reads),
+            (
+                "shardcache_spoke_job_hit_reads_total",
+                "Reads served wholly from the cache per job and epoch",
+                |r| r.hit_reads,
+            ),
+            ("shardcache_spoke_job_bytes_total", "Bytes read per job and epoch", |r| r.bytes),
+            ("shardcache_spoke_job_hit_bytes_total", "Bytes read from the cache per job and epoch", |r| {
+                r.hit_bytes
+            }),
+            (
+                "shardcache_spoke_job_hub_bytes_total",
+                "Bytes fetched from the hub for a job's reads and plan, per epoch",
+                |r| r.hub_bytes,
+            ),
+        ];
+        for (name, help, field) in series {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (tag, row) in &rows {
+                let _ = writeln!(
+                    out,
+                    "{name}{{job_id=\"{}\",epoch=\"{}\"}} {}",
+                    escape(&tag.job),
+                    tag.epoch,
+                    field(row)
+                );
+            }
+        }
     }
 }
 

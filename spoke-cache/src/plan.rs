@@ -14,12 +14,14 @@
 //! stream through.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         Mutex, MutexGuard,
         atomic::{AtomicBool, Ordering::Relaxed},
     },
 };
+
+use tokio::sync::Notify;
 
 use crate::index::ShardKey;
 
@@ -32,27 +34,68 @@ pub const CURSOR_REACH: usize = 256;
 /// MiB shards is ~12k shards an epoch).
 pub const MAX_PLAN_POSITIONS: usize = 1 << 20;
 
+/// One planned use of a shard: from the read that first touches it (`first`) to the
+/// position of the last shard first read before its own last read (`until`), both plan
+/// positions. A shard read whole before the next starts has `until == first`; under a
+/// block shuffle the shards of a block are in use together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Use {
+    pub first: usize,
+    pub until: usize,
+}
+
+/// One position of a plan: the shard first read there, its use, its size and the
+/// epoch of the read.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub key: ShardKey,
+    pub at: Use,
+    pub size: u64,
+    pub epoch: u64,
+}
+
 #[derive(Debug)]
 struct JobPlan {
-    /// Positions of each shard in the plan, ascending.
-    positions: HashMap<ShardKey, Vec<usize>>,
+    /// Each shard's uses, ascending.
+    uses: HashMap<ShardKey, Vec<Use>>,
+    /// The shard first read at each position, its size and the epoch of the read.
+    order: Vec<(ShardKey, u64, u64)>,
     cursor: usize,
 }
 
 impl JobPlan {
-    fn new(order: Vec<ShardKey>) -> Self {
-        let mut positions: HashMap<ShardKey, Vec<usize>> = HashMap::new();
-        for (i, key) in order.into_iter().enumerate() {
-            positions.entry(key).or_default().push(i);
+    fn new(order: Vec<Planned>) -> Self {
+        let mut uses: HashMap<ShardKey, Vec<Use>> = HashMap::new();
+        let mut by_position = Vec::with_capacity(order.len());
+        for Planned { key, at, size, epoch } in order {
+            uses.entry(key.clone()).or_default().push(at);
+            by_position.push((key, size, epoch));
         }
-        Self { positions, cursor: 0 }
+        Self { uses, order: by_position, cursor: 0 }
     }
 
-    /// The first position of `key` at or after the cursor.
-    fn next_position(&self, key: &ShardKey) -> Option<usize> {
-        let positions = self.positions.get(key)?;
-        let at = positions.partition_point(|&p| p < self.cursor);
-        positions.get(at).copied()
+    /// The use of `key` the cursor is in, else its next one.
+    fn current_or_next(&self, key: &ShardKey) -> Option<Use> {
+        let uses = self.uses.get(key)?;
+        let at = uses.partition_point(|u| u.until < self.cursor);
+        uses.get(at).copied()
+    }
+
+    /// Distance from the cursor to `key`'s next use; 0 while in use.
+    fn next_use(&self, key: &ShardKey) -> Option<usize> {
+        self.current_or_next(key).map(|u| u.first.saturating_sub(self.cursor))
+    }
+
+    /// A client read `key`: moves the cursor to its next use if that is a little ahead
+    /// (not while it is in use). Returns whether the cursor moved.
+    fn read(&mut self, key: &ShardKey) -> bool {
+        match self.current_or_next(key) {
+            Some(u) if u.first > self.cursor && u.first - self.cursor <= CURSOR_REACH => {
+                self.cursor = u.first;
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -62,6 +105,10 @@ pub struct Plans {
     jobs: Mutex<HashMap<String, JobPlan>>,
     /// Any plan at all: reads skip the lock while there is none.
     any: AtomicBool,
+    /// A plan was set or a cursor moved: what to prefetch may have changed.
+    changed: Notify,
+    /// Shards being fetched because a plan reads them next (`plan_fetch.rs`).
+    fetching: Mutex<HashSet<ShardKey>>,
 }
 
 impl Plans {
@@ -69,20 +116,22 @@ impl Plans {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sets `job`'s plan (`order`: shards in planned read order); an empty order
-    /// withdraws it. Returns the distinct shards it names.
-    pub fn set(&self, job: &str, order: Vec<ShardKey>) -> usize {
+    /// Sets `job`'s plan (`order`: each position, in order); an empty order withdraws
+    /// it. Returns the distinct shards it names.
+    pub fn set(&self, job: &str, order: Vec<Planned>) -> usize {
         let mut jobs = self.jobs();
         let distinct = if order.is_empty() {
             jobs.remove(job);
             0
         } else {
             let plan = JobPlan::new(order);
-            let distinct = plan.positions.len();
+            let distinct = plan.uses.len();
             jobs.insert(job.to_owned(), plan);
             distinct
         };
         self.any.store(!jobs.is_empty(), Relaxed);
+        drop(jobs);
+        self.changed.notify_one();
         distinct
     }
 
@@ -93,26 +142,106 @@ impl Plans {
             return;
         }
         let key = (dataset.to_owned(), shard.to_owned());
+        let mut moved = false;
         for plan in self.jobs().values_mut() {
-            if let Some(at) = plan.next_position(&key).filter(|&p| p - plan.cursor <= CURSOR_REACH) {
-                plan.cursor = at;
-            }
+            moved |= plan.read(&key);
+        }
+        if moved {
+            self.changed.notify_one();
         }
     }
 
-    /// How many plan positions away `key`'s next planned read is, over all jobs; `None`
-    /// when no plan reads it again.
+    /// How many plan positions away `key`'s next planned read is, over all jobs (0 while
+    /// a job is reading it); `None` when no plan reads it again.
     pub fn next_use(&self, key: &ShardKey) -> Option<usize> {
         if !self.any.load(Relaxed) {
             return None;
         }
-        self.jobs().values().filter_map(|plan| plan.next_position(key).map(|p| p - plan.cursor)).min()
+        self.jobs().values().filter_map(|plan| plan.next_use(key)).min()
     }
 
     /// Whether any job has a plan.
     pub fn any(&self) -> bool {
         self.any.load(Relaxed)
     }
+
+    /// Waits until a plan is set or a cursor moves.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// Registers a planned fetch of `key` unless it is running or `limit` are; returns
+    /// whether it was registered (the caller then fetches and calls [`Plans::fetched`]).
+    pub fn start_fetch(&self, key: &ShardKey, limit: usize) -> Option<bool> {
+        let mut fetching = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
+        if fetching.len() >= limit {
+            return None;
+        }
+        Some(fetching.insert(key.clone()))
+    }
+
+    /// A planned fetch of `key` finished: wakes the follower for the next one.
+    pub fn fetched(&self, key: &ShardKey) {
+        self.fetching.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.changed.notify_one();
+    }
+
+    /// Planned fetches running.
+    pub fn fetching(&self) -> usize {
+        self.fetching.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The shards the jobs read next, nearest first (the ones being read at distance
+    /// 0), each with the job and epoch that read it first, until `bytes` of distinct
+    /// shards are listed (the one that crosses it excluded).
+    pub fn upcoming(&self, bytes: u64) -> Vec<Upcoming> {
+        if !self.any.load(Relaxed) {
+            return Vec::new();
+        }
+        let jobs = self.jobs();
+        // (distance, position) of each job's shards in use and ahead, each job's walk
+        // bounded by `bytes` on its own.
+        let mut near: Vec<(usize, &str, &(ShardKey, u64, u64))> = Vec::new();
+        for (job, plan) in jobs.iter() {
+            let behind = plan.cursor.saturating_sub(CURSOR_REACH);
+            for position in &plan.order[behind..plan.cursor.min(plan.order.len())] {
+                if plan.next_use(&position.0) == Some(0) {
+                    near.push((0, job, position));
+                }
+            }
+            let mut walked = 0;
+            for (at, position) in plan.order.iter().enumerate().skip(plan.cursor) {
+                if walked > bytes {
+                    break;
+                }
+                walked += position.1;
+                near.push((at - plan.cursor, job, position));
+            }
+        }
+        near.sort_by_key(|&(distance, ..)| distance);
+        let mut seen = std::collections::HashSet::new();
+        let mut listed = 0;
+        let mut out = Vec::new();
+        for (_, job, (key, size, epoch)) in near {
+            if !seen.insert(key) {
+                continue;
+            }
+            listed += size;
+            if listed > bytes {
+                break;
+            }
+            out.push(Upcoming { key: key.clone(), job: job.to_owned(), epoch: *epoch });
+        }
+        out
+    }
+}
+
+/// A shard a job reads next (see [`Plans::upcoming`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upcoming {
+    pub key: ShardKey,
+    pub job: String,
+    pub epoch: u64,
 }
 
 /// Eviction order: which of two cached shards to evict first. Shards no plan reads
@@ -136,11 +265,20 @@ mod tests {
         ("ds".into(), format!("s{i}"))
     }
 
+    fn planned(i: u32, first: usize, until: usize) -> Planned {
+        Planned { key: key(i), at: Use { first, until }, size: 1, epoch: 0 }
+    }
+
+    /// A plan reading `shards` one after another, each 1 byte.
+    fn in_order(shards: &[u32]) -> Vec<Planned> {
+        shards.iter().enumerate().map(|(at, &i)| planned(i, at, at)).collect()
+    }
+
     /// Misses of `sequence` with a cache of `capacity` shards that evicts by the plan:
     /// the plan is the sequence itself, the cursor moved by each read.
     fn misses_by_plan(sequence: &[u32], capacity: usize) -> usize {
         let plans = Plans::default();
-        plans.set("job", sequence.iter().map(|&i| key(i)).collect());
+        plans.set("job", in_order(sequence));
         let (mut cached, mut misses) = (Vec::<u32>::new(), 0);
         for &item in sequence {
             plans.read("ds", &format!("s{item}"));
@@ -216,8 +354,8 @@ mod tests {
     fn cursors_follow_reads_a_little_ahead_and_plans_are_per_job() {
         let plans = Plans::default();
         assert_eq!(plans.next_use(&key(1)), None, "no plan: no next use");
-        plans.set("a", [0, 1, 2, 3, 1].iter().map(|&i| key(i)).collect());
-        plans.set("b", [3, 2].iter().map(|&i| key(i)).collect());
+        plans.set("a", in_order(&[0, 1, 2, 3, 1]));
+        plans.set("b", in_order(&[3, 2]));
         assert_eq!(plans.next_use(&key(1)), Some(1));
         assert_eq!(plans.next_use(&key(3)), Some(0), "job b reads it first");
         plans.read("ds", "s2"); // job a reaches position 2, job b position 1
@@ -225,5 +363,46 @@ mod tests {
         assert_eq!(plans.next_use(&key(0)), None, "a read it already, b never will");
         plans.set("a", Vec::new());
         assert_eq!(plans.next_use(&key(1)), None, "withdrawn");
+    }
+
+    #[test]
+    fn shards_read_together_stay_in_use_until_their_last_read() {
+        // A block of three shards read together (each in use until position 2), then
+        // shard 3 alone; the next epoch reads 0 first.
+        let plans = Plans::default();
+        plans.set(
+            "job",
+            vec![planned(0, 0, 2), planned(1, 1, 2), planned(2, 2, 2), planned(3, 3, 3), planned(0, 4, 4)],
+        );
+        plans.read("ds", "s0");
+        plans.read("ds", "s2"); // the cursor reaches the block's last shard
+        for i in 0..3 {
+            assert_eq!(plans.next_use(&key(i)), Some(0), "shard {i} is still being read");
+        }
+        plans.read("ds", "s0"); // a read inside its use does not move the cursor
+        assert_eq!(plans.next_use(&key(3)), Some(1));
+        let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
+        assert_eq!(names(plans.upcoming(10)), ["s0", "s1", "s2", "s3"], "in use first, then ahead");
+        assert_eq!(names(plans.upcoming(2)), ["s0", "s1"], "bounded by bytes");
+        plans.read("ds", "s3");
+        assert_eq!(plans.next_use(&key(0)), Some(1), "the block is done: shard 0's next use is next epoch");
+        assert_eq!(plans.next_use(&key(1)), None);
+    }
+
+    #[test]
+    fn a_plan_changed_mid_epoch_is_followed() {
+        let plans = Plans::default();
+        plans.set("job", in_order(&[0, 1, 2, 3]));
+        plans.read("ds", "s0");
+        plans.read("ds", "s1");
+        assert_eq!(plans.next_use(&key(3)), Some(2));
+        // The job resumes with another order for the rest of its epoch (say, after a
+        // restart with a new world size): the new plan replaces the old, cursor and all.
+        plans.set("job", in_order(&[3, 2]));
+        assert_eq!(plans.next_use(&key(3)), Some(0));
+        assert_eq!(plans.next_use(&key(2)), Some(1));
+        assert_eq!(plans.next_use(&key(1)), None, "not in the new plan");
+        plans.read("ds", "s2");
+        assert_eq!(plans.next_use(&key(3)), None, "read before the cursor's position, done");
     }
 }

@@ -21,6 +21,7 @@ use crate::{
     control::Control,
     evict::run_evictor,
     metrics::{Metrics, Occupancy},
+    plan_fetch::run_plan_fetcher,
     scrape::{ScrapeAccess, serve_metrics},
     source::{CachedSource, STREAM_MESSAGE_MAX},
     store::{Store, StoreOptions},
@@ -97,6 +98,7 @@ pub async fn serve(
         }
     };
     let evictor = tokio::spawn(run_evictor(cache.clone(), stopped()));
+    let plan_fetcher = tokio::spawn(run_plan_fetcher(cache.clone(), stopped()));
     let scraped = cache.clone();
     let metrics = tokio::spawn(serve_metrics(
         metrics_listener,
@@ -156,7 +158,7 @@ pub async fn serve(
         )
         .await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(evictor, metrics);
+    let _ = tokio::join!(evictor, plan_fetcher, metrics);
     // Readers get a fetched chunk's bytes before it is stored: let the chunks fetched so
     // far land, so that a clean stop keeps what was read (bounded: a fetch that is still
     // waiting for a stalled hub is given up).

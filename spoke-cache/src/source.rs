@@ -16,9 +16,11 @@ use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::DatasetInfo,
 };
-use shardcache_reader::{DatasetListing, Observer, ShardHandle, ShardMeta, ShardPage, ShardStat, Source};
+use shardcache_reader::{
+    DatasetListing, JobTag, Observer, ShardHandle, ShardMeta, ShardPage, ShardStat, Source,
+};
 
-use crate::{Error, Result, cache::Cache, entry::Entry, metrics::Metrics};
+use crate::{Error, Result, cache::Cache, entry::Entry, jobs::JobRow, metrics::Metrics};
 
 /// Largest message of a StreamShard, on multiples of itself (and so of the hub's default
 /// chunk size): the spoke's `ReadLimits::chunk_size` when its cache chunks are larger. A
@@ -37,6 +39,8 @@ pub struct CachedShard {
     cache: Arc<Cache>,
     entry: Arc<Entry>,
     meta: ShardMeta,
+    /// Where the request's reads (and what they fetch) are counted.
+    row: JobRow,
 }
 
 impl CachedSource {
@@ -45,10 +49,12 @@ impl CachedSource {
         dataset: &DatasetName,
         shard: &ShardName,
         reads: &[(u64, u64)],
+        job: Option<&JobTag>,
     ) -> Result<CachedShard> {
-        let entry = self.0.entry_for(dataset, shard, reads).await?;
+        let row = self.0.metrics().jobs.row(job);
+        let entry = self.0.entry_for(dataset, shard, reads, &row).await?;
         let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
-        Ok(CachedShard { cache: self.0.clone(), entry, meta })
+        Ok(CachedShard { cache: self.0.clone(), entry, meta, row })
     }
 }
 
@@ -103,7 +109,7 @@ impl Source for CachedSource {
     }
 
     async fn open(&self, dataset: &DatasetName, shard: &ShardName) -> Result<CachedShard> {
-        self.entry(dataset, shard, &[]).await
+        self.entry(dataset, shard, &[], None).await
     }
 
     async fn open_for(
@@ -111,21 +117,24 @@ impl Source for CachedSource {
         dataset: &DatasetName,
         shard: &ShardName,
         reads: &[(u64, u64)],
+        job: Option<&JobTag>,
     ) -> Result<CachedShard> {
-        self.entry(dataset, shard, reads).await
+        self.entry(dataset, shard, reads, job).await
     }
 
     async fn stat(&self, dataset: &DatasetName, shard: &ShardName) -> Result<ShardStat> {
-        let shard = self.entry(dataset, shard, &[]).await?;
+        let shard = self.entry(dataset, shard, &[], None).await?;
         // Not confirmed within --revalidate-after: the hub could not be asked.
         let stale = !self.0.is_fresh(&shard.entry);
         Ok(ShardStat { record_size: shard.entry.record_size, meta: shard.meta, stale })
     }
 
     async fn read_many(&self, reads: &[(&CachedShard, u64, u64)]) -> Result<Vec<Bytes>> {
+        let Some((first, ..)) = reads.first() else { return Ok(Vec::new()) };
         let wants: Vec<_> =
             reads.iter().map(|&(shard, offset, length)| (&shard.entry, offset, length)).collect();
-        self.0.read_many(&wants).await
+        // One call, one request: every shard was opened for the same job.
+        self.0.read_many(&wants, &first.row).await
     }
 }
 
@@ -169,7 +178,7 @@ impl ShardHandle for CachedShard {
     }
 
     async fn read_at(&self, offset: u64, len: usize) -> Result<Bytes> {
-        self.cache.read(&self.entry, offset, len as u64).await
+        self.cache.read(&self.entry, offset, len as u64, &self.row).await
     }
 }
 

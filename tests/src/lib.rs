@@ -141,6 +141,7 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
             read_ahead_chunks: 2,
             shard_fetch_parallelism: 4,
             upstream_bytes_in_flight: 64 << 20,
+            plan_window: 64 << 20,
         },
         store: StoreOptions::default(),
         max_read: 1 << 20,
@@ -203,7 +204,8 @@ impl TestSpoke {
         let limit = (self.cache.config().capacity as f64 * self.cache.config().high_watermark) as u64;
         for _ in 0..2000 {
             let cache = &self.cache;
-            if cache.fetches_in_flight() == 0 && cache.used_bytes() <= limit && !cache.is_evicting() {
+            let idle = cache.fetches_in_flight() == 0 && cache.plans().fetching() == 0;
+            if idle && cache.used_bytes() <= limit && !cache.is_evicting() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -16,7 +16,7 @@ use pyo3::{
     prelude::*,
     types::{PyBytes, PyDict, PyList},
 };
-use shardcache_client::{CacheClient, Client as RustClient, ConnectOptions, Error, Range};
+use shardcache_client::{CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, Range};
 use shardcache_serving::tls::ClientTlsFiles;
 use tokio::runtime::Runtime;
 
@@ -99,6 +99,8 @@ struct Client {
     endpoint: String,
     options: ConnectOptions,
     connected: Mutex<Option<Connected>>,
+    /// The job and epoch reads say they are for (`set_job`).
+    job: Mutex<Option<(String, u64)>>,
 }
 
 impl Client {
@@ -108,7 +110,10 @@ impl Client {
         F: std::future::Future<Output = Result<T, Error>> + Send,
     {
         let runtime = runtime()?;
-        let reader = self.reader(py, &runtime)?;
+        let mut reader = self.reader(py, &runtime)?;
+        if let Some((job, epoch)) = self.job.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            reader = reader.for_job(job, *epoch).map_err(to_py)?;
+        }
         py.detach(|| runtime.block_on(work(reader))).map_err(to_py)
     }
 
@@ -169,7 +174,23 @@ impl Client {
             key: key.map(Into::into),
             domain: tls_domain,
         });
-        Self { endpoint, options: ConnectOptions { tls, token }, connected: Mutex::new(None) }
+        Self {
+            endpoint,
+            options: ConnectOptions { tls, token },
+            connected: Mutex::new(None),
+            job: Mutex::new(None),
+        }
+    }
+
+    /// Reads from now on say they are for ``job``'s ``epoch`` (a spoke reports reads,
+    /// hits and hub bytes per job and epoch in ``status()["jobs"]``); ``None`` stops.
+    #[pyo3(signature = (job, epoch=0))]
+    fn set_job(&self, job: Option<String>, epoch: u64) -> PyResult<()> {
+        if let Some(job) = &job {
+            shardcache_proto::job::check_job_name(job).map_err(pyo3::exceptions::PyValueError::new_err)?;
+        }
+        *self.job.lock().unwrap_or_else(|p| p.into_inner()) = job.map(|job| (job, epoch));
+        Ok(())
     }
 
     #[getter]
@@ -271,10 +292,13 @@ impl Client {
     }
 
     /// Tells a spoke the order in which ``job`` will read shards of ``dataset``: one
-    /// shard list per epoch from ``epoch`` on (the rest of this one, then the next), so
-    /// a cache smaller than the data evicts what is read again furthest away. Returns
-    /// the distinct shards the plan names; an empty ``epochs`` withdraws the plan.
-    #[pyo3(signature = (job, epoch, dataset, epochs))]
+    /// shard list per epoch from ``epoch`` on (the rest of this one, then the next), in
+    /// the order of their first reads, so a cache smaller than the data evicts what is
+    /// read again furthest away and prefetches what is read next. ``until`` (one list
+    /// per epoch, or None) gives for each shard the index of the last shard first read
+    /// before its own last read (shards read together, as under a block shuffle).
+    /// Returns the distinct shards the plan names; an empty ``epochs`` withdraws it.
+    #[pyo3(signature = (job, epoch, dataset, epochs, until=None))]
     fn set_plan(
         &self,
         py: Python<'_>,
@@ -282,7 +306,13 @@ impl Client {
         epoch: u64,
         dataset: String,
         epochs: Vec<Vec<String>>,
+        until: Option<Vec<Vec<u32>>>,
     ) -> PyResult<u64> {
+        let mut until = until.unwrap_or_default().into_iter();
+        let epochs: Vec<PlannedEpoch> = epochs
+            .into_iter()
+            .map(|shards| PlannedEpoch { shards, until: until.next().unwrap_or_default() })
+            .collect();
         let runtime = runtime()?;
         let control = self.control(py, &runtime)?;
         py.detach(|| runtime.block_on(control.set_plan(&job, epoch, &dataset, &epochs))).map_err(to_py)
@@ -308,6 +338,19 @@ impl Client {
             datasets.set_item(s.dataset, item)?;
         }
         d.set_item("datasets", datasets)?;
+        let jobs = PyList::empty(py);
+        for j in status.jobs {
+            let item = PyDict::new(py);
+            item.set_item("job", j.job)?;
+            item.set_item("epoch", j.epoch)?;
+            item.set_item("reads", j.reads)?;
+            item.set_item("hit_reads", j.hit_reads)?;
+            item.set_item("bytes", j.bytes)?;
+            item.set_item("hit_bytes", j.hit_bytes)?;
+            item.set_item("hub_bytes", j.hub_bytes)?;
+            jobs.append(item)?;
+        }
+        d.set_item("jobs", jobs)?;
         Ok(d)
     }
 

@@ -85,6 +85,11 @@ def test_access_plans_are_taken_by_a_spoke_and_checked(spoke):
     client = shardcache.Client(spoke)
     order = ["shard-00002.bin", "shard-00000.bin"]
     assert client.set_plan("trainer", 0, "c4", [order, list(reversed(order))]) == 2
+    # Shards read together: each one's `until` is the last shard first read before it ends.
+    assert client.set_plan("trainer", 0, "c4", [order], [[1, 1]]) == 2
+    with pytest.raises(shardcache.ShardcacheError) as refused:
+        client.set_plan("trainer", 0, "c4", [order], [[1]])
+    assert "one per shard or none" in str(refused.value)
     with pytest.raises(shardcache.ShardcacheError) as refused:
         client.set_plan("trainer", 0, "c4", [["no-such-shard.bin"]])
     assert refused.value.code == "INVALID_ARGUMENT"

@@ -111,8 +111,16 @@ def test_torch_dataloader_with_workers(spoke):
 def test_iteration_sends_the_plan_to_a_spoke_and_a_hub_ignores_it(spoke, hub, recwarn):
     for endpoint in (spoke, hub):
         ds = shardcache.StreamingShardDataset(
-            endpoint, "c4", batch_size=4, seed=3, rank=0, world_size=1, prefetch=False
+            endpoint, "c4", batch_size=4, seed=3, rank=0, world_size=1, prefetch=False, job="plan-test"
         )
+        ds.set_epoch(2)
         assert sum(1 for _ in ds) == TOTAL
     # The spoke took the plan and the hub said it takes none: no warning either way.
     assert not [w for w in recwarn if "access plan" in str(w.message)]
+    # The spoke counted the epoch's reads under the job and epoch; rows add up to totals.
+    status = shardcache.Client(spoke).status()
+    row = [j for j in status["jobs"] if j["job"] == "plan-test" and j["epoch"] == 2]
+    assert len(row) == 1 and row[0]["reads"] == TOTAL and row[0]["bytes"] == TOTAL * RECORD, status["jobs"]
+    counted = status["datasets"]["c4"]
+    assert sum(j["reads"] for j in status["jobs"]) == counted["hit_requests"] + counted["miss_requests"]
+    assert sum(j["hub_bytes"] for j in status["jobs"]) == counted["upstream_bytes"]

@@ -7,22 +7,35 @@ use std::sync::{Arc, atomic::Ordering::Relaxed};
 use bytes::{Bytes, BytesMut};
 
 use super::Cache;
-use crate::{Error, Result, entry::Entry, fetch::ChunkFetch, index::blocking, store::PageFault};
+use crate::{
+    Error, Result, entry::Entry, fetch::ChunkFetch, index::blocking, jobs::JobRow, store::PageFault,
+};
 
 impl Cache {
     /// Reads `[offset, offset + length)` of `entry` (inside the shard: checked by the
-    /// caller), from the store where present and from the hub where not.
-    pub async fn read(self: &Arc<Self>, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Bytes> {
-        let mut read = self.read_many(&[(entry, offset, length)]).await?;
+    /// caller), from the store where present and from the hub where not, counted in `row`.
+    pub async fn read(
+        self: &Arc<Self>,
+        entry: &Arc<Entry>,
+        offset: u64,
+        length: u64,
+        row: &JobRow,
+    ) -> Result<Bytes> {
+        let mut read = self.read_many(&[(entry, offset, length)], row).await?;
         Ok(read.pop().unwrap_or_default())
     }
 
-    /// Reads several ranges (each inside its shard: checked by the caller) for one call.
+    /// Reads several ranges (each inside its shard: checked by the caller) for one call,
+    /// counted (with what they fetch) in `row`.
     ///
     /// Every missing chunk's fetch starts before anything is awaited, so a cold read of
     /// n chunks costs one round trip to the hub, not n; and every stored part is read in
     /// one trip to the blocking pool, so a warm batch makes one hop off the runtime.
-    pub async fn read_many(self: &Arc<Self>, wants: &[(&Arc<Entry>, u64, u64)]) -> Result<Vec<Bytes>> {
+    pub async fn read_many(
+        self: &Arc<Self>,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        row: &JobRow,
+    ) -> Result<Vec<Bytes>> {
         // The jobs that planned these shards have reached them (before any admission
         // this read causes makes room by the plans).
         if self.plans.any() {
@@ -40,7 +53,7 @@ impl Cache {
             for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
                 let (chunk_start, chunk_len) = entry.chunk_range(index);
                 let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
-                let fetch = (!entry.has_chunk(index)).then(|| self.fetch_chunk(entry, index));
+                let fetch = (!entry.has_chunk(index)).then(|| self.fetch_chunk(entry, index, row));
                 parts.push(Part { want, entry, index, from, to, fetch, bytes: None });
             }
         }
@@ -58,7 +71,7 @@ impl Cache {
                     Err(fault) => {
                         // Its stored copy failed its check (now forgotten): fetch it.
                         self.stored_fault(part.entry, part.index, fault).await;
-                        part.fetch = Some(self.fetch_chunk(part.entry, part.index));
+                        part.fetch = Some(self.fetch_chunk(part.entry, part.index, row));
                     }
                 }
             }
@@ -94,7 +107,7 @@ impl Cache {
                 mine.extend(part.bytes);
             }
             if let Some(last) = last {
-                self.after_read(entry, last, missed);
+                self.after_read(entry, last, missed, row);
             }
             let counters = self.metrics.dataset(&entry.dataset);
             let (requests, bytes) = if missed {
@@ -104,6 +117,7 @@ impl Cache {
             };
             requests.fetch_add(1, Relaxed);
             bytes.fetch_add(length, Relaxed);
+            row.read(length, !missed);
             out.push(concat(mine));
         }
         Ok(out)

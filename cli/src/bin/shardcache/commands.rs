@@ -289,6 +289,24 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             d.upstream_bytes
         );
     }
+    if !status.jobs.is_empty() {
+        // Per job and epoch (reads say which with the SDK's job headers; "" for those
+        // that do not, and for Prefetch calls).
+        println!();
+        println!(
+            "{:<32} {:>6} {:>10} {:>8} {:>14} {:>14}",
+            "JOB", "EPOCH", "READS", "HIT%", "BYTES", "HUB BYTES"
+        );
+        for j in &status.jobs {
+            let hit = if j.reads == 0 {
+                "-".to_owned()
+            } else {
+                format!("{:.1}", j.hit_reads as f64 * 100.0 / j.reads as f64)
+            };
+            let job = if j.job.is_empty() { "(untagged)" } else { j.job.as_str() };
+            println!("{job:<32} {:>6} {:>10} {hit:>8} {:>14} {:>14}", j.epoch, j.reads, j.bytes, j.hub_bytes);
+        }
+    }
     Ok(())
 }
 

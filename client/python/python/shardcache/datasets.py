@@ -161,13 +161,20 @@ class StreamingShardDataset(_IterableBase):
     in a deterministic shuffled order; see the module docs for how it is split.
 
     ``batch_size`` must be the DataLoader's, for exact resumption. Call
-    :meth:`set_epoch` before each epoch. ``prefetch=True`` sends the spoke this rank's
-    shards in epoch order when iteration starts, so its prefetch follows the reads.
-    ``plan=True`` sends the spoke this worker's shard order for this epoch and the next
-    (its access plan, as job ``job`` or one named after the dataset, seed, rank and
-    worker), so a spoke smaller than the dataset evicts what is read again furthest
-    away; a server that takes no plans (a hub, an older spoke) is told nothing more, and
-    a plan the spoke refuses is a warning, never a failed epoch.
+    :meth:`set_epoch` before each epoch.
+
+    Reads say they are for job ``job`` (default: ``"DATASET:SEED"``) and the current
+    epoch, so a spoke reports reads, hits and hub bytes per job and epoch
+    (``Client.status()["jobs"]``, ``shardcache status``).
+
+    ``plan=True`` sends the spoke this worker's access plan when iteration starts: its
+    shards for the rest of this epoch and the next, in the order of their first reads,
+    and which are read together (a block), as ``JOB/rankR/workerW``. The spoke then
+    prefetches the shards read next and, when it is smaller than the dataset, evicts
+    what is read again furthest away. A server that takes no plans (a hub, an older
+    spoke) is told nothing more, and a plan the spoke refuses is a warning, never a
+    failed epoch. ``prefetch=True`` (used when no plan was taken) asks the spoke to
+    fetch this worker's shards in epoch order instead.
     """
 
     def __init__(
@@ -244,8 +251,29 @@ class StreamingShardDataset(_IterableBase):
             seen.setdefault(shard, None)
         return [names[shard] for shard in seen]
 
-    def _send_plan(self, todo: List[Tuple[int, int]], worker_id: int, num_workers: int) -> None:
-        """Sends this worker's shard order for the rest of this epoch and the next."""
+    def _job(self) -> str:
+        return self.job or f"{self._records.dataset}:{self.seed}"
+
+    def _plan_epoch(self, items: List[Tuple[int, int]]) -> Tuple[List[str], List[int]]:
+        """The plan of reading ``items``: shards in the order of their first read, and
+        for each the index of the last shard first read before its own last read."""
+        index: Dict[int, int] = {}
+        order: List[int] = []
+        until: List[int] = []
+        for shard, _ in items:
+            at = index.get(shard)
+            if at is None:
+                index[shard] = len(order)
+                order.append(shard)
+                until.append(len(order) - 1)
+            else:
+                until[at] = len(order) - 1
+        names = self._records.shards
+        return [names[s] for s in order], until
+
+    def _send_plan(self, todo: List[Tuple[int, int]], worker_id: int, num_workers: int) -> bool:
+        """Sends this worker's plan for the rest of this epoch and the next; returns
+        whether the spoke took it."""
         epoch, consumed = self.epoch, self.consumed
         try:
             self.epoch, self.consumed = epoch + 1, 0
@@ -253,14 +281,17 @@ class StreamingShardDataset(_IterableBase):
         finally:
             self.epoch, self.consumed = epoch, consumed
         records = self._records
-        job = self.job or f"{records.dataset}:{self.seed}:rank{self.rank}:worker{worker_id}"
+        (now, now_until), (then, then_until) = self._plan_epoch(todo), self._plan_epoch(after)
         try:
-            records.client.set_plan(job, epoch, records.dataset, [self._shard_order(todo), self._shard_order(after)])
+            job = f"{self._job()}/rank{self.rank}/worker{worker_id}"
+            records.client.set_plan(job, epoch, records.dataset, [now, then], [now_until, then_until])
+            return True
         except ShardcacheError as error:
             # A plan is a hint: without it the spoke evicts least recently used. A server
             # that takes no plans says UNIMPLEMENTED; anything else is worth a warning.
             if getattr(error, "code", "") != "UNIMPLEMENTED":
                 warnings.warn(f"shardcache: the spoke did not take the access plan: {error}", stacklevel=2)
+            return False
 
     def epoch_order(self) -> List[Tuple[int, int]]:
         """(shard number, record number) of every record, in this epoch's order."""
@@ -293,9 +324,9 @@ class StreamingShardDataset(_IterableBase):
         worker_id, num_workers = _worker()
         todo = self.indices(worker_id, num_workers)
         records = self._records
-        if self.plan and todo:
-            self._send_plan(todo, worker_id, num_workers)
-        if self.prefetch and todo:
+        records.client.set_job(self._job(), self.epoch)
+        planned = bool(self.plan and todo) and self._send_plan(todo, worker_id, num_workers)
+        if self.prefetch and todo and not planned:
             records.client.prefetch(records.dataset, self._shard_order(todo), wait=False)
         for start in range(0, len(todo), self.read_batch):
             ranges = [records.range(shard, record) for shard, record in todo[start : start + self.read_batch]]

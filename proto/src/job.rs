@@ -1,0 +1,18 @@
+//! Which job and epoch a read is for: request headers the SDK's datasets send and a
+//! spoke counts reads under (its per-job hit ratios), and the job names `SetPlan` takes.
+
+/// Request header naming the job a read is for.
+pub const JOB_HEADER: &str = "shardcache-job";
+/// Request header with the job's epoch (a decimal number); 0 when absent.
+pub const EPOCH_HEADER: &str = "shardcache-epoch";
+/// Longest job name.
+pub const MAX_JOB_NAME: usize = 256;
+
+/// Checks a job name: 1 to [`MAX_JOB_NAME`] printable ASCII characters (a header value
+/// and a metrics label both carry it).
+pub fn check_job_name(job: &str) -> Result<(), String> {
+    if job.is_empty() || job.len() > MAX_JOB_NAME || !job.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return Err(format!("job {job:?} must be 1 to {MAX_JOB_NAME} printable ASCII characters"));
+    }
+    Ok(())
+}

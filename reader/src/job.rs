@@ -1,0 +1,69 @@
+//! Which job and epoch a read belongs to: the SDK's datasets send `shardcache-job` and
+//! `shardcache-epoch` request headers (see [`JobTag`]), and a source that reports per
+//! job (the spoke) counts the read and what it fetched under them.
+
+use tonic::{Request, Status};
+
+pub use shardcache_proto::job::{EPOCH_HEADER, JOB_HEADER, MAX_JOB_NAME, check_job_name};
+
+/// The job and epoch a request says it reads for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobTag {
+    pub job: String,
+    pub epoch: u64,
+}
+
+impl JobTag {
+    /// The tag `request`'s headers carry; `None` without a job header. A header that is
+    /// present but malformed is refused rather than counted under the wrong job.
+    pub fn of<T>(request: &Request<T>) -> Result<Option<Self>, Status> {
+        let metadata = request.metadata();
+        let Some(job) = metadata.get(JOB_HEADER) else { return Ok(None) };
+        let job = job
+            .to_str()
+            .ok()
+            .filter(|j| check_job_name(j).is_ok())
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "the {JOB_HEADER} header must be 1 to {MAX_JOB_NAME} printable ASCII characters"
+                ))
+            })?
+            .to_owned();
+        let epoch = match metadata.get(EPOCH_HEADER) {
+            None => 0,
+            Some(value) => value.to_str().ok().and_then(|e| e.parse().ok()).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "the {EPOCH_HEADER} header must be a decimal epoch number, got {value:?}"
+                ))
+            })?,
+        };
+        Ok(Some(Self { job, epoch }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tagged(headers: &[(&'static str, &str)]) -> Result<Option<JobTag>, Status> {
+        let mut request = Request::new(());
+        for (name, value) in headers {
+            request.metadata_mut().insert(*name, value.parse().unwrap());
+        }
+        JobTag::of(&request)
+    }
+
+    #[test]
+    fn tags_come_from_headers_and_bad_ones_are_refused() {
+        assert_eq!(tagged(&[]).unwrap(), None);
+        assert_eq!(tagged(&[(JOB_HEADER, "c4:0")]).unwrap(), Some(JobTag { job: "c4:0".into(), epoch: 0 }));
+        let tag = tagged(&[(JOB_HEADER, "c4:0"), (EPOCH_HEADER, "3")]).unwrap();
+        assert_eq!(tag, Some(JobTag { job: "c4:0".into(), epoch: 3 }));
+        let bad = tagged(&[(JOB_HEADER, "c4"), (EPOCH_HEADER, "three")]).unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        assert!(bad.message().contains("decimal epoch"), "{}", bad.message());
+        assert!(tagged(&[(JOB_HEADER, "")]).is_err());
+        assert!(check_job_name(&"x".repeat(MAX_JOB_NAME + 1)).is_err());
+        assert!(check_job_name("tab\there").is_err());
+    }
+}

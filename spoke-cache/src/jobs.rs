@@ -1,0 +1,182 @@
+//! Counters per job and epoch: reads, bytes, hits and the bytes fetched from the hub on
+//! the job's behalf. A read names its job with the `shardcache-job` and
+//! `shardcache-epoch` headers (the SDK's datasets send them); a read without them counts
+//! under the untagged row (job "", epoch 0), as do fetches by `Prefetch` calls; a fetch
+//! a plan started counts under the plan's job (its name up to the first `/`: a job sends
+//! one plan per reader as `JOB/READER`) and the epoch of the planned read. Every read
+//! and every hub byte the per-dataset counters count is counted in exactly one row, so
+//! the rows add up to the totals (rows folded away included).
+//!
+//! Rows are kept for the [`MAX_JOB_ROWS`] most recent (job, epoch) pairs; older ones are
+//! folded into one row (job "(older)"), so a spoke that serves jobs for months keeps a
+//! bounded page.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+};
+
+use shardcache_reader::JobTag;
+
+/// (job, epoch) rows kept before the oldest are folded together: a few hundred jobs'
+/// last epochs, a page of ~100 KB.
+pub const MAX_JOB_ROWS: usize = 512;
+
+/// The job name of the row older rows are folded into.
+pub const FOLDED_JOB: &str = "(older)";
+
+/// One (job, epoch)'s counters.
+#[derive(Debug, Default)]
+pub struct JobCounters {
+    pub reads: AtomicU64,
+    pub hit_reads: AtomicU64,
+    pub bytes: AtomicU64,
+    pub hit_bytes: AtomicU64,
+    pub hub_bytes: AtomicU64,
+}
+
+/// A row's values at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobSnapshot {
+    pub reads: u64,
+    pub hit_reads: u64,
+    pub bytes: u64,
+    pub hit_bytes: u64,
+    pub hub_bytes: u64,
+}
+
+impl JobCounters {
+    /// A read of `bytes`, a hit when none of it came from the hub.
+    pub fn read(&self, bytes: u64, hit: bool) {
+        self.reads.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(bytes, Relaxed);
+        if hit {
+            self.hit_reads.fetch_add(1, Relaxed);
+            self.hit_bytes.fetch_add(bytes, Relaxed);
+        }
+    }
+
+    pub fn snapshot(&self) -> JobSnapshot {
+        JobSnapshot {
+            reads: self.reads.load(Relaxed),
+            hit_reads: self.hit_reads.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            hit_bytes: self.hit_bytes.load(Relaxed),
+            hub_bytes: self.hub_bytes.load(Relaxed),
+        }
+    }
+
+    fn add(&self, other: JobSnapshot) {
+        self.reads.fetch_add(other.reads, Relaxed);
+        self.hit_reads.fetch_add(other.hit_reads, Relaxed);
+        self.bytes.fetch_add(other.bytes, Relaxed);
+        self.hit_bytes.fetch_add(other.hit_bytes, Relaxed);
+        self.hub_bytes.fetch_add(other.hub_bytes, Relaxed);
+    }
+}
+
+/// The counters a read or fetch is counted in.
+pub type JobRow = Arc<JobCounters>;
+
+#[derive(Debug, Default)]
+struct Rows {
+    rows: BTreeMap<JobTag, JobRow>,
+    /// Keys in the order their rows were made (oldest first).
+    made: VecDeque<JobTag>,
+    folded: JobRow,
+}
+
+/// Every (job, epoch)'s counters.
+#[derive(Debug, Default)]
+pub struct Jobs {
+    rows: Mutex<Rows>,
+}
+
+impl Jobs {
+    /// The row of `tag` (the untagged row for `None`), made on first use.
+    pub fn row(&self, tag: Option<&JobTag>) -> JobRow {
+        let untagged;
+        let tag = match tag {
+            Some(tag) => tag,
+            None => {
+                untagged = JobTag { job: String::new(), epoch: 0 };
+                &untagged
+            }
+        };
+        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(row) = rows.rows.get(tag) {
+            return row.clone();
+        }
+        let row = JobRow::default();
+        rows.rows.insert(tag.clone(), row.clone());
+        rows.made.push_back(tag.clone());
+        rows.fold_oldest();
+        row
+    }
+
+    /// The row a fetch for plan `plan` (`JOB` or `JOB/READER`) at plan epoch `epoch` is
+    /// counted in.
+    pub fn planned(&self, plan: &str, epoch: u64) -> JobRow {
+        let job = plan.split('/').next().unwrap_or(plan).to_owned();
+        self.row(Some(&JobTag { job, epoch }))
+    }
+
+    /// Every row's values, in (job, epoch) order, the folded row last when it has any.
+    pub fn snapshot(&self) -> Vec<(JobTag, JobSnapshot)> {
+        let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<_> = rows.rows.iter().map(|(tag, row)| (tag.clone(), row.snapshot())).collect();
+        let folded = rows.folded.snapshot();
+        if folded != JobSnapshot::default() {
+            out.push((JobTag { job: FOLDED_JOB.into(), epoch: 0 }, folded));
+        }
+        out
+    }
+}
+
+impl Rows {
+    /// Folds the oldest rows no read or fetch holds into `folded` while over the limit
+    /// (a held row may still count, and what it counts must not be lost).
+    fn fold_oldest(&mut self) {
+        let mut kept = VecDeque::new();
+        while self.rows.len() > MAX_JOB_ROWS {
+            let Some(tag) = self.made.pop_front() else { break };
+            match self.rows.get(&tag) {
+                Some(row) if Arc::strong_count(row) == 1 => {
+                    if let Some(row) = self.rows.remove(&tag) {
+                        self.folded.add(row.snapshot());
+                    }
+                }
+                Some(_) => kept.push_back(tag),
+                None => {}
+            }
+        }
+        while let Some(tag) = kept.pop_back() {
+            self.made.push_front(tag);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn old_rows_fold_into_one_and_nothing_is_lost() {
+        let jobs = Jobs::default();
+        let held = jobs.row(Some(&JobTag { job: "held".into(), epoch: 0 }));
+        for i in 0..MAX_JOB_ROWS as u64 + 10 {
+            jobs.row(Some(&JobTag { job: "job".into(), epoch: i })).read(10, i % 2 == 0);
+        }
+        held.read(5, true);
+        let rows = jobs.snapshot();
+        assert_eq!(rows.len(), MAX_JOB_ROWS + 1, "the limit, and the folded row");
+        assert!(rows.iter().any(|(tag, _)| tag.job == "held"), "a row still held is not folded");
+        let (reads, bytes) = rows.iter().fold((0, 0), |(r, b), (_, s)| (r + s.reads, b + s.bytes));
+        assert_eq!((reads, bytes), (MAX_JOB_ROWS as u64 + 11, 10 * (MAX_JOB_ROWS as u64 + 10) + 5));
+        assert_eq!(jobs.planned("c4/rank0/worker1", 2).snapshot(), JobSnapshot::default());
+        assert!(jobs.snapshot().iter().any(|(tag, _)| tag.job == "c4" && tag.epoch == 2));
+    }
+}

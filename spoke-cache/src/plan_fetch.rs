@@ -1,0 +1,67 @@
+//! Prefetch that follows the access plans: whenever a plan is set, a job's cursor moves
+//! or a planned fetch finishes, the shards the jobs read next are fetched whole, nearest
+//! first, [`PLANNED_FETCHES`] at a time, within the next `--plan-window` bytes of the
+//! plans.
+//!
+//! The window is also held under the low watermark: the shards listed up to a candidate
+//! (those in use and those read before it) will all be in the cache when it is read, so
+//! a candidate is fetched only if they and it fit below the level eviction stops at.
+//! Eviction takes the shard read again furthest away first, so fetching it never evicts
+//! a shard read sooner (the rule of Cao, Felten, Karlin and Li's integrated prefetching
+//! and caching: do not prefetch a block if that evicts one needed before it).
+
+use std::sync::Arc;
+
+use shardcache_proto::names::{DatasetName, ShardName};
+
+use crate::{cache::Cache, index::ShardKey, jobs::JobRow, plan::Upcoming};
+
+/// Shards fetched whole at once by the plans (each with `--shard-fetch-parallelism`
+/// chunks in flight): two keep the link busy while one is admitted.
+pub const PLANNED_FETCHES: usize = 2;
+
+/// Follows the plans until `shutdown`.
+pub async fn run_plan_fetcher(cache: Arc<Cache>, shutdown: impl std::future::Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = cache.plans().changed() => {}
+        }
+        follow(&cache);
+    }
+}
+
+/// Starts the fetches the plans call for now.
+fn follow(cache: &Arc<Cache>) {
+    let window = cache.config().plan_window.min(cache.capacity().low_watermark());
+    for Upcoming { key, job, epoch } in cache.plans().upcoming(window) {
+        if cache.cached_entry(&key.0, &key.1).is_some_and(|e| e.is_complete()) {
+            continue;
+        }
+        match cache.plans().start_fetch(&key, PLANNED_FETCHES) {
+            None => return,          // as many running as allowed
+            Some(false) => continue, // running already
+            Some(true) => {}
+        }
+        let (cache, row) = (cache.clone(), cache.metrics().jobs.planned(&job, epoch));
+        tokio::spawn(async move {
+            if let Err(e) = fetch(&cache, &key, row).await {
+                tracing::debug!(dataset = %key.0, shard = %key.1, job, error = %e, "planned fetch failed");
+            }
+            cache.plans().fetched(&key);
+        });
+    }
+}
+
+/// Fetches `key` whole, held against eviction while it runs; counted in `row`.
+async fn fetch(cache: &Arc<Cache>, key: &ShardKey, row: JobRow) -> crate::Result<u64> {
+    if cache.plans().next_use(key).is_none() {
+        return Ok(0); // read and done since it was listed
+    }
+    let entry = cache.entry(&DatasetName::new(&key.0)?, &ShardName::new(&key.1)?).await?;
+    entry.hold_for_prefetch(true);
+    let fetched = cache.fetch_shard(&entry, &row).await;
+    entry.hold_for_prefetch(false);
+    fetched
+}
