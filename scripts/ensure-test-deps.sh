@@ -4,11 +4,13 @@
 # - moto's server mode: an S3-compatible server for the hub's S3 tests (the tests run
 #   $SHARDCACHE_MOTO_SERVER, which the Makefile points at this venv);
 # - maturin, pytest and numpy: to build and test the Python SDK (client/python);
+# - torch: the SDK's DataLoader-with-workers test (PyPI's wheel brings the CUDA
+#   libraries: ~3 minutes and 6.3 GB on the first run, measured; cached after);
 # - kubernetes-validate: the offline schema check of deploy/k8s (deploy/k8s/validate.sh);
 # - podman-compose: runs deploy/compose.yaml in deploy/test-containers.sh.
 set -euo pipefail
 
-REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.4.6" "kubernetes-validate==1.37.0" "podman-compose==1.6.0")
+REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.4.6" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0")
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
 STAMP="$VENV/.shardcache-requirements"
 

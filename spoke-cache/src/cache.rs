@@ -71,7 +71,7 @@ pub struct CacheConfig {
     /// default, 64 MiB, is chosen by `wan-bench` (uncapped 60 ms link; BENCHMARKS.md).
     pub upstream_bytes_in_flight: u64,
     /// How far ahead of the jobs' reads their plans are fetched, in bytes of shards
-    /// (`plan_fetch.rs`); also what plan-aware eviction sets aside for streaming.
+    /// beyond those being read (`plan_fetch.rs`).
     pub plan_window: u64,
 }
 

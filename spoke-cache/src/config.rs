@@ -78,8 +78,8 @@ pub struct SpokeArgs {
     pub upstream_bytes_in_flight: ByteSize,
 
     /// How far ahead of the jobs' reads the spoke fetches the shards their access plans
-    /// name (whole shards, nearest first; never past what fits under the low watermark).
-    /// 0 turns planned prefetch off.
+    /// name, in bytes of shards beyond those being read (whole shards, nearest first;
+    /// never past what fits under the low watermark). 0 turns planned prefetch off.
     #[arg(long, env = "SPOKE_PLAN_WINDOW", default_value = "64MiB")]
     pub plan_window: ByteSize,
 

@@ -11,7 +11,7 @@ use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::{
         DatasetStatus, EvictRequest, EvictResponse, JobStatus, PinRequest, PinResponse, PlanRequest,
-        PlanResponse, PrefetchProgress, PrefetchRequest, StatusRequest, StatusResponse,
+        PlanResponse, PlanStatus, PrefetchProgress, PrefetchRequest, StatusRequest, StatusResponse,
         cache_control_server::CacheControl,
     },
 };
@@ -199,6 +199,7 @@ impl CacheControl for Control {
             checksum_failures: cache.metrics().checksum_failures.load(Relaxed),
             hubs: cache.upstream().urls(),
             jobs: if grant.allows_all() { job_statuses(cache) } else { Vec::new() },
+            plans: if grant.allows_all() { plan_statuses(cache) } else { Vec::new() },
         }))
     }
 
@@ -304,6 +305,20 @@ impl CacheControl for Control {
         set_pins(&self.cache, self.cached(&request.get_ref().dataset, &request.get_ref().shards)?, false)
             .await
     }
+}
+
+/// Every plan's progress.
+fn plan_statuses(cache: &Cache) -> Vec<PlanStatus> {
+    let progress = cache.plans().progress();
+    progress
+        .into_iter()
+        .map(|(job, cursor, positions, lag)| PlanStatus {
+            job,
+            cursor: cursor as u64,
+            positions: positions as u64,
+            lag: lag as u64,
+        })
+        .collect()
 }
 
 /// Every (job, epoch) row (see `jobs.rs`).

@@ -30,6 +30,14 @@ use crate::index::ShardKey;
 /// than an epoch.
 pub const CURSOR_REACH: usize = 256;
 
+/// Most positions behind the cursor a read may be and count as a straggler's (see
+/// `JobPlan::read`): readers are not in lockstep (ranks, DataLoader workers and their
+/// read-ahead reach the next shard at different times), so the slowest may read a
+/// shard after the fastest moved the cursor past its end. The seed demo's 16 ranks, 4
+/// batches ahead each, lag a few positions of 16 MiB shards; one reader reading in plan
+/// order, none (and eviction is then exactly Belady's).
+pub const MAX_LAG: usize = 16;
+
 /// Most positions one plan may have (two epochs of a large dataset: the seed's C4 at 64
 /// MiB shards is ~12k shards an epoch).
 pub const MAX_PLAN_POSITIONS: usize = 1 << 20;
@@ -61,23 +69,27 @@ struct JobPlan {
     /// The shard first read at each position, its size and the epoch of the read.
     order: Vec<(ShardKey, u64, u64)>,
     cursor: usize,
+    /// Positions a use stays in use past its end: the furthest behind the cursor a
+    /// straggler read was seen (kept when the job sends its next plan).
+    lag: usize,
 }
 
 impl JobPlan {
-    fn new(order: Vec<Planned>) -> Self {
+    fn new(order: Vec<Planned>, lag: usize) -> Self {
         let mut uses: HashMap<ShardKey, Vec<Use>> = HashMap::new();
         let mut by_position = Vec::with_capacity(order.len());
         for Planned { key, at, size, epoch } in order {
             uses.entry(key.clone()).or_default().push(at);
             by_position.push((key, size, epoch));
         }
-        Self { uses, order: by_position, cursor: 0 }
+        Self { uses, order: by_position, cursor: 0, lag }
     }
 
-    /// The use of `key` the cursor is in, else its next one.
+    /// The use of `key` the cursor is in (or just past, within the job's lag: a slower
+    /// reader may still be in it), else its next one.
     fn current_or_next(&self, key: &ShardKey) -> Option<Use> {
         let uses = self.uses.get(key)?;
-        let at = uses.partition_point(|u| u.until < self.cursor);
+        let at = uses.partition_point(|u| u.until + self.lag < self.cursor);
         uses.get(at).copied()
     }
 
@@ -87,15 +99,29 @@ impl JobPlan {
     }
 
     /// A client read `key`: moves the cursor to its next use if that is a little ahead
-    /// (not while it is in use). Returns whether the cursor moved.
+    /// (not while it is in use). A read of a shard whose use this epoch ended nearer
+    /// behind the cursor than its next epoch's use is ahead is a straggler's (readers
+    /// are not in lockstep): the cursor stays, and the job's lag grows to cover it, so
+    /// shards stay in use that much past their ends. Returns whether the cursor moved.
     fn read(&mut self, key: &ShardKey) -> bool {
-        match self.current_or_next(key) {
-            Some(u) if u.first > self.cursor && u.first - self.cursor <= CURSOR_REACH => {
-                self.cursor = u.first;
-                true
+        let Some(uses) = self.uses.get(key) else { return false };
+        let at = uses.partition_point(|u| u.until + self.lag < self.cursor);
+        let Some(next) = uses.get(at).filter(|u| u.first > self.cursor) else { return false };
+        let ahead = next.first - self.cursor;
+        if let Some(before) = at.checked_sub(1).map(|before| uses[before]) {
+            // A plan names a shard once an epoch: a nearer use behind is this epoch's.
+            let behind = self.cursor - before.until;
+            let epoch = |u: &Use| self.order.get(u.first).map(|p| p.2);
+            if behind < ahead && behind <= MAX_LAG && epoch(&before) != epoch(next) {
+                self.lag = self.lag.max(behind);
+                return false;
             }
-            _ => false,
         }
+        if ahead > CURSOR_REACH {
+            return false;
+        }
+        self.cursor = next.first;
+        true
     }
 }
 
@@ -124,7 +150,8 @@ impl Plans {
             jobs.remove(job);
             0
         } else {
-            let plan = JobPlan::new(order);
+            let lag = jobs.get(job).map_or(0, |old| old.lag);
+            let plan = JobPlan::new(order, lag);
             let distinct = plan.uses.len();
             jobs.insert(job.to_owned(), plan);
             distinct
@@ -160,6 +187,17 @@ impl Plans {
         self.jobs().values().filter_map(|plan| plan.next_use(key)).min()
     }
 
+    /// Each job's (job, cursor, positions, lag), in job order.
+    pub fn progress(&self) -> Vec<(String, usize, usize, usize)> {
+        let mut out: Vec<_> = self
+            .jobs()
+            .iter()
+            .map(|(job, plan)| (job.clone(), plan.cursor, plan.order.len(), plan.lag))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Whether any job has a plan.
     pub fn any(&self) -> bool {
         self.any.load(Relaxed)
@@ -191,10 +229,11 @@ impl Plans {
         self.fetching.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// The shards the jobs read next, nearest first (the ones being read at distance
-    /// 0), each with the job and epoch that read it first, until `bytes` of distinct
-    /// shards are listed (the one that crosses it excluded).
-    pub fn upcoming(&self, bytes: u64) -> Vec<Upcoming> {
+    /// The shards the jobs are reading (their planned use has begun and not ended), then
+    /// those they read next, nearest first, until `ahead` bytes of these are listed (the
+    /// one that crosses it excluded); each with its size and the job and epoch that
+    /// read it first.
+    pub fn upcoming(&self, ahead: u64) -> Vec<Upcoming> {
         if !self.any.load(Relaxed) {
             return Vec::new();
         }
@@ -211,26 +250,30 @@ impl Plans {
             }
             let mut walked = 0;
             for (at, position) in plan.order.iter().enumerate().skip(plan.cursor) {
-                if walked > bytes {
+                if walked > ahead {
                     break;
                 }
-                walked += position.1;
-                near.push((at - plan.cursor, job, position));
+                // The shard at the cursor is being read: not ahead.
+                let distance = at - plan.cursor;
+                walked += if distance == 0 { 0 } else { position.1 };
+                near.push((distance, job, position));
             }
         }
         near.sort_by_key(|&(distance, ..)| distance);
         let mut seen = std::collections::HashSet::new();
         let mut listed = 0;
         let mut out = Vec::new();
-        for (_, job, (key, size, epoch)) in near {
+        for (distance, job, (key, size, epoch)) in near {
             if !seen.insert(key) {
                 continue;
             }
-            listed += size;
-            if listed > bytes {
-                break;
+            if distance > 0 {
+                listed += size;
+                if listed > ahead {
+                    break;
+                }
             }
-            out.push(Upcoming { key: key.clone(), job: job.to_owned(), epoch: *epoch });
+            out.push(Upcoming { key: key.clone(), size: *size, job: job.to_owned(), epoch: *epoch });
         }
         out
     }
@@ -240,6 +283,7 @@ impl Plans {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upcoming {
     pub key: ShardKey,
+    pub size: u64,
     pub job: String,
     pub epoch: u64,
 }
@@ -383,7 +427,7 @@ mod tests {
         assert_eq!(plans.next_use(&key(3)), Some(1));
         let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
         assert_eq!(names(plans.upcoming(10)), ["s0", "s1", "s2", "s3"], "in use first, then ahead");
-        assert_eq!(names(plans.upcoming(2)), ["s0", "s1"], "bounded by bytes");
+        assert_eq!(names(plans.upcoming(0)), ["s0", "s1", "s2"], "what is being read, always");
         plans.read("ds", "s3");
         assert_eq!(plans.next_use(&key(0)), Some(1), "the block is done: shard 0's next use is next epoch");
         assert_eq!(plans.next_use(&key(1)), None);
@@ -404,5 +448,29 @@ mod tests {
         assert_eq!(plans.next_use(&key(1)), None, "not in the new plan");
         plans.read("ds", "s2");
         assert_eq!(plans.next_use(&key(3)), None, "read before the cursor's position, done");
+    }
+
+    #[test]
+    fn stragglers_keep_shards_in_use_a_little_longer_and_do_not_move_the_cursor() {
+        // Two epochs of 8 shards, the second in the same order (from position 8).
+        let plans = Plans::default();
+        let mut order = in_order(&[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7]);
+        for planned in &mut order[8..] {
+            planned.epoch = 1;
+        }
+        plans.set("job", order);
+        plans.read("ds", "s4");
+        assert_eq!(plans.next_use(&key(2)), Some(6), "one reader so far: shard 2 is done");
+        // A slower reader still reads shard 2 (ended 2 positions ago; its next use is 6
+        // ahead): the cursor stays, and the job now keeps shards 2 positions longer.
+        plans.read("ds", "s2");
+        assert_eq!(plans.next_use(&key(5)), Some(1), "the cursor stayed");
+        assert_eq!(plans.next_use(&key(2)), Some(0), "in use for the straggler");
+        assert_eq!(plans.next_use(&key(1)), Some(5), "ended 3 positions ago");
+        // The lag is the job's: its next plan keeps it.
+        plans.set("job", in_order(&[0, 1, 2, 3]));
+        plans.read("ds", "s3");
+        assert_eq!(plans.next_use(&key(1)), Some(0), "2 positions past its end");
+        assert_eq!(plans.next_use(&key(0)), None);
     }
 }

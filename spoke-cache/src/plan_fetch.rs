@@ -1,14 +1,15 @@
 //! Prefetch that follows the access plans: whenever a plan is set, a job's cursor moves
-//! or a planned fetch finishes, the shards the jobs read next are fetched whole, nearest
-//! first, [`PLANNED_FETCHES`] at a time, within the next `--plan-window` bytes of the
-//! plans.
+//! or a planned fetch finishes, the shards the jobs are reading and those they read next
+//! (within `--plan-window` bytes ahead) are fetched whole, nearest first,
+//! [`PLANNED_FETCHES`] at a time.
 //!
-//! The window is also held under the low watermark: the shards listed up to a candidate
-//! (those in use and those read before it) will all be in the cache when it is read, so
-//! a candidate is fetched only if they and it fit below the level eviction stops at.
-//! Eviction takes the shard read again furthest away first, so fetching it never evicts
-//! a shard read sooner (the rule of Cao, Felten, Karlin and Li's integrated prefetching
-//! and caching: do not prefetch a block if that evicts one needed before it).
+//! What is listed is also held under the low watermark: the shards listed up to a
+//! candidate (those being read and those read before it) will all be in the cache when
+//! it is read, so a candidate is fetched only if they and it fit below the level
+//! eviction stops at. Eviction takes the shard read again furthest away first, so
+//! fetching it never evicts a shard read sooner (the rule of Cao, Felten, Karlin and
+//! Li's integrated prefetching and caching: do not prefetch a block if that evicts one
+//! needed before it).
 
 use std::sync::Arc;
 
@@ -34,8 +35,17 @@ pub async fn run_plan_fetcher(cache: Arc<Cache>, shutdown: impl std::future::Fut
 
 /// Starts the fetches the plans call for now.
 fn follow(cache: &Arc<Cache>) {
-    let window = cache.config().plan_window.min(cache.capacity().low_watermark());
-    for Upcoming { key, job, epoch } in cache.plans().upcoming(window) {
+    let config = cache.config();
+    if config.plan_window == 0 {
+        return;
+    }
+    let room = cache.capacity().low_watermark();
+    let mut listed = 0;
+    for Upcoming { key, size, job, epoch } in cache.plans().upcoming(config.plan_window) {
+        listed += size;
+        if listed > room {
+            return;
+        }
         if cache.cached_entry(&key.0, &key.1).is_some_and(|e| e.is_complete()) {
             continue;
         }

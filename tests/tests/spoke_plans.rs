@@ -150,6 +150,8 @@ async fn shards_read_together_are_kept_to_their_last_read_and_counted_per_job() 
     assert_eq!(rows(|j| j.hit_reads), dataset.hit_requests, "hits add up");
     assert_eq!(rows(|j| j.hub_bytes), dataset.upstream_bytes, "hub bytes add up");
     assert_eq!(dataset.upstream_bytes, 8 * MIB);
+    let plan = &status.plans[0];
+    assert_eq!((plan.job.as_str(), plan.cursor, plan.positions, plan.lag), ("trainer/worker0", 7, 8, 0));
     let page = spoke.scrape().await;
     assert!(
         page.contains(&format!(

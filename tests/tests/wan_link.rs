@@ -107,7 +107,11 @@ async fn the_rate_cap_is_shared_by_all_connections() {
         "4 MB at 40 Mbit/s took {:?}",
         started.elapsed()
     );
-    assert_eq!(proxy.accepted.load(Ordering::Relaxed), 4);
+    assert_eq!(proxy.counters.accepted.load(Ordering::Relaxed), 4);
+    // What crossed the link each way, counted as delivered (benchmarks read it).
+    assert_eq!(proxy.counters.bytes_to_upstream.load(Ordering::Relaxed), 4_000_000);
+    assert_eq!(proxy.counters.bytes_to_client.load(Ordering::Relaxed), 4_000_000);
+    assert_eq!(proxy.counters.line(), "4000000 4000000 4\n");
 }
 
 #[tokio::test]
@@ -126,7 +130,7 @@ async fn a_spoke_across_the_link_serves_the_hubs_bytes_over_several_connections(
     let spoke = TestSpoke::start(cache_dir.path(), options).await;
     let progress = spoke.control().await.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
     assert_eq!(progress.bytes_fetched, 6 * (3 << 20));
-    assert_eq!(proxy.accepted.load(Ordering::Relaxed), 3, "one connection per --hub-connections");
+    assert_eq!(proxy.counters.accepted.load(Ordering::Relaxed), 3, "one connection per --hub-connections");
     let before = hub.stats.snapshot();
     assert_dataset_reads_back(&spoke.client().await, "ds", &dataset).await;
     assert_eq!(hub.stats.snapshot().read_requests, before.read_requests, "warm reads stay local");

@@ -4,7 +4,8 @@
 //! tagged with the job and epoch, so the spoke's own per-job rows give each epoch's
 //! reads, hits and hub bytes. Prints them for least-recently-used eviction and for the
 //! plan (eviction and prefetch) in the same run, next to the bound no policy can beat
-//! after the first epoch: (capacity - window) / dataset of the reads hit.
+//! after the first epoch: (capacity - the block being read - the plan window) / dataset
+//! of the reads hit.
 //!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/plan-bench
@@ -12,6 +13,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use futures::StreamExt;
 use shardcache_client::{PlannedEpoch, Range};
 use shardcache_tests::{TestHub, TestSpoke, make_dataset, next_random, spoke_options, test_options};
 
@@ -20,10 +22,15 @@ const SHARD: u64 = 4 << 20;
 const RECORD: u64 = 64 << 10;
 const BLOCK: usize = 4;
 const BATCH: usize = 16;
+/// Batches read at once, in order (a DataLoader's workers x prefetch factor): reads reach
+/// the spoke a little out of order, as from a real trainer.
+const READERS: usize = 4;
 const EPOCHS: u64 = 3;
 const CAPACITY: u64 = SHARDS * SHARD / 2;
-/// `--plan-window`: the block being read and the next one.
-const WINDOW: u64 = 2 * BLOCK as u64 * SHARD;
+/// `--plan-window`: the next block, beyond the one being read.
+const WINDOW: u64 = BLOCK as u64 * SHARD;
+/// What streams through the cache: the block being read and the window.
+const STREAMED: u64 = BLOCK as u64 * SHARD + WINDOW;
 
 fn shuffle<T>(items: &mut [T], seed: &mut u64) {
     for i in (1..items.len()).rev() {
@@ -75,11 +82,15 @@ async fn run(with_plan: bool) -> Vec<(u64, u64, u64)> {
             control.set_plan("trainer/0", epoch, "c4", &[plan(epoch), plan(epoch + 1)]).await.unwrap();
         }
         let client = spoke.client().await.for_job("trainer", epoch).unwrap();
-        for batch in epoch_reads(epoch).chunks(BATCH) {
+        futures::stream::iter(epoch_reads(epoch).chunks(BATCH).map(|batch| {
             let ranges: Vec<Range> =
                 batch.iter().map(|&(s, r)| Range::new("c4", name(s), r * RECORD, RECORD)).collect();
-            client.read_ranges(&ranges).await.unwrap();
-        }
+            let client = client.clone();
+            async move { client.read_ranges(&ranges).await.unwrap() }
+        }))
+        .buffered(READERS)
+        .for_each(|_| async {})
+        .await;
     }
     spoke.settled().await;
     let status = control.status().await.unwrap();
@@ -103,9 +114,9 @@ async fn run(with_plan: bool) -> Vec<(u64, u64, u64)> {
 async fn main() {
     let dataset = SHARDS * SHARD;
     let (lru, planned) = (run(false).await, run(true).await);
-    let bound = (CAPACITY - WINDOW) as f64 / dataset as f64;
+    let bound = (CAPACITY - STREAMED) as f64 / dataset as f64;
     println!(
-        "{SHARDS} shards x {} MiB, capacity {} MiB, plan window {} MiB, blocks of {BLOCK} shards",
+        "{SHARDS} shards x {} MiB, capacity {} MiB, plan window {} MiB, blocks of {BLOCK} shards, {READERS} batches of {BATCH} in flight",
         SHARD >> 20,
         CAPACITY >> 20,
         WINDOW >> 20

@@ -9,9 +9,14 @@
 //! 3. a cold spoke across the link, prefetching the epoch's shard order at job start;
 //! 4. the peer: nginx `proxy_cache` across the same emulator, nginx serving the files.
 //!
-//! Setups 2-4 run a second, warm epoch. Prints the seed's table for this run and writes
-//! it to `--out` as `results.md` and `results.json`, with `results.png` (samples/s and
-//! GPU utilisation per batch).
+//! Setups 2-4 run a second, warm epoch. Then a cache smaller than the data: a spoke with
+//! room for half the dataset, three epochs in a new order each, evicting least recently
+//! used beside following the job's access plan (eviction and prefetch), per epoch the
+//! reads from cache, hub bytes, GPU utilisation and samples/s.
+//!
+//! Prints the tables for this run and writes them to `--out` as `results.md` and
+//! `results.json`, with `results.png` and `small-cache.png` (samples/s and GPU
+//! utilisation per batch).
 
 #![allow(clippy::unwrap_used)] // a demo: failing loudly is the right response
 
@@ -28,6 +33,7 @@ use shardcache_bench::demo::{
     metric_sum, nginx,
     readers::{self, HttpCacheCounts},
     report::{self, PhaseRow},
+    small_cache,
     trainer::{EpochOrder, EpochRun, JobShape, Layout, ReadBatch, Step, epoch_order, run_epoch},
 };
 use shardcache_cli::dataset_gen::{GenSpec, generate, shard_name};
@@ -76,6 +82,16 @@ struct Args {
     /// Skip the nginx peer row.
     #[arg(long)]
     skip_nginx: bool,
+    /// Skip the small-cache setups.
+    #[arg(long)]
+    skip_small_cache: bool,
+    /// Run only the small-cache setups.
+    #[arg(long, conflicts_with = "skip_small_cache")]
+    small_cache_only: bool,
+    /// The small-cache spoke's --plan-window (bytes of shards fetched ahead of the block
+    /// being read; the spoke's default, one block of 4 x 16 MiB).
+    #[arg(long, default_value = "64MiB")]
+    plan_window: ByteSize,
 }
 
 /// Counters of cache hits and reads, taken at phase boundaries.
@@ -88,6 +104,8 @@ struct Demo {
     names: Arc<Vec<String>>,
     rows: Vec<PhaseRow>,
     series: Vec<(String, Vec<Step>)>,
+    small_rows: Vec<small_cache::EpochRow>,
+    small_series: Vec<(String, Vec<Step>)>,
 }
 
 #[tokio::main]
@@ -131,7 +149,16 @@ async fn main() -> anyhow::Result<()> {
         seed: 0,
     })?;
     let names = Arc::new((0..shards).map(shard_name).collect::<Vec<_>>());
-    let mut demo = Demo { args, layout, shape, names, rows: Vec::new(), series: Vec::new() };
+    let mut demo = Demo {
+        args,
+        layout,
+        shape,
+        names,
+        rows: Vec::new(),
+        series: Vec::new(),
+        small_rows: Vec::new(),
+        small_series: Vec::new(),
+    };
 
     let hub = HubProcess::start(&data, &[]);
     let hub_addr = hub.endpoint.trim_start_matches("http://").parse()?;
@@ -139,59 +166,117 @@ async fn main() -> anyhow::Result<()> {
     let link = ["--rtt", rtt.as_str()];
     let proxy = ProxyProcess::start(hub_addr, &link);
 
-    // 1. Data local: the trainer reads the hub directly.
-    let read = readers::grpc(Client::connect(&hub.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
-    demo.run("hub (data local)", read, None, None).await?;
-
-    // 2. and 3. A cold spoke across the link, without and with prefetch.
-    for prefetch in [false, true] {
-        let cache = tempfile::tempdir_in(work.path())?;
-        let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &["--capacity", "8GiB"]);
-        let read =
-            readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
-        let metrics = spoke.metrics_addr.clone();
-        let counter: Counter = Arc::new(move || {
-            let metrics = metrics.clone();
-            async move {
-                let text = scrape_metrics(metrics.as_str()).await.unwrap_or_default();
-                let hits = metric_sum(&text, "shardcache_spoke_hit_requests_total");
-                let misses = metric_sum(&text, "shardcache_spoke_miss_requests_total");
-                (hits as u64, (hits + misses) as u64)
-            }
-            .boxed()
-        });
-        let name = if prefetch { "spoke, cold + prefetch" } else { "spoke, cold, no prefetch" };
-        let control = if prefetch { Some(CacheClient::connect(&spoke.endpoint).await?) } else { None };
-        demo.run(name, read, Some(counter), control).await?;
+    if !demo.args.small_cache_only {
+        demo.seed_setups(&hub, &proxy, work.path(), &data, &link).await?;
     }
 
-    // 4. The peer: nginx proxy_cache across the same emulator.
-    match nginx::find() {
-        _ if demo.args.skip_nginx => println!("\nnginx row skipped (--skip-nginx)"),
-        Err(why) => println!("\nnginx row skipped: {why}"),
-        Ok(binary) => {
-            let origin = nginx::Nginx::origin(&binary, &work.path().join("nginx-origin"), &data)?;
-            let origin_addr = format!("127.0.0.1:{}", origin.port).parse()?;
-            let peer_proxy = ProxyProcess::start(origin_addr, &link);
-            let cache =
-                nginx::Nginx::cache(&binary, &work.path().join("nginx-cache"), peer_proxy.addr.port())?;
-            let counts = Arc::new(HttpCacheCounts::default());
-            let read = readers::http(&cache.base_url(), DATASET, demo.names.clone(), SAMPLE, counts.clone());
-            let counter: Counter = Arc::new(move || {
-                let counts = counts.clone();
-                async move {
-                    use std::sync::atomic::Ordering::Relaxed;
-                    (counts.hits.load(Relaxed), counts.reads.load(Relaxed))
-                }
-                .boxed()
-            });
-            demo.run("nginx proxy_cache (peer)", read, Some(counter), None).await?;
+    // 5. and 6. Room for half the dataset: least recently used, then the access plan.
+    if !demo.args.skip_small_cache {
+        for (setup, with_plan) in [("half-size spoke, LRU", false), ("half-size spoke, plan", true)] {
+            println!("\n== {setup}");
+            let cache = tempfile::tempdir_in(work.path())?;
+            let capacity = format!("{}B", demo.dataset_bytes() / 2);
+            let window = format!("{}B", demo.args.plan_window.0);
+            let spoke = SpokeProcess::start(
+                &proxy.endpoint,
+                cache.path(),
+                &["--capacity", &capacity, "--plan-window", &window],
+            );
+            let small = small_cache::SmallCache {
+                spoke: &spoke.endpoint,
+                dataset: DATASET,
+                names: &demo.names,
+                layout: demo.layout,
+                shape: demo.shape,
+                block_shards: demo.args.block_shards,
+                sample_bytes: SAMPLE,
+            };
+            let (rows, steps) = small.run(setup, with_plan).await?;
+            for r in &rows {
+                println!(
+                    "   epoch {}: {:.1}% from cache, {:.2} x dataset from the hub, GPU {:.1}% (first 10 steps {:.1}%), {:.0} samples/s",
+                    r.epoch,
+                    r.hit_reads_pct,
+                    r.hub_bytes_per_dataset,
+                    r.gpu_util_pct,
+                    r.first_steps_gpu_util_pct,
+                    r.samples_per_s
+                );
+            }
+            demo.small_rows.extend(rows);
+            demo.small_series.push((setup.to_owned(), steps));
         }
     }
     demo.finish()
 }
 
 impl Demo {
+    /// Setups 1-4: the seed's table.
+    async fn seed_setups(
+        &mut self,
+        hub: &HubProcess,
+        proxy: &ProxyProcess,
+        work: &std::path::Path,
+        data: &std::path::Path,
+        link: &[&str],
+    ) -> anyhow::Result<()> {
+        let demo = self;
+        // 1. Data local: the trainer reads the hub directly.
+        let read = readers::grpc(Client::connect(&hub.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
+        demo.run("hub (data local)", read, None, None).await?;
+
+        // 2. and 3. A cold spoke across the link, without and with prefetch.
+        for prefetch in [false, true] {
+            let cache = tempfile::tempdir_in(work)?;
+            let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &["--capacity", "8GiB"]);
+            let read =
+                readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
+            let metrics = spoke.metrics_addr.clone();
+            let counter: Counter = Arc::new(move || {
+                let metrics = metrics.clone();
+                async move {
+                    let text = scrape_metrics(metrics.as_str()).await.unwrap_or_default();
+                    let hits = metric_sum(&text, "shardcache_spoke_hit_requests_total");
+                    let misses = metric_sum(&text, "shardcache_spoke_miss_requests_total");
+                    (hits as u64, (hits + misses) as u64)
+                }
+                .boxed()
+            });
+            let name = if prefetch { "spoke, cold + prefetch" } else { "spoke, cold, no prefetch" };
+            let control = if prefetch { Some(CacheClient::connect(&spoke.endpoint).await?) } else { None };
+            demo.run(name, read, Some(counter), control).await?;
+        }
+
+        // 4. The peer: nginx proxy_cache across the same emulator.
+        match nginx::find() {
+            _ if demo.args.skip_nginx => println!("\nnginx row skipped (--skip-nginx)"),
+            Err(why) => println!("\nnginx row skipped: {why}"),
+            Ok(binary) => {
+                let origin = nginx::Nginx::origin(&binary, &work.join("nginx-origin"), data)?;
+                let origin_addr = format!("127.0.0.1:{}", origin.port).parse()?;
+                let peer_proxy = ProxyProcess::start(origin_addr, link);
+                let cache = nginx::Nginx::cache(&binary, &work.join("nginx-cache"), peer_proxy.addr.port())?;
+                let counts = Arc::new(HttpCacheCounts::default());
+                let read =
+                    readers::http(&cache.base_url(), DATASET, demo.names.clone(), SAMPLE, counts.clone());
+                let counter: Counter = Arc::new(move || {
+                    let counts = counts.clone();
+                    async move {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        (counts.hits.load(Relaxed), counts.reads.load(Relaxed))
+                    }
+                    .boxed()
+                });
+                demo.run("nginx proxy_cache (peer)", read, Some(counter), None).await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn dataset_bytes(&self) -> u64 {
+        u64::from(self.layout.shards) * self.layout.samples_per_shard * SAMPLE
+    }
+
     /// Epoch 1 (cold, with phases) and, for setups with a cache, epoch 2 (warm).
     async fn run(
         &mut self,
@@ -289,7 +374,21 @@ impl Demo {
             println!("{ratios}");
         }
         let out = &self.args.out;
-        std::fs::write(out.join("results.md"), format!("{table}\n{ratios}"))?;
+        let half = self.dataset_bytes() / 2;
+        // The block being read and the window ahead of it stream through; the rest stays.
+        let block = u64::from(self.args.block_shards) * self.args.shard_size.0;
+        let streamed = block + self.args.plan_window.0;
+        let bound = half.saturating_sub(streamed) as f64 * 100.0 / self.dataset_bytes() as f64;
+        let small = if self.small_rows.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\nA cache half the size of the dataset:\n\n{}",
+                small_cache::markdown(&self.small_rows, bound)
+            )
+        };
+        println!("{small}");
+        std::fs::write(out.join("results.md"), format!("{table}\n{ratios}{small}"))?;
         let steps: std::collections::BTreeMap<_, _> = self.series.iter().cloned().collect();
         let json = serde_json::json!({
             "config": {
@@ -301,11 +400,26 @@ impl Demo {
             },
             "rows": self.rows,
             "steps": steps,
+            "small_cache": {
+                "capacity_bytes": half, "plan_window_bytes": self.args.plan_window.0, "streamed_bytes": streamed,
+                "bound_hits_pct": bound, "rows": self.small_rows,
+                "steps": self.small_series.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            },
         });
         std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
         let global = self.shape.ranks * self.shape.batch_per_rank;
-        match report::plot(&out.join("results.png"), &self.series, global, self.shape.steps) {
-            Ok(()) => println!("wrote {0}/results.md, {0}/results.json, {0}/results.png", out.display()),
+        let plotted = report::plot(&out.join("results.png"), &self.series, global, self.shape.steps)
+            .and_then(|()| {
+                if self.small_series.is_empty() {
+                    return Ok(());
+                }
+                report::plot(&out.join("small-cache.png"), &self.small_series, global, self.shape.steps)
+            });
+        match plotted {
+            Ok(()) => println!(
+                "wrote {0}/results.md, {0}/results.json, {0}/results.png, {0}/small-cache.png",
+                out.display()
+            ),
             Err(e) => println!("wrote {0}/results.md, {0}/results.json; no plot: {e:#}", out.display()),
         }
         Ok(())

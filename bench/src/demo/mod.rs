@@ -1,12 +1,15 @@
 //! The seed experiment reproduced (`make demo`, binary `seed-demo`): a simulated
 //! data-parallel trainer reading a tokenised dataset across a 60 ms link, through the
 //! hub directly, through the spoke cold, through the spoke with the epoch's order
-//! prefetched, and through the peer users would build instead (nginx `proxy_cache`).
+//! prefetched, and through the peer users would build instead (nginx `proxy_cache`);
+//! then through a spoke with room for half the dataset, evicting least recently used or
+//! by the job's access plan, over three epochs.
 //! See ../shared/seed/SEED.md for the run this reproduces.
 
 pub mod nginx;
 pub mod readers;
 pub mod report;
+pub mod small_cache;
 pub mod trainer;
 
 /// Sums every series of `name` (all label sets) in a Prometheus text scrape.

@@ -74,8 +74,8 @@ pub fn markdown_row(r: &PhaseRow) -> String {
     )
 }
 
-/// Plots samples/s (smoothed over 5 steps) and GPU utilisation per step, both epochs
-/// back to back, one line per setup. Text needs a TrueType font: DejaVu Sans
+/// Plots samples/s (smoothed over 5 steps) and GPU utilisation per step, epochs back to
+/// back (a grey line at each epoch's end), one line per setup. Text needs a TrueType font: DejaVu Sans
 /// (`fonts-dejavu-core`, which scripts/demo.sh installs when missing).
 pub fn plot(
     path: &Path,
@@ -105,7 +105,7 @@ pub fn plot(
         .x_label_area_size(36)
         .y_label_area_size(64)
         .build_cartesian_2d(0..steps, 0.0..max_rate)?;
-    chart.configure_mesh().x_desc("batch (epoch 1, then epoch 2)").y_desc("samples/s").draw()?;
+    chart.configure_mesh().x_desc("batch (epochs back to back)").y_desc("samples/s").draw()?;
     for ((name, s), color) in series.iter().zip(colors) {
         let points = (0..s.len()).map(|i| {
             let window = &s[i.saturating_sub(4)..=i];
@@ -116,7 +116,9 @@ pub fn plot(
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    chart.draw_series(LineSeries::new([(epoch_steps, 0.0), (epoch_steps, max_rate)], BLACK.mix(0.3)))?;
+    for end in (epoch_steps..steps).step_by(epoch_steps.max(1)) {
+        chart.draw_series(LineSeries::new([(end, 0.0), (end, max_rate)], BLACK.mix(0.3)))?;
+    }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
 
     let mut chart = ChartBuilder::on(&bottom)
@@ -125,7 +127,7 @@ pub fn plot(
         .x_label_area_size(36)
         .y_label_area_size(64)
         .build_cartesian_2d(0..steps, 0.0..105.0)?;
-    chart.configure_mesh().x_desc("batch (epoch 1, then epoch 2)").y_desc("GPU util %").draw()?;
+    chart.configure_mesh().x_desc("batch (epochs back to back)").y_desc("GPU util %").draw()?;
     for ((name, s), color) in series.iter().zip(colors) {
         let points =
             s.iter().enumerate().map(|(i, s)| (i, s.compute_s * 100.0 / (s.data_wait_s + s.compute_s)));

@@ -351,6 +351,16 @@ impl Client {
             jobs.append(item)?;
         }
         d.set_item("jobs", jobs)?;
+        let plans = PyList::empty(py);
+        for p in status.plans {
+            let item = PyDict::new(py);
+            item.set_item("job", p.job)?;
+            item.set_item("cursor", p.cursor)?;
+            item.set_item("positions", p.positions)?;
+            item.set_item("lag", p.lag)?;
+            plans.append(item)?;
+        }
+        d.set_item("plans", plans)?;
         Ok(d)
     }
 

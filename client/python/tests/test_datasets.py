@@ -100,12 +100,18 @@ def test_iterating_yields_the_records_in_order(spoke, records):
     assert got == expected
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores
 def test_torch_dataloader_with_workers(spoke):
     torch = pytest.importorskip("torch")
-    ds = shardcache.StreamingShardDataset(spoke, "c4", batch_size=4, seed=1, rank=0, world_size=1)
+    ds = shardcache.StreamingShardDataset(spoke, "c4", batch_size=4, seed=1, rank=0, world_size=1, job="loader")
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=3)
     total = sum(batch.shape[0] for batch in loader)
     assert total == TOTAL
+    # Each worker sent its own plan; their reads count under the one job.
+    status = shardcache.Client(spoke).status()
+    plans = sorted(p["job"] for p in status["plans"] if p["job"].startswith("loader/"))
+    assert plans == [f"loader/rank0/worker{w}" for w in range(3)], plans
+    assert [j["reads"] for j in status["jobs"] if j["job"] == "loader"] == [TOTAL]
 
 
 def test_iteration_sends_the_plan_to_a_spoke_and_a_hub_ignores_it(spoke, hub, recwarn):
@@ -124,3 +130,6 @@ def test_iteration_sends_the_plan_to_a_spoke_and_a_hub_ignores_it(spoke, hub, re
     counted = status["datasets"]["c4"]
     assert sum(j["reads"] for j in status["jobs"]) == counted["hit_requests"] + counted["miss_requests"]
     assert sum(j["hub_bytes"] for j in status["jobs"]) == counted["upstream_bytes"]
+    # The worker's plan, read to its end of this epoch (this epoch's shards, then the next's).
+    plan = [p for p in status["plans"] if p["job"] == "plan-test/rank0/worker0"]
+    assert len(plan) == 1 and plan[0]["positions"] == 2 * SHARDS and plan[0]["cursor"] == SHARDS - 1, plan

@@ -122,12 +122,36 @@ impl Direction {
     }
 }
 
+/// What crossed the link so far.
+#[derive(Debug, Default)]
+pub struct LinkCounters {
+    /// Connections accepted.
+    pub accepted: AtomicU64,
+    /// Bytes delivered to the upstream (requests).
+    pub bytes_to_upstream: AtomicU64,
+    /// Bytes delivered to the clients (answers: what a cache fetched over the link).
+    pub bytes_to_client: AtomicU64,
+}
+
+impl LinkCounters {
+    /// `to_client to_upstream accepted`, one line (what `wan-proxy --counters-file`
+    /// writes).
+    pub fn line(&self) -> String {
+        format!(
+            "{} {} {}\n",
+            self.bytes_to_client.load(Ordering::Relaxed),
+            self.bytes_to_upstream.load(Ordering::Relaxed),
+            self.accepted.load(Ordering::Relaxed)
+        )
+    }
+}
+
 /// A running emulator; stops (with its connections) when dropped.
 #[derive(Debug)]
 pub struct WanProxy {
     pub addr: SocketAddr,
-    /// Connections accepted so far.
-    pub accepted: Arc<AtomicU64>,
+    /// What crossed the link so far.
+    pub counters: Arc<LinkCounters>,
     fault: watch::Sender<Fault>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -141,10 +165,10 @@ impl WanProxy {
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
-        let accepted = Arc::new(AtomicU64::new(0));
+        let counters = Arc::new(LinkCounters::default());
         let (fault, faults) = watch::channel(Fault::None);
-        let task = tokio::spawn(run(listener, upstream, config, accepted.clone(), faults));
-        Ok(Self { addr, accepted, fault, task })
+        let task = tokio::spawn(run(listener, upstream, config, counters.clone(), faults));
+        Ok(Self { addr, counters, fault, task })
     }
 
     /// Sets the link's fault (`Fault::None` heals it).
@@ -177,7 +201,7 @@ pub async fn run<U>(
     listener: TcpListener,
     upstream: U,
     config: LinkConfig,
-    connections_accepted: Arc<AtomicU64>,
+    counters: Arc<LinkCounters>,
     faults: watch::Receiver<Fault>,
 ) where
     U: tokio::net::ToSocketAddrs + Clone + Send + Sync + 'static,
@@ -190,7 +214,7 @@ pub async fn run<U>(
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
-                connections_accepted.fetch_add(1, Ordering::Relaxed);
+                counters.accepted.fetch_add(1, Ordering::Relaxed);
                 if *faults.borrow() == Fault::Down {
                     continue; // closed as soon as accepted
                 }
@@ -198,6 +222,7 @@ pub async fn run<U>(
                 let (forward, backward) = (forward.clone(), backward.clone());
                 let upstream = upstream.clone();
                 let faults = faults.clone();
+                let counters = counters.clone();
                 connections.spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else { return };
                     let _ = client.set_nodelay(true);
@@ -209,8 +234,8 @@ pub async fn run<U>(
                     tokio::select! {
                         _ = async {
                             tokio::join!(
-                                delay_line(client_read, server_write, forward, seed, Toward::Upstream, faults.clone()),
-                                delay_line(server_read, client_write, backward, seed ^ 1, Toward::Client, faults),
+                                delay_line(client_read, server_write, forward, seed, Toward::Upstream, faults.clone(), counters.clone()),
+                                delay_line(server_read, client_write, backward, seed ^ 1, Toward::Client, faults, counters),
                             )
                         } => {}
                         _ = async {
@@ -236,7 +261,12 @@ async fn delay_line(
     seed: u64,
     toward: Toward,
     mut faults: watch::Receiver<Fault>,
+    counters: Arc<LinkCounters>,
 ) {
+    let delivered = match toward {
+        Toward::Upstream => &counters.bytes_to_upstream,
+        Toward::Client => &counters.bytes_to_client,
+    };
     type Piece = (Instant, Option<Bytes>, Option<OwnedSemaphorePermit>);
     let (tx, mut rx) = mpsc::unbounded_channel::<Piece>();
     let budget = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
@@ -291,6 +321,7 @@ async fn delay_line(
                         return;
                     }
                     written += bytes.len() as u64;
+                    delivered.fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 }
                 None => {
                     let _ = to.shutdown().await;

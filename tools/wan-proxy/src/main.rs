@@ -35,6 +35,11 @@ struct Args {
     /// (e.g. none:10s,stall:3s,down:1s,throttle=20Mbit:5s). Each change is printed.
     #[arg(long, value_parser = wan::parse_schedule)]
     faults: Option<wan::Schedule>,
+    /// Every 100 ms, replace this file's contents with `TO_CLIENT TO_UPSTREAM CONNECTIONS`:
+    /// the bytes delivered each way and the connections accepted (for benchmarks that
+    /// count what crossed the link).
+    #[arg(long)]
+    counters_file: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -48,8 +53,22 @@ async fn main() -> std::io::Result<()> {
     let (fault, faults) = tokio::sync::watch::channel(wan::Fault::None);
     let schedule = args.faults.unwrap_or_default();
     tokio::spawn(wan::run_schedule(fault.clone(), schedule, |fault| println!("wan-proxy fault: {fault}")));
+    let counters = std::sync::Arc::new(wan::LinkCounters::default());
+    if let Some(path) = args.counters_file {
+        let counters = counters.clone();
+        tokio::spawn(async move {
+            let partial = path.with_extension("partial");
+            loop {
+                // Written aside and renamed: a reader never sees half a line.
+                if std::fs::write(&partial, counters.line()).is_ok() {
+                    let _ = std::fs::rename(&partial, &path);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        });
+    }
     tokio::select! {
-        () = wan::run(listener, args.upstream, config, Default::default(), faults) => {}
+        () = wan::run(listener, args.upstream, config, counters, faults) => {}
         _ = tokio::signal::ctrl_c() => {}
     }
     drop(fault);

@@ -307,6 +307,13 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             println!("{job:<32} {:>6} {:>10} {hit:>8} {:>14} {:>14}", j.epoch, j.reads, j.bytes, j.hub_bytes);
         }
     }
+    if !status.plans.is_empty() {
+        println!();
+        println!("{:<32} {:>10} {:>10} {:>6}", "PLAN", "CURSOR", "POSITIONS", "LAG");
+        for p in &status.plans {
+            println!("{:<32} {:>10} {:>10} {:>6}", p.job, p.cursor, p.positions, p.lag);
+        }
+    }
     Ok(())
 }
 

@@ -1,0 +1,158 @@
+//! The demo's small-cache setups: a spoke with room for half the dataset, three epochs
+//! in a new order each, evicting least recently used, or following the job's access
+//! plan (`SetPlan` at each epoch's start: this epoch and the next). Reads name the job
+//! and epoch, so each epoch's hit ratio and hub bytes are the spoke's own per-job rows.
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use shardcache_client::{CacheClient, Client, PlannedEpoch};
+
+use super::{
+    readers,
+    report::phase_row,
+    trainer::{EpochOrder, JobShape, Layout, Step, epoch_order, run_epoch},
+};
+
+/// Epochs each small-cache setup runs.
+pub const EPOCHS: u64 = 3;
+/// The job the reads name.
+const JOB: &str = "trainer";
+
+/// One epoch of one small-cache setup.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EpochRow {
+    pub setup: String,
+    pub epoch: u64,
+    /// Reads served wholly from the cache.
+    pub hit_reads_pct: f64,
+    /// Bytes fetched from the hub for this epoch, per byte of the dataset.
+    pub hub_bytes_per_dataset: f64,
+    pub gpu_util_pct: f64,
+    pub samples_per_s: f64,
+    /// GPU utilisation of the epoch's first 10 steps.
+    pub first_steps_gpu_util_pct: f64,
+}
+
+/// What the setups share.
+#[derive(Debug, Clone)]
+pub struct SmallCache<'a> {
+    pub spoke: &'a str,
+    pub dataset: &'a str,
+    pub names: &'a std::sync::Arc<Vec<String>>,
+    pub layout: Layout,
+    pub shape: JobShape,
+    pub block_shards: u32,
+    pub sample_bytes: u64,
+}
+
+impl SmallCache<'_> {
+    fn order(&self, epoch: u64) -> EpochOrder {
+        // Seeds 11, 12, ...: other orders than the seed setups' epochs.
+        epoch_order(self.layout, self.block_shards, 11 + epoch)
+    }
+
+    fn plan(&self, epoch: u64) -> PlannedEpoch {
+        let order = self.order(epoch);
+        PlannedEpoch::from_reads(order.samples.iter().map(|s| self.names[s.shard as usize].as_str()))
+    }
+
+    /// Runs [`EPOCHS`] epochs (the first with no head start: the job's first step comes
+    /// as soon as its first batches do); returns each epoch's row and every step.
+    pub async fn run(&self, setup: &str, with_plan: bool) -> anyhow::Result<(Vec<EpochRow>, Vec<Step>)> {
+        let control = CacheClient::connect(self.spoke).await?;
+        let dataset_bytes = u64::from(self.layout.shards) * self.layout.samples_per_shard * self.sample_bytes;
+        let global = self.shape.ranks * self.shape.batch_per_rank;
+        let (mut rows, mut all) = (Vec::new(), Vec::new());
+        for epoch in 0..EPOCHS {
+            if with_plan {
+                // One plan for the job: every rank reads its slice of each step, in step
+                // order, so the job as a whole reads the epoch order.
+                control
+                    .set_plan(
+                        &format!("{JOB}/all-ranks"),
+                        epoch,
+                        self.dataset,
+                        &[self.plan(epoch), self.plan(epoch + 1)],
+                    )
+                    .await?;
+            }
+            let client = Client::connect(self.spoke).await?.for_job(JOB, epoch)?;
+            let read = readers::grpc(client, self.dataset, self.names.clone(), self.sample_bytes);
+            let order = self.order(epoch);
+            let run = run_epoch(&order, self.shape, read, Duration::ZERO, |_| async {}.boxed()).await?;
+            // Fetches of this epoch's shards may still be running (a whole-shard fetch
+            // after the last read): wait for the hub bytes to stop growing.
+            let status = settled_status(&control).await?;
+            let row = status
+                .jobs
+                .iter()
+                .find(|j| j.job == JOB && j.epoch == epoch)
+                .ok_or_else(|| anyhow::anyhow!("the spoke has no row for {JOB} epoch {epoch}"))?;
+            anyhow::ensure!(
+                row.reads == (run.steps.len() * global) as u64,
+                "the spoke counted {} reads for epoch {epoch}, the trainer made {}",
+                row.reads,
+                run.steps.len() * global
+            );
+            let reads: Vec<Duration> = run.reads.iter().map(|(_, d)| *d).collect();
+            let whole = phase_row(setup, "", &run.steps, &reads, global, None);
+            let first = phase_row(setup, "", &run.steps[..10.min(run.steps.len())], &[], global, None);
+            rows.push(EpochRow {
+                setup: setup.to_owned(),
+                epoch: epoch + 1,
+                hit_reads_pct: row.hit_reads as f64 * 100.0 / row.reads.max(1) as f64,
+                hub_bytes_per_dataset: row.hub_bytes as f64 / dataset_bytes as f64,
+                gpu_util_pct: whole.gpu_util_pct,
+                samples_per_s: whole.samples_per_s,
+                first_steps_gpu_util_pct: first.gpu_util_pct,
+            });
+            all.extend(run.steps);
+        }
+        Ok((rows, all))
+    }
+}
+
+/// The spoke's status once its fetches have stopped (hub bytes unchanged over 200 ms;
+/// at most 10 s).
+async fn settled_status(control: &CacheClient) -> anyhow::Result<shardcache_proto::v1::StatusResponse> {
+    let hub_bytes =
+        |s: &shardcache_proto::v1::StatusResponse| s.jobs.iter().map(|j| j.hub_bytes).sum::<u64>();
+    let mut last = control.status().await?;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = control.status().await?;
+        if hub_bytes(&now) == hub_bytes(&last) {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
+}
+
+/// The small-cache table: per setup and epoch, with the bound no policy beats after
+/// the first epoch.
+pub fn markdown(rows: &[EpochRow], bound_hits_pct: f64) -> String {
+    let mut out = String::from(
+        "| setup | epoch | reads from cache | hub bytes / dataset | GPU util (first 10 steps) | samples/s |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        out += &format!(
+            "| {} | {} | {:.1}% | {:.2} | {:.1}% ({:.1}%) | {:.0} |\n",
+            r.setup,
+            r.epoch,
+            r.hit_reads_pct,
+            r.hub_bytes_per_dataset,
+            r.gpu_util_pct,
+            r.first_steps_gpu_util_pct,
+            r.samples_per_s
+        );
+    }
+    out += &format!(
+        "\nBound after epoch 1 (room for half the dataset, less the block being read and the plan window \
+         ahead of it): {bound_hits_pct:.1}% of reads from cache, {:.2} x the dataset from the hub.\n",
+        1.0 - bound_hits_pct / 100.0
+    );
+    out
+}
