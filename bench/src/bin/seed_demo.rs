@@ -193,15 +193,7 @@ async fn main() -> anyhow::Result<()> {
             };
             let (rows, steps) = small.run(setup, with_plan).await?;
             for r in &rows {
-                println!(
-                    "   epoch {}: {:.1}% from cache, {:.2} x dataset from the hub, GPU {:.1}% (first 10 steps {:.1}%), {:.0} samples/s",
-                    r.epoch,
-                    r.hit_reads_pct,
-                    r.hub_bytes_per_dataset,
-                    r.gpu_util_pct,
-                    r.first_steps_gpu_util_pct,
-                    r.samples_per_s
-                );
+                println!("{}", small_cache::markdown_row(r));
             }
             demo.small_rows.extend(rows);
             demo.small_series.push((setup.to_owned(), steps));

@@ -130,6 +130,20 @@ async fn settled_status(control: &CacheClient) -> anyhow::Result<shardcache_prot
     Ok(last)
 }
 
+/// One row of the small-cache table, without the line end.
+pub fn markdown_row(r: &EpochRow) -> String {
+    format!(
+        "| {} | {} | {:.1}% | {:.2} | {:.1}% ({:.1}%) | {:.0} |",
+        r.setup,
+        r.epoch,
+        r.hit_reads_pct,
+        r.hub_bytes_per_dataset,
+        r.gpu_util_pct,
+        r.first_steps_gpu_util_pct,
+        r.samples_per_s
+    )
+}
+
 /// The small-cache table: per setup and epoch, with the bound no policy beats after
 /// the first epoch.
 pub fn markdown(rows: &[EpochRow], bound_hits_pct: f64) -> String {
@@ -138,16 +152,8 @@ pub fn markdown(rows: &[EpochRow], bound_hits_pct: f64) -> String {
          |---|---|---|---|---|---|\n",
     );
     for r in rows {
-        out += &format!(
-            "| {} | {} | {:.1}% | {:.2} | {:.1}% ({:.1}%) | {:.0} |\n",
-            r.setup,
-            r.epoch,
-            r.hit_reads_pct,
-            r.hub_bytes_per_dataset,
-            r.gpu_util_pct,
-            r.first_steps_gpu_util_pct,
-            r.samples_per_s
-        );
+        out += &markdown_row(r);
+        out.push('\n');
     }
     out += &format!(
         "\nBound after epoch 1 (room for half the dataset, less the block being read and the plan window \
