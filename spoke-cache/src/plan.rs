@@ -238,8 +238,8 @@ impl Plans {
             return Vec::new();
         }
         let jobs = self.jobs();
-        // (distance, position) of each job's shards in use and ahead, each job's walk
-        // bounded by `bytes` on its own.
+        // (distance, job, position) of each job's shards in use and ahead, each job's
+        // walk bounded by `ahead` on its own.
         let mut near: Vec<(usize, &str, &(ShardKey, u64, u64))> = Vec::new();
         for (job, plan) in jobs.iter() {
             let behind = plan.cursor.saturating_sub(CURSOR_REACH);
