@@ -4,6 +4,8 @@
 //! length against what was asked, and one version across all chunks of a read. A read
 //! that cannot be verified is an [`Error`], never data.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use shardcache_proto::job::{EPOCH_HEADER, JOB_HEADER, check_job_name};
 use shardcache_proto::{
@@ -21,7 +23,8 @@ use tonic::{
 
 use crate::{
     ConnectOptions, Credentials, Error, Result,
-    connect::{AuthChannel, connect_channel},
+    connect::{AuthChannel, connect_channel, connect_channel_lazy},
+    group::{self, Health},
 };
 
 /// Largest response the SDK accepts: the hub's largest `--max-read` (64 MiB) plus room
@@ -65,25 +68,54 @@ impl Range {
     }
 }
 
-/// A connection to a shardcache server. Cheap to clone; clones share the connection.
+/// One server of a client: a hub, a spoke, or a member of a group of spokes.
+#[derive(Debug)]
+struct Member {
+    endpoint: String,
+    reader: ShardReaderClient<AuthChannel>,
+    health: Health,
+}
+
+/// A connection to a shardcache server, or to a group of spokes (`URL1,URL2,...`): each
+/// shard is read from its owner by rendezvous hashing (`group.rs`), and from the next
+/// member in its order when the owner does not answer. Cheap to clone; clones share the
+/// connections.
 #[derive(Debug, Clone)]
 pub struct Client {
-    reader: ShardReaderClient<AuthChannel>,
+    members: Arc<Vec<Member>>,
+    /// What the client was made with (one URL, or the group's list).
     endpoint: String,
     /// The job and epoch headers reads carry ([`Client::for_job`]).
     job: Option<(MetadataValue<Ascii>, MetadataValue<Ascii>)>,
 }
 
 impl Client {
-    /// Connects to `endpoint`, e.g. `http://127.0.0.1:7070`, without credentials.
+    /// Connects to `endpoint`, e.g. `http://127.0.0.1:7070`, without credentials; a
+    /// comma-separated list is a group of spokes.
     pub async fn connect(endpoint: &str) -> Result<Self> {
         Self::connect_with(endpoint, &ConnectOptions::default()).await
     }
 
     /// Connects to `endpoint` (`https://` for TLS) with `options`' certificates and token.
+    /// A group (`URL1,URL2,...`) connects to each member when first used, so a member
+    /// that is down does not keep the client from starting.
     pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
         let credentials = Credentials::token(options.token.as_deref())?;
-        Ok(Self::from_channel_with(connect_channel(endpoint, options).await?, endpoint, credentials))
+        let endpoints = group::endpoints(endpoint);
+        if endpoints.len() <= 1 {
+            let channel = connect_channel(endpoint.trim().trim_end_matches(','), options).await?;
+            return Ok(Self::from_channel_with(channel, endpoint.trim().trim_end_matches(','), credentials));
+        }
+        let mut members = Vec::with_capacity(endpoints.len());
+        for member in endpoints {
+            let channel = connect_channel_lazy(&member, options)?;
+            members.push(Member {
+                reader: reader(channel, credentials.clone()),
+                endpoint: member,
+                health: Health::default(),
+            });
+        }
+        Ok(Self { members: Arc::new(members), endpoint: endpoint.to_owned(), job: None })
     }
 
     /// Uses an existing channel (custom windows); `endpoint` names it in errors.
@@ -93,9 +125,12 @@ impl Client {
 
     /// Uses an existing channel and sends `credentials` with every request.
     pub fn from_channel_with(channel: Channel, endpoint: &str, credentials: Credentials) -> Self {
-        let reader = ShardReaderClient::with_interceptor(channel, credentials)
-            .max_decoding_message_size(MAX_RESPONSE_BYTES);
-        Self { reader, endpoint: endpoint.to_owned(), job: None }
+        let member = Member {
+            endpoint: endpoint.to_owned(),
+            reader: reader(channel, credentials),
+            health: Health::default(),
+        };
+        Self { members: Arc::new(vec![member]), endpoint: endpoint.to_owned(), job: None }
     }
 
     /// A client on the same connection whose reads say they are for `job`'s `epoch` (the
@@ -122,18 +157,63 @@ impl Client {
         &self.endpoint
     }
 
-    fn status(&self, status: tonic::Status) -> Error {
-        Error::Status { endpoint: self.endpoint.clone(), status }
+    /// The members' endpoints, in the order given.
+    pub fn members(&self) -> Vec<&str> {
+        self.members.iter().map(|m| m.endpoint.as_str()).collect()
     }
 
-    fn protocol(&self, detail: String) -> Error {
-        Error::Protocol { endpoint: self.endpoint.clone(), detail }
+    /// The members in the order they own `dataset/shard` (the owner first), as indices
+    /// into [`Client::members`].
+    pub fn owners(&self, dataset: &str, shard: &str) -> Vec<usize> {
+        let names: Vec<(&str, f64)> = self.members.iter().map(|m| (m.endpoint.as_str(), 1.0)).collect();
+        group::rendezvous(&names, dataset, shard)
+    }
+
+    /// Whom to try for `dataset/shard` (or, for `None`, a call about no one shard): the
+    /// live members first, owners first, leaving out `tried`.
+    fn route(&self, shard: Option<(&str, &str)>, tried: &[usize]) -> Vec<usize> {
+        let order = match shard {
+            Some((dataset, shard)) => self.owners(dataset, shard),
+            None => (0..self.members.len()).collect(),
+        };
+        let order = order.into_iter().filter(|i| !tried.contains(i)).collect();
+        group::live_first(order, |i| self.members[i].health.is_live())
+    }
+
+    /// Runs `call` on the members of `route` in turn until one answers: a member's
+    /// failure (down, unreachable, shedding, garbled) sends the call to the next and
+    /// pauses the member; any other error is the answer. One member: one try.
+    async fn on_members<T, F, Fut>(&self, route: Vec<usize>, call: F) -> Result<T>
+    where
+        F: Fn(usize) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut last = None;
+        for i in route {
+            let member = &self.members[i];
+            match call(i).await {
+                Ok(answer) => {
+                    member.health.answered();
+                    return Ok(answer);
+                }
+                Err(e) if self.members.len() > 1 && member_failed(&e) => {
+                    member.health.failed();
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Config("the client has no members to ask".into())))
     }
 
     /// Every dataset the server has.
     pub async fn list_datasets(&self) -> Result<Vec<DatasetInfo>> {
-        let response = self.reader.clone().list_datasets(ListDatasetsRequest {}).await;
-        Ok(response.map_err(|s| self.status(s))?.into_inner().datasets)
+        self.on_members(self.route(None, &[]), |i| async move {
+            let m = &self.members[i];
+            let response = m.reader.clone().list_datasets(ListDatasetsRequest {}).await;
+            Ok(response.map_err(|s| m.status(s))?.into_inner().datasets)
+        })
+        .await
     }
 
     /// One page of `dataset`'s shards (`page_size` 0: the server's default).
@@ -145,7 +225,11 @@ impl Client {
     ) -> Result<ListShardsResponse> {
         let request =
             ListShardsRequest { dataset: dataset.to_owned(), page_size, page_token: page_token.to_owned() };
-        Ok(self.reader.clone().list_shards(request).await.map_err(|s| self.status(s))?.into_inner())
+        self.on_members(self.route(None, &[]), |i| {
+            let (m, request) = (&self.members[i], request.clone());
+            async move { Ok(m.reader.clone().list_shards(request).await.map_err(|s| m.status(s))?.into_inner()) }
+        })
+        .await
     }
 
     /// Every shard of `dataset`, following pages to the end.
@@ -162,33 +246,37 @@ impl Client {
         }
     }
 
-    /// Size, version and chunk size of one shard.
+    /// Size, version and chunk size of one shard (from its owner in a group).
     pub async fn stat(&self, dataset: &str, shard: &str) -> Result<ShardInfo> {
         let request = StatShardRequest { dataset: dataset.to_owned(), shard: shard.to_owned() };
-        Ok(self.reader.clone().stat_shard(request).await.map_err(|s| self.status(s))?.into_inner())
+        self.on_members(self.route(Some((dataset, shard)), &[]), |i| {
+            let (m, request) = (&self.members[i], request.clone());
+            async move { Ok(m.reader.clone().stat_shard(request).await.map_err(|s| m.status(s))?.into_inner()) }
+        })
+        .await
     }
 
     /// Reads one range in one call (at most the server's `--max-read`).
     pub async fn read_range(&self, range: &Range) -> Result<Verified> {
-        let request = self.read_request(range.to_request());
-        let chunk = self.reader.clone().read_range(request).await.map_err(|s| self.status(s))?;
-        self.verify(range, chunk.into_inner())
+        self.on_members(self.route(Some((&range.dataset, &range.shard)), &[]), |i| async move {
+            let m = &self.members[i];
+            let request = self.read_request(range.to_request());
+            let chunk = m.reader.clone().read_range(request).await.map_err(|s| m.status(s))?;
+            m.verify(range, chunk.into_inner())
+        })
+        .await
     }
 
-    /// Reads many ranges in one round trip; results are in the order of `ranges`.
+    /// Reads many ranges in one round trip; results are in the order of `ranges`. In a
+    /// group, the batch is split by owner, the parts read at once and put back in order.
     pub async fn read_ranges(&self, ranges: &[Range]) -> Result<Vec<Verified>> {
-        let request =
-            self.read_request(ReadRangesRequest { ranges: ranges.iter().map(Range::to_request).collect() });
-        let chunks =
-            self.reader.clone().read_ranges(request).await.map_err(|s| self.status(s))?.into_inner().chunks;
-        if chunks.len() != ranges.len() {
-            return Err(self.protocol(format!("{} chunks for {} ranges", chunks.len(), ranges.len())));
+        let all: Vec<usize> = (0..ranges.len()).collect();
+        let mut verified: Vec<Option<Verified>> = vec![None; ranges.len()];
+        for (i, read) in self.read_parts(ranges, all, Vec::new()).await? {
+            verified[i] = Some(read);
         }
-        let verified: Vec<Verified> = ranges
-            .iter()
-            .zip(chunks)
-            .map(|(range, chunk)| self.verify(range, chunk))
-            .collect::<Result<_>>()?;
+        let verified: Vec<Verified> =
+            verified.into_iter().map(|v| v.unwrap_or_else(Verified::missing)).collect();
         // Every range of one shard was read at one version: a batch never mixes two.
         let mut versions: std::collections::HashMap<(&str, &str), &str> = std::collections::HashMap::new();
         for (range, read) in ranges.iter().zip(&verified) {
@@ -202,6 +290,48 @@ impl Client {
             }
         }
         Ok(verified)
+    }
+
+    /// Ranges `wanted` (indices into `ranges`) from their owners, leaving out the members
+    /// in `tried`; a part whose member fails is read again from the next members.
+    fn read_parts<'a>(
+        &'a self,
+        ranges: &'a [Range],
+        wanted: Vec<usize>,
+        tried: Vec<usize>,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(usize, Verified)>>> {
+        Box::pin(async move {
+            let mut parts: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+            for i in wanted {
+                let r = &ranges[i];
+                let Some(&member) = self.route(Some((&r.dataset, &r.shard)), &tried).first() else {
+                    return Err(Error::Config("every member of the group failed this read".into()));
+                };
+                parts.entry(member).or_default().push(i);
+            }
+            let reads = parts.into_iter().map(|(member, indices)| {
+                let tried = tried.clone();
+                async move {
+                    let m = &self.members[member];
+                    match m
+                        .read_batch(self.read_request(ReadRangesRequest::default()), ranges, &indices)
+                        .await
+                    {
+                        Ok(read) => {
+                            m.health.answered();
+                            Ok(indices.into_iter().zip(read).collect::<Vec<_>>())
+                        }
+                        Err(e) if self.members.len() > tried.len() + 1 && member_failed(&e) => {
+                            m.health.failed();
+                            let tried = tried.into_iter().chain([member]).collect();
+                            self.read_parts(ranges, indices, tried).await
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+            });
+            Ok(futures::future::try_join_all(reads).await?.into_iter().flatten().collect())
+        })
     }
 
     /// Streams `[offset, offset + length)` of a shard, or to its end when `length` is
@@ -220,23 +350,86 @@ impl Client {
                 (info.size.saturating_sub(offset), info.version)
             }
         };
-        let request = self.read_request(StreamShardRequest {
+        let request = StreamShardRequest {
             dataset: dataset.to_owned(),
             shard: shard.to_owned(),
             offset,
             length: Some(length),
             expected_version: expected_version.clone(),
-        });
-        let stream =
-            self.reader.clone().stream_shard(request).await.map_err(|s| self.status(s))?.into_inner();
+        };
+        let (stream, endpoint) = self
+            .on_members(self.route(Some((dataset, shard)), &[]), |i| {
+                let (m, request) = (&self.members[i], self.read_request(request.clone()));
+                async move {
+                    let stream = m.reader.clone().stream_shard(request).await.map_err(|s| m.status(s))?;
+                    Ok((stream.into_inner(), m.endpoint.clone()))
+                }
+            })
+            .await?;
         Ok(ShardStream {
-            client: self.clone(),
+            endpoint,
             shard: format!("{dataset}/{shard}"),
             stream,
             next_offset: offset,
             end: offset.saturating_add(length),
             version: (!expected_version.is_empty()).then_some(expected_version),
         })
+    }
+}
+
+/// Whether `error` says the member failed (rather than the request): worth asking the
+/// next member of a group.
+fn member_failed(error: &Error) -> bool {
+    use tonic::Code;
+    match error {
+        Error::Status { status, .. } => matches!(
+            status.code(),
+            Code::Unavailable
+                | Code::Unknown
+                | Code::DeadlineExceeded
+                | Code::ResourceExhausted
+                | Code::Cancelled
+        ),
+        Error::Connect { .. } | Error::Checksum { .. } | Error::Protocol { .. } => true,
+        Error::Config(_) | Error::Endpoint { .. } | Error::VersionChanged { .. } => false,
+    }
+}
+
+fn reader(channel: Channel, credentials: Credentials) -> ShardReaderClient<AuthChannel> {
+    ShardReaderClient::with_interceptor(channel, credentials).max_decoding_message_size(MAX_RESPONSE_BYTES)
+}
+
+impl Verified {
+    /// Never handed out: `read_ranges` fills every slot or fails.
+    fn missing() -> Self {
+        Self { offset: 0, data: Bytes::new(), version: String::new() }
+    }
+}
+
+impl Member {
+    fn status(&self, status: tonic::Status) -> Error {
+        Error::Status { endpoint: self.endpoint.clone(), status }
+    }
+
+    fn protocol(&self, detail: String) -> Error {
+        protocol(&self.endpoint, detail)
+    }
+
+    /// `ranges[indices]` in one `ReadRanges` call, verified; `request` carries the
+    /// call's headers.
+    async fn read_batch(
+        &self,
+        mut request: tonic::Request<ReadRangesRequest>,
+        ranges: &[Range],
+        indices: &[usize],
+    ) -> Result<Vec<Verified>> {
+        request.get_mut().ranges = indices.iter().map(|&i| ranges[i].to_request()).collect();
+        let chunks =
+            self.reader.clone().read_ranges(request).await.map_err(|s| self.status(s))?.into_inner().chunks;
+        if chunks.len() != indices.len() {
+            return Err(self.protocol(format!("{} chunks for {} ranges", chunks.len(), indices.len())));
+        }
+        indices.iter().zip(chunks).map(|(&i, chunk)| self.verify(&ranges[i], chunk)).collect()
     }
 
     fn verify(&self, range: &Range, chunk: Chunk) -> Result<Verified> {
@@ -258,20 +451,26 @@ impl Client {
                 found: chunk.version,
             });
         }
-        self.checked(chunk)
+        checked(&self.endpoint, chunk)
     }
+}
 
-    fn checked(&self, chunk: Chunk) -> Result<Verified> {
-        checksum::verify(chunk.offset, &chunk.data, chunk.crc32c)
-            .map_err(|source| Error::Checksum { endpoint: self.endpoint.clone(), source })?;
-        Ok(Verified { offset: chunk.offset, data: chunk.data, version: chunk.version })
-    }
+fn protocol(endpoint: &str, detail: String) -> Error {
+    Error::Protocol { endpoint: endpoint.to_owned(), detail }
+}
+
+/// `chunk` as verified bytes, or the CRC32C mismatch `endpoint` sent.
+fn checked(endpoint: &str, chunk: Chunk) -> Result<Verified> {
+    checksum::verify(chunk.offset, &chunk.data, chunk.crc32c)
+        .map_err(|source| Error::Checksum { endpoint: endpoint.to_owned(), source })?;
+    Ok(Verified { offset: chunk.offset, data: chunk.data, version: chunk.version })
 }
 
 /// A verified stream of a shard's chunks, from [`Client::stream_shard`].
 #[derive(Debug)]
 pub struct ShardStream {
-    client: Client,
+    /// The member streaming it.
+    endpoint: String,
     shard: String,
     stream: tonic::Streaming<Chunk>,
     next_offset: u64,
@@ -282,21 +481,30 @@ pub struct ShardStream {
 impl ShardStream {
     /// The next verified chunk; `Ok(None)` once the whole range has arrived.
     pub async fn next_chunk(&mut self) -> Result<Option<Verified>> {
-        let Some(chunk) = self.stream.message().await.map_err(|s| self.client.status(s))? else {
+        let endpoint = &self.endpoint;
+        let message = self.stream.message().await;
+        let Some(chunk) = message.map_err(|status| Error::Status { endpoint: endpoint.clone(), status })?
+        else {
             if self.next_offset != self.end {
-                return Err(self.client.protocol(format!(
-                    "stream of {} ended at offset {} before the end of the range at {}",
-                    self.shard, self.next_offset, self.end
-                )));
+                return Err(protocol(
+                    endpoint,
+                    format!(
+                        "stream of {} ended at offset {} before the end of the range at {}",
+                        self.shard, self.next_offset, self.end
+                    ),
+                ));
             }
             return Ok(None);
         };
         let len = chunk.data.len() as u64;
         if chunk.offset != self.next_offset || len == 0 || self.next_offset + len > self.end {
-            return Err(self.client.protocol(format!(
-                "stream of {} sent {len} bytes at offset {}, expected data at {} before {}",
-                self.shard, chunk.offset, self.next_offset, self.end
-            )));
+            return Err(protocol(
+                endpoint,
+                format!(
+                    "stream of {} sent {len} bytes at offset {}, expected data at {} before {}",
+                    self.shard, chunk.offset, self.next_offset, self.end
+                ),
+            ));
         }
         match &self.version {
             Some(expected) if *expected != chunk.version => {
@@ -309,7 +517,7 @@ impl ShardStream {
             Some(_) => {}
             None => self.version = Some(chunk.version.clone()),
         }
-        let verified = self.client.checked(chunk)?;
+        let verified = checked(&self.endpoint, chunk)?;
         self.next_offset += len;
         Ok(Some(verified))
     }

@@ -108,3 +108,12 @@ pub async fn connect_channel(endpoint: &str, options: &ConnectOptions) -> Result
         .await
         .map_err(|source| Error::Connect { endpoint: endpoint.to_owned(), source })
 }
+
+/// [`connect_channel`] that connects on first use (and again after a failure): a member
+/// of a group that is down when the client starts does not keep it from starting.
+pub fn connect_channel_lazy(endpoint: &str, options: &ConnectOptions) -> Result<Channel> {
+    let tls = client_tls(endpoint, options.tls.as_ref())?;
+    let parsed = Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?;
+    Ok(Http2Settings::TUNED.endpoint(parsed).connect_with_connector_lazy(Http2Settings::TUNED.connector(tls)))
+}

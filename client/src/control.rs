@@ -1,19 +1,27 @@
 //! [`CacheClient`]: the spoke's cache-control API (prefetch, status, evict, pin, plans).
 
-use crate::{
-    ConnectOptions, Credentials, Error, Result,
-    connect::{AuthChannel, connect_channel},
-};
+use std::collections::BTreeMap;
+
+use futures::{StreamExt, stream::BoxStream};
 use shardcache_proto::v1::{
-    EpochPlan, EvictRequest, EvictResponse, PinRequest, PlanRequest, PrefetchProgress, PrefetchRequest,
-    ShardRef, StatusRequest, StatusResponse, cache_control_client::CacheControlClient,
+    DatasetStatus, EpochPlan, EvictRequest, EvictResponse, JobStatus, PinRequest, PlanRequest,
+    PrefetchProgress, PrefetchRequest, ShardRef, StatusRequest, StatusResponse,
+    cache_control_client::CacheControlClient,
 };
 
-/// A connection to a spoke's cache control. Cheap to clone.
+use crate::{
+    ConnectOptions, Credentials, Error, Result,
+    connect::{AuthChannel, connect_channel, connect_channel_lazy},
+    group,
+};
+
+/// A connection to a spoke's cache control, or to every member of a group of spokes
+/// (`URL1,URL2,...`): then each call goes to every member (a member prefetches and
+/// plans only the shards it owns; the group holds one copy), and `status` adds their
+/// answers up. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct CacheClient {
-    control: CacheControlClient<AuthChannel>,
-    endpoint: String,
+    members: Vec<(String, CacheControlClient<AuthChannel>)>,
 }
 
 impl CacheClient {
@@ -24,23 +32,48 @@ impl CacheClient {
     /// Connects with `options`' certificates and token (see [`crate::Client::connect_with`]).
     pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
         let credentials = Credentials::token(options.token.as_deref())?;
-        let channel = connect_channel(endpoint, options).await?;
-        let control = CacheControlClient::with_interceptor(channel, credentials);
-        Ok(Self { control, endpoint: endpoint.to_owned() })
+        let endpoints = group::endpoints(endpoint);
+        let mut members = Vec::with_capacity(endpoints.len().max(1));
+        if endpoints.len() <= 1 {
+            let endpoint = endpoint.trim().trim_end_matches(',');
+            let channel = connect_channel(endpoint, options).await?;
+            members.push((endpoint.to_owned(), CacheControlClient::with_interceptor(channel, credentials)));
+        } else {
+            for member in endpoints {
+                let channel = connect_channel_lazy(&member, options)?;
+                members.push((member, CacheControlClient::with_interceptor(channel, credentials.clone())));
+            }
+        }
+        Ok(Self { members })
     }
 
-    fn status_error(&self, status: tonic::Status) -> Error {
-        Error::Status { endpoint: self.endpoint.clone(), status }
+    /// Runs `call` on every member at once; the answers in member order, or the first
+    /// member's error (naming it).
+    async fn on_all<T, F, Fut>(&self, call: F) -> Result<Vec<T>>
+    where
+        F: Fn(CacheControlClient<AuthChannel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let calls = self.members.iter().map(|(endpoint, control)| {
+            let call = call(control.clone());
+            async move {
+                call.await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|status| Error::Status { endpoint: endpoint.clone(), status })
+            }
+        });
+        futures::future::try_join_all(calls).await
     }
 
-    /// Occupancy and per-dataset counters.
+    /// Occupancy and per-dataset counters (a group's added up, its per-job rows too).
     pub async fn status(&self) -> Result<StatusResponse> {
-        let response = self.control.clone().status(StatusRequest {}).await;
-        Ok(response.map_err(|s| self.status_error(s))?.into_inner())
+        let answers =
+            self.on_all(|mut control| async move { control.status(StatusRequest {}).await }).await?;
+        Ok(merge_status(answers))
     }
 
     /// Starts fetching `shards` of `dataset` (all of them when empty) in order; the
-    /// stream reports progress after each shard.
+    /// stream reports progress after each shard (a group's, added up).
     pub async fn prefetch(
         &self,
         dataset: &str,
@@ -55,23 +88,54 @@ impl CacheClient {
                 .collect(),
             parallelism,
         };
-        let stream =
-            self.control.clone().prefetch(request).await.map_err(|s| self.status_error(s))?.into_inner();
-        Ok(PrefetchStream { stream, client: self.clone() })
+        let streams = self
+            .on_all(|mut control| {
+                let request = request.clone();
+                async move { control.prefetch(request).await }
+            })
+            .await?;
+        let endpoints = self.members.iter().map(|(e, _)| e.clone());
+        let streams = streams.into_iter().zip(endpoints).enumerate().map(|(i, (stream, endpoint))| {
+            futures::stream::unfold((stream, endpoint), move |(mut stream, endpoint)| async move {
+                let next = stream.message().await;
+                let next = next
+                    .map_err(|status| Error::Status { endpoint: endpoint.clone(), status })
+                    .transpose()?;
+                Some(((i, next), (stream, endpoint)))
+            })
+            .boxed()
+        });
+        Ok(PrefetchStream {
+            streams: futures::stream::select_all(streams),
+            latest: vec![PrefetchProgress::default(); self.members.len()],
+        })
     }
 
     /// Drops `shards` of `dataset` (all of them when empty) from the cache.
     pub async fn evict(&self, dataset: &str, shards: &[String]) -> Result<EvictResponse> {
         let request = EvictRequest { dataset: dataset.to_owned(), shards: shards.to_vec() };
-        Ok(self.control.clone().evict(request).await.map_err(|s| self.status_error(s))?.into_inner())
+        let answers = self
+            .on_all(|mut control| {
+                let request = request.clone();
+                async move { control.evict(request).await }
+            })
+            .await?;
+        Ok(EvictResponse {
+            shards: answers.iter().map(|a| a.shards).sum(),
+            bytes: answers.iter().map(|a| a.bytes).sum(),
+        })
     }
 
     /// Pins (or unpins) shards; returns how many changed.
     pub async fn pin(&self, dataset: &str, shards: &[String], pinned: bool) -> Result<u64> {
         let request = PinRequest { dataset: dataset.to_owned(), shards: shards.to_vec() };
-        let mut control = self.control.clone();
-        let response = if pinned { control.pin(request).await } else { control.unpin(request).await };
-        Ok(response.map_err(|s| self.status_error(s))?.into_inner().shards)
+        let answers = self
+            .on_all(|mut control| {
+                let request = request.clone();
+                async move { if pinned { control.pin(request).await } else { control.unpin(request).await } }
+            })
+            .await?;
+        Ok(answers.iter().map(|a| a.shards).sum())
     }
 
     /// Tells the spoke the order in which `job` will read shards of `dataset`: one
@@ -79,7 +143,7 @@ impl CacheClient {
     /// so that it evicts what is read again furthest away and prefetches what is read
     /// next. Replaces the job's previous plan (no epochs withdraws it); returns the
     /// distinct shards it names. A job with several readers (DataLoader workers) sends
-    /// one plan per reader, as `JOB/READER`.
+    /// one plan per reader, as `JOB/READER`. A group's members each take the plan.
     pub async fn set_plan(
         &self,
         job: &str,
@@ -87,7 +151,7 @@ impl CacheClient {
         dataset: &str,
         epochs: &[PlannedEpoch],
     ) -> Result<u64> {
-        let epochs = epochs
+        let epochs: Vec<EpochPlan> = epochs
             .iter()
             .map(|planned| EpochPlan {
                 shards: planned
@@ -99,9 +163,64 @@ impl CacheClient {
             })
             .collect();
         let request = PlanRequest { job: job.to_owned(), epoch, epochs };
-        let response = self.control.clone().set_plan(request).await.map_err(|s| self.status_error(s))?;
-        Ok(response.into_inner().shards)
+        let answers = self
+            .on_all(|mut control| {
+                let request = request.clone();
+                async move { control.set_plan(request).await }
+            })
+            .await?;
+        Ok(answers.iter().map(|a| a.shards).max().unwrap_or(0))
     }
+}
+
+/// A group's statuses as one: occupancy, counters and job rows added up; plans and hubs
+/// listed once each.
+fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
+    let mut merged = StatusResponse::default();
+    let mut datasets: BTreeMap<String, DatasetStatus> = BTreeMap::new();
+    let mut jobs: BTreeMap<(String, u64), JobStatus> = BTreeMap::new();
+    for answer in answers {
+        merged.capacity_bytes += answer.capacity_bytes;
+        merged.used_bytes += answer.used_bytes;
+        merged.evicted_shards += answer.evicted_shards;
+        merged.evicted_bytes += answer.evicted_bytes;
+        merged.checksum_failures += answer.checksum_failures;
+        for hub in answer.hubs {
+            if !merged.hubs.contains(&hub) {
+                merged.hubs.push(hub);
+            }
+        }
+        for d in answer.datasets {
+            let sum = datasets
+                .entry(d.dataset.clone())
+                .or_insert_with(|| DatasetStatus { dataset: d.dataset.clone(), ..Default::default() });
+            sum.cached_shards += d.cached_shards;
+            sum.cached_bytes += d.cached_bytes;
+            sum.pinned_shards += d.pinned_shards;
+            sum.hit_requests += d.hit_requests;
+            sum.miss_requests += d.miss_requests;
+            sum.hit_bytes += d.hit_bytes;
+            sum.miss_bytes += d.miss_bytes;
+            sum.upstream_bytes += d.upstream_bytes;
+            sum.peer_bytes += d.peer_bytes;
+        }
+        for j in answer.jobs {
+            let sum = jobs.entry((j.job.clone(), j.epoch)).or_insert_with(|| JobStatus {
+                job: j.job.clone(),
+                epoch: j.epoch,
+                ..Default::default()
+            });
+            sum.reads += j.reads;
+            sum.hit_reads += j.hit_reads;
+            sum.bytes += j.bytes;
+            sum.hit_bytes += j.hit_bytes;
+            sum.hub_bytes += j.hub_bytes;
+        }
+        merged.plans.extend(answer.plans);
+    }
+    merged.datasets = datasets.into_values().collect();
+    merged.jobs = jobs.into_values().collect();
+    merged
 }
 
 /// One epoch of an access plan: shards in the order of their first read, and for each
@@ -139,17 +258,39 @@ impl PlannedEpoch {
     }
 }
 
-/// Progress of a prefetch.
-#[derive(Debug)]
+/// Progress of a prefetch (a group's members' added up).
 pub struct PrefetchStream {
-    stream: tonic::Streaming<PrefetchProgress>,
-    client: CacheClient,
+    streams: futures::stream::SelectAll<BoxStream<'static, (usize, Result<PrefetchProgress>)>>,
+    /// Each member's latest report.
+    latest: Vec<PrefetchProgress>,
+}
+
+impl std::fmt::Debug for PrefetchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrefetchStream").field("latest", &self.latest).finish_non_exhaustive()
+    }
 }
 
 impl PrefetchStream {
     /// The next progress report; `Ok(None)` when the prefetch is complete.
     pub async fn next(&mut self) -> Result<Option<PrefetchProgress>> {
-        self.stream.message().await.map_err(|s| self.client.status_error(s))
+        let Some((member, report)) = self.streams.next().await else { return Ok(None) };
+        self.latest[member] = report?;
+        let mut sum = PrefetchProgress::default();
+        for p in &self.latest {
+            sum.shards_total += p.shards_total;
+            sum.shards_done += p.shards_done;
+            sum.bytes_total += p.bytes_total;
+            sum.bytes_done += p.bytes_done;
+            sum.bytes_fetched += p.bytes_fetched;
+            if !p.last_shard.is_empty() {
+                sum.last_shard.clone_from(&p.last_shard);
+            }
+        }
+        if self.latest.len() == 1 {
+            sum.last_shard.clone_from(&self.latest[0].last_shard);
+        }
+        Ok(Some(sum))
     }
 
     /// Waits for the end; returns the last report.

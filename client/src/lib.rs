@@ -10,6 +10,7 @@
 //! ```
 //!
 //! - [`client`]: the [`Client`] and its verified [`ShardStream`];
+//! - [`group`]: a group of spokes: rendezvous ownership and members' health;
 //! - [`connect`]: TLS (`https://` URLs), client certificates and bearer tokens;
 //! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict, pin);
 //! - [`error`]: what can go wrong, with the gRPC code where the server gave one.
@@ -18,6 +19,7 @@ pub mod client;
 pub mod connect;
 pub mod control;
 pub mod error;
+pub mod group;
 
 pub use client::{Client, Range, ShardStream, Verified};
 pub use connect::{ConnectOptions, Credentials};

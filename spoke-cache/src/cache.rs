@@ -300,7 +300,8 @@ impl Cache {
             .collect();
         chunks.sort_unstable();
         chunks.dedup();
-        if chunks.is_empty() {
+        // A shard another member owns is read from it (by the fetcher), not from the hub.
+        if chunks.is_empty() || !self.upstream().owns(dataset.as_str(), shard.as_str()) {
             return self.entry(dataset, shard).await;
         }
         let speculative = futures::future::join_all(chunks.iter().map(|&index| {

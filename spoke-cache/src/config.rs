@@ -13,8 +13,8 @@ use shardcache_serving::{
 };
 
 use crate::{
-    Error, SpokeOptions, cache::CacheConfig, scrape::ScrapeAccess, store::PAGE_SIZE, store::StoreOptions,
-    upstream::HubTransport,
+    Error, PeerGroup, SpokeOptions, cache::CacheConfig, scrape::ScrapeAccess, store::PAGE_SIZE,
+    store::StoreOptions, upstream::HubTransport,
 };
 
 /// Read-through cache of hub shards in RocksDB on local disk.
@@ -24,6 +24,17 @@ pub struct SpokeArgs {
     /// Hub to fetch from; repeat (or separate with commas) for several hubs over one source.
     #[arg(long = "hub", env = "SPOKE_HUB", value_delimiter = ',', required = true)]
     pub hubs: Vec<String>,
+
+    /// The spoke's group: every member's URL as clients reach it, this spoke's too
+    /// (comma-separated). A chunk this spoke lacks is asked of the members ranked before
+    /// it for the shard (rendezvous hashing, the owner first) before the hub, so the
+    /// group fetches each shard over the long link once. Needs --peer-self.
+    #[arg(long, env = "SPOKE_PEERS", value_delimiter = ',')]
+    pub peers: Vec<String>,
+
+    /// This spoke's URL as it appears in --peers.
+    #[arg(long, env = "SPOKE_PEER_SELF")]
+    pub peer_self: Option<String>,
 
     /// Directory of the cache (RocksDB); created if missing; survives restarts.
     #[arg(long, env = "SPOKE_CACHE_DIR", default_value = "./spoke-cache-data")]
@@ -219,7 +230,19 @@ impl SpokeArgs {
             }),
             token: self.hub_token_file.as_deref().map(read_token_file).transpose().map_err(Error::Config)?,
         };
+        let peers: Vec<String> =
+            self.peers.iter().map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect();
+        let group = match (&self.peer_self, peers.is_empty()) {
+            (_, true) => None,
+            (Some(me), false) => Some(PeerGroup { urls: peers, me: me.clone() }),
+            (None, false) => {
+                return Err(Error::Config(
+                    "--peers needs --peer-self: this spoke's URL as the list has it".into(),
+                ));
+            }
+        };
         Ok(SpokeOptions {
+            group,
             hubs: self.hubs.clone(),
             hub_transport: self.hub_transport()?,
             hub_credentials,

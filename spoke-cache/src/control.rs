@@ -96,7 +96,10 @@ impl CacheControl for Control {
             grant.check_control(&shard.dataset)?;
         }
         let listed = req.shards.into_iter().map(|s| (s.dataset, s.shard)).collect();
-        let plan = self.plan(&req.dataset, listed).await?;
+        let mut plan = self.plan(&req.dataset, listed).await?;
+        // In a group each member fetches the shards it owns: the group holds one copy,
+        // and the SDK sends a group's prefetch to every member.
+        plan.retain(|(d, s)| self.cache.upstream().owns(d.as_str(), s.as_str()));
         let parallelism = match req.parallelism as usize {
             0 => DEFAULT_PREFETCH_PARALLELISM,
             n => n.min(64),
@@ -183,6 +186,7 @@ impl CacheControl for Control {
             status.hit_bytes = counters.hit_bytes.load(Relaxed);
             status.miss_bytes = counters.miss_bytes.load(Relaxed);
             status.upstream_bytes = counters.upstream_bytes.load(Relaxed);
+            status.peer_bytes = counters.peer_bytes.load(Relaxed);
         }
         // A token sees the counters of its own datasets only.
         let datasets = datasets

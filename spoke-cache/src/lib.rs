@@ -9,6 +9,7 @@
 //! - [`entry`]: one cached shard version, its present chunks and write locks;
 //! - [`fetch`]: upstream fetches, request coalescing, bounds on what is in flight;
 //! - [`upstream`]: the hubs, through the verifying client SDK;
+//! - [`peers`]: the spoke's group: chunks from the members ranked before it;
 //! - [`evict`]: capacity, watermarks, the evictor;
 //! - [`plan`]: jobs' access plans and the eviction order they give (Belady);
 //! - [`plan_fetch`]: prefetch that follows the plans, never evicting a nearer read;
@@ -29,6 +30,7 @@ pub mod fetch;
 pub mod index;
 pub mod jobs;
 pub mod metrics;
+pub mod peers;
 pub mod plan;
 pub mod plan_fetch;
 pub mod revalidation;
@@ -39,4 +41,4 @@ pub mod store;
 pub mod upstream;
 
 pub use error::{Error, Result};
-pub use server::{SpokeOptions, open_cache, serve};
+pub use server::{PeerGroup, SpokeOptions, open_cache, serve};

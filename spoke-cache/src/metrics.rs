@@ -35,6 +35,8 @@ pub struct DatasetCounters {
     pub hit_bytes: AtomicU64,
     pub miss_bytes: AtomicU64,
     pub upstream_bytes: AtomicU64,
+    /// Bytes fetched from members of the spoke's group (not over the long link).
+    pub peer_bytes: AtomicU64,
 }
 
 /// A latency histogram with fixed buckets.
@@ -122,7 +124,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, occupancy: &Occupancy) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, CounterField); 5] = [
+        let counters: [(&str, &str, CounterField); 6] = [
             ("shardcache_spoke_hit_requests_total", "Read requests served wholly from the cache", |d| {
                 &d.hit_requests
             }),
@@ -134,6 +136,9 @@ impl Metrics {
                 &d.miss_bytes
             }),
             ("shardcache_spoke_upstream_bytes_total", "Bytes fetched from the hub", |d| &d.upstream_bytes),
+            ("shardcache_spoke_peer_bytes_total", "Bytes fetched from members of the spoke's group", |d| {
+                &d.peer_bytes
+            }),
         ];
         let datasets = self.datasets();
         for (name, help, field) in counters {

@@ -46,7 +46,10 @@ fn follow(cache: &Arc<Cache>) {
         if listed > room {
             return;
         }
-        if cache.cached_entry(&key.0, &key.1).is_some_and(|e| e.is_complete()) {
+        // In a group, each member fetches the shards it owns (the others read them
+        // from it when they need them).
+        let mine = cache.upstream().owns(&key.0, &key.1);
+        if !mine || cache.cached_entry(&key.0, &key.1).is_some_and(|e| e.is_complete()) {
             continue;
         }
         match cache.plans().start_fetch(&key, PLANNED_FETCHES) {

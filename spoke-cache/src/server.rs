@@ -21,6 +21,7 @@ use crate::{
     control::Control,
     evict::run_evictor,
     metrics::{Metrics, Occupancy},
+    peers::Peers,
     plan_fetch::run_plan_fetcher,
     scrape::{ScrapeAccess, serve_metrics},
     source::{CachedSource, STREAM_MESSAGE_MAX},
@@ -32,6 +33,8 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct SpokeOptions {
     pub hubs: Vec<String>,
+    /// The spoke's group (`--peers`, `--peer-self`), if it has one.
+    pub group: Option<PeerGroup>,
     pub hub_transport: HubTransport,
     /// TLS files and token for the hubs (`Debug` redacts the token).
     pub hub_credentials: ConnectOptions,
@@ -49,13 +52,23 @@ pub struct SpokeOptions {
     pub metrics_access: ScrapeAccess,
 }
 
+/// A spoke's group: every member's URL, and this spoke's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerGroup {
+    pub urls: Vec<String>,
+    pub me: String,
+}
+
 /// Opens the cache in `dir`. A cache whose files are damaged (RocksDB's `Corruption`
 /// status while opening or loading it) is removed and started empty, with an error in
 /// the log: the hub has every byte, so a broken cache costs a refill, never a refusal to
 /// start, and its damaged files do not keep taking the disk. Only the store's own files
 /// are removed; any other error (a bad option, a permission) stops the start instead.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
-    let upstream = Upstream::new(&options.hubs, &options.hub_transport, &options.hub_credentials)?;
+    let mut upstream = Upstream::new(&options.hubs, &options.hub_transport, &options.hub_credentials)?;
+    if let Some(group) = &options.group {
+        upstream = upstream.with_peers(Peers::new(&group.urls, &group.me, &options.hub_credentials)?);
+    }
     let create = |dir: &Path| {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Config(format!("cannot create --cache-dir {}: {e}", dir.display())))

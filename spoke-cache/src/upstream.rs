@@ -22,7 +22,7 @@ use shardcache_proto::v1::ShardInfo;
 use shardcache_serving::transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings};
 use tonic::transport::Endpoint;
 
-use crate::{Error, Result};
+use crate::{Error, Result, peers::Peers};
 
 /// How long to wait for a TCP connection to a hub. A hub across a 60 ms link answers a
 /// SYN in ~60 ms; 3 s covers retransmits without letting an uncached read hang.
@@ -98,11 +98,12 @@ impl Hub {
     }
 }
 
-/// The hubs, in `--hub` order.
+/// The hubs, in `--hub` order, and the spoke's group when it has one.
 #[derive(Debug, Clone)]
 pub struct Upstream {
     hubs: Arc<Vec<Hub>>,
     timeout: Duration,
+    peers: Option<Arc<Peers>>,
 }
 
 impl Upstream {
@@ -115,7 +116,23 @@ impl Upstream {
             .iter()
             .map(|url| Hub::connect_lazy(url, transport, credentials))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { hubs: Arc::new(hubs), timeout: transport.timeout })
+        Ok(Self { hubs: Arc::new(hubs), timeout: transport.timeout, peers: None })
+    }
+
+    /// Fetches ask `peers` (the members ranked before this spoke) before the hubs.
+    pub fn with_peers(self, peers: Peers) -> Self {
+        Self { peers: Some(Arc::new(peers)), ..self }
+    }
+
+    /// The spoke's group, if it has one.
+    pub fn peers(&self) -> Option<&Peers> {
+        self.peers.as_deref()
+    }
+
+    /// Whether this spoke fetches `dataset/shard` from the hub itself: no group, or it
+    /// is the shard's owner among the live members.
+    pub fn owns(&self, dataset: &str, shard: &str) -> bool {
+        self.peers.as_ref().is_none_or(|peers| peers.owns(dataset, shard))
     }
 
     pub fn urls(&self) -> Vec<String> {

@@ -129,6 +129,7 @@ pub fn init_logging() {
 /// set it), whole-shard fetch on.
 pub fn spoke_options(hub: &str) -> SpokeOptions {
     SpokeOptions {
+        group: None,
         hub_transport: Default::default(),
         hubs: vec![hub.to_owned()],
         cache: CacheConfig {
@@ -166,9 +167,13 @@ pub struct TestSpoke {
 
 impl TestSpoke {
     pub async fn start(cache_dir: &Path, options: SpokeOptions) -> Self {
+        Self::start_on(TcpListener::bind("127.0.0.1:0").await.unwrap(), cache_dir, options).await
+    }
+
+    /// Starts on `listener` (a group's members must know each other's addresses first).
+    pub async fn start_on(listener: TcpListener, cache_dir: &Path, options: SpokeOptions) -> Self {
         init_logging();
         let cache = spoke_cache::open_cache(cache_dir, &options).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (addr, metrics_addr) = (listener.local_addr().unwrap(), metrics.local_addr().unwrap());
         let (tx, rx) = oneshot::channel();
