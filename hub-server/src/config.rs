@@ -53,6 +53,16 @@ pub struct HubArgs {
     #[arg(long, env = "HUB_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
 
+    /// Address for Prometheus metrics (`GET /metrics`: requests, bytes served, read
+    /// latency); none when unset.
+    #[arg(long, env = "HUB_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// File holding the bearer token a scraper must send to --metrics-listen (as
+    /// Prometheus' `authorization.credentials_file`); anyone who can connect when unset.
+    #[arg(long, env = "HUB_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<PathBuf>,
+
     /// Size of the chunks StreamShard sends (64KiB to 8MiB).
     #[arg(long, env = "HUB_CHUNK_SIZE", default_value = "1MiB")]
     pub chunk_size: ByteSize,

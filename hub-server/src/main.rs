@@ -9,6 +9,7 @@ use hub_server::{
     source::{Storage, local::LocalSource, s3::S3Source},
     stats::HubStats,
 };
+use shardcache_serving::scrape::{ScrapeAccess, serve_metrics};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -48,11 +49,38 @@ async fn run<S: Storage>(
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    let metrics_listener = match args.metrics_listen {
+        Some(at) => Some(
+            tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("cannot listen on {at} for metrics"))?,
+        ),
+        None => None,
+    };
     // One line on stdout, the contract for scripts and tests that start us on port 0.
-    println!("hub-server listening on {addr}");
+    match &metrics_listener {
+        Some(metrics) => println!("hub-server listening on {addr} metrics on {}", metrics.local_addr()?),
+        None => println!("hub-server listening on {addr}"),
+    }
     tracing::info!(%addr, source = what, ?options, "serving");
     let stats = Arc::new(HubStats::default());
-    hub_server::serve(listener, source, options, stats.clone(), shutdown).await?;
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    let metrics = match metrics_listener {
+        None => None,
+        Some(listener) => {
+            let token = args.metrics_token_file.as_deref().map(shardcache_serving::auth::read_token_file);
+            let token = token.transpose().map_err(|e| anyhow::anyhow!("--metrics-token-file: {e}"))?;
+            let access = ScrapeAccess { token: token.map(Arc::from) };
+            let (stats, auth) = (stats.clone(), options.security.auth.clone());
+            let render = move || stats.render(auth.token_file_failure().is_some());
+            Some(serve_metrics(listener, options.security.tls.clone(), access, render, shutdown.clone()))
+        }
+    };
+    let serving = hub_server::serve(listener, source, options, stats.clone(), shutdown);
+    match metrics {
+        Some(metrics) => tokio::join!(serving, metrics).0?,
+        None => serving.await?,
+    }
     tracing::info!(served = ?stats.snapshot(), "stopped");
     Ok(())
 }

@@ -1,9 +1,15 @@
-//! Counters of what the hub served, read in-process (tests assert that a warm spoke
-//! never calls the hub) and logged at shutdown.
+//! Counters of what the hub served: read in-process (tests assert that a warm spoke
+//! never calls the hub), logged at shutdown, and served to Prometheus on
+//! `--metrics-listen` ([`HubStats::render`]).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::{
+    fmt::Write,
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
+    time::Duration,
+};
 
 use shardcache_reader::Observer;
+use shardcache_serving::prom::Histogram;
 
 /// Requests and bytes served since start. Cheap to update: relaxed atomics.
 #[derive(Debug, Default)]
@@ -11,6 +17,8 @@ pub struct HubStats {
     stat_requests: AtomicU64,
     read_requests: AtomicU64,
     bytes_served: AtomicU64,
+    /// Time to answer a read (ReadRange, ReadRanges, one StreamShard message).
+    read_latency: Histogram,
 }
 
 /// A copy of the counters at one moment.
@@ -37,6 +45,10 @@ impl Observer for HubStats {
     fn served(&self, bytes: usize) {
         self.bytes_served.fetch_add(bytes as u64, Relaxed);
     }
+
+    fn read_latency(&self, elapsed: Duration) {
+        self.read_latency.observe(elapsed);
+    }
 }
 
 impl HubStats {
@@ -46,5 +58,35 @@ impl HubStats {
             read_requests: self.read_requests.load(Relaxed),
             bytes_served: self.bytes_served.load(Relaxed),
         }
+    }
+
+    /// The Prometheus text exposition of the counters and the read latency histogram.
+    pub fn render(&self, token_file_broken: bool) -> String {
+        let snapshot = self.snapshot();
+        let mut out = String::new();
+        let counters = [
+            (
+                "shardcache_hub_stat_requests_total",
+                "ListDatasets, ListShards and StatShard calls",
+                snapshot.stat_requests,
+            ),
+            (
+                "shardcache_hub_read_requests_total",
+                "ReadRange, ReadRanges and StreamShard calls",
+                snapshot.read_requests,
+            ),
+            ("shardcache_hub_bytes_served_total", "Shard bytes sent in data messages", snapshot.bytes_served),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+        }
+        let name = "shardcache_hub_token_file_broken";
+        let _ = writeln!(
+            out,
+            "# HELP {name} 1 while --token-file cannot be read or parsed: requests with tokens are refused\n# TYPE {name} gauge\n{name} {}",
+            u64::from(token_file_broken)
+        );
+        self.read_latency.render(&mut out, "shardcache_hub_read_seconds", "Time to answer a read");
+        out
     }
 }

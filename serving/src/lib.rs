@@ -6,12 +6,16 @@
 //! - [`shed`]: load shedding to RESOURCE_EXHAUSTED;
 //! - [`transport`]: the HTTP/2 windows, frames and connections of the long link;
 //! - [`tls`], [`auth`] and [`reload`]: TLS on every connection, bearer tokens mapped to
-//!   datasets, and the rotation of both without a restart.
+//!   datasets, and the rotation of both without a restart;
+//! - [`scrape`] and [`prom`]: the metrics listener (`GET /metrics`) and the Prometheus
+//!   text helpers (histograms, label escaping) both servers render with.
 //!
 //! The wire contract itself (messages, names, ranges, checksums) is `shardcache-proto`.
 
 pub mod auth;
+pub mod prom;
 pub mod reload;
+pub mod scrape;
 pub mod server;
 pub mod shed;
 pub mod tls;

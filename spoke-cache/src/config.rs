@@ -13,8 +13,8 @@ use shardcache_serving::{
 };
 
 use crate::{
-    Error, PeerGroup, SpokeOptions, cache::CacheConfig, scrape::ScrapeAccess, store::PAGE_SIZE,
-    store::StoreOptions, upstream::HubTransport,
+    Error, PeerGroup, SpokeOptions, cache::CacheConfig, store::PAGE_SIZE, store::StoreOptions,
+    upstream::HubTransport,
 };
 
 /// Read-through cache of hub shards in RocksDB on local disk.
@@ -246,7 +246,7 @@ impl SpokeArgs {
             hubs: self.hubs.clone(),
             hub_transport: self.hub_transport()?,
             hub_credentials,
-            metrics_access: ScrapeAccess {
+            metrics_access: shardcache_serving::scrape::ScrapeAccess {
                 token: self
                     .metrics_token_file
                     .as_deref()

@@ -17,7 +17,6 @@
 //! - [`source`]: the cache as the shared read service's source (the hub's API);
 //! - [`control`]: prefetch, status, evict, pin;
 //! - [`metrics`]: counters and histograms, Prometheus text; [`jobs`]: per job and epoch;
-//! - [`scrape`]: the metrics listener (hyper, bounded, optionally behind a token);
 //! - [`server`]: assembly and graceful shutdown; [`config`]: flags.
 
 pub mod cache;
@@ -34,7 +33,6 @@ pub mod peers;
 pub mod plan;
 pub mod plan_fetch;
 pub mod revalidation;
-pub mod scrape;
 pub mod server;
 pub mod source;
 pub mod store;

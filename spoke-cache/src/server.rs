@@ -9,6 +9,7 @@ use shardcache_proto::v1::{
 };
 use shardcache_reader::{ReadLimits, ReadService};
 use shardcache_serving::{
+    scrape::{ScrapeAccess, serve_metrics},
     server::{self, Security, ShedLayer},
     transport::Http2Settings,
 };
@@ -23,7 +24,6 @@ use crate::{
     metrics::{Metrics, Occupancy},
     peers::Peers,
     plan_fetch::run_plan_fetcher,
-    scrape::{ScrapeAccess, serve_metrics},
     source::{CachedSource, STREAM_MESSAGE_MAX},
     store::{Store, StoreOptions},
     upstream::{HubTransport, Upstream},

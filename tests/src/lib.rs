@@ -151,7 +151,7 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
         max_streams_per_connection: shardcache_serving::server::DEFAULT_MAX_STREAMS_PER_CONNECTION,
         request_timeout: Duration::from_secs(30),
         security: Default::default(),
-        metrics_access: spoke_cache::scrape::ScrapeAccess { token: None },
+        metrics_access: shardcache_serving::scrape::ScrapeAccess { token: None },
     }
 }
 
@@ -396,6 +396,8 @@ fn spawn_and_wait_for(mut command: Command, prefix: &str) -> (Child, String) {
 pub struct HubProcess {
     pub child: Child,
     pub endpoint: String,
+    /// Where it serves metrics, when started with `--metrics-listen`.
+    pub metrics_addr: Option<String>,
 }
 
 impl HubProcess {
@@ -408,9 +410,12 @@ impl HubProcess {
         let mut command = Command::new(binary("hub-server"));
         command.args(["--root", root.to_str().unwrap(), "--listen", "127.0.0.1:0"]).args(extra_args);
         command.env("RUST_LOG", level).stderr(stderr);
-        let (child, addr) = spawn_and_wait_for(command, "hub-server listening on ");
+        let (child, rest) = spawn_and_wait_for(command, "hub-server listening on ");
         let scheme = if extra_args.contains(&"--tls-cert") { "https" } else { "http" };
-        Self { endpoint: format!("{scheme}://{addr}"), child }
+        let mut words = rest.split_whitespace();
+        let addr = words.next().unwrap_or_default().to_owned();
+        let metrics_addr = words.last().filter(|_| rest.contains(" metrics on ")).map(str::to_owned);
+        Self { endpoint: format!("{scheme}://{addr}"), child, metrics_addr }
     }
 }
 

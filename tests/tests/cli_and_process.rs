@@ -181,3 +181,29 @@ async fn reflection_v1_and_v1alpha_list_the_read_service() {
     };
     assert!(!files.file_descriptor_proto.is_empty());
 }
+
+#[tokio::test]
+async fn the_hub_serves_prometheus_metrics_of_what_it_served() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 2, 1 << 20);
+    let hub = HubProcess::start(root.path(), &["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = hub.metrics_addr.clone().expect("the hub reports its metrics address");
+    let client = shardcache_client::Client::connect(&hub.endpoint).await.unwrap();
+    client.stat("c4", "shard-00000.bin").await.unwrap();
+    let ranges = [
+        shardcache_client::Range::new("c4", "shard-00000.bin", 0, 4096),
+        shardcache_client::Range::new("c4", "shard-00001.bin", 100, 1000),
+    ];
+    client.read_ranges(&ranges).await.unwrap();
+    let page = shardcache_tests::scrape_metrics(metrics.as_str()).await.unwrap();
+    assert!(page.contains(" 200 OK"), "{page}");
+    for line in [
+        "shardcache_hub_bytes_served_total 5096",
+        "shardcache_hub_read_requests_total 1",
+        "shardcache_hub_stat_requests_total 1",
+        "shardcache_hub_read_seconds_count 1",
+        "shardcache_hub_token_file_broken 0",
+    ] {
+        assert!(page.lines().any(|l| l == line), "no {line:?} in\n{page}");
+    }
+}

@@ -320,7 +320,8 @@ async fn the_metrics_listener_wants_its_token_and_caps_its_connections() {
     make_dataset(root.path(), "c4", 1, 16384);
     let hub = TestHub::start(root.path()).await;
     let mut spoke_opts = spoke_options(&hub.endpoint);
-    spoke_opts.metrics_access = spoke_cache::scrape::ScrapeAccess { token: Some("sct_scraper".into()) };
+    spoke_opts.metrics_access =
+        shardcache_serving::scrape::ScrapeAccess { token: Some("sct_scraper".into()) };
     let cache_dir = tempfile::tempdir().unwrap();
     let spoke = TestSpoke::start(cache_dir.path(), spoke_opts).await;
     let get = |headers: &'static str| async move {
@@ -341,7 +342,7 @@ async fn the_metrics_listener_wants_its_token_and_caps_its_connections() {
     // Connections past the cap are closed unanswered; the listener serves again once
     // they go.
     let mut idle = Vec::new();
-    for _ in 0..spoke_cache::scrape::MAX_CONNECTIONS {
+    for _ in 0..shardcache_serving::scrape::MAX_CONNECTIONS {
         idle.push(tokio::net::TcpStream::connect(spoke.metrics_addr).await.unwrap());
     }
     assert_eq!(

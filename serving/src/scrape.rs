@@ -1,4 +1,4 @@
-//! The metrics listener: `GET /metrics` over HTTP/1.1 (hyper), over TLS when the spoke
+//! The metrics listener: `GET /metrics` over HTTP/1.1 (hyper), over TLS when the server
 //! serves TLS, optionally behind a bearer token (`--metrics-token-file`, as Prometheus'
 //! `authorization.credentials_file` sends it).
 //!
@@ -9,12 +9,12 @@
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
+use crate::tls::ServerTls;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use shardcache_serving::tls::ServerTls;
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::TcpListener,
