@@ -304,20 +304,25 @@ impl Cache {
         if chunks.is_empty() || !self.upstream().owns(dataset.as_str(), shard.as_str()) {
             return self.entry(dataset, shard).await;
         }
-        let speculative = futures::future::join_all(chunks.iter().map(|&index| {
-            self.fetcher.speculate(dataset.as_str(), shard.as_str(), index * chunk_size, chunk_size, row)
-        }));
-        let (entry, reads) = tokio::join!(self.entry(dataset, shard), speculative);
-        let entry = entry?;
-        for (index, read) in chunks.into_iter().zip(reads) {
-            let fits = entry.chunk_range(index) == (index * chunk_size, chunk_size);
-            match read {
-                Some(read) if fits && read.version == entry.version => {
-                    self.fetcher.adopt(self, &entry, index, read);
-                }
-                // Past the end (the read was invalid), or read at another version: the
-                // read fetches what it needs at the entry's version.
-                _ => {}
+        for &index in &chunks {
+            self.fetcher.speculate(
+                self,
+                dataset.as_str(),
+                shard.as_str(),
+                index * chunk_size,
+                chunk_size,
+                row,
+            );
+        }
+        // Forgotten however this call ends; by then the chunks' fetches that take them
+        // up are registered.
+        let _forget =
+            Forget { cache: self, dataset: dataset.as_str(), shard: shard.as_str(), chunks: &chunks };
+        let entry = self.entry(dataset, shard).await?;
+        for &index in &chunks {
+            // Past the end (the read was invalid): nothing to take up.
+            if entry.chunk_range(index) == (index * chunk_size, chunk_size) {
+                drop(self.fetch_chunk(&entry, index, row));
             }
         }
         Ok(entry)
@@ -486,6 +491,24 @@ impl Cache {
                 // Started by `fetch_chunk` itself; the result is only wanted in the store.
                 drop(self.fetch_chunk(entry, index, row));
             }
+        }
+    }
+}
+
+/// Forgets `entry_for`'s speculative reads when it ends (see
+/// `Fetcher::forget_speculation`).
+struct Forget<'a> {
+    cache: &'a Cache,
+    dataset: &'a str,
+    shard: &'a str,
+    chunks: &'a [u64],
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        let chunk_size = self.cache.config.chunk_size;
+        for &index in self.chunks {
+            self.cache.fetcher.forget_speculation(self.dataset, self.shard, index * chunk_size);
         }
     }
 }

@@ -19,7 +19,7 @@ use futures::{
     future::{BoxFuture, Shared},
 };
 use shardcache_reader::ReadError;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::{
     Error, Result,
@@ -51,15 +51,13 @@ pub(crate) struct ChunkFetch {
     pub(crate) stored: Shared<BoxFuture<'static, Result<u64>>>,
 }
 
-/// Bytes read from a hub before the cache had an entry for their shard.
-#[derive(Debug)]
-pub(crate) struct Speculative {
-    pub(crate) data: Bytes,
-    /// The version the hub read them at.
-    pub(crate) version: String,
-    /// Their room in the byte bound, held until they are stored.
-    room: OwnedSemaphorePermit,
-}
+/// A read of a range of a shard the cache had no entry for yet, at whatever version
+/// the hub has (see [`Fetcher::speculate`]): its bytes and their version, or `None`.
+pub(crate) type SpeculativeRead = Shared<BoxFuture<'static, Option<(Bytes, String)>>>;
+
+/// Speculative reads, by (dataset, shard, offset), until their first reader has taken
+/// them up (see [`Cache::entry_for`]).
+type Speculating = Mutex<HashMap<(String, String, u64), SpeculativeRead>>;
 
 /// The fetches from the hubs.
 #[derive(Debug)]
@@ -72,6 +70,7 @@ pub struct Fetcher {
     /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests to the hubs.
     requests: Semaphore,
     metrics: Arc<Metrics>,
+    speculating: Speculating,
 }
 
 impl Fetcher {
@@ -84,6 +83,7 @@ impl Fetcher {
             )),
             requests: Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT),
             metrics,
+            speculating: Speculating::default(),
         }
     }
 
@@ -132,6 +132,9 @@ impl Fetcher {
                 stored: futures::future::ready(Ok(0)).boxed().shared(),
             };
         }
+        // A read of this chunk that started alongside the shard's stat: its bytes, when
+        // at this version, are this fetch's (not a second trip over the link).
+        let speculative = self.speculation(&entry.dataset, &entry.shard, entry.chunk_range(index).0);
         let (bytes_tx, bytes_rx) = tokio::sync::oneshot::channel();
         // Removed only after this fetch was registered: the lock is held until then.
         let done_cache = cache.clone();
@@ -146,14 +149,23 @@ impl Fetcher {
                     .acquire_many(length.div_ceil(1024) as u32)
                     .await
                     .map_err(|_| Error::Internal("upstream budget closed".into()))?;
-                let fetched = {
-                    // Held for the request only: storing the chunk needs no hub.
-                    let _request = fetcher
-                        .requests
-                        .acquire()
+                let speculated = match speculative {
+                    Some(read) => read
                         .await
-                        .map_err(|_| Error::Internal("upstream requests closed".into()))?;
-                    fetcher.fetch_verified(&entry, offset, length, &row).await
+                        .filter(|(data, version)| *version == entry.version && data.len() as u64 == length),
+                    None => None,
+                };
+                let fetched = match speculated {
+                    Some((data, _)) => Ok(data),
+                    None => {
+                        // Held for the request only: storing the chunk needs no hub.
+                        let _request = fetcher
+                            .requests
+                            .acquire()
+                            .await
+                            .map_err(|_| Error::Internal("upstream requests closed".into()))?;
+                        fetcher.fetch_verified(&entry, offset, length, &row).await
+                    }
                 };
                 let _ = bytes_tx.send(fetched.clone());
                 if let Err(e) = cache.admit(&entry, index, fetched?).await {
@@ -176,58 +188,58 @@ impl Fetcher {
         fetch
     }
 
-    /// Reads `[offset, offset + length)` of a shard the cache has no entry for yet, at
-    /// whatever version the hub has, so that it crosses the link alongside the shard's
-    /// `StatShard` (see [`Cache::entry_for`]). `None` when the byte bound has no room now:
-    /// speculation never waits for room, so speculative reads waiting for each other's
-    /// room cannot deadlock. The bytes keep their room until adopted and stored.
-    pub(crate) async fn speculate(
+    /// Starts reading `[offset, offset + length)` of a shard the cache has no entry for
+    /// yet, at whatever version the hub has, so that it crosses the link alongside the
+    /// shard's `StatShard` (see [`Cache::entry_for`]); the fetch of that chunk, once the
+    /// entry is known, takes its bytes when they are at the entry's version. Concurrent
+    /// first reads of a shard share one read of each range (a cold batch from 16 ranks
+    /// had chunks cross the link twice). `None` bytes when the byte bound has no room
+    /// now: speculation never waits for room, so reads waiting for each other's room
+    /// cannot deadlock.
+    pub(crate) fn speculate(
         &self,
+        cache: &Arc<Cache>,
         dataset: &str,
         shard: &str,
         offset: u64,
         length: u64,
         row: &JobRow,
-    ) -> Option<Speculative> {
-        let room = self.budget.clone().try_acquire_many_owned(length.div_ceil(1024) as u32).ok()?;
-        let _request = self.requests.acquire().await.ok()?;
-        let started = Instant::now();
-        self.metrics.upstream_requests.fetch_add(1, Relaxed);
-        let (data, version) =
-            self.upstream.read_at_any_version(dataset, shard, offset, length, None).await.ok()?;
-        self.metrics.fetch_latency.observe(started.elapsed());
-        self.metrics.dataset(dataset).upstream_bytes.fetch_add(length, Relaxed);
-        row.hub_bytes.fetch_add(length, Relaxed);
-        Some(Speculative { data, version, room })
-    }
-
-    /// Registers the bytes of a speculative read as the fetch of chunk `index` of
-    /// `entry` (whose version the caller has checked), and has `cache` admit them; nothing
-    /// when the chunk is present or being fetched already.
-    pub(crate) fn adopt(&self, cache: &Arc<Cache>, entry: &Arc<Entry>, index: u64, read: Speculative) {
-        let key = (entry.id, index);
-        let mut inflight = self.inflight();
-        if inflight.contains_key(&key) || entry.has_chunk(index) {
+    ) {
+        let key = (dataset.to_owned(), shard.to_owned(), offset);
+        let mut speculating = self.speculating.lock().unwrap_or_else(|p| p.into_inner());
+        if speculating.contains_key(&key) {
             return;
         }
-        let Speculative { data, room, .. } = read;
-        let fetched = futures::future::ready(Ok(data.clone())).boxed().shared();
-        let (cache, entry, done_cache) = (cache.clone(), entry.clone(), cache.clone());
-        let stored = spawn_shared(
-            "chunk admission",
-            async move {
-                let _room = room;
-                let length = data.len() as u64;
-                if let Err(e) = cache.admit(&entry, index, data).await {
-                    tracing::error!(error = %e, "could not store a fetched chunk");
-                }
-                Ok(length)
-            },
-            move || {
-                done_cache.fetcher().inflight().remove(&key);
-            },
-        );
-        inflight.insert(key, ChunkFetch { fetched, stored });
+        let (cache, row) = (cache.clone(), row.clone());
+        let (dataset, shard) = (dataset.to_owned(), shard.to_owned());
+        let read = tokio::spawn(async move {
+            let fetcher = cache.fetcher();
+            let _room = fetcher.budget.clone().try_acquire_many_owned(length.div_ceil(1024) as u32).ok()?;
+            let _request = fetcher.requests.acquire().await.ok()?;
+            let started = Instant::now();
+            fetcher.metrics.upstream_requests.fetch_add(1, Relaxed);
+            let read =
+                fetcher.upstream.read_at_any_version(&dataset, &shard, offset, length, None).await.ok()?;
+            fetcher.metrics.fetch_latency.observe(started.elapsed());
+            fetcher.metrics.dataset(&dataset).upstream_bytes.fetch_add(length, Relaxed);
+            row.hub_bytes.fetch_add(length, Relaxed);
+            Some(read)
+        });
+        speculating.insert(key, async move { read.await.ok().flatten() }.boxed().shared());
+    }
+
+    /// The speculative read of `dataset/shard` at `offset`, if one was started and not
+    /// yet forgotten.
+    fn speculation(&self, dataset: &str, shard: &str, offset: u64) -> Option<SpeculativeRead> {
+        let speculating = self.speculating.lock().unwrap_or_else(|p| p.into_inner());
+        speculating.get(&(dataset.to_owned(), shard.to_owned(), offset)).cloned()
+    }
+
+    /// Forgets the speculative read of `dataset/shard` at `offset`: the fetch that takes
+    /// it up is registered (or none will be), and its bytes must not stay in memory.
+    pub(crate) fn forget_speculation(&self, dataset: &str, shard: &str, offset: u64) {
+        let mut speculating = self.speculating.lock().unwrap_or_else(|p| p.into_inner());
+        speculating.remove(&(dataset.to_owned(), shard.to_owned(), offset));
     }
 
     /// `[offset, offset + length)` of `entry` from the hub, verified by the SDK.

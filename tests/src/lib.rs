@@ -461,10 +461,16 @@ pub struct SpokeProcess {
 
 impl SpokeProcess {
     pub fn start(hub: &str, cache_dir: &Path, extra_args: &[&str]) -> Self {
+        Self::start_at(hub, cache_dir, "127.0.0.1:0", extra_args)
+    }
+
+    /// Starts listening on `listen` (a group's members must know each other's
+    /// addresses before they start).
+    pub fn start_at(hub: &str, cache_dir: &Path, listen: &str, extra_args: &[&str]) -> Self {
         let mut command = Command::new(binary("spoke-cache"));
         command
             .args(["--hub", hub, "--cache-dir", cache_dir.to_str().unwrap()])
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args(["--listen", listen, "--metrics-listen", "127.0.0.1:0"])
             .args(extra_args);
         let (child, rest) = spawn_and_wait_for(command, "spoke-cache listening on ");
         let (addr, metrics) = rest.split_once(" metrics on ").unwrap();

@@ -1,5 +1,6 @@
 //! `make demo` keeps working: the seed experiment, scaled down (4 ranks, 20 steps, a
-//! 10 ms link, no nginx), runs end to end as a process and reports what it promises.
+//! 10 ms link, no nginx), runs end to end as a process and reports what it promises,
+//! the half-size spoke and the group of spokes included.
 
 #![allow(clippy::unwrap_used)]
 
@@ -42,4 +43,19 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
     assert_eq!(warm["from_cache_pct"].as_f64(), Some(100.0), "the prefetched epoch is read from the cache");
     let markdown = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(markdown.contains("| spoke, cold + prefetch | epoch 2 (warm) |"), "{markdown}");
+
+    // The half-size spoke: three epochs each way (the demo checked that the spoke's
+    // per-job row counted every read).
+    let small = json["small_cache"]["rows"].as_array().unwrap();
+    assert_eq!(small.len(), 6, "{small:?}");
+    // Two nodes: a spoke each fetches the dataset twice, a group once; warm, neither.
+    let group = json["group"].as_array().unwrap();
+    let link = |setup: &str, epoch: u64| {
+        group.iter().find(|r| r["setup"] == setup && r["epoch"] == epoch).unwrap()["link_bytes_per_dataset"]
+            .as_f64()
+            .unwrap()
+    };
+    let (each, grouped) = (link("2 nodes, a spoke each", 1), link("2 nodes, a group of 3 spokes", 1));
+    assert!(each >= 1.9 && grouped < 1.5, "a spoke each: {each} x the dataset, a group: {grouped}");
+    assert_eq!(link("2 nodes, a group of 3 spokes", 2), 0.0, "the warm epoch crossed nothing");
 }

@@ -227,3 +227,35 @@ async fn concurrent_first_reads_of_a_shard_ask_the_hub_once() {
     }
     assert_eq!(hub.stats.snapshot().stat_requests, 1, "one StatShard for 200 concurrent first reads");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_reads_ending_on_one_chunk_fetch_it_once() {
+    // Reads that cover a whole chunk start its fetch alongside the shard's stat; many at
+    // once (ranks touching a new shard) must not each bring it over the link.
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "ds", 1, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let mut options = spoke_options(&hub.endpoint);
+    (options.cache.fetch_whole_shard, options.cache.read_ahead_chunks) = (false, 0);
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let client = spoke.client().await;
+    let want = std::fs::read(dir.join("shard-00000.bin")).unwrap();
+    let chunk = 256 << 10; // spoke_options' chunk size
+    let reads = (0..32u64).map(|i| {
+        let client = client.clone();
+        async move {
+            // Each read ends where chunk 0 ends.
+            let offset = chunk - 4096 * (i + 1);
+            let got = client
+                .read_range(&Range::new("ds", "shard-00000.bin", offset, 4096 * (i + 1)))
+                .await
+                .unwrap();
+            (offset, got.data)
+        }
+    });
+    for (offset, data) in join_all(reads).await {
+        assert_eq!(data, want[offset as usize..chunk as usize]);
+    }
+    spoke.settled().await;
+    assert_eq!(hub.stats.snapshot().bytes_served, chunk, "chunk 0 crossed the link once");
+}

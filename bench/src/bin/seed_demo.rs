@@ -30,7 +30,7 @@ use anyhow::Context;
 use clap::Parser;
 use futures::FutureExt;
 use shardcache_bench::demo::{
-    metric_sum, nginx,
+    group, metric_sum, nginx,
     readers::{self, HttpCacheCounts},
     report::{self, PhaseRow},
     small_cache,
@@ -88,6 +88,12 @@ struct Args {
     /// Run only the small-cache setups.
     #[arg(long, conflicts_with = "skip_small_cache")]
     small_cache_only: bool,
+    /// Skip the group setups (two nodes, a spoke each or a group of three).
+    #[arg(long)]
+    skip_group: bool,
+    /// Run only the group setups.
+    #[arg(long, conflicts_with_all = ["skip_group", "small_cache_only"])]
+    group_only: bool,
     /// The small-cache spoke's --plan-window (bytes of shards fetched ahead of the block
     /// being read; the spoke's default, one block of 4 x 16 MiB).
     #[arg(long, default_value = "64MiB")]
@@ -106,6 +112,7 @@ struct Demo {
     series: Vec<(String, Vec<Step>)>,
     small_rows: Vec<small_cache::EpochRow>,
     small_series: Vec<(String, Vec<Step>)>,
+    group_rows: Vec<group::GroupRow>,
 }
 
 #[tokio::main]
@@ -158,6 +165,7 @@ async fn main() -> anyhow::Result<()> {
         series: Vec::new(),
         small_rows: Vec::new(),
         small_series: Vec::new(),
+        group_rows: Vec::new(),
     };
 
     let hub = HubProcess::start(&data, &[]);
@@ -166,12 +174,12 @@ async fn main() -> anyhow::Result<()> {
     let link = ["--rtt", rtt.as_str()];
     let proxy = ProxyProcess::start(hub_addr, &link);
 
-    if !demo.args.small_cache_only {
+    if !demo.args.small_cache_only && !demo.args.group_only {
         demo.seed_setups(&hub, &proxy, work.path(), &data, &link).await?;
     }
 
     // 5. and 6. Room for half the dataset: least recently used, then the access plan.
-    if !demo.args.skip_small_cache {
+    if !demo.args.skip_small_cache && !demo.args.group_only {
         for (setup, with_plan) in [("half-size spoke, LRU", false), ("half-size spoke, plan", true)] {
             println!("\n== {setup}");
             let cache = tempfile::tempdir_in(work.path())?;
@@ -197,6 +205,25 @@ async fn main() -> anyhow::Result<()> {
             }
             demo.small_rows.extend(rows);
             demo.small_series.push((setup.to_owned(), steps));
+        }
+    }
+    // 7. and 8. Two trainer nodes: a spoke each, then a group of three spokes.
+    if !demo.args.skip_group && !demo.args.small_cache_only {
+        let groups = group::Groups {
+            hub: &proxy.endpoint,
+            work: work.path(),
+            dataset: DATASET,
+            names: &demo.names,
+            layout: demo.layout,
+            shape: demo.shape,
+            block_shards: demo.args.block_shards,
+            sample_bytes: SAMPLE,
+        };
+        for (setup, grouped) in [("2 nodes, a spoke each", false), ("2 nodes, a group of 3 spokes", true)] {
+            println!("\n== {setup}");
+            let rows = groups.run(setup, grouped).await?;
+            print!("{}", group::markdown(&rows));
+            demo.group_rows.extend(rows);
         }
     }
     demo.finish()
@@ -380,7 +407,16 @@ impl Demo {
             )
         };
         println!("{small}");
-        std::fs::write(out.join("results.md"), format!("{table}\n{ratios}{small}"))?;
+        let grouped = if self.group_rows.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\nTwo trainer nodes, a spoke each or a group of three:\n\n{}",
+                group::markdown(&self.group_rows)
+            )
+        };
+        println!("{grouped}");
+        std::fs::write(out.join("results.md"), format!("{table}\n{ratios}{small}{grouped}"))?;
         let steps: std::collections::BTreeMap<_, _> = self.series.iter().cloned().collect();
         let json = serde_json::json!({
             "config": {
@@ -392,6 +428,7 @@ impl Demo {
             },
             "rows": self.rows,
             "steps": steps,
+            "group": self.group_rows,
             "small_cache": {
                 "capacity_bytes": half, "plan_window_bytes": self.args.plan_window.0, "streamed_bytes": streamed,
                 "bound_hits_pct": bound, "rows": self.small_rows,

@@ -3,9 +3,11 @@
 //! hub directly, through the spoke cold, through the spoke with the epoch's order
 //! prefetched, and through the peer users would build instead (nginx `proxy_cache`);
 //! then through a spoke with room for half the dataset, evicting least recently used or
-//! by the job's access plan, over three epochs.
+//! by the job's access plan, over three epochs; then two trainer nodes through a spoke
+//! each and through a group of three spokes.
 //! See ../shared/seed/SEED.md for the run this reproduces.
 
+pub mod group;
 pub mod nginx;
 pub mod readers;
 pub mod report;
