@@ -7,12 +7,23 @@
 # - torch: the SDK's DataLoader-with-workers test (PyPI's wheel brings the CUDA
 #   libraries: ~3 minutes and 6.3 GB on the first run, measured; cached after);
 # - kubernetes-validate: the offline schema check of deploy/k8s (deploy/k8s/validate.sh);
-# - podman-compose: runs deploy/compose.yaml in deploy/test-containers.sh.
+# - podman-compose: runs deploy/compose.yaml in deploy/test-containers.sh;
+# and, from apt, Debian's prometheus (below).
 set -euo pipefail
 
 REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.4.6" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0")
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
 STAMP="$VENV/.shardcache-requirements"
+
+# Debian's prometheus and promtool: the monitoring test scrapes real servers with the
+# recording rules of deploy/prometheus (tests/tests/prometheus.rs; deploy/k8s/validate.sh).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  echo "installing prometheus (Debian's) for the monitoring test" >&2
+  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "${REQUIREMENTS[*]}" ]; then
   exit 0

@@ -19,3 +19,16 @@ trap 'rm -f "$rendered"' EXIT
 kubectl kustomize . > "$rendered"
 "$VENV/bin/kubernetes-validate" --strict --quiet -k "$KUBERNETES_VERSION" "$rendered"
 "$VENV/bin/python" check_manifests.py "$rendered"
+# Monitoring: the recording rules parse (promtool, from Debian's prometheus, installed by
+# scripts/ensure-test-deps.sh), and every query of the Grafana dashboard is a series they
+# record.
+promtool check rules ../prometheus/rules.yml >/dev/null
+"$VENV/bin/python" - ../prometheus/rules.yml ../grafana/shardcache.json <<'PY'
+import json, sys, yaml
+recorded = {r["record"] for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"]}
+queries = [t["expr"] for p in json.load(open(sys.argv[2]))["panels"] for t in p["targets"]]
+unknown = [q for q in queries if q not in recorded]
+if unknown or not queries:
+    sys.exit(f"dashboard queries that no rule records: {unknown}")
+print(f"{len(recorded)} recording rules; the dashboard's {len(queries)} panels use them")
+PY
