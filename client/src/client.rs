@@ -275,8 +275,15 @@ impl Client {
         for (i, read) in self.read_parts(ranges, all, Vec::new()).await? {
             verified[i] = Some(read);
         }
-        let verified: Vec<Verified> =
-            verified.into_iter().map(|v| v.unwrap_or_else(Verified::missing)).collect();
+        // Every slot is filled (each part answers for all its ranges, or the call fails);
+        // an empty one would be a bug here, and is an error rather than empty data.
+        let verified: Vec<Verified> = verified
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.ok_or_else(|| protocol(&self.endpoint, format!("range {i} of the batch went unanswered")))
+            })
+            .collect::<Result<_>>()?;
         // Every range of one shard was read at one version: a batch never mixes two.
         let mut versions: std::collections::HashMap<(&str, &str), &str> = std::collections::HashMap::new();
         for (range, read) in ranges.iter().zip(&verified) {
@@ -397,13 +404,6 @@ fn member_failed(error: &Error) -> bool {
 
 fn reader(channel: Channel, credentials: Credentials) -> ShardReaderClient<AuthChannel> {
     ShardReaderClient::with_interceptor(channel, credentials).max_decoding_message_size(MAX_RESPONSE_BYTES)
-}
-
-impl Verified {
-    /// Never handed out: `read_ranges` fills every slot or fails.
-    fn missing() -> Self {
-        Self { offset: 0, data: Bytes::new(), version: String::new() }
-    }
 }
 
 impl Member {
