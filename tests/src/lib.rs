@@ -502,6 +502,14 @@ pub async fn scrape_metrics(addr: impl tokio::net::ToSocketAddrs) -> std::io::Re
     Ok(page)
 }
 
+/// A free loopback address (`127.0.0.1:PORT`), for servers that must be told each
+/// other's addresses before they start (a group of spokes). The port is free again when
+/// this returns; the server that binds it next takes it.
+pub fn free_loopback_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
 /// Every byte of every shard in `dataset_dir`, read through `client`, equals the file.
 pub async fn assert_dataset_reads_back(client: &Client, dataset: &str, dataset_dir: &Path) {
     for shard in client.list_shards(dataset).await.unwrap() {

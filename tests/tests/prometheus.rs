@@ -12,7 +12,7 @@ use std::{
 };
 
 use shardcache_client::{Client, Range};
-use shardcache_tests::{HubProcess, SpokeProcess, make_dataset};
+use shardcache_tests::{HubProcess, SpokeProcess, free_loopback_addr, make_dataset};
 
 struct Prometheus(Child);
 
@@ -21,10 +21,6 @@ impl Drop for Prometheus {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// `GET path` from `127.0.0.1:port`; the body, or `None` when nothing answers yet.
@@ -98,7 +94,7 @@ async fn prometheus_records_the_hit_ratio_per_dataset_and_per_member() {
         ),
     )
     .unwrap();
-    let port = free_port();
+    let port: u16 = free_loopback_addr().rsplit(':').next().unwrap().parse().unwrap();
     let _prometheus = Prometheus(
         Command::new(&binary)
             .arg(format!("--config.file={}", config.display()))

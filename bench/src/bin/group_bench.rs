@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use futures::{StreamExt, stream};
 use shardcache_client::{CacheClient, Client, Range};
-use shardcache_tests::{HubProcess, SpokeProcess, make_dataset, next_random};
+use shardcache_tests::{HubProcess, SpokeProcess, free_loopback_addr, make_dataset, next_random};
 
 const SHARDS: u32 = 8;
 const SHARD: u64 = 16 << 20;
@@ -53,10 +53,6 @@ async fn misses(control: &CacheClient) -> u64 {
     control.status().await.unwrap().datasets.iter().map(|d| d.miss_requests).sum()
 }
 
-fn free_addr() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
-}
-
 #[tokio::main]
 async fn main() {
     let root = tempfile::tempdir().unwrap();
@@ -64,7 +60,7 @@ async fn main() {
     let hub = HubProcess::start(root.path(), &[]);
     let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
     let single = SpokeProcess::start(&hub.endpoint, dirs[0].path(), &[]);
-    let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
+    let addrs: Vec<String> = (0..3).map(|_| free_loopback_addr()).collect();
     let peers = addrs.iter().map(|a| format!("http://{a}")).collect::<Vec<_>>().join(",");
     let members: Vec<SpokeProcess> = addrs
         .iter()

@@ -190,15 +190,7 @@ async fn main() -> anyhow::Result<()> {
                 cache.path(),
                 &["--capacity", &capacity, "--plan-window", &window],
             );
-            let small = small_cache::SmallCache {
-                spoke: &spoke.endpoint,
-                dataset: DATASET,
-                names: &demo.names,
-                layout: demo.layout,
-                shape: demo.shape,
-                block_shards: demo.args.block_shards,
-                sample_bytes: SAMPLE,
-            };
+            let small = small_cache::SmallCache { spoke: &spoke.endpoint, job: demo.workload() };
             let (rows, steps) = small.run(setup, with_plan).await?;
             for r in &rows {
                 println!("{}", small_cache::markdown_row(r));
@@ -209,22 +201,15 @@ async fn main() -> anyhow::Result<()> {
     }
     // 7. and 8. Two trainer nodes: a spoke each, then a group of three spokes.
     if !demo.args.skip_group && !demo.args.small_cache_only {
-        let groups = group::Groups {
-            hub: &proxy.endpoint,
-            work: work.path(),
-            dataset: DATASET,
-            names: &demo.names,
-            layout: demo.layout,
-            shape: demo.shape,
-            block_shards: demo.args.block_shards,
-            sample_bytes: SAMPLE,
-        };
+        let mut rows_of_groups = Vec::new();
+        let groups = group::Groups { hub: &proxy.endpoint, work: work.path(), job: demo.workload() };
         for (setup, grouped) in [("2 nodes, a spoke each", false), ("2 nodes, a group of 3 spokes", true)] {
             println!("\n== {setup}");
             let rows = groups.run(setup, grouped).await?;
             print!("{}", group::markdown(&rows));
-            demo.group_rows.extend(rows);
+            rows_of_groups.extend(rows);
         }
+        demo.group_rows = rows_of_groups;
     }
     demo.finish()
 }
@@ -290,6 +275,17 @@ impl Demo {
             }
         }
         Ok(())
+    }
+
+    fn workload(&self) -> shardcache_bench::demo::Workload<'_> {
+        shardcache_bench::demo::Workload {
+            dataset: DATASET,
+            names: &self.names,
+            layout: self.layout,
+            shape: self.shape,
+            block_shards: self.args.block_shards,
+            sample_bytes: SAMPLE,
+        }
     }
 
     fn dataset_bytes(&self) -> u64 {

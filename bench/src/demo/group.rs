@@ -14,12 +14,12 @@ use std::{
 
 use futures::FutureExt;
 use shardcache_client::Client;
-use shardcache_tests::{SpokeProcess, scrape_metrics};
+use shardcache_tests::{SpokeProcess, free_loopback_addr, scrape_metrics};
 
 use super::{
-    metric_sum, readers,
+    Workload, metric_sum, readers,
     report::phase_row,
-    trainer::{JobShape, Layout, ReadBatch, epoch_order, run_epoch},
+    trainer::{ReadBatch, epoch_order, run_epoch},
 };
 
 /// One epoch of one group setup.
@@ -34,32 +34,20 @@ pub struct GroupRow {
     pub samples_per_s: f64,
 }
 
-/// What the setups share.
+/// What the setups share: the hub across the link (the WAN emulator's address), where
+/// the spokes keep their caches, and the job.
 #[derive(Debug)]
 pub struct Groups<'a> {
-    /// The hub across the link (the WAN emulator's address).
     pub hub: &'a str,
     pub work: &'a std::path::Path,
-    pub dataset: &'a str,
-    pub names: &'a Arc<Vec<String>>,
-    pub layout: Layout,
-    pub shape: JobShape,
-    pub block_shards: u32,
-    pub sample_bytes: u64,
-}
-
-/// A free loopback port's address (the group's members must know each other's before
-/// they start; the port is free again when this returns, taken at once by the spoke).
-fn free_addr() -> anyhow::Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.to_string())
+    pub job: Workload<'a>,
 }
 
 impl Groups<'_> {
     /// `nodes` clients (one per trainer node) and the spokes behind them: a spoke per
     /// node, or one group of `members` every node reads through.
     fn start(&self, grouped: bool, members: usize) -> anyhow::Result<(Vec<String>, Vec<SpokeProcess>)> {
-        let addrs: Vec<String> = (0..members).map(|_| free_addr()).collect::<anyhow::Result<_>>()?;
+        let addrs: Vec<String> = (0..members).map(|_| free_loopback_addr()).collect();
         let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
         let peers = urls.join(",");
         let mut spokes = Vec::new();
@@ -80,7 +68,12 @@ impl Groups<'_> {
         let mut nodes = Vec::new();
         for endpoint in &endpoints {
             let client = Client::connect(endpoint).await?;
-            nodes.push(readers::grpc(client, self.dataset, self.names.clone(), self.sample_bytes));
+            nodes.push(readers::grpc(
+                client,
+                self.job.dataset,
+                self.job.names.clone(),
+                self.job.sample_bytes,
+            ));
         }
         // The ranks' batches alternate between the two nodes.
         let turn = Arc::new(AtomicUsize::new(0));
@@ -88,15 +81,16 @@ impl Groups<'_> {
             let node = &nodes[turn.fetch_add(1, Relaxed) % nodes.len()];
             node(batch)
         });
-        let dataset_bytes = u64::from(self.layout.shards) * self.layout.samples_per_shard * self.sample_bytes;
-        let global = self.shape.ranks * self.shape.batch_per_rank;
+        let dataset_bytes =
+            u64::from(self.job.layout.shards) * self.job.layout.samples_per_shard * self.job.sample_bytes;
+        let global = self.job.shape.ranks * self.job.shape.batch_per_rank;
         let mut rows = Vec::new();
         let mut fetched_before = 0.0;
         for epoch in 0..2 {
-            let order = epoch_order(self.layout, self.block_shards, 21 + epoch);
+            let order = epoch_order(self.job.layout, self.job.block_shards, 21 + epoch);
             let started = Instant::now();
             let run =
-                run_epoch(&order, self.shape, read.clone(), Duration::ZERO, |_| async {}.boxed()).await?;
+                run_epoch(&order, self.job.shape, read.clone(), Duration::ZERO, |_| async {}.boxed()).await?;
             let wall = started.elapsed().as_secs_f64();
             let fetched = settled_fetched(&spokes).await?;
             let row = phase_row(setup, "", &run.steps, &[], global, None);

@@ -14,6 +14,18 @@ pub mod report;
 pub mod small_cache;
 pub mod trainer;
 
+/// The job the setups share: the dataset, its shards' names, how it is cut, the trainer
+/// and its sampler.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload<'a> {
+    pub dataset: &'a str,
+    pub names: &'a std::sync::Arc<Vec<String>>,
+    pub layout: trainer::Layout,
+    pub shape: trainer::JobShape,
+    pub block_shards: u32,
+    pub sample_bytes: u64,
+}
+
 /// Sums every series of `name` (all label sets) in a Prometheus text scrape.
 pub fn metric_sum(scrape: &str, name: &str) -> f64 {
     scrape

@@ -9,9 +9,9 @@ use futures::FutureExt;
 use shardcache_client::{CacheClient, Client, PlannedEpoch};
 
 use super::{
-    readers,
+    Workload, readers,
     report::phase_row,
-    trainer::{EpochOrder, JobShape, Layout, Step, epoch_order, run_epoch},
+    trainer::{EpochOrder, Step, epoch_order, run_epoch},
 };
 
 /// Epochs each small-cache setup runs.
@@ -34,35 +34,31 @@ pub struct EpochRow {
     pub first_steps_gpu_util_pct: f64,
 }
 
-/// What the setups share.
+/// A small-cache setup: the spoke to read through, and the job.
 #[derive(Debug, Clone)]
 pub struct SmallCache<'a> {
     pub spoke: &'a str,
-    pub dataset: &'a str,
-    pub names: &'a std::sync::Arc<Vec<String>>,
-    pub layout: Layout,
-    pub shape: JobShape,
-    pub block_shards: u32,
-    pub sample_bytes: u64,
+    pub job: Workload<'a>,
 }
 
 impl SmallCache<'_> {
     fn order(&self, epoch: u64) -> EpochOrder {
         // Seeds 11, 12, ...: other orders than the seed setups' epochs.
-        epoch_order(self.layout, self.block_shards, 11 + epoch)
+        epoch_order(self.job.layout, self.job.block_shards, 11 + epoch)
     }
 
     fn plan(&self, epoch: u64) -> PlannedEpoch {
         let order = self.order(epoch);
-        PlannedEpoch::from_reads(order.samples.iter().map(|s| self.names[s.shard as usize].as_str()))
+        PlannedEpoch::from_reads(order.samples.iter().map(|s| self.job.names[s.shard as usize].as_str()))
     }
 
     /// Runs [`EPOCHS`] epochs (the first with no head start: the job's first step comes
     /// as soon as its first batches do); returns each epoch's row and every step.
     pub async fn run(&self, setup: &str, with_plan: bool) -> anyhow::Result<(Vec<EpochRow>, Vec<Step>)> {
         let control = CacheClient::connect(self.spoke).await?;
-        let dataset_bytes = u64::from(self.layout.shards) * self.layout.samples_per_shard * self.sample_bytes;
-        let global = self.shape.ranks * self.shape.batch_per_rank;
+        let dataset_bytes =
+            u64::from(self.job.layout.shards) * self.job.layout.samples_per_shard * self.job.sample_bytes;
+        let global = self.job.shape.ranks * self.job.shape.batch_per_rank;
         let (mut rows, mut all) = (Vec::new(), Vec::new());
         for epoch in 0..EPOCHS {
             if with_plan {
@@ -72,15 +68,15 @@ impl SmallCache<'_> {
                     .set_plan(
                         &format!("{JOB}/all-ranks"),
                         epoch,
-                        self.dataset,
+                        self.job.dataset,
                         &[self.plan(epoch), self.plan(epoch + 1)],
                     )
                     .await?;
             }
             let client = Client::connect(self.spoke).await?.for_job(JOB, epoch)?;
-            let read = readers::grpc(client, self.dataset, self.names.clone(), self.sample_bytes);
+            let read = readers::grpc(client, self.job.dataset, self.job.names.clone(), self.job.sample_bytes);
             let order = self.order(epoch);
-            let run = run_epoch(&order, self.shape, read, Duration::ZERO, |_| async {}.boxed()).await?;
+            let run = run_epoch(&order, self.job.shape, read, Duration::ZERO, |_| async {}.boxed()).await?;
             // Fetches of this epoch's shards may still be running (a whole-shard fetch
             // after the last read): wait for the hub bytes to stop growing.
             let status = settled_status(&control).await?;
