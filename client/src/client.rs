@@ -357,30 +357,52 @@ impl Client {
                 (info.size.saturating_sub(offset), info.version)
             }
         };
+        let expected = (!expected_version.is_empty()).then_some(expected_version);
+        let end = offset.saturating_add(length);
+        let (stream, member) =
+            self.open_stream(dataset, shard, offset, end, expected.as_deref(), &[]).await?;
+        Ok(ShardStream {
+            endpoint: self.members[member].endpoint.clone(),
+            shard: format!("{dataset}/{shard}"),
+            stream,
+            next_offset: offset,
+            end,
+            version: expected,
+            resume: Resume {
+                client: self.clone(),
+                dataset: dataset.to_owned(),
+                shard: shard.to_owned(),
+                tried: vec![member],
+            },
+        })
+    }
+
+    /// A `StreamShard` of `[offset, end)` from the shard's owner (or the next member),
+    /// leaving out `tried`; with the member that answered.
+    async fn open_stream(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        end: u64,
+        expected_version: Option<&str>,
+        tried: &[usize],
+    ) -> Result<(tonic::Streaming<Chunk>, usize)> {
         let request = StreamShardRequest {
             dataset: dataset.to_owned(),
             shard: shard.to_owned(),
             offset,
-            length: Some(length),
-            expected_version: expected_version.clone(),
+            length: Some(end - offset),
+            expected_version: expected_version.unwrap_or_default().to_owned(),
         };
-        let (stream, endpoint) = self
-            .on_members(self.route(Some((dataset, shard)), &[]), |i| {
-                let (m, request) = (&self.members[i], self.read_request(request.clone()));
-                async move {
-                    let stream = m.reader.clone().stream_shard(request).await.map_err(|s| m.status(s))?;
-                    Ok((stream.into_inner(), m.endpoint.clone()))
-                }
-            })
-            .await?;
-        Ok(ShardStream {
-            endpoint,
-            shard: format!("{dataset}/{shard}"),
-            stream,
-            next_offset: offset,
-            end: offset.saturating_add(length),
-            version: (!expected_version.is_empty()).then_some(expected_version),
+        self.on_members(self.route(Some((dataset, shard)), tried), |i| {
+            let (m, request) = (&self.members[i], self.read_request(request.clone()));
+            async move {
+                let stream = m.reader.clone().stream_shard(request).await.map_err(|s| m.status(s))?;
+                Ok((stream.into_inner(), i))
+            }
         })
+        .await
     }
 }
 
@@ -476,15 +498,31 @@ pub struct ShardStream {
     next_offset: u64,
     end: u64,
     version: Option<String>,
+    /// What it takes to go on from the next member of a group when this one fails.
+    resume: Resume,
+}
+
+/// A stream's client, shard and the members it has tried.
+#[derive(Debug)]
+struct Resume {
+    client: Client,
+    dataset: String,
+    shard: String,
+    tried: Vec<usize>,
 }
 
 impl ShardStream {
     /// The next verified chunk; `Ok(None)` once the whole range has arrived.
     pub async fn next_chunk(&mut self) -> Result<Option<Verified>> {
+        let chunk = loop {
+            let message = self.stream.message().await;
+            match message.map_err(|status| Error::Status { endpoint: self.endpoint.clone(), status }) {
+                Ok(chunk) => break chunk,
+                Err(e) => self.resume_after(e).await?,
+            }
+        };
         let endpoint = &self.endpoint;
-        let message = self.stream.message().await;
-        let Some(chunk) = message.map_err(|status| Error::Status { endpoint: endpoint.clone(), status })?
-        else {
+        let Some(chunk) = chunk else {
             if self.next_offset != self.end {
                 return Err(protocol(
                     endpoint,
@@ -522,6 +560,26 @@ impl ShardStream {
         Ok(Some(verified))
     }
 
+    /// After `failure` of the member streaming: in a group whose other members have not
+    /// all been tried, the rest of the range from the next one (at the version already
+    /// read, if any), else `failure`.
+    async fn resume_after(&mut self, failure: Error) -> Result<()> {
+        let r = &mut self.resume;
+        if r.client.members.len() <= r.tried.len() || !member_failed(&failure) {
+            return Err(failure);
+        }
+        if let Some(&failed) = r.tried.last() {
+            r.client.members[failed].health.failed();
+        }
+        let version = self.version.as_deref();
+        let (stream, member) =
+            r.client.open_stream(&r.dataset, &r.shard, self.next_offset, self.end, version, &r.tried).await?;
+        r.tried.push(member);
+        self.endpoint = r.client.members[member].endpoint.clone();
+        self.stream = stream;
+        Ok(())
+    }
+
     /// The rest of the range, verified, in one buffer.
     pub async fn read_to_end(mut self) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity((self.end - self.next_offset) as usize);
@@ -529,6 +587,12 @@ impl ShardStream {
             out.extend_from_slice(&chunk.data);
         }
         Ok(out)
+    }
+
+    /// The server streaming it now (in a group, the member it went on from after a
+    /// failure).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
     }
 
     /// Offset the next chunk will start at.

@@ -191,3 +191,39 @@ async fn a_group_prefetch_brings_each_shard_over_the_link_once_and_status_adds_u
     read_all(&Client::connect(&group.spec()).await.unwrap(), &files).await;
     assert_eq!(hub.stats.snapshot().bytes_served, u64::from(SHARDS) * MIB);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_goes_on_from_the_next_member_when_its_member_dies() {
+    // Spokes as processes, so the owner can be killed mid-stream (no graceful end). The
+    // shard is larger than what HTTP/2 lets the owner send ahead, so the rest must come
+    // from the next member, at the version already read.
+    let root = tempfile::tempdir().unwrap();
+    let files = make_dataset(root.path(), "ds", 1, 48 * MIB);
+    let hub = TestHub::start(root.path()).await;
+    let addrs: Vec<String> = (0..3).map(|_| shardcache_tests::free_loopback_addr()).collect();
+    let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let peers = urls.join(",");
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut members: Vec<Option<shardcache_tests::SpokeProcess>> = addrs
+        .iter()
+        .zip(&urls)
+        .zip(&dirs)
+        .map(|((addr, url), dir)| {
+            // Chunks within the test hub's 1 MiB read limit.
+            let args = ["--peers", &peers, "--peer-self", url, "--chunk-size", "1MiB"];
+            Some(shardcache_tests::SpokeProcess::start_at(&hub.endpoint, dir.path(), addr, &args))
+        })
+        .collect();
+    let client = Client::connect(&peers).await.unwrap();
+    let shard = names()[0].clone();
+    let owner = client.owners("ds", &shard)[0];
+    let mut stream = client.stream_shard("ds", &shard, 0, None).await.unwrap();
+    assert_eq!(stream.endpoint(), urls[owner]);
+    let mut got = stream.next_chunk().await.unwrap().unwrap().data.to_vec();
+    members[owner].take().unwrap().kill();
+    while let Some(chunk) = stream.next_chunk().await.unwrap() {
+        got.extend_from_slice(&chunk.data);
+    }
+    assert_ne!(stream.endpoint(), urls[owner], "the stream went on from another member");
+    assert!(got == std::fs::read(files.join(&shard)).unwrap(), "every byte, in order, verified");
+}
