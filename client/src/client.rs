@@ -21,10 +21,12 @@ use tonic::{
     transport::Channel,
 };
 
+pub use crate::stream::ShardStream;
 use crate::{
     ConnectOptions, Credentials, Error, Result,
     connect::{AuthChannel, connect_channel, connect_channel_lazy},
     group::{self, Health},
+    stream::Resume,
 };
 
 /// Largest response the SDK accepts: the hub's largest `--max-read` (64 MiB) plus room
@@ -70,10 +72,10 @@ impl Range {
 
 /// One server of a client: a hub, a spoke, or a member of a group of spokes.
 #[derive(Debug)]
-struct Member {
-    endpoint: String,
+pub(crate) struct Member {
+    pub(crate) endpoint: String,
     reader: ShardReaderClient<AuthChannel>,
-    health: Health,
+    pub(crate) health: Health,
 }
 
 /// A connection to a shardcache server, or to a group of spokes (`URL1,URL2,...`): each
@@ -82,7 +84,7 @@ struct Member {
 /// connections.
 #[derive(Debug, Clone)]
 pub struct Client {
-    members: Arc<Vec<Member>>,
+    pub(crate) members: Arc<Vec<Member>>,
     /// What the client was made with (one URL, or the group's list).
     endpoint: String,
     /// The job and epoch headers reads carry ([`Client::for_job`]).
@@ -379,7 +381,7 @@ impl Client {
 
     /// A `StreamShard` of `[offset, end)` from the shard's owner (or the next member),
     /// leaving out `tried`; with the member that answered.
-    async fn open_stream(
+    pub(crate) async fn open_stream(
         &self,
         dataset: &str,
         shard: &str,
@@ -408,7 +410,7 @@ impl Client {
 
 /// Whether `error` says the member failed (rather than the request): worth asking the
 /// next member of a group.
-fn member_failed(error: &Error) -> bool {
+pub(crate) fn member_failed(error: &Error) -> bool {
     use tonic::Code;
     match error {
         Error::Status { status, .. } => matches!(
@@ -477,131 +479,13 @@ impl Member {
     }
 }
 
-fn protocol(endpoint: &str, detail: String) -> Error {
+pub(crate) fn protocol(endpoint: &str, detail: String) -> Error {
     Error::Protocol { endpoint: endpoint.to_owned(), detail }
 }
 
 /// `chunk` as verified bytes, or the CRC32C mismatch `endpoint` sent.
-fn checked(endpoint: &str, chunk: Chunk) -> Result<Verified> {
+pub(crate) fn checked(endpoint: &str, chunk: Chunk) -> Result<Verified> {
     checksum::verify(chunk.offset, &chunk.data, chunk.crc32c)
         .map_err(|source| Error::Checksum { endpoint: endpoint.to_owned(), source })?;
     Ok(Verified { offset: chunk.offset, data: chunk.data, version: chunk.version })
-}
-
-/// A verified stream of a shard's chunks, from [`Client::stream_shard`].
-#[derive(Debug)]
-pub struct ShardStream {
-    /// The member streaming it.
-    endpoint: String,
-    shard: String,
-    stream: tonic::Streaming<Chunk>,
-    next_offset: u64,
-    end: u64,
-    version: Option<String>,
-    /// What it takes to go on from the next member of a group when this one fails.
-    resume: Resume,
-}
-
-/// A stream's client, shard and the members it has tried.
-#[derive(Debug)]
-struct Resume {
-    client: Client,
-    dataset: String,
-    shard: String,
-    tried: Vec<usize>,
-}
-
-impl ShardStream {
-    /// The next verified chunk; `Ok(None)` once the whole range has arrived.
-    pub async fn next_chunk(&mut self) -> Result<Option<Verified>> {
-        let chunk = loop {
-            let message = self.stream.message().await;
-            match message.map_err(|status| Error::Status { endpoint: self.endpoint.clone(), status }) {
-                Ok(chunk) => break chunk,
-                Err(e) => self.resume_after(e).await?,
-            }
-        };
-        let endpoint = &self.endpoint;
-        let Some(chunk) = chunk else {
-            if self.next_offset != self.end {
-                return Err(protocol(
-                    endpoint,
-                    format!(
-                        "stream of {} ended at offset {} before the end of the range at {}",
-                        self.shard, self.next_offset, self.end
-                    ),
-                ));
-            }
-            return Ok(None);
-        };
-        let len = chunk.data.len() as u64;
-        if chunk.offset != self.next_offset || len == 0 || self.next_offset + len > self.end {
-            return Err(protocol(
-                endpoint,
-                format!(
-                    "stream of {} sent {len} bytes at offset {}, expected data at {} before {}",
-                    self.shard, chunk.offset, self.next_offset, self.end
-                ),
-            ));
-        }
-        match &self.version {
-            Some(expected) if *expected != chunk.version => {
-                return Err(Error::VersionChanged {
-                    shard: self.shard.clone(),
-                    expected: expected.clone(),
-                    found: chunk.version,
-                });
-            }
-            Some(_) => {}
-            None => self.version = Some(chunk.version.clone()),
-        }
-        let verified = checked(&self.endpoint, chunk)?;
-        self.next_offset += len;
-        Ok(Some(verified))
-    }
-
-    /// After `failure` of the member streaming: in a group whose other members have not
-    /// all been tried, the rest of the range from the next one (at the version already
-    /// read, if any), else `failure`.
-    async fn resume_after(&mut self, failure: Error) -> Result<()> {
-        let r = &mut self.resume;
-        if r.client.members.len() <= r.tried.len() || !member_failed(&failure) {
-            return Err(failure);
-        }
-        if let Some(&failed) = r.tried.last() {
-            r.client.members[failed].health.failed();
-        }
-        let version = self.version.as_deref();
-        let (stream, member) =
-            r.client.open_stream(&r.dataset, &r.shard, self.next_offset, self.end, version, &r.tried).await?;
-        r.tried.push(member);
-        self.endpoint = r.client.members[member].endpoint.clone();
-        self.stream = stream;
-        Ok(())
-    }
-
-    /// The rest of the range, verified, in one buffer.
-    pub async fn read_to_end(mut self) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity((self.end - self.next_offset) as usize);
-        while let Some(chunk) = self.next_chunk().await? {
-            out.extend_from_slice(&chunk.data);
-        }
-        Ok(out)
-    }
-
-    /// The server streaming it now (in a group, the member it went on from after a
-    /// failure).
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
-    }
-
-    /// Offset the next chunk will start at.
-    pub fn position(&self) -> u64 {
-        self.next_offset
-    }
-
-    /// Offset where the stream ends.
-    pub fn end(&self) -> u64 {
-        self.end
-    }
 }

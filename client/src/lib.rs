@@ -10,6 +10,7 @@
 //! ```
 //!
 //! - [`client`]: the [`Client`] and its verified [`ShardStream`];
+//! - [`stream`]: the verified [`ShardStream`], which carries on from another member;
 //! - [`group`]: a group of spokes: rendezvous ownership and members' health;
 //! - [`connect`]: TLS (`https://` URLs), client certificates and bearer tokens;
 //! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict, pin);
@@ -20,6 +21,7 @@ pub mod connect;
 pub mod control;
 pub mod error;
 pub mod group;
+pub mod stream;
 
 pub use client::{Client, Range, ShardStream, Verified};
 pub use connect::{ConnectOptions, Credentials};

@@ -1,0 +1,128 @@
+//! [`ShardStream`]: a verified `StreamShard`. Every message is checked (offset, length,
+//! CRC32C, one version across the stream); in a group of spokes, a member that fails
+//! mid-stream is replaced by the next member in the shard's order, from where it stopped
+//! and at the version already read.
+
+use crate::{
+    Error, Result,
+    client::{Client, Verified, checked, member_failed, protocol},
+};
+use shardcache_proto::v1::Chunk;
+
+/// A verified stream of a shard's chunks, from [`Client::stream_shard`].
+#[derive(Debug)]
+pub struct ShardStream {
+    /// The member streaming it.
+    pub(crate) endpoint: String,
+    pub(crate) shard: String,
+    pub(crate) stream: tonic::Streaming<Chunk>,
+    pub(crate) next_offset: u64,
+    pub(crate) end: u64,
+    pub(crate) version: Option<String>,
+    /// What it takes to go on from the next member of a group when this one fails.
+    pub(crate) resume: Resume,
+}
+
+/// A stream's client, shard and the members it has tried.
+#[derive(Debug)]
+pub(crate) struct Resume {
+    pub(crate) client: Client,
+    pub(crate) dataset: String,
+    pub(crate) shard: String,
+    pub(crate) tried: Vec<usize>,
+}
+
+impl ShardStream {
+    /// The next verified chunk; `Ok(None)` once the whole range has arrived.
+    pub async fn next_chunk(&mut self) -> Result<Option<Verified>> {
+        let chunk = loop {
+            let message = self.stream.message().await;
+            match message.map_err(|status| Error::Status { endpoint: self.endpoint.clone(), status }) {
+                Ok(chunk) => break chunk,
+                Err(e) => self.resume_after(e).await?,
+            }
+        };
+        let endpoint = &self.endpoint;
+        let Some(chunk) = chunk else {
+            if self.next_offset != self.end {
+                return Err(protocol(
+                    endpoint,
+                    format!(
+                        "stream of {} ended at offset {} before the end of the range at {}",
+                        self.shard, self.next_offset, self.end
+                    ),
+                ));
+            }
+            return Ok(None);
+        };
+        let len = chunk.data.len() as u64;
+        if chunk.offset != self.next_offset || len == 0 || self.next_offset + len > self.end {
+            return Err(protocol(
+                endpoint,
+                format!(
+                    "stream of {} sent {len} bytes at offset {}, expected data at {} before {}",
+                    self.shard, chunk.offset, self.next_offset, self.end
+                ),
+            ));
+        }
+        match &self.version {
+            Some(expected) if *expected != chunk.version => {
+                return Err(Error::VersionChanged {
+                    shard: self.shard.clone(),
+                    expected: expected.clone(),
+                    found: chunk.version,
+                });
+            }
+            Some(_) => {}
+            None => self.version = Some(chunk.version.clone()),
+        }
+        let verified = checked(&self.endpoint, chunk)?;
+        self.next_offset += len;
+        Ok(Some(verified))
+    }
+
+    /// After `failure` of the member streaming: in a group whose other members have not
+    /// all been tried, the rest of the range from the next one (at the version already
+    /// read, if any), else `failure`.
+    async fn resume_after(&mut self, failure: Error) -> Result<()> {
+        let r = &mut self.resume;
+        if r.client.members.len() <= r.tried.len() || !member_failed(&failure) {
+            return Err(failure);
+        }
+        if let Some(&failed) = r.tried.last() {
+            r.client.members[failed].health.failed();
+        }
+        let version = self.version.as_deref();
+        let (stream, member) =
+            r.client.open_stream(&r.dataset, &r.shard, self.next_offset, self.end, version, &r.tried).await?;
+        r.tried.push(member);
+        self.endpoint = r.client.members[member].endpoint.clone();
+        self.stream = stream;
+        Ok(())
+    }
+
+    /// The rest of the range, verified, in one buffer.
+    pub async fn read_to_end(mut self) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity((self.end - self.next_offset) as usize);
+        while let Some(chunk) = self.next_chunk().await? {
+            out.extend_from_slice(&chunk.data);
+        }
+        Ok(out)
+    }
+
+    /// The server streaming it now (in a group, the member it went on from after a
+    /// failure).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Offset the next chunk will start at.
+    pub fn position(&self) -> u64 {
+        self.next_offset
+    }
+
+    /// Offset where the stream ends.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+}
