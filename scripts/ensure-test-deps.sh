@@ -8,12 +8,21 @@
 #   libraries: ~3 minutes and 6.3 GB on the first run, measured; cached after);
 # - kubernetes-validate: the offline schema check of deploy/k8s (deploy/k8s/validate.sh);
 # - podman-compose: runs deploy/compose.yaml in deploy/test-containers.sh;
-# and, from apt, Debian's prometheus (below).
+# and, from apt, Debian's nss_wrapper and prometheus (below).
 set -euo pipefail
 
 REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.4.6" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0")
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
 STAMP="$VENV/.shardcache-requirements"
+
+# Debian's nss_wrapper: the group-discovery test resolves names from its own hosts file
+# (tests/tests/spoke_group_membership.rs).
+if ! [ -e /usr/lib/x86_64-linux-gnu/libnss_wrapper.so ] && ! [ -e /usr/lib/aarch64-linux-gnu/libnss_wrapper.so ] && ! [ -e /usr/lib64/libnss_wrapper.so ]; then
+  echo "installing libnss-wrapper for the group-discovery test" >&2
+  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends libnss-wrapper >/dev/null
+fi
 
 # Debian's prometheus and promtool: the monitoring test scrapes real servers with the
 # recording rules of deploy/prometheus (tests/tests/prometheus.rs; deploy/k8s/validate.sh).

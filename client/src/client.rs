@@ -24,8 +24,8 @@ use tonic::{
 pub use crate::stream::ShardStream;
 use crate::{
     ConnectOptions, Credentials, Error, Result,
-    connect::{AuthChannel, connect_channel, connect_channel_lazy},
-    group::{self, Health},
+    connect::{AuthChannel, connect_channel},
+    members::{self, List, MemberSpec, Members, Slot, Source},
     stream::Resume,
 };
 
@@ -71,20 +71,22 @@ impl Range {
 }
 
 /// One server of a client: a hub, a spoke, or a member of a group of spokes.
-#[derive(Debug)]
-pub(crate) struct Member {
-    pub(crate) endpoint: String,
+pub(crate) type Member = Slot<Conn>;
+
+/// What talks to a member: its read API, and its health (asked while it is failing).
+#[derive(Debug, Clone)]
+pub(crate) struct Conn {
     reader: ShardReaderClient<AuthChannel>,
-    pub(crate) health: Health,
+    health: members::HealthClient,
 }
 
-/// A connection to a shardcache server, or to a group of spokes (`URL1,URL2,...`): each
-/// shard is read from its owner by rendezvous hashing (`group.rs`), and from the next
-/// member in its order when the owner does not answer. Cheap to clone; clones share the
-/// connections.
+/// A connection to a shardcache server, or to a group of spokes (`URL1,URL2,...`,
+/// `file:PATH` or `dns+http://NAME:PORT`: see [`crate::members`]): each shard is read
+/// from its owner by rendezvous hashing (`group.rs`), and from the next member in its
+/// order when the owner does not answer. Cheap to clone; clones share the connections.
 #[derive(Debug, Clone)]
 pub struct Client {
-    pub(crate) members: Arc<Vec<Member>>,
+    pub(crate) members: Arc<Members<Conn>>,
     /// What the client was made with (one URL, or the group's list).
     endpoint: String,
     /// The job and epoch headers reads carry ([`Client::for_job`]).
@@ -99,25 +101,22 @@ impl Client {
     }
 
     /// Connects to `endpoint` (`https://` for TLS) with `options`' certificates and token.
-    /// A group (`URL1,URL2,...`) connects to each member when first used, so a member
-    /// that is down does not keep the client from starting.
+    /// A group connects to each member when first used, so a member that is down does
+    /// not keep the client from starting; a `file:` or `dns+` group is kept current.
     pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
         let credentials = Credentials::token(options.token.as_deref())?;
-        let endpoints = group::endpoints(endpoint);
-        if endpoints.len() <= 1 {
-            let channel = connect_channel(endpoint.trim().trim_end_matches(','), options).await?;
-            return Ok(Self::from_channel_with(channel, endpoint.trim().trim_end_matches(','), credentials));
+        let source = Source::parse(endpoint).map_err(Error::Config)?;
+        if let (false, Source::List(list)) = (source.is_group(), &source) {
+            let url = list.first().map_or(endpoint.trim(), |m| m.url.as_str());
+            let channel = connect_channel(url, options).await?;
+            return Ok(Self::from_channel_with(channel, url, credentials));
         }
-        let mut members = Vec::with_capacity(endpoints.len());
-        for member in endpoints {
-            let channel = connect_channel_lazy(&member, options)?;
-            members.push(Member {
-                reader: reader(channel, credentials.clone()),
-                endpoint: member,
-                health: Health::default(),
-            });
-        }
-        Ok(Self { members: Arc::new(members), endpoint: endpoint.to_owned(), job: None })
+        let members = members::connect(source, endpoint, options, move |channel| {
+            Conn::new(channel, credentials.clone())
+        })
+        .await?;
+        members::probe_failed(&members, |conn: &Conn| members::serving(&conn.health));
+        Ok(Self { members, endpoint: endpoint.to_owned(), job: None })
     }
 
     /// Uses an existing channel (custom windows); `endpoint` names it in errors.
@@ -127,12 +126,10 @@ impl Client {
 
     /// Uses an existing channel and sends `credentials` with every request.
     pub fn from_channel_with(channel: Channel, endpoint: &str, credentials: Credentials) -> Self {
-        let member = Member {
-            endpoint: endpoint.to_owned(),
-            reader: reader(channel, credentials),
-            health: Health::default(),
-        };
-        Self { members: Arc::new(vec![member]), endpoint: endpoint.to_owned(), job: None }
+        let one = [MemberSpec { url: endpoint.to_owned(), weight: 1.0 }];
+        let mut conn = Some(Conn::new(channel, credentials));
+        let members = Members::new(&one, |_| conn.take().ok_or(())).unwrap_or_else(|()| unreachable!());
+        Self { members: Arc::new(members), endpoint: endpoint.to_owned(), job: None }
     }
 
     /// A client on the same connection whose reads say they are for `job`'s `epoch` (the
@@ -159,46 +156,54 @@ impl Client {
         &self.endpoint
     }
 
-    /// The members' endpoints, in the order given.
-    pub fn members(&self) -> Vec<&str> {
-        self.members.iter().map(|m| m.endpoint.as_str()).collect()
+    /// The members' endpoints now, in the order given.
+    pub fn members(&self) -> Vec<String> {
+        self.members.current().iter().map(|m| m.url.clone()).collect()
     }
 
-    /// The members in the order they own `dataset/shard` (the owner first), as indices
-    /// into [`Client::members`].
-    pub fn owners(&self, dataset: &str, shard: &str) -> Vec<usize> {
-        let names: Vec<(&str, f64)> = self.members.iter().map(|m| (m.endpoint.as_str(), 1.0)).collect();
-        group::rendezvous(&names, dataset, shard)
+    /// The members skipped now: they failed a call and have not answered a health
+    /// check since.
+    pub fn failing_members(&self) -> Vec<String> {
+        self.members.current().iter().filter(|m| m.health.has_failed()).map(|m| m.url.clone()).collect()
+    }
+
+    /// The members' endpoints in the order they own `dataset/shard` now (the owner
+    /// first).
+    pub fn owners(&self, dataset: &str, shard: &str) -> Vec<String> {
+        members::ranked(&self.members.current(), dataset, shard).iter().map(|m| m.url.clone()).collect()
     }
 
     /// Whom to try for `dataset/shard` (or, for `None`, a call about no one shard): the
-    /// live members first, owners first, leaving out `tried`.
-    fn route(&self, shard: Option<(&str, &str)>, tried: &[usize]) -> Vec<usize> {
-        let order = match shard {
-            Some((dataset, shard)) => self.owners(dataset, shard),
-            None => (0..self.members.len()).collect(),
+    /// live members first, owners first, leaving out the endpoints `tried`.
+    fn route(&self, shard: Option<(&str, &str)>, tried: &[String]) -> List<Conn> {
+        let list = self.members.current();
+        let mut order = match shard {
+            Some((dataset, shard)) => members::ranked(&list, dataset, shard),
+            None => list.to_vec(),
         };
-        let order = order.into_iter().filter(|i| !tried.contains(i)).collect();
-        group::live_first(order, |i| self.members[i].health.is_live())
+        order.retain(|m| !tried.contains(&m.url));
+        let (mut live, down): (Vec<_>, Vec<_>) = order.into_iter().partition(|m| m.health.is_live());
+        live.extend(down);
+        Arc::new(live)
     }
 
     /// Runs `call` on the members of `route` in turn until one answers: a member's
     /// failure (down, unreachable, shedding, garbled) sends the call to the next and
     /// pauses the member; any other error is the answer. One member: one try.
-    async fn on_members<T, F, Fut>(&self, route: Vec<usize>, call: F) -> Result<T>
+    async fn on_members<T, F, Fut>(&self, route: List<Conn>, call: F) -> Result<T>
     where
-        F: Fn(usize) -> Fut,
+        F: Fn(Arc<Member>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         let mut last = None;
-        for i in route {
-            let member = &self.members[i];
-            match call(i).await {
+        let group = self.members.current().len() > 1;
+        for member in route.iter() {
+            match call(member.clone()).await {
                 Ok(answer) => {
                     member.health.answered();
                     return Ok(answer);
                 }
-                Err(e) if self.members.len() > 1 && member_failed(&e) => {
+                Err(e) if group && member_failed(&e) => {
                     member.health.failed();
                     last = Some(e);
                 }
@@ -210,9 +215,8 @@ impl Client {
 
     /// Every dataset the server has.
     pub async fn list_datasets(&self) -> Result<Vec<DatasetInfo>> {
-        self.on_members(self.route(None, &[]), |i| async move {
-            let m = &self.members[i];
-            let response = m.reader.clone().list_datasets(ListDatasetsRequest {}).await;
+        self.on_members(self.route(None, &[]), |m| async move {
+            let response = m.reader().list_datasets(ListDatasetsRequest {}).await;
             Ok(response.map_err(|s| m.status(s))?.into_inner().datasets)
         })
         .await
@@ -227,9 +231,9 @@ impl Client {
     ) -> Result<ListShardsResponse> {
         let request =
             ListShardsRequest { dataset: dataset.to_owned(), page_size, page_token: page_token.to_owned() };
-        self.on_members(self.route(None, &[]), |i| {
-            let (m, request) = (&self.members[i], request.clone());
-            async move { Ok(m.reader.clone().list_shards(request).await.map_err(|s| m.status(s))?.into_inner()) }
+        self.on_members(self.route(None, &[]), |m| {
+            let request = request.clone();
+            async move { Ok(m.reader().list_shards(request).await.map_err(|s| m.status(s))?.into_inner()) }
         })
         .await
     }
@@ -251,19 +255,18 @@ impl Client {
     /// Size, version and chunk size of one shard (from its owner in a group).
     pub async fn stat(&self, dataset: &str, shard: &str) -> Result<ShardInfo> {
         let request = StatShardRequest { dataset: dataset.to_owned(), shard: shard.to_owned() };
-        self.on_members(self.route(Some((dataset, shard)), &[]), |i| {
-            let (m, request) = (&self.members[i], request.clone());
-            async move { Ok(m.reader.clone().stat_shard(request).await.map_err(|s| m.status(s))?.into_inner()) }
+        self.on_members(self.route(Some((dataset, shard)), &[]), |m| {
+            let request = request.clone();
+            async move { Ok(m.reader().stat_shard(request).await.map_err(|s| m.status(s))?.into_inner()) }
         })
         .await
     }
 
     /// Reads one range in one call (at most the server's `--max-read`).
     pub async fn read_range(&self, range: &Range) -> Result<Verified> {
-        self.on_members(self.route(Some((&range.dataset, &range.shard)), &[]), |i| async move {
-            let m = &self.members[i];
+        self.on_members(self.route(Some((&range.dataset, &range.shard)), &[]), |m| async move {
             let request = self.read_request(range.to_request());
-            let chunk = m.reader.clone().read_range(request).await.map_err(|s| m.status(s))?;
+            let chunk = m.reader().read_range(request).await.map_err(|s| m.status(s))?;
             m.verify(range, chunk.into_inner())
         })
         .await
@@ -307,21 +310,21 @@ impl Client {
         &'a self,
         ranges: &'a [Range],
         wanted: Vec<usize>,
-        tried: Vec<usize>,
+        tried: Vec<String>,
     ) -> futures::future::BoxFuture<'a, Result<Vec<(usize, Verified)>>> {
         Box::pin(async move {
-            let mut parts: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+            let mut parts: std::collections::BTreeMap<String, (Arc<Member>, Vec<usize>)> = Default::default();
             for i in wanted {
                 let r = &ranges[i];
-                let Some(&member) = self.route(Some((&r.dataset, &r.shard)), &tried).first() else {
+                let Some(member) = self.route(Some((&r.dataset, &r.shard)), &tried).first().cloned() else {
                     return Err(Error::Config("every member of the group failed this read".into()));
                 };
-                parts.entry(member).or_default().push(i);
+                parts.entry(member.url.clone()).or_insert_with(|| (member, Vec::new())).1.push(i);
             }
-            let reads = parts.into_iter().map(|(member, indices)| {
+            let group = self.members.current().len();
+            let reads = parts.into_values().map(|(m, indices)| {
                 let tried = tried.clone();
                 async move {
-                    let m = &self.members[member];
                     match m
                         .read_batch(self.read_request(ReadRangesRequest::default()), ranges, &indices)
                         .await
@@ -330,9 +333,9 @@ impl Client {
                             m.health.answered();
                             Ok(indices.into_iter().zip(read).collect::<Vec<_>>())
                         }
-                        Err(e) if self.members.len() > tried.len() + 1 && member_failed(&e) => {
+                        Err(e) if group > tried.len() + 1 && member_failed(&e) => {
                             m.health.failed();
-                            let tried = tried.into_iter().chain([member]).collect();
+                            let tried = tried.into_iter().chain([m.url.clone()]).collect();
                             self.read_parts(ranges, indices, tried).await
                         }
                         Err(e) => Err(e),
@@ -364,7 +367,7 @@ impl Client {
         let (stream, member) =
             self.open_stream(dataset, shard, offset, end, expected.as_deref(), &[]).await?;
         Ok(ShardStream {
-            endpoint: self.members[member].endpoint.clone(),
+            endpoint: member.clone(),
             shard: format!("{dataset}/{shard}"),
             stream,
             next_offset: offset,
@@ -388,8 +391,8 @@ impl Client {
         offset: u64,
         end: u64,
         expected_version: Option<&str>,
-        tried: &[usize],
-    ) -> Result<(tonic::Streaming<Chunk>, usize)> {
+        tried: &[String],
+    ) -> Result<(tonic::Streaming<Chunk>, String)> {
         let request = StreamShardRequest {
             dataset: dataset.to_owned(),
             shard: shard.to_owned(),
@@ -397,11 +400,11 @@ impl Client {
             length: Some(end - offset),
             expected_version: expected_version.unwrap_or_default().to_owned(),
         };
-        self.on_members(self.route(Some((dataset, shard)), tried), |i| {
-            let (m, request) = (&self.members[i], self.read_request(request.clone()));
+        self.on_members(self.route(Some((dataset, shard)), tried), |m| {
+            let request = self.read_request(request.clone());
             async move {
-                let stream = m.reader.clone().stream_shard(request).await.map_err(|s| m.status(s))?;
-                Ok((stream.into_inner(), i))
+                let stream = m.reader().stream_shard(request).await.map_err(|s| m.status(s))?;
+                Ok((stream.into_inner(), m.url.clone()))
             }
         })
         .await
@@ -426,17 +429,27 @@ pub(crate) fn member_failed(error: &Error) -> bool {
     }
 }
 
-fn reader(channel: Channel, credentials: Credentials) -> ShardReaderClient<AuthChannel> {
-    ShardReaderClient::with_interceptor(channel, credentials).max_decoding_message_size(MAX_RESPONSE_BYTES)
+impl Conn {
+    fn new(channel: Channel, credentials: Credentials) -> Self {
+        let reader = ShardReaderClient::with_interceptor(channel.clone(), credentials.clone())
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let health = members::HealthClient::new(channel);
+        Self { reader, health }
+    }
 }
 
+/// What the client does with one member.
 impl Member {
+    fn reader(&self) -> ShardReaderClient<AuthChannel> {
+        self.conn.reader.clone()
+    }
+
     fn status(&self, status: tonic::Status) -> Error {
-        Error::Status { endpoint: self.endpoint.clone(), status }
+        Error::Status { endpoint: self.url.clone(), status }
     }
 
     fn protocol(&self, detail: String) -> Error {
-        protocol(&self.endpoint, detail)
+        protocol(&self.url, detail)
     }
 
     /// `ranges[indices]` in one `ReadRanges` call, verified; `request` carries the
@@ -449,7 +462,7 @@ impl Member {
     ) -> Result<Vec<Verified>> {
         request.get_mut().ranges = indices.iter().map(|&i| ranges[i].to_request()).collect();
         let chunks =
-            self.reader.clone().read_ranges(request).await.map_err(|s| self.status(s))?.into_inner().chunks;
+            self.reader().read_ranges(request).await.map_err(|s| self.status(s))?.into_inner().chunks;
         if chunks.len() != indices.len() {
             return Err(self.protocol(format!("{} chunks for {} ranges", chunks.len(), indices.len())));
         }
@@ -475,7 +488,7 @@ impl Member {
                 found: chunk.version,
             });
         }
-        checked(&self.endpoint, chunk)
+        checked(&self.url, chunk)
     }
 }
 

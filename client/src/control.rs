@@ -1,6 +1,6 @@
 //! [`CacheClient`]: the spoke's cache-control API (prefetch, status, evict, pin, plans).
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use futures::{StreamExt, stream::BoxStream};
 use shardcache_proto::v1::{
@@ -11,17 +11,17 @@ use shardcache_proto::v1::{
 
 use crate::{
     ConnectOptions, Credentials, Error, Result,
-    connect::{AuthChannel, connect_channel, connect_channel_lazy},
-    group,
+    connect::{AuthChannel, connect_channel},
+    members::{self, List, MemberSpec, Members, Source},
 };
 
 /// A connection to a spoke's cache control, or to every member of a group of spokes
-/// (`URL1,URL2,...`): then each call goes to every member (a member prefetches and
-/// plans only the shards it owns; the group holds one copy), and `status` adds their
-/// answers up. Cheap to clone.
+/// (as [`crate::Client`] names one): then each call goes to every member (a member
+/// prefetches and plans only the shards it owns; the group holds one copy), and `status`
+/// adds their answers up. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct CacheClient {
-    members: Vec<(String, CacheControlClient<AuthChannel>)>,
+    members: Arc<Members<CacheControlClient<AuthChannel>>>,
 }
 
 impl CacheClient {
@@ -32,18 +32,20 @@ impl CacheClient {
     /// Connects with `options`' certificates and token (see [`crate::Client::connect_with`]).
     pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
         let credentials = Credentials::token(options.token.as_deref())?;
-        let endpoints = group::endpoints(endpoint);
-        let mut members = Vec::with_capacity(endpoints.len().max(1));
-        if endpoints.len() <= 1 {
-            let endpoint = endpoint.trim().trim_end_matches(',');
-            let channel = connect_channel(endpoint, options).await?;
-            members.push((endpoint.to_owned(), CacheControlClient::with_interceptor(channel, credentials)));
-        } else {
-            for member in endpoints {
-                let channel = connect_channel_lazy(&member, options)?;
-                members.push((member, CacheControlClient::with_interceptor(channel, credentials.clone())));
-            }
+        let source = Source::parse(endpoint).map_err(Error::Config)?;
+        if let (false, Source::List(list)) = (source.is_group(), &source) {
+            let url = list.first().map_or(endpoint.trim(), |m| m.url.as_str());
+            let channel = connect_channel(url, options).await?;
+            let mut control = Some(CacheControlClient::with_interceptor(channel, credentials));
+            let one = [MemberSpec { url: url.to_owned(), weight: 1.0 }];
+            let members =
+                Members::new(&one, |_| control.take().ok_or(())).unwrap_or_else(|()| unreachable!());
+            return Ok(Self { members: Arc::new(members) });
         }
+        let members = members::connect(source, endpoint, options, move |channel| {
+            CacheControlClient::with_interceptor(channel, credentials.clone())
+        })
+        .await?;
         Ok(Self { members })
     }
 
@@ -54,12 +56,21 @@ impl CacheClient {
         F: Fn(CacheControlClient<AuthChannel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let calls = self.members.iter().map(|(endpoint, control)| {
-            let call = call(control.clone());
+        Self::on_list(&self.members.current(), call).await
+    }
+
+    /// [`CacheClient::on_all`] on the members of `list`.
+    async fn on_list<T, F, Fut>(list: &List<CacheControlClient<AuthChannel>>, call: F) -> Result<Vec<T>>
+    where
+        F: Fn(CacheControlClient<AuthChannel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let calls = list.iter().map(|member| {
+            let call = call(member.conn.clone());
             async move {
                 call.await
                     .map(tonic::Response::into_inner)
-                    .map_err(|status| Error::Status { endpoint: endpoint.clone(), status })
+                    .map_err(|status| Error::Status { endpoint: member.url.clone(), status })
             }
         });
         futures::future::try_join_all(calls).await
@@ -88,13 +99,13 @@ impl CacheClient {
                 .collect(),
             parallelism,
         };
-        let streams = self
-            .on_all(|mut control| {
-                let request = request.clone();
-                async move { control.prefetch(request).await }
-            })
-            .await?;
-        let endpoints = self.members.iter().map(|(e, _)| e.clone());
+        let list = self.members.current();
+        let streams = Self::on_list(&list, |mut control| {
+            let request = request.clone();
+            async move { control.prefetch(request).await }
+        })
+        .await?;
+        let endpoints = list.iter().map(|m| m.url.clone());
         let streams = streams.into_iter().zip(endpoints).enumerate().map(|(i, (stream, endpoint))| {
             futures::stream::unfold((stream, endpoint), move |(mut stream, endpoint)| async move {
                 let next = stream.message().await;
@@ -107,7 +118,7 @@ impl CacheClient {
         });
         Ok(PrefetchStream {
             streams: futures::stream::select_all(streams),
-            latest: vec![PrefetchProgress::default(); self.members.len()],
+            latest: vec![PrefetchProgress::default(); list.len()],
         })
     }
 

@@ -10,8 +10,9 @@
 //! weight owns twice the shards.
 //!
 //! Health: a member that failed a call (it is down, unreachable, or shedding) is skipped
-//! for a while (1 s, doubling to 30 s while it keeps failing) and tried again after;
-//! when every member is skipped, they are tried anyway, in order.
+//! until it answers a gRPC health check (asked every 500 ms: `members::probe_failed`) or
+//! its pause ends (1 s, doubling to 30 s while it keeps failing); when every member is
+//! skipped, they are tried anyway, in order.
 
 use std::{
     sync::Mutex,
@@ -80,24 +81,16 @@ impl Health {
         *state = Some((Instant::now() + pause, pause));
     }
 
-    /// A call succeeded.
+    /// It failed and has not answered since.
+    pub fn has_failed(&self) -> bool {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// A call (or a health check) succeeded.
     pub fn answered(&self) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         *state = None;
     }
-}
-
-/// `order` with the live members first (in order), then the others (in order): whom to
-/// try for a call.
-pub fn live_first(order: Vec<usize>, is_live: impl Fn(usize) -> bool) -> Vec<usize> {
-    let (mut live, down): (Vec<usize>, Vec<usize>) = order.into_iter().partition(|&i| is_live(i));
-    live.extend(down);
-    live
-}
-
-/// Splits a group spec, `URL1,URL2,...`, into its endpoints (blanks dropped).
-pub fn endpoints(spec: &str) -> Vec<String> {
-    spec.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect()
 }
 
 #[cfg(test)]
@@ -170,9 +163,7 @@ mod tests {
         assert!(health.is_live());
         health.failed();
         assert!(!health.is_live(), "paused after a failure");
-        assert_eq!(live_first(vec![2, 0, 1], |i| i != 0), [2, 1, 0], "live ones first, in order");
         health.answered();
         assert!(health.is_live());
-        assert_eq!(endpoints(" http://a:1, http://b:2 ,,"), ["http://a:1", "http://b:2"]);
     }
 }

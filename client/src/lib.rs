@@ -12,6 +12,7 @@
 //! - [`client`]: the [`Client`] and its verified [`ShardStream`];
 //! - [`stream`]: the verified [`ShardStream`], which carries on from another member;
 //! - [`group`]: a group of spokes: rendezvous ownership and members' health;
+//! - [`members`]: who is in a group (a list, a file, DNS) and keeping that current;
 //! - [`connect`]: TLS (`https://` URLs), client certificates and bearer tokens;
 //! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict, pin);
 //! - [`error`]: what can go wrong, with the gRPC code where the server gave one.
@@ -21,6 +22,7 @@ pub mod connect;
 pub mod control;
 pub mod error;
 pub mod group;
+pub mod members;
 pub mod stream;
 
 pub use client::{Client, Range, ShardStream, Verified};

@@ -29,7 +29,8 @@ pub(crate) struct Resume {
     pub(crate) client: Client,
     pub(crate) dataset: String,
     pub(crate) shard: String,
-    pub(crate) tried: Vec<usize>,
+    /// Endpoints of the members it has tried.
+    pub(crate) tried: Vec<String>,
 }
 
 impl ShardStream {
@@ -86,17 +87,18 @@ impl ShardStream {
     /// read, if any), else `failure`.
     async fn resume_after(&mut self, failure: Error) -> Result<()> {
         let r = &mut self.resume;
-        if r.client.members.len() <= r.tried.len() || !member_failed(&failure) {
+        let members = r.client.members.current();
+        if members.len() <= r.tried.len() || !member_failed(&failure) {
             return Err(failure);
         }
-        if let Some(&failed) = r.tried.last() {
-            r.client.members[failed].health.failed();
+        if let Some(failed) = r.tried.last().and_then(|url| members.iter().find(|m| m.url == *url)) {
+            failed.health.failed();
         }
         let version = self.version.as_deref();
         let (stream, member) =
             r.client.open_stream(&r.dataset, &r.shard, self.next_offset, self.end, version, &r.tried).await?;
+        self.endpoint = member.clone();
         r.tried.push(member);
-        self.endpoint = r.client.members[member].endpoint.clone();
         self.stream = stream;
         Ok(())
     }

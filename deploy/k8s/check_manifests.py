@@ -45,17 +45,16 @@ services = {s["metadata"]["name"]: s for s in by_kind.get("Service", [])}
 check(services.get(spoke["spec"]["serviceName"], {}).get("spec", {}).get("clusterIP") == "None", "spoke headless service")
 check("shardcache-hub" in services, "hub service")
 
-# The group: SPOKE_PEERS names every replica by its stable name, the pod names itself,
-# and a disruption budget keeps all but one up.
+# The group: SPOKE_PEERS discovers the ready pods from the headless Service's DNS, each
+# pod names itself by its IP, and a disruption budget keeps all but one up.
 replicas = spoke["spec"].get("replicas", 1)
 spoke_env = {e["name"]: e for e in spoke["spec"]["template"]["spec"]["containers"][0].get("env", [])}
-peers = (spoke_env.get("SPOKE_PEERS", {}).get("value") or "").split(",")
 service = spoke["spec"]["serviceName"]
-expected = [f"https://{spoke['metadata']['name']}-{i}.{service}:7071" for i in range(replicas)]
 check(replicas >= 3, f"spoke group of at least 3 (has {replicas})")
-check(peers == expected, f"SPOKE_PEERS lists every replica: {peers} != {expected}")
-check(spoke_env.get("SPOKE_PEER_SELF", {}).get("value") == f"https://$(POD_NAME).{service}:7071", "SPOKE_PEER_SELF from the pod name")
-check(spoke_env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name", "POD_NAME from the downward API")
+peers = spoke_env.get("SPOKE_PEERS", {}).get("value")
+check(peers == f"dns+https://{service}:7071", f"SPOKE_PEERS discovers the headless Service {service}: {peers}")
+check(spoke_env.get("SPOKE_PEER_SELF", {}).get("value") == "https://$(POD_IP):7071", "SPOKE_PEER_SELF from the pod's IP")
+check(spoke_env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP", "POD_IP from the downward API")
 budgets = [b for b in by_kind.get("PodDisruptionBudget", []) if b["spec"]["selector"]["matchLabels"] == spoke["spec"]["selector"]["matchLabels"]]
 check(len(budgets) == 1 and budgets[0]["spec"].get("maxUnavailable") == 1, "a disruption budget of one spoke at a time")
 hub = next(w for w in workloads if w["metadata"]["name"] == "shardcache-hub")

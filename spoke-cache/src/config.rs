@@ -25,10 +25,13 @@ pub struct SpokeArgs {
     #[arg(long = "hub", env = "SPOKE_HUB", value_delimiter = ',', required = true)]
     pub hubs: Vec<String>,
 
-    /// The spoke's group: every member's URL as clients reach it, this spoke's too
-    /// (comma-separated). A chunk this spoke lacks is asked of the members ranked before
-    /// it for the shard (rendezvous hashing, the owner first) before the hub, so the
-    /// group fetches each shard over the long link once. Needs --peer-self.
+    /// The spoke's group, named as clients name it: every member's URL as clients reach
+    /// it, this spoke's too (comma-separated, `URL?weight=N` for a larger share),
+    /// `file:PATH` (re-read when it changes) or `dns+http://NAME:PORT` (every address of
+    /// NAME, e.g. a headless Service; re-resolved every 5 s). A chunk this spoke lacks is
+    /// asked of the members ranked before it for the shard (rendezvous hashing, the owner
+    /// first) before the hub, so the group fetches each shard over the long link once.
+    /// Needs --peer-self.
     #[arg(long, env = "SPOKE_PEERS", value_delimiter = ',')]
     pub peers: Vec<String>,
 
@@ -234,7 +237,7 @@ impl SpokeArgs {
             self.peers.iter().map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect();
         let group = match (&self.peer_self, peers.is_empty()) {
             (_, true) => None,
-            (Some(me), false) => Some(PeerGroup { urls: peers, me: me.clone() }),
+            (Some(me), false) => Some(PeerGroup { spec: peers.join(","), me: me.clone() }),
             (None, false) => {
                 return Err(Error::Config(
                     "--peers needs --peer-self: this spoke's URL as the list has it".into(),

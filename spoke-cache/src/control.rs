@@ -10,9 +10,9 @@ use futures::stream::{self, StreamExt};
 use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::{
-        DatasetStatus, EvictRequest, EvictResponse, JobStatus, PinRequest, PinResponse, PlanRequest,
-        PlanResponse, PlanStatus, PrefetchProgress, PrefetchRequest, StatusRequest, StatusResponse,
-        cache_control_server::CacheControl,
+        Chunk, DatasetStatus, EvictRequest, EvictResponse, JobStatus, PinRequest, PinResponse, PlanRequest,
+        PlanResponse, PlanStatus, PrefetchProgress, PrefetchRequest, ReadRangeRequest, StatusRequest,
+        StatusResponse, cache_control_server::CacheControl,
     },
 };
 use shardcache_serving::auth::Grant;
@@ -35,6 +35,10 @@ pub const DEFAULT_PREFETCH_PARALLELISM: usize = 4;
 /// Shard versions a prefetch asks the hub for at once before fetching: 64 shards per
 /// 60 ms round trip (the demo's 75-shard plan resolves in two round trips, not five).
 const STAT_PARALLELISM: usize = 64;
+
+/// Largest `ReadCached`: a member asks for one cache chunk at a time (4 MiB by default;
+/// `--chunk-size` allows up to 64 MiB), and the SDK accepts 80 MiB responses.
+const MAX_CACHED_READ: u64 = 64 << 20;
 
 /// `CacheControl` over the cache.
 #[derive(Debug)]
@@ -230,6 +234,32 @@ impl CacheControl for Control {
             entries
         };
         set_pins(&self.cache, entries, true).await
+    }
+
+    async fn read_cached(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
+        Grant::of(&request)?.check(&request.get_ref().dataset)?;
+        let req = request.into_inner();
+        let (dataset, shard) = (DatasetName::new(&req.dataset)?, ShardName::new(&req.shard)?);
+        shardcache_proto::range::check_total(req.length, MAX_CACHED_READ).map_err(Status::from)?;
+        let Some(entry) = self.cache.cached_entry(dataset.as_str(), shard.as_str()) else {
+            return Err(Status::failed_precondition(format!("{dataset}/{shard} is not cached here")));
+        };
+        if !req.expected_version.is_empty() && req.expected_version != entry.version {
+            return Err(Status::aborted(format!(
+                "{dataset}/{shard} is cached here at version {:?}, not {:?}",
+                entry.version, req.expected_version
+            )));
+        }
+        shardcache_proto::range::check_within(req.offset, req.length, entry.size).map_err(Status::from)?;
+        let Some(data) = self.cache.read_cached(&entry, req.offset, req.length).await? else {
+            return Err(Status::failed_precondition(format!(
+                "{dataset}/{shard} [{}, {}) is not all cached here",
+                req.offset,
+                req.offset + req.length
+            )));
+        };
+        let crc32c = shardcache_proto::checksum::crc32c(&data);
+        Ok(Response::new(Chunk { offset: req.offset, data, crc32c, version: entry.version.clone() }))
     }
 
     async fn set_plan(&self, request: Request<PlanRequest>) -> Result<Response<PlanResponse>, Status> {

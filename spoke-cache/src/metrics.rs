@@ -62,6 +62,8 @@ pub struct Occupancy {
     pub datasets: BTreeMap<String, (u64, u64, u64)>,
     /// The token file no longer loads, so requests with tokens are refused (an alarm).
     pub token_file_broken: bool,
+    /// Members of the spoke's group as it sees them now (itself included); 0 alone.
+    pub group_members: u64,
 }
 
 impl Metrics {
@@ -128,6 +130,11 @@ impl Metrics {
             ("shardcache_spoke_capacity_bytes", "Configured cache capacity", occupancy.capacity_bytes),
             ("shardcache_spoke_used_bytes", "Bytes of cached chunks", occupancy.used_bytes),
             ("shardcache_spoke_disk_bytes", "Bytes of live RocksDB files", occupancy.disk_bytes),
+            (
+                "shardcache_spoke_group_members",
+                "Members of the spoke's group it knows of now, itself included (0: no group)",
+                occupancy.group_members,
+            ),
             (
                 "shardcache_spoke_token_file_broken",
                 "1 while --token-file cannot be read or parsed: requests with tokens are refused",

@@ -52,10 +52,11 @@ pub struct SpokeOptions {
     pub metrics_access: ScrapeAccess,
 }
 
-/// A spoke's group: every member's URL, and this spoke's.
+/// A spoke's group: its members (`URL1,URL2,...`, `file:PATH` or
+/// `dns+http://NAME:PORT`: `shardcache_client::members`), and this spoke's URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerGroup {
-    pub urls: Vec<String>,
+    pub spec: String,
     pub me: String,
 }
 
@@ -67,7 +68,7 @@ pub struct PeerGroup {
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
     let mut upstream = Upstream::new(&options.hubs, &options.hub_transport, &options.hub_credentials)?;
     if let Some(group) = &options.group {
-        upstream = upstream.with_peers(Peers::new(&group.urls, &group.me, &options.hub_credentials)?);
+        upstream = upstream.with_peers(Peers::new(&group.spec, &group.me, &options.hub_credentials)?);
     }
     let create = |dir: &Path| {
         std::fs::create_dir_all(dir)
@@ -192,6 +193,7 @@ fn occupancy(cache: &Cache) -> Occupancy {
         capacity_bytes: cache.capacity().capacity(),
         used_bytes: cache.used_bytes(),
         disk_bytes: cache.disk_bytes(),
+        group_members: cache.upstream().peers().map_or(0, |p| p.urls().len() as u64),
         ..Default::default()
     };
     for entry in cache.entries() {

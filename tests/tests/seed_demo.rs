@@ -58,4 +58,10 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
     let (each, grouped) = (link("2 nodes, a spoke each", 1), link("2 nodes, a group of 3 spokes", 1));
     assert!(each >= 1.9 && grouped < 1.5, "a spoke each: {each} x the dataset, a group: {grouped}");
     assert_eq!(link("2 nodes, a group of 3 spokes", 2), 0.0, "the warm epoch crossed nothing");
+    // A member killed mid-epoch: the epoch completed (a failed read fails the demo),
+    // at most the member's share crossed again, and back on its cache it refetched
+    // nothing (the demo checked the nodes saw it serving again).
+    let losing = "2 nodes, a group of 3, one killed mid-epoch 1";
+    assert!(link(losing, 1) <= 1.0 + 1.0 / 3.0 + 0.05, "lost a third: {} x the dataset", link(losing, 1));
+    assert_eq!(link(losing, 2), 0.0, "the restarted member served its cache");
 }

@@ -76,7 +76,7 @@ impl Group {
 
     async fn start_member(&self, i: usize, listener: TcpListener) -> TestSpoke {
         let mut options = spoke_options(&self.hub);
-        options.group = Some(PeerGroup { urls: self.urls.clone(), me: self.urls[i].clone() });
+        options.group = Some(PeerGroup { spec: self.urls.join(","), me: self.urls[i].clone() });
         TestSpoke::start_on(listener, self.dirs[i].path(), options).await
     }
 
@@ -107,7 +107,9 @@ async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping
     group.settled().await;
     assert_eq!(hub.stats.snapshot().bytes_served, dataset, "the group fetched the dataset once");
     // Each member holds what it owns.
-    let owned = |member: usize| names().iter().filter(|n| node_a.owners("ds", n)[0] == member).count() as u64;
+    let owned = |member: usize| {
+        names().iter().filter(|n| node_a.owners("ds", n)[0] == group.urls[member]).count() as u64
+    };
     for (i, spoke) in group.spokes.iter().flatten().enumerate() {
         assert_eq!(spoke.cache.used_bytes(), owned(i) * MIB, "member {i}");
     }
@@ -127,8 +129,9 @@ async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping
     let served = reads_served(&group) - served_before;
     assert_eq!(served, 4 * u64::from(SHARDS), "the members still up served every read");
 
-    // Back on its address with its cache: it serves its shards again at once (a new
-    // client: the old one pauses the member it saw fail before trying it again).
+    // Back on its address with its cache: the client that saw it fail finds it serving
+    // again (its health check, every 500 ms), and it serves its shards from its cache.
+    assert_eq!(node_a.failing_members(), [group.urls[stopped].clone()]);
     let addr = group.urls[stopped].trim_start_matches("http://").to_owned();
     let listener = TcpListener::bind(&addr).await.unwrap();
     group.spokes[stopped] = Some(group.start_member(stopped, listener).await);
@@ -136,7 +139,14 @@ async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping
     let back = group.spokes[stopped].as_ref().unwrap();
     let hits_before =
         back.cache.metrics().dataset("ds").hit_requests.load(std::sync::atomic::Ordering::Relaxed);
-    read_all(&Client::connect(&group.spec()).await.unwrap(), &files).await;
+    for _ in 0..300 {
+        if node_a.failing_members().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(node_a.failing_members().is_empty(), "the member was seen serving again within 30 s");
+    read_all(&node_a, &files).await;
     group.settled().await;
     assert_eq!(hub.stats.snapshot().bytes_served, before, "nothing crossed the link");
     let hits = back.cache.metrics().dataset("ds").hit_requests.load(std::sync::atomic::Ordering::Relaxed);
@@ -165,7 +175,7 @@ async fn a_member_asked_for_a_shard_it_does_not_own_reads_it_from_the_owner() {
     let counters = local.cache.metrics().dataset("ds");
     let peer_bytes = counters.peer_bytes.load(std::sync::atomic::Ordering::Relaxed);
     let client = Client::connect(&group.spec()).await.unwrap();
-    let not_owned = names().iter().filter(|n| client.owners("ds", n)[0] != 0).count() as u64;
+    let not_owned = names().iter().filter(|n| client.owners("ds", n)[0] != group.urls[0]).count() as u64;
     assert_eq!(peer_bytes, not_owned * MIB, "member 0 fetched the others' shards from them");
 }
 
@@ -216,7 +226,7 @@ async fn a_stream_goes_on_from_the_next_member_when_its_member_dies() {
         .collect();
     let client = Client::connect(&peers).await.unwrap();
     let shard = names()[0].clone();
-    let owner = client.owners("ds", &shard)[0];
+    let owner = urls.iter().position(|u| *u == client.owners("ds", &shard)[0]).unwrap();
     let mut stream = client.stream_shard("ds", &shard, 0, None).await.unwrap();
     assert_eq!(stream.endpoint(), urls[owner]);
     let mut got = stream.next_chunk().await.unwrap().unwrap().data.to_vec();

@@ -168,7 +168,8 @@ async fn main() -> anyhow::Result<()> {
         group_rows: Vec::new(),
     };
 
-    let hub = HubProcess::start(&data, &[]);
+    // Its metrics count what crossed the link in the group setups.
+    let hub = HubProcess::start(&data, &["--metrics-listen", "127.0.0.1:0"]);
     let hub_addr = hub.endpoint.trim_start_matches("http://").parse()?;
     let rtt = demo.args.rtt.clone();
     let link = ["--rtt", rtt.as_str()];
@@ -199,13 +200,20 @@ async fn main() -> anyhow::Result<()> {
             demo.small_series.push((setup.to_owned(), steps));
         }
     }
-    // 7. and 8. Two trainer nodes: a spoke each, then a group of three spokes.
+    // 7. to 9. Two trainer nodes: a spoke each, a group of three spokes, and the group
+    // losing a member mid-epoch.
     if !demo.args.skip_group && !demo.args.small_cache_only {
         let mut rows_of_groups = Vec::new();
-        let groups = group::Groups { hub: &proxy.endpoint, work: work.path(), job: demo.workload() };
-        for (setup, grouped) in [("2 nodes, a spoke each", false), ("2 nodes, a group of 3 spokes", true)] {
+        let hub_metrics = hub.metrics_addr.as_deref().context("the hub reports no metrics address")?;
+        let groups =
+            group::Groups { hub: &proxy.endpoint, hub_metrics, work: work.path(), job: demo.workload() };
+        for (setup, spokes) in [
+            ("2 nodes, a spoke each", group::Spokes::Each),
+            ("2 nodes, a group of 3 spokes", group::Spokes::Group),
+            ("2 nodes, a group of 3, one killed mid-epoch 1", group::Spokes::GroupLosingOne),
+        ] {
             println!("\n== {setup}");
-            let rows = groups.run(setup, grouped).await?;
+            let rows = groups.run(setup, spokes).await?;
             print!("{}", group::markdown(&rows));
             rows_of_groups.extend(rows);
         }

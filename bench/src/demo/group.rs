@@ -1,12 +1,15 @@
 //! The demo's group setups: two trainer nodes (the 16 ranks' batches alternate between
 //! them) across the 60 ms link, either with a spoke each (today: each fetches the whole
 //! dataset) or through a group of three spokes (`--peers`: each shard fetched once, by
-//! its owner). Two epochs; per epoch the bytes the spokes fetched from the hub, the
-//! epoch's wall time and GPU utilisation.
+//! its owner), and the group again with one member killed halfway through epoch 1 and
+//! restarted on its cache before epoch 2 (its reads fail over to the next member). Two
+//! epochs; per epoch the bytes the hub sent over the link, the epoch's wall time and GPU
+//! utilisation. An epoch with a failed read fails the demo.
 
 use std::{
+    path::PathBuf,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering::Relaxed},
     },
     time::{Duration, Instant},
@@ -27,47 +30,74 @@ use super::{
 pub struct GroupRow {
     pub setup: String,
     pub epoch: u64,
-    /// Bytes the spokes fetched from the hub (over the link), per byte of the dataset.
+    /// Bytes the hub sent over the link, per byte of the dataset.
     pub link_bytes_per_dataset: f64,
     pub wall_s: f64,
     pub gpu_util_pct: f64,
     pub samples_per_s: f64,
 }
 
-/// What the setups share: the hub across the link (the WAN emulator's address), where
-/// the spokes keep their caches, and the job.
+/// What the setups share: the hub across the link (the WAN emulator's address) and its
+/// metrics (what it sent is what crossed the link), where the spokes keep their caches,
+/// and the job.
 #[derive(Debug)]
 pub struct Groups<'a> {
     pub hub: &'a str,
+    pub hub_metrics: &'a str,
     pub work: &'a std::path::Path,
     pub job: Workload<'a>,
 }
 
+/// How a setup's spokes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spokes {
+    /// A spoke per node.
+    Each,
+    /// One group of three.
+    Group,
+    /// One group of three; one member killed halfway through epoch 1, restarted after.
+    GroupLosingOne,
+}
+
+/// The spokes of a setup, and how to start each again.
+struct Started {
+    spokes: Vec<Option<SpokeProcess>>,
+    addrs: Vec<String>,
+    dirs: Vec<PathBuf>,
+    args: Vec<Vec<String>>,
+}
+
 impl Groups<'_> {
-    /// `nodes` clients (one per trainer node) and the spokes behind them: a spoke per
-    /// node, or one group of `members` every node reads through.
-    fn start(&self, grouped: bool, members: usize) -> anyhow::Result<(Vec<String>, Vec<SpokeProcess>)> {
+    /// The spokes: a spoke per node (two), or one group of three every node reads
+    /// through; with the endpoint each node uses.
+    fn start(&self, grouped: bool) -> anyhow::Result<(Vec<String>, Started)> {
+        let members = if grouped { 3 } else { 2 };
         let addrs: Vec<String> = (0..members).map(|_| free_loopback_addr()).collect();
         let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
         let peers = urls.join(",");
-        let mut spokes = Vec::new();
-        for (addr, url) in addrs.iter().zip(&urls) {
-            let dir = tempfile::tempdir_in(self.work)?.keep();
-            let extra: Vec<&str> =
-                if grouped { vec!["--peers", &peers, "--peer-self", url] } else { Vec::new() };
-            spokes.push(SpokeProcess::start_at(self.hub, &dir, addr, &extra));
+        let mut started = Started { spokes: Vec::new(), addrs, dirs: Vec::new(), args: Vec::new() };
+        for (i, url) in urls.iter().enumerate() {
+            started.dirs.push(tempfile::tempdir_in(self.work)?.keep());
+            let args = if grouped {
+                vec!["--peers".to_owned(), peers.clone(), "--peer-self".to_owned(), url.clone()]
+            } else {
+                Vec::new()
+            };
+            started.args.push(args);
+            started.spokes.push(Some(started.member(self.hub, i)));
         }
         let endpoints = if grouped { vec![peers.clone(), peers] } else { urls };
-        Ok((endpoints, spokes))
+        Ok((endpoints, started))
     }
 
     /// Runs two epochs; returns each epoch's row.
-    pub async fn run(&self, setup: &str, grouped: bool) -> anyhow::Result<Vec<GroupRow>> {
-        let members = if grouped { 3 } else { 2 };
-        let (endpoints, spokes) = self.start(grouped, members)?;
-        let mut nodes = Vec::new();
+    pub async fn run(&self, setup: &str, spokes: Spokes) -> anyhow::Result<Vec<GroupRow>> {
+        let (endpoints, started) = self.start(spokes != Spokes::Each)?;
+        let started = Arc::new(Mutex::new(started));
+        let (mut nodes, mut clients) = (Vec::new(), Vec::new());
         for endpoint in &endpoints {
             let client = Client::connect(endpoint).await?;
+            clients.push(client.clone());
             nodes.push(readers::grpc(
                 client,
                 self.job.dataset,
@@ -85,50 +115,87 @@ impl Groups<'_> {
             u64::from(self.job.layout.shards) * self.job.layout.samples_per_shard * self.job.sample_bytes;
         let global = self.job.shape.ranks * self.job.shape.batch_per_rank;
         let mut rows = Vec::new();
-        let mut fetched_before = 0.0;
+        let mut sent_before = self.hub_sent().await?;
         for epoch in 0..2 {
             let order = epoch_order(self.job.layout, self.job.block_shards, 21 + epoch);
-            let started = Instant::now();
-            let run =
-                run_epoch(&order, self.job.shape, read.clone(), Duration::ZERO, |_| async {}.boxed()).await?;
-            let wall = started.elapsed().as_secs_f64();
-            let fetched = settled_fetched(&spokes).await?;
+            // Member 1 is killed (no graceful end) halfway through epoch 1.
+            let halfway = self.job.shape.steps_over(&order) / 2;
+            let losing = spokes == Spokes::GroupLosingOne && epoch == 0;
+            let on_step = |step: usize| {
+                if losing && step == halfway {
+                    let mut started = started.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(spoke) = started.spokes[1].take() {
+                        spoke.kill();
+                        println!("   (member 1 killed after step {step})");
+                    }
+                }
+                async {}.boxed()
+            };
+            let started_at = Instant::now();
+            let run = run_epoch(&order, self.job.shape, read.clone(), Duration::ZERO, on_step).await?;
+            let wall = started_at.elapsed().as_secs_f64();
+            let sent = self.settled_hub_sent().await?;
             let row = phase_row(setup, "", &run.steps, &[], global, None);
             rows.push(GroupRow {
                 setup: setup.to_owned(),
                 epoch: epoch + 1,
-                link_bytes_per_dataset: (fetched - fetched_before) / dataset_bytes as f64,
+                link_bytes_per_dataset: (sent - sent_before) / dataset_bytes as f64,
                 wall_s: wall,
                 gpu_util_pct: row.gpu_util_pct,
                 samples_per_s: row.samples_per_s,
             });
-            fetched_before = fetched;
+            sent_before = sent;
+            if losing {
+                // Back on its address and cache, before the next epoch; the nodes see it
+                // serving again by their health checks (every 500 ms).
+                {
+                    let mut started = started.lock().unwrap_or_else(|p| p.into_inner());
+                    let member = started.member(self.hub, 1);
+                    started.spokes[1] = Some(member);
+                }
+                for _ in 0..100 {
+                    if clients.iter().all(|c| c.failing_members().is_empty()) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                anyhow::ensure!(
+                    clients.iter().all(|c| c.failing_members().is_empty()),
+                    "the nodes did not see the restarted member serving within 10 s"
+                );
+            }
         }
         Ok(rows)
     }
+
+    /// Data bytes the hub has sent.
+    async fn hub_sent(&self) -> anyhow::Result<f64> {
+        let page = scrape_metrics(self.hub_metrics).await?;
+        Ok(metric_sum(&page, "shardcache_hub_bytes_served_total"))
+    }
+
+    /// [`Groups::hub_sent`] once it stops growing (whole-shard fetches may still run
+    /// after the last read): unchanged over 200 ms, at most 10 s.
+    async fn settled_hub_sent(&self) -> anyhow::Result<f64> {
+        let mut last = self.hub_sent().await?;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = self.hub_sent().await?;
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        Ok(last)
+    }
 }
 
-/// Bytes the spokes fetched from the hub, once that stops growing (whole-shard fetches
-/// may still run after the last read): unchanged over 200 ms, at most 10 s.
-async fn settled_fetched(spokes: &[SpokeProcess]) -> anyhow::Result<f64> {
-    let fetched = || async {
-        let mut sum = 0.0;
-        for spoke in spokes {
-            let page = scrape_metrics(spoke.metrics_addr.as_str()).await?;
-            sum += metric_sum(&page, "shardcache_spoke_upstream_bytes_total");
-        }
-        anyhow::Ok(sum)
-    };
-    let mut last = fetched().await?;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let now = fetched().await?;
-        if now == last {
-            break;
-        }
-        last = now;
+impl Started {
+    /// Starts member `i` (again) on its address and cache.
+    fn member(&self, hub: &str, i: usize) -> SpokeProcess {
+        let args: Vec<&str> = self.args[i].iter().map(String::as_str).collect();
+        SpokeProcess::start_at(hub, &self.dirs[i], &self.addrs[i], &args)
     }
-    Ok(last)
 }
 
 /// The group table.

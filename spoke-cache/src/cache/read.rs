@@ -123,6 +123,25 @@ impl Cache {
         Ok(out)
     }
 
+    /// `[offset, offset + length)` of `entry` (inside the shard) from the store only:
+    /// `None` when any chunk of it is not stored (or fails its check), never a fetch.
+    pub async fn read_cached(&self, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Option<Bytes>> {
+        let end = offset + length;
+        let mut parts = Vec::new();
+        for index in offset / entry.chunk_size..=end.saturating_sub(1) / entry.chunk_size {
+            let (chunk_start, chunk_len) = entry.chunk_range(index);
+            if length == 0 || !entry.has_chunk(index) {
+                return Ok((length == 0).then(Bytes::new));
+            }
+            let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
+            match self.read_stored(entry, index, from, to).await? {
+                Some(bytes) => parts.push(bytes),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(concat(parts)))
+    }
+
     /// Stored bytes `[from, to)` of chunk `index`, or `None` when they must be fetched
     /// (a missing or corrupt page: the chunk is then marked absent).
     pub(crate) async fn read_stored(

@@ -1,0 +1,420 @@
+//! Who is in a group of spokes, and how the list stays current.
+//!
+//! A group is named by one of:
+//! - `URL1,URL2,...`: a fixed list (a spoke's `--peers`, the CLI's `--endpoint`);
+//! - `file:PATH`: URLs in a file (commas, spaces or lines; `#` starts a comment),
+//!   re-read when it changes (checked every [`FILE_POLL`]);
+//! - `dns+http://NAME:PORT` (or `dns+https://`): every address NAME resolves to, on
+//!   PORT, re-resolved every [`DNS_REFRESH`]: a Kubernetes headless Service's records
+//!   are its ready pods, so members join and leave as pods do.
+//!
+//! Any URL may carry a weight, `URL?weight=2` (default 1): its share of the shards, in
+//! proportion (a member with twice the NVMe owns twice the shards). The weight is part of
+//! the member's identity for ranking, so everyone must be given the same list.
+//!
+//! The list in use is swapped whole when the source changes; members still listed keep
+//! their connection and health. A source that cannot be read (a DNS outage, a file being
+//! rewritten) keeps the last list: a group never empties because its resolver blinked.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, RwLock, Weak},
+    time::{Duration, SystemTime},
+};
+
+use crate::{
+    ConnectOptions,
+    group::{self, Health},
+};
+
+/// How often a `file:` source is checked for a change (a `stat`).
+pub const FILE_POLL: Duration = Duration::from_secs(1);
+/// How often members that failed are asked whether they serve again (grpc.health.v1):
+/// a member that comes back is used again within this, not after its pause (up to 30 s).
+pub const PROBE_PERIOD: Duration = Duration::from_millis(500);
+/// Deadline of one such check: a member that is up answers in well under a millisecond
+/// on a local network.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How often a `dns+` source is resolved again: Kubernetes' cluster DNS answers for
+/// Services with a 5 s TTL, so a new pod is seen within about 10 s.
+pub const DNS_REFRESH: Duration = Duration::from_secs(5);
+
+/// One member as a source names it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberSpec {
+    /// Its URL, without the weight.
+    pub url: String,
+    pub weight: f64,
+}
+
+impl MemberSpec {
+    /// `URL` or `URL?weight=W` (W a positive number).
+    pub fn parse(entry: &str) -> Result<Self, String> {
+        let (url, weight) = match entry.split_once('?') {
+            None => (entry, 1.0),
+            Some((url, query)) => {
+                let weight = query
+                    .strip_prefix("weight=")
+                    .and_then(|w| w.parse::<f64>().ok())
+                    .filter(|w| w.is_finite() && *w > 0.0)
+                    .ok_or_else(|| {
+                        format!("member {entry:?}: the only option is ?weight=N, N a positive number")
+                    })?;
+                (url, weight)
+            }
+        };
+        Ok(Self { url: url.to_owned(), weight })
+    }
+}
+
+/// URLs separated by commas, spaces or lines, `#` to the end of a line a comment.
+pub fn parse_list(text: &str) -> Result<Vec<MemberSpec>, String> {
+    text.lines()
+        .map(|line| line.split('#').next().unwrap_or_default())
+        .flat_map(|line| line.split([',', ' ', '\t']))
+        .filter(|entry| !entry.is_empty())
+        .map(MemberSpec::parse)
+        .collect()
+}
+
+/// Where a group's members come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    List(Vec<MemberSpec>),
+    File(PathBuf),
+    Dns { scheme: String, host: String, port: u16 },
+}
+
+impl Source {
+    /// The source `spec` names (see the module's documentation).
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let spec = spec.trim();
+        if let Some(path) = spec.strip_prefix("file:") {
+            return Ok(Self::File(PathBuf::from(path)));
+        }
+        if let Some(rest) = spec.strip_prefix("dns+") {
+            let (scheme, name) = rest
+                .split_once("://")
+                .filter(|(s, _)| *s == "http" || *s == "https")
+                .ok_or_else(|| format!("{spec:?}: use dns+http://NAME:PORT or dns+https://NAME:PORT"))?;
+            let (host, port) = name
+                .trim_end_matches('/')
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                .filter(|(h, _)| !h.is_empty())
+                .ok_or_else(|| format!("{spec:?}: the name needs a port, e.g. dns+http://spokes:7070"))?;
+            return Ok(Self::Dns { scheme: scheme.to_owned(), host: host.to_owned(), port });
+        }
+        Ok(Self::List(parse_list(spec)?))
+    }
+
+    /// Whether the list can change (so it must be watched).
+    pub fn is_dynamic(&self) -> bool {
+        !matches!(self, Self::List(_))
+    }
+
+    /// Whether this names a group rather than one server: a list of several, or a
+    /// source whose members may come and go.
+    pub fn is_group(&self) -> bool {
+        match self {
+            Self::List(list) => list.len() > 1,
+            _ => true,
+        }
+    }
+
+    /// The members now, in a stable order (a resolver's answer sorted).
+    pub async fn resolve(&self) -> Result<Vec<MemberSpec>, String> {
+        match self {
+            Self::List(list) => Ok(list.clone()),
+            Self::File(path) => {
+                let text = tokio::fs::read_to_string(path)
+                    .await
+                    .map_err(|e| format!("group file {}: {e}", path.display()))?;
+                parse_list(&text).map_err(|e| format!("group file {}: {e}", path.display()))
+            }
+            Self::Dns { scheme, host, port } => {
+                let addresses = tokio::net::lookup_host((host.as_str(), *port))
+                    .await
+                    .map_err(|e| format!("resolving {host}: {e}"))?;
+                let mut urls: Vec<String> = addresses.map(|a| format!("{scheme}://{a}")).collect();
+                urls.sort();
+                urls.dedup();
+                Ok(urls.into_iter().map(|url| MemberSpec { url, weight: 1.0 }).collect())
+            }
+        }
+    }
+
+    /// `options` for connecting to this source's members: a `dns+https` group's members
+    /// are addresses, so their certificates are checked against the name resolved (a
+    /// Service's certificate names the Service), unless `options` name another.
+    pub fn connect_options(&self, options: &ConnectOptions) -> ConnectOptions {
+        let mut options = options.clone();
+        if let Self::Dns { scheme, host, .. } = self
+            && scheme == "https"
+        {
+            let tls = options.tls.get_or_insert_with(Default::default);
+            tls.domain.get_or_insert_with(|| host.clone());
+        }
+        options
+    }
+
+    /// A token that changes when the source may have: a file's modification time;
+    /// `None` for sources that must be asked every time.
+    fn stamp(&self) -> Option<SystemTime> {
+        match self {
+            Self::File(path) => std::fs::metadata(path).and_then(|m| m.modified()).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// One member in use: its URL and weight, whether it is answering, and what talks to it.
+#[derive(Debug)]
+pub struct Slot<T> {
+    pub url: String,
+    pub weight: f64,
+    pub health: Health,
+    pub conn: T,
+}
+
+/// The members in use, swapped whole when the source changes.
+pub type List<T> = Arc<Vec<Arc<Slot<T>>>>;
+
+/// A group's current members.
+#[derive(Debug)]
+pub struct Members<T> {
+    list: RwLock<List<T>>,
+}
+
+impl<T> Members<T> {
+    /// Members `specs`, each connected with `make`.
+    pub fn new<E>(specs: &[MemberSpec], make: impl FnMut(&str) -> Result<T, E>) -> Result<Self, E> {
+        let members = Self { list: RwLock::new(Arc::new(Vec::new())) };
+        members.replace(specs, make)?;
+        Ok(members)
+    }
+
+    /// The list in use: one call works on one list, whatever changes meanwhile.
+    pub fn current(&self) -> List<T> {
+        self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Makes `specs` the list; members already in it keep their connection and health,
+    /// new ones are connected with `make`. Whether anything changed.
+    pub fn replace<E>(
+        &self,
+        specs: &[MemberSpec],
+        mut make: impl FnMut(&str) -> Result<T, E>,
+    ) -> Result<bool, E> {
+        let old = self.current();
+        let same = |slot: &Slot<T>, spec: &MemberSpec| slot.url == spec.url && slot.weight == spec.weight;
+        if old.len() == specs.len() && old.iter().zip(specs).all(|(slot, spec)| same(slot, spec)) {
+            return Ok(false);
+        }
+        let mut list = Vec::with_capacity(specs.len());
+        for spec in specs {
+            match old.iter().find(|slot| same(slot, spec)) {
+                Some(slot) => list.push(slot.clone()),
+                None => list.push(Arc::new(Slot {
+                    url: spec.url.clone(),
+                    weight: spec.weight,
+                    health: Health::default(),
+                    conn: make(&spec.url)?,
+                })),
+            }
+        }
+        *self.list.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(list);
+        Ok(true)
+    }
+}
+
+/// A group's members from `source` (named `what` in log lines), each connected lazily with
+/// `options` (TLS and token as for any server) and made into a `T` by `conn`, kept
+/// current while the source is dynamic.
+pub async fn connect<T: Send + Sync + 'static>(
+    source: Source,
+    what: &str,
+    options: &ConnectOptions,
+    conn: impl Fn(tonic::transport::Channel) -> T + Send + 'static,
+) -> crate::Result<Arc<Members<T>>> {
+    let specs = source.resolve().await.map_err(crate::Error::Config)?;
+    let options = source.connect_options(options);
+    let make = move |url: &str| -> Result<T, String> {
+        let channel = crate::connect::connect_channel_lazy(url, &options).map_err(|e| e.to_string())?;
+        Ok(conn(channel))
+    };
+    let members = Arc::new(Members::new(&specs, &make).map_err(crate::Error::Config)?);
+    watch(&members, source, what.to_owned(), make, false);
+    Ok(members)
+}
+
+/// `list` in the order its members own `dataset/shard` (rendezvous, weighted): the owner
+/// first.
+pub fn ranked<T>(list: &[Arc<Slot<T>>], dataset: &str, shard: &str) -> Vec<Arc<Slot<T>>> {
+    let names: Vec<(&str, f64)> = list.iter().map(|m| (m.url.as_str(), m.weight)).collect();
+    group::rendezvous(&names, dataset, shard).into_iter().map(|i| list[i].clone()).collect()
+}
+
+/// Keeps `members` up to date with a dynamic `source` until they are dropped: new
+/// members are connected with `make`; `what` names the group in log lines. The first
+/// reading is at once when `now`, else after the first period (the caller has just
+/// read it).
+pub fn watch<T: Send + Sync + 'static>(
+    members: &Arc<Members<T>>,
+    source: Source,
+    what: String,
+    make: impl Fn(&str) -> Result<T, String> + Send + 'static,
+    now: bool,
+) {
+    if !source.is_dynamic() {
+        return;
+    }
+    let members: Weak<Members<T>> = Arc::downgrade(members);
+    let every = if matches!(source, Source::File(_)) { FILE_POLL } else { DNS_REFRESH };
+    tokio::spawn(async move {
+        let mut seen = if now { None } else { source.stamp() };
+        let mut first = now;
+        loop {
+            if !std::mem::take(&mut first) {
+                tokio::time::sleep(every).await;
+            }
+            let Some(members) = members.upgrade() else { return };
+            let stamp = source.stamp();
+            if stamp.is_some() && stamp == seen {
+                continue;
+            }
+            match source.resolve().await {
+                Ok(specs) if specs.is_empty() => {
+                    tracing::warn!(
+                        group = what,
+                        "the group's source lists no members; keeping the last list"
+                    );
+                }
+                Ok(specs) => {
+                    seen = stamp;
+                    match members.replace(&specs, &make) {
+                        Ok(true) => tracing::info!(
+                            group = what,
+                            members = ?specs.iter().map(|s| s.url.as_str()).collect::<Vec<_>>(),
+                            "group membership changed"
+                        ),
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(group = what, error = e, "a new member cannot be used"),
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    group = what,
+                    error = e,
+                    "cannot read the group's members; keeping the last list"
+                ),
+            }
+        }
+    });
+}
+
+/// Asks the members of `members` that failed, every [`PROBE_PERIOD`], whether they serve
+/// (`probe`: a gRPC health check), until `members` are dropped; one that says so is used
+/// again at once.
+pub fn probe_failed<T: Send + Sync + 'static>(
+    members: &Arc<Members<T>>,
+    probe: impl Fn(&T) -> futures::future::BoxFuture<'static, bool> + Send + 'static,
+) {
+    let members: Weak<Members<T>> = Arc::downgrade(members);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(PROBE_PERIOD).await;
+            let Some(members) = members.upgrade() else { return };
+            let failed: Vec<_> =
+                members.current().iter().filter(|m| m.health.has_failed()).cloned().collect();
+            drop(members);
+            let checks = failed.into_iter().map(|member| {
+                let check = tokio::time::timeout(PROBE_TIMEOUT, probe(&member.conn));
+                async move {
+                    if check.await.unwrap_or(false) {
+                        tracing::info!(member = member.url, "member serves again");
+                        member.health.answered();
+                    }
+                }
+            });
+            futures::future::join_all(checks).await;
+        }
+    });
+}
+
+/// A member's health client (grpc.health.v1; servers answer it without a token).
+pub type HealthClient = tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>;
+
+/// Whether `health`'s server says the read service (`shardcache.v1.ShardReader`, which
+/// hubs and spokes both serve) is SERVING.
+pub fn serving(health: &HealthClient) -> futures::future::BoxFuture<'static, bool> {
+    let mut health = health.clone();
+    Box::pin(async move {
+        let request = tonic_health::pb::HealthCheckRequest { service: "shardcache.v1.ShardReader".into() };
+        health.check(request).await.is_ok_and(|r| {
+            r.into_inner().status() == tonic_health::pb::health_check_response::ServingStatus::Serving
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_and_weights_parse_with_messages_that_say_what_to_write() {
+        let list = Source::parse("http://a:1, http://b:2?weight=2.5,,").unwrap();
+        assert_eq!(
+            list,
+            Source::List(vec![
+                MemberSpec { url: "http://a:1".into(), weight: 1.0 },
+                MemberSpec { url: "http://b:2".into(), weight: 2.5 },
+            ])
+        );
+        assert!(!list.is_dynamic() && list.is_group());
+        assert!(!Source::parse("http://a:1").unwrap().is_group());
+        assert_eq!(Source::parse("file:/etc/spokes").unwrap(), Source::File("/etc/spokes".into()));
+        assert_eq!(
+            Source::parse("dns+https://spokes.ml.svc:7070").unwrap(),
+            Source::Dns { scheme: "https".into(), host: "spokes.ml.svc".into(), port: 7070 }
+        );
+        assert!(Source::parse("dns+http://spokes").unwrap_err().contains("needs a port"));
+        let dns = Source::parse("dns+https://spokes.ml.svc:7070").unwrap();
+        let tls = dns.connect_options(&ConnectOptions::default()).tls.unwrap();
+        assert_eq!(tls.domain.as_deref(), Some("spokes.ml.svc"), "members' certificates name the Service");
+        assert!(Source::parse("dns+ftp://spokes:1").unwrap_err().contains("dns+http://"));
+        assert!(Source::parse("http://a:1?weight=0").unwrap_err().contains("positive"));
+        assert!(Source::parse("http://a:1?w=2").unwrap_err().contains("?weight=N"));
+        let file = parse_list("# the group\nhttp://a:1 # first\n\nhttp://b:2,http://c:3\n").unwrap();
+        assert_eq!(
+            file.iter().map(|m| m.url.as_str()).collect::<Vec<_>>(),
+            ["http://a:1", "http://b:2", "http://c:3"]
+        );
+    }
+
+    #[test]
+    fn a_new_list_keeps_the_members_it_still_has() {
+        let specs = parse_list("http://a:1 http://b:2").unwrap();
+        let mut made = 0;
+        let members = Members::new(&specs, |url| {
+            made += 1;
+            Ok::<_, String>(url.to_owned())
+        })
+        .unwrap();
+        let before = members.current();
+        before[1].health.failed();
+        let changed = members.replace(&parse_list("http://b:2 http://c:3").unwrap(), |url| {
+            Ok::<_, String>(format!("new {url}"))
+        });
+        assert_eq!(changed, Ok(true));
+        let after = members.current();
+        assert!(Arc::ptr_eq(&before[1], &after[0]), "b kept its connection and health");
+        assert!(!after[0].health.is_live());
+        assert_eq!(after[1].conn, "new http://c:3");
+        assert_eq!(made, 2);
+        assert_eq!(
+            members.replace(&parse_list("http://b:2,http://c:3").unwrap(), |_| Err("unused")),
+            Ok(false)
+        );
+    }
+}
