@@ -81,7 +81,10 @@ impl Peers {
                 connect_channel_lazy(url, &credentials).map_err(|e| format!("--peers {url}: {e}"))?;
             Ok(Some(Peer {
                 client: Client::from_channel_with(channel.clone(), url, token.clone()),
-                control: CacheControlClient::with_interceptor(channel.clone(), token.clone()),
+                // A chunk in one message: tonic's default 4 MiB limit is below a 4 MiB
+                // chunk and its framing (the demo's restarted member could take nothing).
+                control: CacheControlClient::with_interceptor(channel.clone(), token.clone())
+                    .max_decoding_message_size(shardcache_client::client::MAX_RESPONSE_BYTES),
                 health: members::HealthClient::new(channel),
             }))
         };

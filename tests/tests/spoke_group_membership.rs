@@ -20,6 +20,9 @@ use tokio::net::TcpListener;
 
 const MIB: u64 = 1 << 20;
 const SHARDS: u32 = 12;
+/// Shards of one chunk of the spoke's default size (4 MiB): a member hands a whole chunk
+/// to another in one message (tonic's default 4 MiB message limit once refused it).
+const SHARD: u64 = 4 * MIB;
 
 fn names() -> Vec<String> {
     (0..SHARDS).map(shardcache_cli::dataset_gen::shard_name).collect()
@@ -28,7 +31,7 @@ fn names() -> Vec<String> {
 /// Every shard read whole through `client`, each compared with its file.
 async fn read_every_shard(client: &Client, files: &Path) {
     for name in names() {
-        let read = client.read_range(&Range::new("ds", &name, 0, MIB)).await.unwrap();
+        let read = client.read_range(&Range::new("ds", &name, 0, SHARD)).await.unwrap();
         assert!(read.data == std::fs::read(files.join(&name)).unwrap(), "{name}");
     }
 }
@@ -53,12 +56,15 @@ async fn until_everyone_knows(client: &Client, spokes: &[TestSpoke], n: usize) {
 /// lists the first two; `add_third` then lists the third too.
 async fn a_member_joins(spec: &str, listeners: Vec<TcpListener>, urls: &[String], add_third: impl FnOnce()) {
     let root = tempfile::tempdir().unwrap();
-    let files = make_dataset(root.path(), "ds", SHARDS, MIB);
-    let hub = TestHub::start(root.path()).await;
+    let files = make_dataset(root.path(), "ds", SHARDS, SHARD);
+    let mut hub_options = shardcache_tests::test_options();
+    hub_options.limits.max_read = SHARD;
+    let hub = TestHub::start_with(root.path(), hub_options).await;
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut spokes = Vec::new();
     for ((listener, url), dir) in listeners.into_iter().zip(urls).zip(&dirs) {
         let mut options = spoke_options(&hub.endpoint);
+        (options.cache.chunk_size, options.max_read) = (SHARD, SHARD);
         options.group = Some(PeerGroup { spec: spec.to_owned(), me: url.clone() });
         spokes.push(TestSpoke::start_on(listener, dir.path(), options).await);
     }
@@ -67,7 +73,7 @@ async fn a_member_joins(spec: &str, listeners: Vec<TcpListener>, urls: &[String]
     assert_eq!(client.members(), urls[..2], "the source's members, as listed");
 
     read_every_shard(&client, &files).await;
-    let dataset = u64::from(SHARDS) * MIB;
+    let dataset = u64::from(SHARDS) * SHARD;
     assert_eq!(hub.stats.snapshot().bytes_served, dataset, "two members fetched the dataset once");
     assert_eq!(spokes[2].cache.used_bytes(), 0, "the third is not a member yet");
 
@@ -79,9 +85,9 @@ async fn a_member_joins(spec: &str, listeners: Vec<TcpListener>, urls: &[String]
     }
     let joined = names().iter().filter(|n| client.owners("ds", n)[0] == urls[2]).count() as u64;
     assert!(joined > 0, "the new member owns some of {SHARDS} shards");
-    assert_eq!(spokes[2].cache.used_bytes(), joined * MIB, "the new member holds its share");
+    assert_eq!(spokes[2].cache.used_bytes(), joined * SHARD, "the new member holds its share");
     let from_peers = spokes[2].cache.metrics().dataset("ds").peer_bytes.load(Relaxed);
-    assert_eq!(from_peers, joined * MIB, "it took its share from the members that held it");
+    assert_eq!(from_peers, joined * SHARD, "it took its share from the members that held it");
     assert_eq!(hub.stats.snapshot().bytes_served, dataset, "nothing more crossed the link");
 }
 
