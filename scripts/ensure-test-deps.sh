@@ -8,7 +8,7 @@
 #   libraries: ~3 minutes and 6.3 GB on the first run, measured; cached after);
 # - kubernetes-validate: the offline schema check of deploy/k8s (deploy/k8s/validate.sh);
 # - podman-compose: runs deploy/compose.yaml in deploy/test-containers.sh;
-# and, from apt, Debian's nss_wrapper and prometheus (below).
+# and, from apt, Debian's nss_wrapper, fuse3 and prometheus (below).
 set -euo pipefail
 
 REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.4.6" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0")
@@ -22,6 +22,15 @@ if ! [ -e /usr/lib/x86_64-linux-gnu/libnss_wrapper.so ] && ! [ -e /usr/lib/aarch
   if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends libnss-wrapper >/dev/null
+fi
+
+# Debian's fuse3 (fusermount3): the mount tests mount a real FUSE filesystem
+# (tests/tests/mount.rs, client/python/tests/test_mount.py).
+if ! command -v fusermount3 >/dev/null 2>&1; then
+  echo "installing fuse3 for the mount tests" >&2
+  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends fuse3 >/dev/null
 fi
 
 # Debian's prometheus and promtool: the monitoring test scrapes real servers with the

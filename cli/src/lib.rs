@@ -3,7 +3,9 @@
 //!
 //! - [`certs`]: a development CA and certificates for hubs, spokes and clients
 //!   (`shardcache certs`);
-//! - [`dataset_gen`]: the synthetic tokenised dataset generator (`shardcache gen`).
+//! - [`dataset_gen`]: the synthetic tokenised dataset generator (`shardcache gen`);
+//! - [`mount`]: the read-only POSIX mount (`shardcache mount`, FUSE).
 
 pub mod certs;
 pub mod dataset_gen;
+pub mod mount;

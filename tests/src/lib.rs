@@ -391,6 +391,51 @@ fn spawn_and_wait_for(mut command: Command, prefix: &str) -> (Child, String) {
     (child, rest)
 }
 
+/// A `shardcache mount` child process (the read-only FUSE mount); unmounted and killed
+/// when dropped.
+#[derive(Debug)]
+pub struct MountProcess {
+    pub child: Child,
+    pub mountpoint: PathBuf,
+}
+
+impl MountProcess {
+    /// Mounts `endpoint` on `mountpoint` with `extra_args`, its log (warnings and up) to
+    /// `log`; returns once it is mounted.
+    pub fn start(endpoint: &str, mountpoint: &Path, extra_args: &[&str], log: &Path) -> Self {
+        let mut command = Command::new(binary("shardcache"));
+        command.args(["mount", endpoint, mountpoint.to_str().unwrap()]).args(extra_args);
+        command.stderr(std::fs::File::create(log).unwrap());
+        let (child, _) = spawn_and_wait_for(command, "shardcache mounted ");
+        Self { child, mountpoint: mountpoint.to_owned() }
+    }
+
+    /// Whether `path` is a mount point now (in /proc/self/mounts).
+    pub fn is_mounted(path: &Path) -> bool {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        mounts.lines().any(|line| line.split(' ').nth(1) == path.to_str())
+    }
+
+    /// Why FUSE cannot be mounted here, if it cannot: the mount tests skip, saying so.
+    pub fn unavailable() -> Option<String> {
+        if !Path::new("/dev/fuse").exists() {
+            return Some("/dev/fuse is missing (no FUSE in this kernel or container)".into());
+        }
+        let found = Command::new("fusermount3").arg("-V").output().is_ok_and(|o| o.status.success());
+        (!found).then(|| "fusermount3 is not installed (apt-get install fuse3; make test does)".into())
+    }
+}
+
+impl Drop for MountProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if Self::is_mounted(&self.mountpoint) {
+            let _ = Command::new("fusermount3").arg("-uz").arg(&self.mountpoint).status();
+        }
+    }
+}
+
 /// A `hub-server` child process on `127.0.0.1:0`; killed when dropped.
 #[derive(Debug)]
 pub struct HubProcess {

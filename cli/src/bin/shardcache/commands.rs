@@ -353,3 +353,19 @@ pub async fn pin(server: &Server, dataset: &str, shards: &[String], pinned: bool
     println!("{} {changed} shards", if pinned { "pinned" } else { "unpinned" });
     Ok(())
 }
+
+/// `shardcache mount`: serves the mount until it is unmounted; prints a line once it is
+/// in place (the contract for scripts and tests).
+pub async fn mount(
+    server: &Server,
+    mountpoint: &std::path::Path,
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    shardcache_serving::server::init_tracing();
+    let client = server.client().await?;
+    let options = shardcache_cli::mount::MountOptions { deadline: timeout };
+    shardcache_cli::mount::serve(client, mountpoint, options, || {
+        println!("shardcache mounted {} on {}", server.endpoint, mountpoint.display());
+    })
+    .await
+}

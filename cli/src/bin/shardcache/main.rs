@@ -128,6 +128,18 @@ enum Command {
         #[arg(long, default_value_t = 365)]
         days: i64,
     },
+    /// Mount ENDPOINT's datasets read-only on MOUNTPOINT (FUSE): DATASET/SHARD files that
+    /// any program can open; every byte verified. Runs until SIGTERM/SIGINT (then
+    /// unmounts) or `fusermount3 -u MOUNTPOINT`.
+    Mount {
+        /// A hub, a spoke or a group of spokes (as --endpoint takes them).
+        endpoint: String,
+        /// An existing directory.
+        mountpoint: PathBuf,
+        /// Seconds any one call to the server may take; past it the read fails with EIO.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
     /// Make an access token (printed once) and add its hash to a token file, or revoke one.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -197,6 +209,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(TokenCommand::Revoke { name, file }) => admin::revoke_token(&name, &file),
         Command::Gen { dir, dataset, shards, shard_size, record_size, seed } => {
             commands::generate(dir, dataset, shards, shard_size, record_size, seed)
+        }
+        Command::Mount { endpoint, mountpoint, timeout } => {
+            let server = commands::Server { endpoint, options: server.options.clone() };
+            commands::mount(&server, &mountpoint, std::time::Duration::from_secs(timeout)).await
         }
         Command::Ls { dataset } => commands::ls(server, dataset.as_deref()).await,
         Command::Stat { dataset, shard } => commands::stat(server, &dataset, &shard).await,

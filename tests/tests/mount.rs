@@ -1,0 +1,201 @@
+//! The read-only POSIX mount (`shardcache mount`, FUSE) as a program without the SDK
+//! sees it: every shard byte for byte through the mount, the tree equal to the listing,
+//! EROFS for any change, ENOENT for what does not exist, EIO (and a log line) for a shard
+//! that changes while open and for a server that stops, never a hung reader; SIGTERM and
+//! `fusermount3 -u` leave nothing mounted.
+//!
+//! Each test skips, saying why, only where FUSE cannot be mounted (no /dev/fuse or no
+//! fusermount3); `make test` installs fuse3.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    io::{ErrorKind, Read, Seek, SeekFrom},
+    path::Path,
+    process::Command,
+    time::Duration,
+};
+
+use shardcache_tests::{MountProcess, TestHub, TestSpoke, make_dataset, spoke_options, write_pattern};
+
+const MIB: u64 = 1 << 20;
+
+macro_rules! skip_without_fuse {
+    () => {
+        if let Some(why) = MountProcess::unavailable() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
+/// Bounded wait for `done` (a process to exit, a mount to go): 30 s at most.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..300 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what} did not happen within 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shard_reads_the_same_through_the_mount_and_the_tree_is_the_listing() {
+    skip_without_fuse!();
+    let root = tempfile::tempdir().unwrap();
+    let c4 = make_dataset(root.path(), "c4", 4, 3 * MIB);
+    // Sizes that end mid-chunk and mid-page.
+    write_pattern(&root.path().join("odd/a.bin"), 1_000_003, 1);
+    write_pattern(&root.path().join("odd/b.bin"), 4097, 2);
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache.path(), spoke_options(&hub.endpoint)).await;
+    let mnt = tempfile::tempdir().unwrap();
+    let log = cache.path().join("mount.log");
+    let _mount = MountProcess::start(&spoke.endpoint, mnt.path(), &[], &log);
+
+    // The tree is the listing: `ls -R` of the mount, and ListDatasets/ListShards.
+    let client = spoke.client().await;
+    let mut datasets: Vec<String> =
+        client.list_datasets().await.unwrap().into_iter().map(|d| d.name).collect();
+    datasets.sort();
+    assert_eq!(names(mnt.path()), datasets);
+    for dataset in &datasets {
+        let mut shards: Vec<String> =
+            client.list_shards(dataset).await.unwrap().into_iter().map(|s| s.shard).collect();
+        shards.sort();
+        assert_eq!(names(&mnt.path().join(dataset)), shards, "{dataset}");
+        // Every shard byte for byte, its size as listed.
+        for shard in &shards {
+            let (through, source) =
+                (mnt.path().join(dataset).join(shard), root.path().join(dataset).join(shard));
+            assert_eq!(std::fs::metadata(&through).unwrap().len(), std::fs::metadata(&source).unwrap().len());
+            assert!(std::fs::read(&through).unwrap() == std::fs::read(&source).unwrap(), "{dataset}/{shard}");
+            assert!(Command::new("cmp").arg(&through).arg(&source).status().unwrap().success(), "cmp {shard}");
+        }
+    }
+    let ls = Command::new("ls").arg("-R").arg(mnt.path()).output().unwrap();
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("shard-00003.bin"), "ls -R lists the shards");
+    // A read that starts mid-file after a seek.
+    let (first, source) = (mnt.path().join("c4/shard-00001.bin"), c4.join("shard-00001.bin"));
+    let mut file = std::fs::File::open(&first).unwrap();
+    file.seek(SeekFrom::Start(MIB + 5)).unwrap();
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).unwrap();
+    assert!(tail == std::fs::read(&source).unwrap()[(MIB + 5) as usize..], "read after a seek");
+
+    // What does not exist is ENOENT; any change is EROFS.
+    let missing = std::fs::File::open(mnt.path().join("c4/shard-99999.bin")).unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound);
+    assert_eq!(
+        std::fs::metadata(mnt.path().join("no-such-dataset")).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    let read_only = [
+        std::fs::write(mnt.path().join("c4/new.bin"), b"x").unwrap_err(),
+        std::fs::OpenOptions::new().write(true).open(&first).unwrap_err(),
+        std::fs::rename(&first, mnt.path().join("c4/renamed.bin")).unwrap_err(),
+        std::fs::create_dir(mnt.path().join("c4/dir")).unwrap_err(),
+        std::fs::remove_file(&first).unwrap_err(),
+    ];
+    for error in read_only {
+        assert_eq!(error.kind(), ErrorKind::ReadOnlyFilesystem, "{error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_changes_while_open_fails_with_eio_and_a_log_line_never_mixed_bytes() {
+    skip_without_fuse!();
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("ds/big.bin");
+    let old = write_pattern(&path, (8 * MIB) as usize, 1);
+    let hub = TestHub::start(root.path()).await;
+    let mnt = tempfile::tempdir().unwrap();
+    let log = root.path().join("mount.log");
+    // Straight over the hub: the mount reads a hub as it reads a spoke.
+    let _mount = MountProcess::start(&hub.endpoint, mnt.path(), &[], &log);
+
+    let through = mnt.path().join("ds/big.bin");
+    let mut file = std::fs::File::open(&through).unwrap();
+    let mut head = vec![0; 4096];
+    file.read_exact(&mut head).unwrap();
+    assert!(head == old[..4096]);
+    // The shard is replaced (a new version) while the file is open.
+    let new = write_pattern(&root.path().join("ds/big.next"), (8 * MIB) as usize, 2);
+    std::fs::rename(root.path().join("ds/big.next"), &path).unwrap();
+    // Past what read-ahead may have brought in: the read fails, it does not mix.
+    file.seek(SeekFrom::Start(6 * MIB)).unwrap();
+    let mut rest = vec![0; 4096];
+    let error = file.read_exact(&mut rest).unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(5), "EIO: {error}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("changed while open"), "the mount says why: {logged}");
+    // Opened again: the new version, whole.
+    drop(file);
+    assert!(std::fs::read(&through).unwrap() == new, "reopened, the new bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_mid_read_is_eio_not_a_hung_reader() {
+    skip_without_fuse!();
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 2, 8 * MIB);
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let mut options = spoke_options(&hub.endpoint);
+    options.cache.fetch_whole_shard = false;
+    let spoke = TestSpoke::start(cache.path(), options).await;
+    let mnt = tempfile::tempdir().unwrap();
+    let log = cache.path().join("mount.log");
+    let _mount = MountProcess::start(&spoke.endpoint, mnt.path(), &["--timeout", "5"], &log);
+
+    let mut file = std::fs::File::open(mnt.path().join("c4/shard-00000.bin")).unwrap();
+    let mut head = vec![0; 4096];
+    file.read_exact(&mut head).unwrap();
+    spoke.stop().await;
+    hub.stop().await.unwrap();
+    let read = tokio::task::spawn_blocking(move || {
+        file.seek(SeekFrom::Start(6 * MIB)).unwrap();
+        let mut rest = vec![0; 4096];
+        file.read_exact(&mut rest)
+    });
+    // Bounded: the mount's deadline is 5 s; a hung reader fails the test here.
+    let result = tokio::time::timeout(Duration::from_secs(60), read).await.expect("the read hung").unwrap();
+    assert_eq!(result.unwrap_err().raw_os_error(), Some(5), "EIO");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_and_fusermount_unmount_leave_nothing_behind() {
+    skip_without_fuse!();
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 1, MIB);
+    let hub = TestHub::start(root.path()).await;
+    for how in ["SIGTERM", "fusermount3 -u"] {
+        let mnt = tempfile::tempdir().unwrap();
+        let log = root.path().join("mount.log");
+        let mut mount = MountProcess::start(&hub.endpoint, mnt.path(), &[], &log);
+        assert!(MountProcess::is_mounted(mnt.path()));
+        assert_eq!(names(&mnt.path().join("c4")), ["shard-00000.bin"]);
+        let done = if how == "SIGTERM" {
+            Command::new("kill").args(["-TERM", &mount.child.id().to_string()]).status().unwrap()
+        } else {
+            Command::new("fusermount3").arg("-u").arg(mnt.path()).status().unwrap()
+        };
+        assert!(done.success(), "{how}");
+        until(&format!("the mount process ending after {how}"), || {
+            mount.child.try_wait().unwrap().is_some_and(|status| status.success())
+        })
+        .await;
+        assert!(!MountProcess::is_mounted(mnt.path()), "{how} left the mount in place");
+        assert!(names(mnt.path()).is_empty(), "the mount point is an empty directory again");
+    }
+}
