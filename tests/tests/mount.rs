@@ -80,7 +80,10 @@ async fn every_shard_reads_the_same_through_the_mount_and_the_tree_is_the_listin
                 (mnt.path().join(dataset).join(shard), root.path().join(dataset).join(shard));
             assert_eq!(std::fs::metadata(&through).unwrap().len(), std::fs::metadata(&source).unwrap().len());
             assert!(std::fs::read(&through).unwrap() == std::fs::read(&source).unwrap(), "{dataset}/{shard}");
-            assert!(Command::new("cmp").arg(&through).arg(&source).status().unwrap().success(), "cmp {shard}");
+            assert!(
+                Command::new("cmp").arg(&through).arg(&source).status().unwrap().success(),
+                "cmp {shard}"
+            );
         }
     }
     let ls = Command::new("ls").arg("-R").arg(mnt.path()).output().unwrap();
