@@ -2,7 +2,7 @@
 //! sees it: every shard byte for byte through the mount, the tree equal to the listing,
 //! EROFS for any change, ENOENT for what does not exist, EIO (and a log line) for a shard
 //! that changes while open and for a server that stops, never a hung reader; SIGTERM and
-//! `fusermount3 -u` leave nothing mounted.
+//! `fusermount3 -u` leave nothing mounted; a group of spokes mounts as one tree.
 //!
 //! Each test skips, saying why, only where FUSE cannot be mounted (no /dev/fuse or no
 //! fusermount3); `make test` installs fuse3.
@@ -17,6 +17,8 @@ use std::{
 };
 
 use shardcache_tests::{MountProcess, TestHub, TestSpoke, make_dataset, spoke_options, write_pattern};
+use spoke_cache::PeerGroup;
+use tokio::net::TcpListener;
 
 const MIB: u64 = 1 << 20;
 
@@ -201,4 +203,39 @@ async fn sigterm_and_fusermount_unmount_leave_nothing_behind() {
         assert!(!MountProcess::is_mounted(mnt.path()), "{how} left the mount in place");
         assert!(names(mnt.path()).is_empty(), "the mount point is an empty directory again");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_of_spokes_mounts_as_one_tree_and_fetches_once() {
+    skip_without_fuse!();
+    let root = tempfile::tempdir().unwrap();
+    let c4 = make_dataset(root.path(), "c4", 6, MIB);
+    let hub = TestHub::start(root.path()).await;
+    let listeners =
+        [TcpListener::bind("127.0.0.1:0").await.unwrap(), TcpListener::bind("127.0.0.1:0").await.unwrap()];
+    let urls: Vec<String> = listeners.iter().map(|l| format!("http://{}", l.local_addr().unwrap())).collect();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut spokes = Vec::new();
+    for ((listener, url), dir) in listeners.into_iter().zip(&urls).zip(&dirs) {
+        let mut options = spoke_options(&hub.endpoint);
+        options.group = Some(PeerGroup { spec: urls.join(","), me: url.clone() });
+        spokes.push(TestSpoke::start_on(listener, dir.path(), options).await);
+    }
+    let mnt = tempfile::tempdir().unwrap();
+    let log = dirs[0].path().join("mount.log");
+    let _mount = MountProcess::start(&urls.join(","), mnt.path(), &[], &log);
+    let shards: Vec<String> = names(&c4).into_iter().filter(|n| n.ends_with(".bin")).collect();
+    assert_eq!(names(&mnt.path().join("c4")), shards);
+    for name in shards {
+        assert!(
+            std::fs::read(mnt.path().join("c4").join(&name)).unwrap()
+                == std::fs::read(c4.join(&name)).unwrap()
+        );
+    }
+    for spoke in &spokes {
+        spoke.settled().await;
+    }
+    assert_eq!(hub.stats.snapshot().bytes_served, 6 * MIB, "the group fetched each shard once");
+    let held: u64 = spokes.iter().map(|s| s.cache.used_bytes()).sum();
+    assert_eq!(held, 6 * MIB, "each shard held by its owner only");
 }
