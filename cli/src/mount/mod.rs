@@ -169,9 +169,13 @@ impl ShardFs {
 
 impl Filesystem for ShardFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
-        // Requests and read-ahead of up to 1 MiB (the kernel's default is 128 KiB).
+        // Requests of up to 1 MiB need max_pages above 256 KiB's worth: fuser asks for
+        // max(max_write, max_readahead), and its max_write (16 MiB) already is; the
+        // kernel caps it at 1 MiB. Read-ahead cannot be raised above the kernel's offer
+        // (128 KiB) here: `raise_read_ahead` does it through sysfs after mounting.
         let _ = config.set_max_readahead(MAX_READ);
-        // Read-ahead requests the kernel keeps in flight (default 12).
+        // Read-ahead requests the kernel keeps in flight (default 12): 16 MiB of
+        // read-ahead is 16 requests.
         let _ = config.set_max_background(64);
         Ok(())
     }
