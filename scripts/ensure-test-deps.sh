@@ -15,32 +15,26 @@ REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
 STAMP="$VENV/.shardcache-requirements"
 
-# Debian's nss_wrapper: the group-discovery test resolves names from its own hosts file
-# (tests/tests/spoke_group_membership.rs).
+# Debian packages the tests run (installed with apt where missing):
+# - nss_wrapper: the group-discovery test resolves names from its own hosts file
+#   (tests/tests/spoke_group_membership.rs);
+# - fuse3 (fusermount3): the mount tests mount a real FUSE filesystem
+#   (tests/tests/mount.rs, client/python/tests/test_mount.py);
+# - prometheus and promtool: the monitoring test scrapes real servers with the recording
+#   rules of deploy/prometheus (tests/tests/prometheus.rs; deploy/k8s/validate.sh).
+apt_packages=()
 if ! [ -e /usr/lib/x86_64-linux-gnu/libnss_wrapper.so ] && ! [ -e /usr/lib/aarch64-linux-gnu/libnss_wrapper.so ] && ! [ -e /usr/lib64/libnss_wrapper.so ]; then
-  echo "installing libnss-wrapper for the group-discovery test" >&2
-  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends libnss-wrapper >/dev/null
+  apt_packages+=(libnss-wrapper)
 fi
-
-# Debian's fuse3 (fusermount3): the mount tests mount a real FUSE filesystem
-# (tests/tests/mount.rs, client/python/tests/test_mount.py).
-if ! command -v fusermount3 >/dev/null 2>&1; then
-  echo "installing fuse3 for the mount tests" >&2
-  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends fuse3 >/dev/null
-fi
-
-# Debian's prometheus and promtool: the monitoring test scrapes real servers with the
-# recording rules of deploy/prometheus (tests/tests/prometheus.rs; deploy/k8s/validate.sh).
+command -v fusermount3 >/dev/null 2>&1 || apt_packages+=(fuse3)
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
-  echo "installing prometheus (Debian's) for the monitoring test" >&2
+  apt_packages+=(prometheus)
+fi
+if [ ${#apt_packages[@]} -gt 0 ]; then
+  echo "installing ${apt_packages[*]} (Debian's) for the tests" >&2
   if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
 fi
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "${REQUIREMENTS[*]}" ]; then

@@ -547,6 +547,19 @@ pub async fn scrape_metrics(addr: impl tokio::net::ToSocketAddrs) -> std::io::Re
     Ok(page)
 }
 
+/// Waits until `done()` holds, checking every 100 ms for at most 30 s, and panics
+/// naming `what` if it never does: a bounded wait for something that happens in the
+/// background (a process ending, a membership change seen), never a timing assertion.
+pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..300 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what} did not happen within 30 s");
+}
+
 /// A free loopback address (`127.0.0.1:PORT`), for servers that must be told each
 /// other's addresses before they start (a group of spokes). The port is free again when
 /// this returns; the server that binds it next takes it.

@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use shardcache_tests::{MountProcess, TestHub, TestSpoke, make_dataset, spoke_options, write_pattern};
+use shardcache_tests::{MountProcess, TestHub, TestSpoke, make_dataset, spoke_options, until, write_pattern};
 use spoke_cache::PeerGroup;
 use tokio::net::TcpListener;
 
@@ -37,17 +37,6 @@ fn names(dir: &Path) -> Vec<String> {
         std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     names
-}
-
-/// Bounded wait for `done` (a process to exit, a mount to go): 30 s at most.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..300 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{what} did not happen within 30 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,10 +11,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::{path::Path, sync::atomic::Ordering::Relaxed, time::Duration};
+use std::{path::Path, sync::atomic::Ordering::Relaxed};
 
 use shardcache_client::{Client, Range};
-use shardcache_tests::{TestHub, TestSpoke, make_dataset, spoke_options};
+use shardcache_tests::{TestHub, TestSpoke, make_dataset, spoke_options, until};
 use spoke_cache::PeerGroup;
 use tokio::net::TcpListener;
 
@@ -38,18 +38,11 @@ async fn read_every_shard(client: &Client, files: &Path) {
 
 /// Waits (bounded) until the client and every spoke know `n` members.
 async fn until_everyone_knows(client: &Client, spokes: &[TestSpoke], n: usize) {
-    for _ in 0..300 {
-        let spokes_know = spokes.iter().all(|s| s.cache.upstream().peers().unwrap().urls().len() == n);
-        if client.members().len() == n && spokes_know {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let spokes: Vec<_> = spokes.iter().map(|s| s.cache.upstream().peers().unwrap().urls()).collect();
-    panic!(
-        "{n} members not seen within 30 s: the client knows {:?}, the spokes {spokes:?}",
-        client.members()
-    );
+    let knows = |s: &TestSpoke| s.cache.upstream().peers().unwrap().urls().len() == n;
+    until(&format!("the client and the spokes seeing {n} members"), || {
+        client.members().len() == n && spokes.iter().all(knows)
+    })
+    .await;
 }
 
 /// Three spokes on `listeners` (URLs `urls`), all given the group `spec`, which first

@@ -126,12 +126,15 @@ impl Cache {
     /// `[offset, offset + length)` of `entry` (inside the shard) from the store only:
     /// `None` when any chunk of it is not stored (or fails its check), never a fetch.
     pub async fn read_cached(&self, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Option<Bytes>> {
+        if length == 0 {
+            return Ok(Some(Bytes::new()));
+        }
         let end = offset + length;
         let mut parts = Vec::new();
-        for index in offset / entry.chunk_size..=end.saturating_sub(1) / entry.chunk_size {
+        for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
             let (chunk_start, chunk_len) = entry.chunk_range(index);
-            if length == 0 || !entry.has_chunk(index) {
-                return Ok((length == 0).then(Bytes::new));
+            if !entry.has_chunk(index) {
+                return Ok(None);
             }
             let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
             match self.read_stored(entry, index, from, to).await? {
