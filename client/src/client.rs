@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use shardcache_proto::job::{EPOCH_HEADER, JOB_HEADER, check_job_name};
 use shardcache_proto::{
     checksum,
     v1::{
@@ -15,6 +14,10 @@ use shardcache_proto::{
         ReadRangesRequest, ShardInfo, StatShardRequest, StreamShardRequest,
         shard_reader_client::ShardReaderClient,
     },
+};
+use shardcache_proto::{
+    hedge::AVOID_HEADER,
+    job::{EPOCH_HEADER, JOB_HEADER, check_job_name},
 };
 use tonic::{
     metadata::{Ascii, MetadataValue},
@@ -25,7 +28,8 @@ pub use crate::stream::ShardStream;
 use crate::{
     ConnectOptions, Credentials, Error, Result,
     connect::{AuthChannel, connect_channel},
-    members::{self, List, MemberSpec, Members, Slot, Source},
+    members::{self, MemberSpec, Members, Slot, Source},
+    routing::{HedgeCounters, HedgePolicy, Router},
     stream::Resume,
 };
 
@@ -82,11 +86,12 @@ pub(crate) struct Conn {
 
 /// A connection to a shardcache server, or to a group of spokes (`URL1,URL2,...`,
 /// `file:PATH` or `dns+http://NAME:PORT`: see [`crate::members`]): each shard is read
-/// from its owner by rendezvous hashing (`group.rs`), and from the next member in its
-/// order when the owner does not answer. Cheap to clone; clones share the connections.
+/// from its owner (`routing`: rendezvous hashing), from the next member in its order
+/// when the owner fails, and from the next as well when the owner has not answered
+/// within its hedge delay. Cheap to clone; clones share the connections.
 #[derive(Debug, Clone)]
 pub struct Client {
-    pub(crate) members: Arc<Members<Conn>>,
+    pub(crate) router: Arc<Router<Conn>>,
     /// What the client was made with (one URL, or the group's list).
     endpoint: String,
     /// The job and epoch headers reads carry ([`Client::for_job`]).
@@ -102,7 +107,7 @@ impl Client {
 
     /// Connects to `endpoint` (`https://` for TLS) with `options`' certificates and token.
     /// A group connects to each member when first used, so a member that is down does
-    /// not keep the client from starting; a `file:` or `dns+` group is kept current.
+    /// not keep a client from starting; a `file:` or `dns+` group is kept current.
     pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
         let credentials = Credentials::token(options.token.as_deref())?;
         let source = Source::parse(endpoint).map_err(Error::Config)?;
@@ -116,7 +121,7 @@ impl Client {
         })
         .await?;
         members::probe_failed(&members, |conn: &Conn| members::serving(&conn.health));
-        Ok(Self { members, endpoint: endpoint.to_owned(), job: None })
+        Ok(Self::with_members(members, endpoint))
     }
 
     /// Uses an existing channel (custom windows); `endpoint` names it in errors.
@@ -126,10 +131,15 @@ impl Client {
 
     /// Uses an existing channel and sends `credentials` with every request.
     pub fn from_channel_with(channel: Channel, endpoint: &str, credentials: Credentials) -> Self {
-        let one = [MemberSpec { url: endpoint.to_owned(), weight: 1.0 }];
+        let one = [MemberSpec::new(endpoint)];
         let mut conn = Some(Conn::new(channel, credentials));
         let members = Members::new(&one, |_| conn.take().ok_or(())).unwrap_or_else(|()| unreachable!());
-        Self { members: Arc::new(members), endpoint: endpoint.to_owned(), job: None }
+        Self::with_members(Arc::new(members), endpoint)
+    }
+
+    fn with_members(members: Arc<Members<Conn>>, endpoint: &str) -> Self {
+        let router = Router::new(members, HedgePolicy::MEMBERS, Arc::default());
+        Self { router: Arc::new(router), endpoint: endpoint.to_owned(), job: None }
     }
 
     /// A client on the same connection whose reads say they are for `job`'s `epoch` (the
@@ -142,12 +152,20 @@ impl Client {
         Ok(Self { job: Some((name, epoch)), ..self.clone() })
     }
 
-    /// `message` as a read request, with the job headers when there are any.
-    fn read_request<T>(&self, message: T) -> tonic::Request<T> {
+    /// `message` as a read request, with the job headers when there are any, and the
+    /// members `asked` before this one (a hedge or a failover: see
+    /// `shardcache_proto::hedge`).
+    fn read_request<T>(&self, message: T, asked: &[Arc<Member>]) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some((job, epoch)) = &self.job {
             request.metadata_mut().insert(JOB_HEADER, job.clone());
             request.metadata_mut().insert(EPOCH_HEADER, epoch.clone());
+        }
+        if !asked.is_empty() {
+            let urls: Vec<&str> = asked.iter().map(|m| m.url.as_str()).collect();
+            if let Ok(value) = urls.join(",").parse() {
+                request.metadata_mut().insert(AVOID_HEADER, value);
+            }
         }
         request
     }
@@ -158,64 +176,48 @@ impl Client {
 
     /// The members' endpoints now, in the order given.
     pub fn members(&self) -> Vec<String> {
-        self.members.current().iter().map(|m| m.url.clone()).collect()
+        self.router.members().current().iter().map(|m| m.url.clone()).collect()
     }
 
     /// The members skipped now: they failed a call and have not answered a health
-    /// check since.
+    /// check since, or they were demoted for losing their hedges.
     pub fn failing_members(&self) -> Vec<String> {
-        self.members.current().iter().filter(|m| m.health.has_failed()).map(|m| m.url.clone()).collect()
+        let list = self.router.members().current();
+        list.iter()
+            .filter(|m| m.health.has_failed() || m.health.is_demoted())
+            .map(|m| m.url.clone())
+            .collect()
+    }
+
+    /// What hedging has done: hedges sent, hedges that answered first, members demoted.
+    pub fn hedges(&self) -> &HedgeCounters {
+        self.router.counters()
     }
 
     /// The members' endpoints in the order they own `dataset/shard` now (the owner
     /// first).
     pub fn owners(&self, dataset: &str, shard: &str) -> Vec<String> {
-        members::ranked(&self.members.current(), dataset, shard).iter().map(|m| m.url.clone()).collect()
+        self.router.ranked(Some((dataset, shard))).iter().map(|m| m.url.clone()).collect()
     }
 
-    /// Whom to try for `dataset/shard` (or, for `None`, a call about no one shard): the
-    /// live members first, owners first, leaving out the endpoints `tried`.
-    fn route(&self, shard: Option<(&str, &str)>, tried: &[String]) -> List<Conn> {
-        let list = self.members.current();
-        let mut order = match shard {
-            Some((dataset, shard)) => members::ranked(&list, dataset, shard),
-            None => list.to_vec(),
-        };
-        order.retain(|m| !tried.contains(&m.url));
-        let (mut live, down): (Vec<_>, Vec<_>) = order.into_iter().partition(|m| m.health.is_live());
-        live.extend(down);
-        Arc::new(live)
-    }
-
-    /// Runs `call` on the members of `route` in turn until one answers: a member's
-    /// failure (down, unreachable, shedding, garbled) sends the call to the next and
-    /// pauses the member; any other error is the answer. One member: one try.
-    async fn on_members<T, F, Fut>(&self, route: List<Conn>, call: F) -> Result<T>
+    /// Asks the members of `route` in turn (hedged: `routing`): a member's failure
+    /// (down, unreachable, shedding, garbled) sends the call to the next and pauses the
+    /// member; any other error is the answer. `call(asked, member)` asks `member`, the
+    /// members in `asked` having been asked before it.
+    async fn on_members<T, F, Fut>(&self, route: &[Arc<Member>], mut call: F) -> Result<T>
     where
-        F: Fn(Arc<Member>) -> Fut,
+        F: FnMut(&[Arc<Member>], Arc<Member>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let mut last = None;
-        let group = self.members.current().len() > 1;
-        for member in route.iter() {
-            match call(member.clone()).await {
-                Ok(answer) => {
-                    member.health.answered();
-                    return Ok(answer);
-                }
-                Err(e) if group && member_failed(&e) => {
-                    member.health.failed();
-                    last = Some(e);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::Config("the client has no members to ask".into())))
+        self.router
+            .call(route, |i, member| call(&route[..i], member.clone()))
+            .await
+            .map_err(|e| e.unwrap_or_else(|| Error::Config("the client has no members to ask".into())))
     }
 
     /// Every dataset the server has.
     pub async fn list_datasets(&self) -> Result<Vec<DatasetInfo>> {
-        self.on_members(self.route(None, &[]), |m| async move {
+        self.on_members(&self.router.route(None, &[]), |_, m| async move {
             let response = m.reader().list_datasets(ListDatasetsRequest {}).await;
             Ok(response.map_err(|s| m.status(s))?.into_inner().datasets)
         })
@@ -231,7 +233,7 @@ impl Client {
     ) -> Result<ListShardsResponse> {
         let request =
             ListShardsRequest { dataset: dataset.to_owned(), page_size, page_token: page_token.to_owned() };
-        self.on_members(self.route(None, &[]), |m| {
+        self.on_members(&self.router.route(None, &[]), |_, m| {
             let request = request.clone();
             async move { Ok(m.reader().list_shards(request).await.map_err(|s| m.status(s))?.into_inner()) }
         })
@@ -255,7 +257,7 @@ impl Client {
     /// Size, version and chunk size of one shard (from its owner in a group).
     pub async fn stat(&self, dataset: &str, shard: &str) -> Result<ShardInfo> {
         let request = StatShardRequest { dataset: dataset.to_owned(), shard: shard.to_owned() };
-        self.on_members(self.route(Some((dataset, shard)), &[]), |m| {
+        self.on_members(&self.router.route(Some((dataset, shard)), &[]), |_, m| {
             let request = request.clone();
             async move { Ok(m.reader().stat_shard(request).await.map_err(|s| m.status(s))?.into_inner()) }
         })
@@ -264,20 +266,42 @@ impl Client {
 
     /// Reads one range in one call (at most the server's `--max-read`).
     pub async fn read_range(&self, range: &Range) -> Result<Verified> {
-        self.on_members(self.route(Some((&range.dataset, &range.shard)), &[]), |m| async move {
-            let request = self.read_request(range.to_request());
-            let chunk = m.reader().read_range(request).await.map_err(|s| m.status(s))?;
-            m.verify(range, chunk.into_inner())
+        self.on_members(&self.router.route(Some((&range.dataset, &range.shard)), &[]), |asked, m| {
+            let request = self.read_request(range.to_request(), asked);
+            async move {
+                let chunk = m.reader().read_range(request).await.map_err(|s| m.status(s))?;
+                m.verify(range, chunk.into_inner())
+            }
         })
         .await
     }
 
     /// Reads many ranges in one round trip; results are in the order of `ranges`. In a
-    /// group, the batch is split by owner, the parts read at once and put back in order.
+    /// group, the batch is split by owner, the parts read at once and put back in order;
+    /// a part whose owner fails (or is late) is read from the next member of its first
+    /// range's order.
     pub async fn read_ranges(&self, ranges: &[Range]) -> Result<Vec<Verified>> {
-        let all: Vec<usize> = (0..ranges.len()).collect();
+        let mut parts: std::collections::BTreeMap<String, (Vec<Arc<Member>>, Vec<usize>)> =
+            Default::default();
+        for (i, r) in ranges.iter().enumerate() {
+            let route = self.router.route(Some((&r.dataset, &r.shard)), &[]);
+            let Some(owner) = route.first() else {
+                return Err(Error::Config("the client has no members to ask".into()));
+            };
+            parts.entry(owner.url.clone()).or_insert_with(|| (route.clone(), Vec::new())).1.push(i);
+        }
+        let reads = parts.into_values().map(|(route, indices)| async move {
+            let read = self
+                .on_members(&route, |asked, m| {
+                    let request = self.read_request(ReadRangesRequest::default(), asked);
+                    let indices = &indices;
+                    async move { m.read_batch(request, ranges, indices).await }
+                })
+                .await?;
+            Ok::<_, Error>(indices.into_iter().zip(read).collect::<Vec<_>>())
+        });
         let mut verified: Vec<Option<Verified>> = vec![None; ranges.len()];
-        for (i, read) in self.read_parts(ranges, all, Vec::new()).await? {
+        for (i, read) in futures::future::try_join_all(reads).await?.into_iter().flatten() {
             verified[i] = Some(read);
         }
         // Every slot is filled (each part answers for all its ranges, or the call fails);
@@ -302,48 +326,6 @@ impl Client {
             }
         }
         Ok(verified)
-    }
-
-    /// Ranges `wanted` (indices into `ranges`) from their owners, leaving out the members
-    /// in `tried`; a part whose member fails is read again from the next members.
-    fn read_parts<'a>(
-        &'a self,
-        ranges: &'a [Range],
-        wanted: Vec<usize>,
-        tried: Vec<String>,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(usize, Verified)>>> {
-        Box::pin(async move {
-            let mut parts: std::collections::BTreeMap<String, (Arc<Member>, Vec<usize>)> = Default::default();
-            for i in wanted {
-                let r = &ranges[i];
-                let Some(member) = self.route(Some((&r.dataset, &r.shard)), &tried).first().cloned() else {
-                    return Err(Error::Config("every member of the group failed this read".into()));
-                };
-                parts.entry(member.url.clone()).or_insert_with(|| (member, Vec::new())).1.push(i);
-            }
-            let group = self.members.current().len();
-            let reads = parts.into_values().map(|(m, indices)| {
-                let tried = tried.clone();
-                async move {
-                    match m
-                        .read_batch(self.read_request(ReadRangesRequest::default()), ranges, &indices)
-                        .await
-                    {
-                        Ok(read) => {
-                            m.health.answered();
-                            Ok(indices.into_iter().zip(read).collect::<Vec<_>>())
-                        }
-                        Err(e) if group > tried.len() + 1 && member_failed(&e) => {
-                            m.health.failed();
-                            let tried = tried.into_iter().chain([m.url.clone()]).collect();
-                            self.read_parts(ranges, indices, tried).await
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-            });
-            Ok(futures::future::try_join_all(reads).await?.into_iter().flatten().collect())
-        })
     }
 
     /// Streams `[offset, offset + length)` of a shard, or to its end when `length` is
@@ -400,32 +382,14 @@ impl Client {
             length: Some(end - offset),
             expected_version: expected_version.unwrap_or_default().to_owned(),
         };
-        self.on_members(self.route(Some((dataset, shard)), tried), |m| {
-            let request = self.read_request(request.clone());
+        self.on_members(&self.router.route(Some((dataset, shard)), tried), |asked, m| {
+            let request = self.read_request(request.clone(), asked);
             async move {
                 let stream = m.reader().stream_shard(request).await.map_err(|s| m.status(s))?;
                 Ok((stream.into_inner(), m.url.clone()))
             }
         })
         .await
-    }
-}
-
-/// Whether `error` says the member failed (rather than the request): worth asking the
-/// next member of a group.
-pub(crate) fn member_failed(error: &Error) -> bool {
-    use tonic::Code;
-    match error {
-        Error::Status { status, .. } => matches!(
-            status.code(),
-            Code::Unavailable
-                | Code::Unknown
-                | Code::DeadlineExceeded
-                | Code::ResourceExhausted
-                | Code::Cancelled
-        ),
-        Error::Connect { .. } | Error::Checksum { .. } | Error::Protocol { .. } => true,
-        Error::Config(_) | Error::Endpoint { .. } | Error::VersionChanged { .. } => false,
     }
 }
 

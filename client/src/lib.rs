@@ -11,7 +11,8 @@
 //!
 //! - [`client`]: the [`Client`] and its verified [`ShardStream`];
 //! - [`stream`]: the verified [`ShardStream`], which carries on from another member;
-//! - [`group`]: a group of spokes: rendezvous ownership and members' health;
+//! - [`routing`]: whom to ask and when to ask the next: rendezvous ownership, members'
+//!   health, one table of failures, hedged calls (for groups, a spoke's peers and hubs);
 //! - [`members`]: who is in a group (a list, a file, DNS) and keeping that current;
 //! - [`connect`]: TLS (`https://` URLs), client certificates and bearer tokens;
 //! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict, pin);
@@ -21,8 +22,8 @@ pub mod client;
 pub mod connect;
 pub mod control;
 pub mod error;
-pub mod group;
 pub mod members;
+pub mod routing;
 pub mod stream;
 
 pub use client::{Client, Range, ShardStream, Verified};

@@ -24,7 +24,7 @@ use std::{
 
 use crate::{
     ConnectOptions,
-    group::{self, Health},
+    routing::{Health, normalize_url},
 };
 
 /// How often a `file:` source is checked for a change (a `stat`).
@@ -43,12 +43,18 @@ pub const DNS_REFRESH: Duration = Duration::from_secs(5);
 /// One member as a source names it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemberSpec {
-    /// Its URL, without the weight.
+    /// Its URL, without the weight, normalised (`routing::normalize_url`): members are
+    /// ranked and compared by it.
     pub url: String,
     pub weight: f64,
 }
 
 impl MemberSpec {
+    /// The member at `url` with weight 1.
+    pub fn new(url: &str) -> Self {
+        Self { url: normalize_url(url), weight: 1.0 }
+    }
+
     /// `URL` or `URL?weight=W` (W a positive number).
     pub fn parse(entry: &str) -> Result<Self, String> {
         let (url, weight) = match entry.split_once('?') {
@@ -64,7 +70,7 @@ impl MemberSpec {
                 (url, weight)
             }
         };
-        Ok(Self { url: url.to_owned(), weight })
+        Ok(Self { url: normalize_url(url), weight })
     }
 }
 
@@ -137,7 +143,8 @@ impl Source {
                 let addresses = tokio::net::lookup_host((host.as_str(), *port))
                     .await
                     .map_err(|e| format!("resolving {host}: {e}"))?;
-                let mut urls: Vec<String> = addresses.map(|a| format!("{scheme}://{a}")).collect();
+                let mut urls: Vec<String> =
+                    addresses.map(|a| normalize_url(&format!("{scheme}://{a}"))).collect();
                 urls.sort();
                 urls.dedup();
                 Ok(urls.into_iter().map(|url| MemberSpec { url, weight: 1.0 }).collect())
@@ -245,27 +252,24 @@ pub async fn connect<T: Send + Sync + 'static>(
         Ok(conn(channel))
     };
     let members = Arc::new(Members::new(&specs, &make).map_err(crate::Error::Config)?);
-    watch(&members, source, what.to_owned(), make, false);
+    watch(&members, source, what.to_owned(), make, false, None);
     Ok(members)
-}
-
-/// `list` in the order its members own `dataset/shard` (rendezvous, weighted): the owner
-/// first.
-pub fn ranked<T>(list: &[Arc<Slot<T>>], dataset: &str, shard: &str) -> Vec<Arc<Slot<T>>> {
-    let names: Vec<(&str, f64)> = list.iter().map(|m| (m.url.as_str(), m.weight)).collect();
-    group::rendezvous(&names, dataset, shard).into_iter().map(|i| list[i].clone()).collect()
 }
 
 /// Keeps `members` up to date with a dynamic `source` until they are dropped: new
 /// members are connected with `make`; `what` names the group in log lines. The first
 /// reading is at once when `now`, else after the first period (the caller has just
-/// read it).
+/// read it). A member `me` (a spoke watching its own group) is kept in the list when
+/// the source leaves it out: a spoke that joins is listed by its peers' resolvers before
+/// its own (a DNS answer cached a little longer), and ranking without itself while they
+/// rank with it would have each ask the other for what neither fetches.
 pub fn watch<T: Send + Sync + 'static>(
     members: &Arc<Members<T>>,
     source: Source,
     what: String,
     make: impl Fn(&str) -> Result<T, String> + Send + 'static,
     now: bool,
+    me: Option<String>,
 ) {
     if !source.is_dynamic() {
         return;
@@ -291,8 +295,11 @@ pub fn watch<T: Send + Sync + 'static>(
                         "the group's source lists no members; keeping the last list"
                     );
                 }
-                Ok(specs) => {
+                Ok(mut specs) => {
                     seen = stamp;
+                    if let Some(me) = me.as_deref() {
+                        with_member(&mut specs, me);
+                    }
                     match members.replace(&specs, &make) {
                         Ok(true) => tracing::info!(
                             group = what,
@@ -313,6 +320,13 @@ pub fn watch<T: Send + Sync + 'static>(
     });
 }
 
+/// Adds `me` to `specs` when they do not name it (see [`watch`]).
+pub fn with_member(specs: &mut Vec<MemberSpec>, me: &str) {
+    if !specs.iter().any(|s| s.url == me) {
+        specs.push(MemberSpec::new(me));
+    }
+}
+
 /// Asks the members of `members` that failed, every [`PROBE_PERIOD`], whether they serve
 /// (`probe`: a gRPC health check), until `members` are dropped; one that says so is used
 /// again at once.
@@ -331,9 +345,8 @@ pub fn probe_failed<T: Send + Sync + 'static>(
             let checks = failed.into_iter().map(|member| {
                 let check = tokio::time::timeout(PROBE_TIMEOUT, probe(&member.conn));
                 async move {
-                    if check.await.unwrap_or(false) {
+                    if check.await.unwrap_or(false) && member.health.serving_again() {
                         tracing::info!(member = member.url, "member serves again");
-                        member.health.answered();
                     }
                 }
             });

@@ -5,7 +5,8 @@
 
 use crate::{
     Error, Result,
-    client::{Client, Verified, checked, member_failed, protocol},
+    client::{Client, Verified, checked, protocol},
+    routing::{Judged, Verdict},
 };
 use shardcache_proto::v1::Chunk;
 
@@ -87,8 +88,8 @@ impl ShardStream {
     /// read, if any), else `failure`.
     async fn resume_after(&mut self, failure: Error) -> Result<()> {
         let r = &mut self.resume;
-        let members = r.client.members.current();
-        if members.len() <= r.tried.len() || !member_failed(&failure) {
+        let members = r.client.router.members().current();
+        if members.len() <= r.tried.len() || failure.verdict() != Verdict::Unwell {
             return Err(failure);
         }
         if let Some(failed) = r.tried.last().and_then(|url| members.iter().find(|m| m.url == *url)) {

@@ -8,12 +8,14 @@
 //! - [`range`]: which byte ranges a read may ask for;
 //! - [`checksum`]: the CRC32C every data message carries;
 //! - [`job`]: the job and epoch headers reads carry, and job names;
+//! - [`hedge`]: the header of a read sent on to another member of a group;
 //! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them.
 //!
 //! How servers and clients carry the contract (TLS, tokens, HTTP/2 tuning, load
 //! shedding, server assembly) is `shardcache-serving`'s.
 
 pub mod checksum;
+pub mod hedge;
 pub mod job;
 pub mod names;
 pub mod range;

@@ -1,10 +1,30 @@
-//! Which job and epoch a read belongs to: the SDK's datasets send `shardcache-job` and
-//! `shardcache-epoch` request headers (see [`JobTag`]), and a source that reports per
-//! job (the spoke) counts the read and what it fetched under them.
+//! Who a read is for: the job and epoch it belongs to (the SDK's datasets send
+//! `shardcache-job` and `shardcache-epoch` request headers, see [`JobTag`]; a source
+//! that reports per job, the spoke, counts the read and what it fetched under them), and
+//! the members of a group its client already asked (`shardcache-avoid`: a spoke does not
+//! ask them again for what it lacks).
 
 use tonic::{Request, Status};
 
+use shardcache_proto::hedge::{AVOID_HEADER, parse_avoided};
 pub use shardcache_proto::job::{EPOCH_HEADER, JOB_HEADER, MAX_JOB_NAME, check_job_name};
+
+/// What a read request says about itself beyond what it reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadContext {
+    /// The job and epoch it reads for, when it names one.
+    pub job: Option<JobTag>,
+    /// Group members its client asked before (a hedge or a failover).
+    pub avoid: Vec<String>,
+}
+
+impl ReadContext {
+    /// The context `request`'s headers carry (a malformed job header is refused).
+    pub fn of<T>(request: &Request<T>) -> Result<Self, Status> {
+        let avoid = request.metadata().get(AVOID_HEADER).and_then(|v| v.to_str().ok()).map(parse_avoided);
+        Ok(Self { job: JobTag::of(request)?, avoid: avoid.unwrap_or_default() })
+    }
+}
 
 /// The job and epoch a request says it reads for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

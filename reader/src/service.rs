@@ -26,7 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::{
-    JobTag, ReadError,
+    ReadContext, ReadError,
     source::{STALE_METADATA, ShardHandle, ShardMeta, Source},
 };
 
@@ -79,7 +79,7 @@ impl<S: Source> ReadService<S> {
         Self { source, limits, observer }
     }
 
-    /// Opens a shard for `reads` by `job` (see [`Source::open_for`]), holding it to
+    /// Opens a shard for `reads` for `context` (see [`Source::open_for`]), holding it to
     /// `expected_version` when the client gave one.
     async fn open(
         &self,
@@ -87,10 +87,10 @@ impl<S: Source> ReadService<S> {
         shard: &str,
         expected_version: &str,
         reads: &[(u64, u64)],
-        job: Option<&JobTag>,
+        context: &ReadContext,
     ) -> Result<S::Shard, S::Error> {
         let (dataset_name, shard_name) = names(dataset, shard)?;
-        let handle = self.source.open_for(&dataset_name, &shard_name, reads, job).await?;
+        let handle = self.source.open_for(&dataset_name, &shard_name, reads, context).await?;
         expect_version(handle.meta(), dataset, expected_version)?;
         Ok(handle)
     }
@@ -208,12 +208,12 @@ impl<S: Source> ShardReader for ReadService<S> {
         let started = Instant::now();
         self.observer.read_request();
         let grant = Grant::of(&request)?;
-        let job = JobTag::of(&request)?;
+        let context = ReadContext::of(&request)?;
         let req = request.into_inner();
         grant.check(&req.dataset)?;
         range::check_total(req.length, self.limits.max_read).map_err(ReadError::from)?;
         let handle = self
-            .open(&req.dataset, &req.shard, &req.expected_version, &[(req.offset, req.length)], job.as_ref())
+            .open(&req.dataset, &req.shard, &req.expected_version, &[(req.offset, req.length)], &context)
             .await
             .map_err(Into::into)?;
         let meta = handle.meta();
@@ -232,7 +232,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         let started = Instant::now();
         self.observer.read_request();
         let grant = Grant::of(&request)?;
-        let job = JobTag::of(&request)?;
+        let context = ReadContext::of(&request)?;
         let ranges = request.into_inner().ranges;
         range::check_count(ranges.len()).map_err(ReadError::from)?;
         for r in &ranges {
@@ -247,9 +247,9 @@ impl<S: Source> ShardReader for ReadService<S> {
         for r in &ranges {
             shards.entry((r.dataset.as_str(), r.shard.as_str())).or_default().push((r.offset, r.length));
         }
-        let job = job.as_ref();
+        let context = &context;
         let opened = try_join_all(shards.into_iter().map(|(key, reads)| async move {
-            Ok::<_, S::Error>((key, self.open(key.0, key.1, "", &reads, job).await?))
+            Ok::<_, S::Error>((key, self.open(key.0, key.1, "", &reads, context).await?))
         }))
         .await
         .map_err(Into::into)?;
@@ -282,11 +282,11 @@ impl<S: Source> ShardReader for ReadService<S> {
     ) -> Result<Response<Self::StreamShardStream>, Status> {
         self.observer.read_request();
         let grant = Grant::of(&request)?;
-        let job = JobTag::of(&request)?;
+        let context = ReadContext::of(&request)?;
         let req = request.into_inner();
         grant.check(&req.dataset)?;
         let handle = self
-            .open(&req.dataset, &req.shard, &req.expected_version, &[], job.as_ref())
+            .open(&req.dataset, &req.shard, &req.expected_version, &[], &context)
             .await
             .map_err(Into::into)?;
         let size = handle.meta().size;

@@ -16,7 +16,7 @@ use shardcache_proto::{
 };
 use tonic::Status;
 
-use crate::{JobTag, ReadError};
+use crate::{ReadContext, ReadError};
 
 /// What a source knows about one shard at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,18 +97,18 @@ pub trait Source: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Shard, Self::Error>> + Send;
 
     /// Opens `shard` for a call that will read `reads` (`(offset, length)` pairs, not
-    /// yet checked against the shard's size) of it, for `job` when the request names one
-    /// (its reads are counted under it). The default opens it; a source that can start
-    /// those reads while it opens (the spoke, on a shard it has not seen: its
-    /// `StatShard` and the reads cross the link together) does so.
+    /// yet checked against the shard's size) of it, for `context` (the job its reads are
+    /// counted under, the group members its client already asked). The default opens
+    /// it; a source that can start those reads while it opens (the spoke, on a shard it
+    /// has not seen: its `StatShard` and the reads cross the link together) does so.
     fn open_for(
         &self,
         dataset: &DatasetName,
         shard: &ShardName,
         reads: &[(u64, u64)],
-        job: Option<&JobTag>,
+        context: &ReadContext,
     ) -> impl Future<Output = Result<Self::Shard, Self::Error>> + Send {
-        let _ = (reads, job);
+        let _ = (reads, context);
         self.open(dataset, shard)
     }
 

@@ -14,7 +14,7 @@ use shardcache_serving::{
 
 use crate::{
     Error, PeerGroup, SpokeOptions, cache::CacheConfig, store::PAGE_SIZE, store::StoreOptions,
-    upstream::HubTransport,
+    suppliers::hubs::HubTransport,
 };
 
 /// Read-through cache of hub shards in RocksDB on local disk.

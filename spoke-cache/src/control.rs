@@ -24,7 +24,7 @@ use crate::{
     Result,
     cache::Cache,
     entry::Entry,
-    index::ShardKey,
+    entry::ShardKey,
     plan::{MAX_PLAN_POSITIONS, Planned, Use},
 };
 
@@ -59,8 +59,7 @@ impl Control {
     ) -> Result<Vec<(DatasetName, ShardName)>> {
         let shards = if shards.is_empty() {
             DatasetName::new(dataset)?;
-            let listed =
-                self.cache.upstream().list(|hub| async move { hub.list_shards(dataset).await }).await?;
+            let listed = self.cache.hubs().list(|hub| async move { hub.list_shards(dataset).await }).await?;
             listed.into_iter().map(|s| (dataset.to_owned(), s.shard)).collect()
         } else {
             shards
@@ -103,7 +102,7 @@ impl CacheControl for Control {
         let mut plan = self.plan(&req.dataset, listed).await?;
         // In a group each member fetches the shards it owns: the group holds one copy,
         // and the SDK sends a group's prefetch to every member.
-        plan.retain(|(d, s)| self.cache.upstream().owns(d.as_str(), s.as_str()));
+        plan.retain(|(d, s)| self.cache.owns(d.as_str(), s.as_str()));
         let parallelism = match req.parallelism as usize {
             0 => DEFAULT_PREFETCH_PARALLELISM,
             n => n.min(64),
@@ -205,7 +204,7 @@ impl CacheControl for Control {
             evicted_shards: cache.metrics().evicted_shards.load(Relaxed),
             evicted_bytes: cache.metrics().evicted_bytes.load(Relaxed),
             checksum_failures: cache.metrics().checksum_failures.load(Relaxed),
-            hubs: cache.upstream().urls(),
+            hubs: cache.hubs().urls(),
             jobs: if grant.allows_all() { job_statuses(cache) } else { Vec::new() },
             plans: if grant.allows_all() { plan_statuses(cache) } else { Vec::new() },
         }))

@@ -9,6 +9,9 @@ use shardcache_proto::v1::ShardInfo;
 
 use crate::store::ShardRecord;
 
+/// `(dataset, shard)`: a shard's name, the key of the index and of the plans.
+pub type ShardKey = (String, String);
+
 /// One cached shard version.
 #[derive(Debug)]
 pub struct Entry {

@@ -28,6 +28,10 @@ pub enum Error {
     /// The hub sent bytes that failed verification (checksum, offsets).
     #[error("hub {hub} sent data that failed verification: {message}")]
     HubCorrupt { hub: String, message: String },
+    /// A member of the spoke's group could not supply a chunk (the next supplier is
+    /// asked; a client sees this only if no hub follows).
+    #[error("group member {peer}: {message}")]
+    Peer { peer: String, message: String },
     #[error("cache storage failed while {what}: {message}")]
     Store { what: String, message: String },
     /// Storage found its own files damaged (RocksDB's `Corruption` status): the cache
@@ -78,9 +82,10 @@ impl Error {
                 Code::InvalidArgument
             }
             Error::Hub { code, .. } => *code,
-            Error::HubUnavailable { .. } | Error::HubRefused { .. } | Error::HubCorrupt { .. } => {
-                Code::Unavailable
-            }
+            Error::HubUnavailable { .. }
+            | Error::HubRefused { .. }
+            | Error::HubCorrupt { .. }
+            | Error::Peer { .. } => Code::Unavailable,
             Error::Store { .. }
             | Error::Damaged { .. }
             | Error::Config(_)

@@ -16,25 +16,13 @@ use shardcache_proto::v1::ShardInfo;
 
 use crate::{
     Result,
-    entry::Entry,
-    store::{ShardRecord, Store},
+    entry::{Entry, ShardKey},
+    store::{ShardRecord, Store, blocking},
 };
-
-/// `(dataset, shard)`.
-pub type ShardKey = (String, String);
 
 /// Milliseconds since the Unix epoch (when a version was last checked with the hub).
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Runs store work on the blocking pool.
-pub(crate) async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .unwrap_or_else(|e| Err(crate::Error::Internal(format!("store task failed: {e}"))))
 }
 
 /// The cached shard versions.
@@ -186,27 +174,5 @@ impl Index {
         };
         let (store, dataset, shard) = (self.store.clone(), entry.dataset.clone(), entry.shard.clone());
         blocking(move || store.put_record(&dataset, &shard, &record)).await
-    }
-
-    /// The entry to evict next: never a pinned one; one held by a prefetch only when
-    /// nothing else is left; among the rest, shards no plan reads again first, least
-    /// recently used first, then the one whose next planned read (`next_use`, in plan
-    /// positions) is furthest away (see `plan.rs`).
-    pub fn eviction_victim(&self, next_use: impl Fn(&Entry) -> Option<usize>) -> Option<Arc<Entry>> {
-        let entries = self.read();
-        let candidates = entries.values().filter_map(|e| {
-            let (held, last_access) = {
-                let state = e.state();
-                let evictable = !state.record.pinned && !state.evicted && state.record.cached_bytes() > 0;
-                if !evictable {
-                    return None;
-                }
-                (state.prefetching > 0, state.last_access)
-            };
-            Some((held, (next_use(e), last_access), e.clone()))
-        });
-        candidates
-            .min_by(|a, b| a.0.cmp(&b.0).then_with(|| crate::plan::evict_before(a.1, b.1)))
-            .map(|(_, _, e)| e)
     }
 }

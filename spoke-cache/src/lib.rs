@@ -1,25 +1,34 @@
 //! shardcache spoke: a read-through cache of hub shards in RocksDB on local disk,
 //! serving the hub's read API (`shardcache.v1.ShardReader`) plus cache control.
 //!
+//! Data flows one way (see `cache.rs` for the picture): a read asks the [`index`]; a
+//! miss goes to the [`fetch`] owner, which asks the chain of [`suppliers`] and hands what
+//! it got to the [`admission`] sink.
+//!
 //! - [`store`]: RocksDB layout: shard pages with CRC32C in one ingested SST file per
 //!   chunk (written once, never compacted), shard records;
-//! - [`cache`]: the cached source's parts put together: entries, revalidation, reads,
-//!   admission and removal of chunks;
-//! - [`index`]: which shard versions are cached, their records, LRU order;
 //! - [`entry`]: one cached shard version, its present chunks and write locks;
-//! - [`fetch`]: upstream fetches, request coalescing, bounds on what is in flight;
-//! - [`upstream`]: the hubs, through the verifying client SDK;
-//! - [`peers`]: the spoke's group: chunks from the members ranked before it;
-//! - [`evict`]: capacity, watermarks, the evictor;
+//! - [`index`]: which shard versions are cached, their records, LRU order;
+//! - [`lookup`]: entries checked with the hubs, one `StatShard` per shard at a time;
+//!   [`revalidation`]: cached data stays served when the hub cannot answer;
+//! - [`fetch`]: the fetch owner: coalesced fetches, bounds on what is in flight, bytes
+//!   counted by supplier; reads alongside a first stat;
+//! - [`suppliers`]: the chain: peers ranked before this spoke, peers holding a chunk,
+//!   hubs, asked with hedging ([`suppliers::peers`], [`suppliers::hubs`]);
+//! - [`admission`]: chunks into the store, shards out of it, the capacity in step;
+//! - [`capacity`]: bytes against the watermarks; [`evict`]: the evictor;
 //! - [`plan`]: jobs' access plans and the eviction order they give (Belady);
 //! - [`plan_fetch`]: prefetch that follows the plans, never evicting a nearer read;
-//! - [`revalidation`]: cached data stays served when the hub cannot answer; backoff;
+//! - [`cache`]: the facade over the parts, and the read path;
 //! - [`source`]: the cache as the shared read service's source (the hub's API);
-//! - [`control`]: prefetch, status, evict, pin;
+//! - [`control`]: prefetch, status, evict, pin, plans;
 //! - [`metrics`]: counters and histograms, Prometheus text; [`jobs`]: per job and epoch;
-//! - [`server`]: assembly and graceful shutdown; [`config`]: flags.
+//! - [`server`]: assembly and graceful shutdown; [`config`]: flags;
+//!   [`shared`]: work shared by concurrent callers.
 
+pub mod admission;
 pub mod cache;
+pub mod capacity;
 pub mod config;
 pub mod control;
 pub mod entry;
@@ -28,15 +37,16 @@ pub mod evict;
 pub mod fetch;
 pub mod index;
 pub mod jobs;
+pub mod lookup;
 pub mod metrics;
-pub mod peers;
 pub mod plan;
 pub mod plan_fetch;
 pub mod revalidation;
 pub mod server;
+pub mod shared;
 pub mod source;
 pub mod store;
-pub mod upstream;
+pub mod suppliers;
 
 pub use error::{Error, Result};
 pub use server::{PeerGroup, SpokeOptions, open_cache, serve};

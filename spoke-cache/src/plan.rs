@@ -23,7 +23,7 @@ use std::{
 
 use tokio::sync::Notify;
 
-use crate::index::ShardKey;
+use crate::entry::ShardKey;
 
 /// How far ahead of a job's cursor a read may be and still move it: reads arrive out of
 /// order by what a trainer has in flight (ranks x batches x shards per batch), far less

@@ -15,66 +15,91 @@ use std::sync::Arc;
 
 use shardcache_proto::names::{DatasetName, ShardName};
 
-use crate::{cache::Cache, index::ShardKey, jobs::JobRow, plan::Upcoming};
+use crate::{
+    capacity::Capacity,
+    entry::ShardKey,
+    fetch::FetchOwner,
+    index::Index,
+    jobs::JobRow,
+    lookup::Lookups,
+    metrics::Metrics,
+    plan::{Plans, Upcoming},
+};
 
 /// Shards fetched whole at once by the plans (each with `--shard-fetch-parallelism`
 /// chunks in flight): two keep the link busy while one is admitted.
 pub const PLANNED_FETCHES: usize = 2;
 
-/// Follows the plans until `shutdown`.
-pub async fn run_plan_fetcher(cache: Arc<Cache>, shutdown: impl std::future::Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => return,
-            _ = cache.plans().changed() => {}
-        }
-        follow(&cache);
-    }
+/// What planned prefetch uses.
+#[derive(Debug, Clone)]
+pub struct PlanFetcher {
+    pub plans: Arc<Plans>,
+    pub capacity: Arc<Capacity>,
+    pub index: Arc<Index>,
+    pub lookups: Arc<Lookups>,
+    pub fetch: FetchOwner,
+    pub metrics: Arc<Metrics>,
+    /// `--plan-window`: bytes of shards ahead of those being read; 0 turns it off.
+    pub window: u64,
+    /// Chunk fetches in flight per shard (`--shard-fetch-parallelism`).
+    pub parallelism: usize,
 }
 
-/// Starts the fetches the plans call for now.
-fn follow(cache: &Arc<Cache>) {
-    let config = cache.config();
-    if config.plan_window == 0 {
-        return;
+impl PlanFetcher {
+    /// Follows the plans until `shutdown`.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = self.plans.changed() => {}
+            }
+            self.follow();
+        }
     }
-    let room = cache.capacity().low_watermark();
-    let mut listed = 0;
-    for Upcoming { key, size, job, epoch } in cache.plans().upcoming(config.plan_window) {
-        listed += size;
-        if listed > room {
+
+    /// Starts the fetches the plans call for now.
+    fn follow(&self) {
+        if self.window == 0 {
             return;
         }
-        // In a group, each member fetches the shards it owns (the others read them
-        // from it when they need them).
-        let mine = cache.upstream().owns(&key.0, &key.1);
-        if !mine || cache.cached_entry(&key.0, &key.1).is_some_and(|e| e.is_complete()) {
-            continue;
-        }
-        match cache.plans().start_fetch(&key, PLANNED_FETCHES) {
-            None => return,          // as many running as allowed
-            Some(false) => continue, // running already
-            Some(true) => {}
-        }
-        let (cache, row) = (cache.clone(), cache.metrics().jobs.planned(&job, epoch));
-        tokio::spawn(async move {
-            if let Err(e) = fetch(&cache, &key, row).await {
-                tracing::debug!(dataset = %key.0, shard = %key.1, job, error = %e, "planned fetch failed");
+        let room = self.capacity.low_watermark();
+        let mut listed = 0;
+        for Upcoming { key, size, job, epoch } in self.plans.upcoming(self.window) {
+            listed += size;
+            if listed > room {
+                return;
             }
-            cache.plans().fetched(&key);
-        });
+            // In a group, each member fetches the shards it owns (the others read them
+            // from it when they need them).
+            let mine = self.fetch.chain().owns(&key.0, &key.1);
+            if !mine || self.index.get(&key).is_some_and(|e| e.is_complete()) {
+                continue;
+            }
+            match self.plans.start_fetch(&key, PLANNED_FETCHES) {
+                None => return,          // as many running as allowed
+                Some(false) => continue, // running already
+                Some(true) => {}
+            }
+            let (this, row) = (self.clone(), self.metrics.jobs.planned(&job, epoch));
+            tokio::spawn(async move {
+                if let Err(e) = this.fetch_whole(&key, row).await {
+                    tracing::debug!(dataset = %key.0, shard = %key.1, job, error = %e, "planned fetch failed");
+                }
+                this.plans.fetched(&key);
+            });
+        }
     }
-}
 
-/// Fetches `key` whole, held against eviction while it runs; counted in `row`.
-async fn fetch(cache: &Arc<Cache>, key: &ShardKey, row: JobRow) -> crate::Result<u64> {
-    if cache.plans().next_use(key).is_none() {
-        return Ok(0); // read and done since it was listed
+    /// Fetches `key` whole, held against eviction while it runs; counted in `row`.
+    async fn fetch_whole(&self, key: &ShardKey, row: JobRow) -> crate::Result<u64> {
+        if self.plans.next_use(key).is_none() {
+            return Ok(0); // read and done since it was listed
+        }
+        let entry = self.lookups.entry(&DatasetName::new(&key.0)?, &ShardName::new(&key.1)?).await?;
+        entry.hold_for_prefetch(true);
+        let fetched = self.fetch.fetch_shard(&entry, self.parallelism, &row).await;
+        entry.hold_for_prefetch(false);
+        fetched
     }
-    let entry = cache.entry(&DatasetName::new(&key.0)?, &ShardName::new(&key.1)?).await?;
-    entry.hold_for_prefetch(true);
-    let fetched = cache.fetch_shard(&entry, &row).await;
-    entry.hold_for_prefetch(false);
-    fetched
 }

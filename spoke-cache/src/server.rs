@@ -20,13 +20,10 @@ use crate::{
     Error, Result,
     cache::{Cache, CacheConfig},
     control::Control,
-    evict::run_evictor,
     metrics::{Metrics, Occupancy},
-    peers::Peers,
-    plan_fetch::run_plan_fetcher,
     source::{CachedSource, STREAM_MESSAGE_MAX},
     store::{Store, StoreOptions},
-    upstream::{HubTransport, Upstream},
+    suppliers::{Chain, hubs::HubTransport},
 };
 
 /// Everything the spoke needs to serve.
@@ -66,10 +63,8 @@ pub struct PeerGroup {
 /// start, and its damaged files do not keep taking the disk. Only the store's own files
 /// are removed; any other error (a bad option, a permission) stops the start instead.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
-    let mut upstream = Upstream::new(&options.hubs, &options.hub_transport, &options.hub_credentials)?;
-    if let Some(group) = &options.group {
-        upstream = upstream.with_peers(Peers::new(&group.spec, &group.me, &options.hub_credentials)?);
-    }
+    let group = options.group.as_ref().map(|g| (g.spec.as_str(), g.me.as_str()));
+    let chain = || Chain::new(&options.hubs, &options.hub_transport, &options.hub_credentials, group);
     let create = |dir: &Path| {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Config(format!("cannot create --cache-dir {}: {e}", dir.display())))
@@ -77,7 +72,7 @@ pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
     create(dir)?;
     let open = || {
         let store = Store::open(dir, &options.store)?;
-        Cache::open(store, upstream.clone(), options.cache.clone(), Arc::new(Metrics::default()))
+        Cache::open(store, chain()?, options.cache.clone(), Arc::new(Metrics::default()))
     };
     match open() {
         Err(e) if e.is_damage() => {
@@ -111,8 +106,8 @@ pub async fn serve(
             let _ = rx.wait_for(|stop| *stop).await;
         }
     };
-    let evictor = tokio::spawn(run_evictor(cache.clone(), stopped()));
-    let plan_fetcher = tokio::spawn(run_plan_fetcher(cache.clone(), stopped()));
+    let evictor = tokio::spawn(cache.evictor().run(stopped()));
+    let plan_fetcher = tokio::spawn(cache.plan_fetcher().run(stopped()));
     let scraped = cache.clone();
     let metrics = tokio::spawn(serve_metrics(
         metrics_listener,
@@ -193,7 +188,7 @@ fn occupancy(cache: &Cache) -> Occupancy {
         capacity_bytes: cache.capacity().capacity(),
         used_bytes: cache.used_bytes(),
         disk_bytes: cache.disk_bytes(),
-        group_members: cache.upstream().peers().map_or(0, |p| p.urls().len() as u64),
+        group_members: cache.chain().peers().map_or(0, |p| p.urls().len() as u64),
         ..Default::default()
     };
     for entry in cache.entries() {

@@ -17,10 +17,15 @@ use shardcache_proto::{
     v1::DatasetInfo,
 };
 use shardcache_reader::{
-    DatasetListing, JobTag, Observer, ShardHandle, ShardMeta, ShardPage, ShardStat, Source,
+    DatasetListing, Observer, ReadContext, ShardHandle, ShardMeta, ShardPage, ShardStat, Source,
 };
 
-use crate::{Error, Result, cache::Cache, entry::Entry, jobs::JobRow, metrics::Metrics};
+use crate::{
+    Error, Result,
+    cache::{Cache, ReadFor},
+    entry::Entry,
+    metrics::Metrics,
+};
 
 /// Largest message of a StreamShard, on multiples of itself (and so of the hub's default
 /// chunk size): the spoke's `ReadLimits::chunk_size` when its cache chunks are larger. A
@@ -39,8 +44,9 @@ pub struct CachedShard {
     cache: Arc<Cache>,
     entry: Arc<Entry>,
     meta: ShardMeta,
-    /// Where the request's reads (and what they fetch) are counted.
-    row: JobRow,
+    /// Who the request reads for: where its reads (and what they fetch) are counted, and
+    /// the members its client already asked.
+    reader: ReadFor,
 }
 
 impl CachedSource {
@@ -49,12 +55,13 @@ impl CachedSource {
         dataset: &DatasetName,
         shard: &ShardName,
         reads: &[(u64, u64)],
-        job: Option<&JobTag>,
+        context: &ReadContext,
     ) -> Result<CachedShard> {
-        let row = self.0.metrics().jobs.row(job);
+        let row = self.0.metrics().jobs.row(context.job.as_ref());
         let entry = self.0.entry_for(dataset, shard, reads, &row).await?;
         let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
-        Ok(CachedShard { cache: self.0.clone(), entry, meta, row })
+        let reader = ReadFor { row, avoid: context.avoid.clone().into() };
+        Ok(CachedShard { cache: self.0.clone(), entry, meta, reader })
     }
 }
 
@@ -68,7 +75,7 @@ impl Source for CachedSource {
 
     async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<DatasetListing> {
         let (mut datasets, stale) =
-            match self.0.upstream().list(|hub| async move { hub.list_datasets().await }).await {
+            match self.0.hubs().list(|hub| async move { hub.list_datasets().await }).await {
                 Ok(datasets) => (datasets, false),
                 Err(e) if e.hub_cannot_answer() => (self.cached_datasets(), true),
                 Err(e) => return Err(e),
@@ -88,7 +95,7 @@ impl Source for CachedSource {
         let (dataset, after) = (dataset.as_str(), after.map_or("", |a| a.as_str()));
         let page = match self
             .0
-            .upstream()
+            .hubs()
             .list(|hub| async move { hub.list_shards_page(dataset, limit as u32, after).await })
             .await
         {
@@ -109,7 +116,7 @@ impl Source for CachedSource {
     }
 
     async fn open(&self, dataset: &DatasetName, shard: &ShardName) -> Result<CachedShard> {
-        self.entry(dataset, shard, &[], None).await
+        self.entry(dataset, shard, &[], &ReadContext::default()).await
     }
 
     async fn open_for(
@@ -117,13 +124,13 @@ impl Source for CachedSource {
         dataset: &DatasetName,
         shard: &ShardName,
         reads: &[(u64, u64)],
-        job: Option<&JobTag>,
+        context: &ReadContext,
     ) -> Result<CachedShard> {
-        self.entry(dataset, shard, reads, job).await
+        self.entry(dataset, shard, reads, context).await
     }
 
     async fn stat(&self, dataset: &DatasetName, shard: &ShardName) -> Result<ShardStat> {
-        let shard = self.entry(dataset, shard, &[], None).await?;
+        let shard = self.entry(dataset, shard, &[], &ReadContext::default()).await?;
         // Not confirmed within --revalidate-after: the hub could not be asked.
         let stale = !self.0.is_fresh(&shard.entry);
         Ok(ShardStat { record_size: shard.entry.record_size, meta: shard.meta, stale })
@@ -134,7 +141,7 @@ impl Source for CachedSource {
         let wants: Vec<_> =
             reads.iter().map(|&(shard, offset, length)| (&shard.entry, offset, length)).collect();
         // One call, one request: every shard was opened for the same job.
-        self.0.read_many(&wants, &first.row).await
+        self.0.read_many(&wants, &first.reader).await
     }
 }
 
@@ -178,7 +185,7 @@ impl ShardHandle for CachedShard {
     }
 
     async fn read_at(&self, offset: u64, len: usize) -> Result<Bytes> {
-        self.cache.read(&self.entry, offset, len as u64, &self.row).await
+        self.cache.read(&self.entry, offset, len as u64, &self.reader).await
     }
 }
 

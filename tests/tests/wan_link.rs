@@ -16,7 +16,7 @@ use shardcache_tests::{
     TestHub, TestSpoke, assert_dataset_reads_back, make_dataset, sha256, spoke_options, test_options,
     wan::{self, LinkConfig, WanProxy},
 };
-use spoke_cache::upstream::HubTransport;
+use spoke_cache::suppliers::hubs::HubTransport;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},

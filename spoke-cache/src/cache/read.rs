@@ -1,5 +1,5 @@
 //! The read path of the cache: stored parts from the store in one hop to the blocking
-//! pool, missing chunks through the fetcher (all started at once), parts of fetched
+//! pool, missing chunks from the fetch owner (all started at once), parts of fetched
 //! chunks copied out; a stored chunk that fails its check is forgotten and refetched.
 
 use std::sync::{Arc, atomic::Ordering::Relaxed};
@@ -8,34 +8,47 @@ use bytes::{Bytes, BytesMut};
 
 use super::Cache;
 use crate::{
-    Error, Result, entry::Entry, fetch::ChunkFetch, index::blocking, jobs::JobRow, store::PageFault,
+    Error, Result,
+    entry::Entry,
+    fetch::ChunkFetch,
+    jobs::JobRow,
+    store::{PageFault, blocking},
 };
+
+/// Who a read is for: the row its reads (and what they fetch) are counted in, and the
+/// group members its client already asked (`shardcache_proto::hedge`), not to be asked
+/// again for what it lacks.
+#[derive(Debug, Clone, Default)]
+pub struct ReadFor {
+    pub row: JobRow,
+    pub avoid: Arc<[String]>,
+}
+
+/// Tries to read a chunk that failed its check once more before giving up: it is
+/// refetched, unless another reader's fetch stored it again meanwhile.
+const FAULT_RETRIES: usize = 3;
 
 impl Cache {
     /// Reads `[offset, offset + length)` of `entry` (inside the shard: checked by the
-    /// caller), from the store where present and from the hub where not, counted in `row`.
+    /// caller), from the store where present and upstream where not.
     pub async fn read(
-        self: &Arc<Self>,
+        &self,
         entry: &Arc<Entry>,
         offset: u64,
         length: u64,
-        row: &JobRow,
+        reader: &ReadFor,
     ) -> Result<Bytes> {
-        let mut read = self.read_many(&[(entry, offset, length)], row).await?;
+        let mut read = self.read_many(&[(entry, offset, length)], reader).await?;
         Ok(read.pop().unwrap_or_default())
     }
 
-    /// Reads several ranges (each inside its shard: checked by the caller) for one call,
-    /// counted (with what they fetch) in `row`.
+    /// Reads several ranges (each inside its shard: checked by the caller) for one call.
     ///
     /// Every missing chunk's fetch starts before anything is awaited, so a cold read of
-    /// n chunks costs one round trip to the hub, not n; and every stored part is read in
+    /// n chunks costs one round trip upstream, not n; and every stored part is read in
     /// one trip to the blocking pool, so a warm batch makes one hop off the runtime.
-    pub async fn read_many(
-        self: &Arc<Self>,
-        wants: &[(&Arc<Entry>, u64, u64)],
-        row: &JobRow,
-    ) -> Result<Vec<Bytes>> {
+    pub async fn read_many(&self, wants: &[(&Arc<Entry>, u64, u64)], reader: &ReadFor) -> Result<Vec<Bytes>> {
+        let row = &reader.row;
         // The jobs that planned these shards have reached them (before any admission
         // this read causes makes room by the plans).
         if self.plans.any() {
@@ -53,29 +66,24 @@ impl Cache {
             for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
                 let (chunk_start, chunk_len) = entry.chunk_range(index);
                 let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
-                let fetch = (!entry.has_chunk(index)).then(|| self.fetch_chunk(entry, index, row));
-                parts.push(Part { want, entry, index, from, to, fetch, bytes: None });
+                let fetch = if entry.has_chunk(index) {
+                    None
+                } else {
+                    self.fetch.chunk(entry, index, row, &reader.avoid)
+                };
+                parts.push(Part {
+                    want,
+                    entry,
+                    index,
+                    from,
+                    to,
+                    missed: fetch.is_some(),
+                    fetch,
+                    bytes: None,
+                });
             }
         }
-        let stored: Vec<(u64, u64, u64)> =
-            parts.iter().filter(|p| p.fetch.is_none()).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
-        if !stored.is_empty() {
-            let store = self.store.clone();
-            let read: Vec<Result<Bytes, PageFault>> = blocking(move || {
-                stored.into_iter().map(|(id, from, len)| store.read(id, from, len)).collect()
-            })
-            .await?;
-            for (part, result) in parts.iter_mut().filter(|p| p.fetch.is_none()).zip(read) {
-                match result {
-                    Ok(bytes) => part.bytes = Some(bytes),
-                    Err(fault) => {
-                        // Its stored copy failed its check (now forgotten): fetch it.
-                        self.stored_fault(part.entry, part.index, fault).await;
-                        part.fetch = Some(self.fetch_chunk(part.entry, part.index, row));
-                    }
-                }
-            }
-        }
+        self.read_stored_parts(&mut parts, reader).await?;
         let fetched = parts.iter().filter_map(|part| {
             let fetch = part.fetch.as_ref()?.fetched.clone();
             let chunk_start = part.index * part.entry.chunk_size;
@@ -96,13 +104,73 @@ impl Cache {
         for part in parts.iter_mut().filter(|p| p.fetch.is_some()) {
             part.bytes = fetched.next();
         }
+        Ok(self.assemble(wants, parts, row))
+    }
+
+    /// Reads the parts that are stored, in one trip to the blocking pool; a part whose
+    /// stored copy fails its check is read again (refetched).
+    async fn read_stored_parts(&self, parts: &mut [Part<'_>], reader: &ReadFor) -> Result<()> {
+        let stored: Vec<(u64, u64, u64)> =
+            parts.iter().filter(|p| p.fetch.is_none()).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
+        if stored.is_empty() {
+            return Ok(());
+        }
+        let store = self.store.clone();
+        let read: Vec<Result<Bytes, PageFault>> =
+            blocking(move || stored.into_iter().map(|(id, from, len)| store.read(id, from, len)).collect())
+                .await?;
+        for (part, result) in parts.iter_mut().filter(|p| p.fetch.is_none()).zip(read) {
+            match result {
+                Ok(bytes) => part.bytes = Some(bytes),
+                Err(fault) => {
+                    self.stored_fault(part.entry, part.index, fault).await;
+                    part.missed = true;
+                    part.bytes = Some(self.reread(part.entry, part.index, part.from, part.to, reader).await?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes `[from, to)` of chunk `index` of `entry` after its stored copy failed: from
+    /// its refetch, or from the store when another reader's fetch stored it meanwhile.
+    async fn reread(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        from: u64,
+        to: u64,
+        reader: &ReadFor,
+    ) -> Result<Bytes> {
+        for _ in 0..FAULT_RETRIES {
+            match self.fetch.chunk(entry, index, &reader.row, &reader.avoid) {
+                Some(fetch) => {
+                    let chunk = fetch.fetched.await?;
+                    let start = (from - index * entry.chunk_size) as usize;
+                    return Ok(Bytes::copy_from_slice(&chunk[start..start + (to - from) as usize]));
+                }
+                None => {
+                    if let Some(bytes) = self.read_stored(entry, index, from, to).await? {
+                        return Ok(bytes);
+                    }
+                }
+            }
+        }
+        Err(Error::Internal(format!(
+            "chunk {index} of {}/{} kept failing its check after {FAULT_RETRIES} refetches",
+            entry.dataset, entry.shard
+        )))
+    }
+
+    /// Each range's parts joined, counted as hits or misses; starts read-ahead.
+    fn assemble(&self, wants: &[(&Arc<Entry>, u64, u64)], parts: Vec<Part<'_>>, row: &JobRow) -> Vec<Bytes> {
         // Parts were planned in the order of the ranges: each range takes its run.
         let mut parts = parts.into_iter().peekable();
         let mut out = Vec::with_capacity(wants.len());
         for (want, &(entry, _, length)) in wants.iter().enumerate() {
             let (mut mine, mut missed, mut last) = (Vec::new(), false, None);
             while let Some(part) = parts.next_if(|p| p.want == want) {
-                missed |= part.fetch.is_some();
+                missed |= part.missed;
                 last = Some(part.index);
                 mine.extend(part.bytes);
             }
@@ -120,7 +188,7 @@ impl Cache {
             row.read(length, !missed);
             out.push(concat(mine));
         }
-        Ok(out)
+        out
     }
 
     /// `[offset, offset + length)` of `entry` (inside the shard) from the store only:
@@ -147,13 +215,7 @@ impl Cache {
 
     /// Stored bytes `[from, to)` of chunk `index`, or `None` when they must be fetched
     /// (a missing or corrupt page: the chunk is then marked absent).
-    pub(crate) async fn read_stored(
-        &self,
-        entry: &Arc<Entry>,
-        index: u64,
-        from: u64,
-        to: u64,
-    ) -> Result<Option<Bytes>> {
+    async fn read_stored(&self, entry: &Arc<Entry>, index: u64, from: u64, to: u64) -> Result<Option<Bytes>> {
         let (store, id) = (self.store.clone(), entry.id);
         match blocking(move || store.read(id, from, to - from)).await? {
             Ok(bytes) => Ok(Some(bytes)),
@@ -173,27 +235,7 @@ impl Cache {
         } else {
             tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, ?fault, "stored chunk incomplete; refetching");
         }
-        self.forget_chunk(entry, index).await;
-    }
-
-    /// Marks chunk `index` absent and removes its stored copy, so a refetch can store it
-    /// again.
-    async fn forget_chunk(&self, entry: &Arc<Entry>, index: u64) {
-        let _exclusive = entry.chunk_writes.write().await;
-        {
-            let mut state = entry.state();
-            // An evicted entry's bytes were already taken off `used` as a whole.
-            if state.evicted || !state.record.has_chunk(index) {
-                return;
-            }
-            state.record.set_chunk(index, false);
-        }
-        let (offset, length) = entry.chunk_range(index);
-        self.capacity.removed(length);
-        let (store, id) = (self.store.clone(), entry.id);
-        if let Err(e) = blocking(move || store.delete_chunk(id, offset, length)).await {
-            tracing::error!(error = %e, "could not remove a damaged chunk; its refetch is stored over it");
-        }
+        self.admission.forget_chunk(entry, index).await;
     }
 }
 
@@ -206,8 +248,10 @@ struct Part<'a> {
     /// Shard offsets `[from, to)` of the part.
     from: u64,
     to: u64,
-    /// The chunk's fetch, when it is not (or no longer) stored.
+    /// The chunk's fetch, when it was not stored.
     fetch: Option<ChunkFetch>,
+    /// It did not come from the store (a miss).
+    missed: bool,
     bytes: Option<Bytes>,
 }
 

@@ -178,6 +178,14 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// Runs store work on the blocking pool (RocksDB calls block: a read may wait for the
+/// disk, an ingestion for an fsync).
+pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(Error::Internal(format!("store task failed: {e}"))))
+}
+
 /// Key of a shard record.
 pub fn shard_key(dataset: &str, shard: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(dataset.len() + 1 + shard.len());

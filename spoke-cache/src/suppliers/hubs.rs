@@ -1,9 +1,11 @@
-//! The hubs this spoke fetches from, through the verifying client SDK.
+//! The hubs this spoke fetches from, through the verifying client SDK, routed by the
+//! SDK's one routing type (`shardcache_client::routing`).
 //!
 //! Connections are lazy: the spoke starts (and serves what it has cached) while its hubs
 //! are down. With several `--hub` URLs (stateless hubs over one shared source) a shard
 //! always goes to the same hub first (rendezvous hashing, so adding a hub moves few
-//! shards), and a hub that cannot be reached is skipped for the next one. Each hub gets
+//! shards); a hub that fails as an unwell member would is skipped for a backoff, and one
+//! that has not answered within its hedge delay has the next hub asked too. Each hub gets
 //! several HTTP/2 connections with large windows (`shardcache_serving::transport`), over
 //! TLS for `https://` hubs (`--hub-ca`, `--hub-cert`, `--hub-key`, reloaded when the
 //! files change) and with the spoke's bearer token when it has one (`--hub-token-file`).
@@ -16,13 +18,17 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
-use shardcache_client::{Client, ConnectOptions, Credentials, Range, connect::client_tls};
+use shardcache_client::{
+    Client, ConnectOptions, Credentials,
+    connect::client_tls,
+    members::{self, MemberSpec, Members, Slot},
+    routing::{HedgeCounters, HedgePolicy, Judged, Router, Verdict},
+};
 use shardcache_proto::v1::ShardInfo;
 use shardcache_serving::transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings};
 use tonic::transport::Endpoint;
 
-use crate::{Error, Result, peers::Peers};
+use crate::{Error, Result};
 
 /// How long to wait for a TCP connection to a hub. A hub across a 60 ms link answers a
 /// SYN in ~60 ms; 3 s covers retransmits without letting an uncached read hang.
@@ -59,13 +65,16 @@ impl Default for HubTransport {
     }
 }
 
-/// One hub: its connections, used in turn.
+/// One hub: its connections, used in turn, and its health check.
 #[derive(Debug)]
-struct Hub {
-    url: String,
+pub struct Hub {
     connections: Vec<Client>,
     next: AtomicUsize,
+    health: members::HealthClient,
 }
+
+/// A hub as the router holds it.
+pub type HubSlot = Slot<Hub>;
 
 impl Hub {
     fn connect_lazy(url: &str, transport: &HubTransport, credentials: &ConnectOptions) -> Result<Self> {
@@ -81,145 +90,94 @@ impl Hub {
             .keep_alive_timeout(HUB_KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
         let endpoint = transport.http2.endpoint(endpoint);
-        let connections = (0..transport.connections.max(1))
-            .map(|_| {
-                // Each lazily connected channel is its own TCP connection.
-                let channel = endpoint.connect_with_connector_lazy(transport.http2.connector(tls.clone()));
-                Client::from_channel_with(channel, url, token.clone())
-            })
+        let channels: Vec<_> = (0..transport.connections.max(1))
+            // Each lazily connected channel is its own TCP connection.
+            .map(|_| endpoint.connect_with_connector_lazy(transport.http2.connector(tls.clone())))
             .collect();
-        Ok(Self { url: url.to_owned(), connections, next: AtomicUsize::new(0) })
+        let health = members::HealthClient::new(channels[0].clone());
+        let connections = channels
+            .into_iter()
+            .map(|channel| Client::from_channel_with(channel, url, token.clone()))
+            .collect();
+        Ok(Self { connections, next: AtomicUsize::new(0), health })
     }
 
     /// The next connection in turn.
-    fn client(&self) -> Client {
+    pub fn client(&self) -> Client {
         let turn = self.next.fetch_add(1, Relaxed) % self.connections.len();
         self.connections[turn].clone()
     }
 }
 
-/// The hubs, in `--hub` order, and the spoke's group when it has one.
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    hubs: Arc<Vec<Hub>>,
+/// The hubs, routed.
+#[derive(Debug)]
+pub struct Hubs {
+    router: Router<Hub>,
     timeout: Duration,
-    peers: Option<Arc<Peers>>,
 }
 
-impl Upstream {
-    /// Prepares (lazy) connections to `urls`.
-    pub fn new(urls: &[String], transport: &HubTransport, credentials: &ConnectOptions) -> Result<Self> {
+impl Hubs {
+    /// Prepares (lazy) connections to `urls`; hedging is counted in `counters`.
+    pub fn new(
+        urls: &[String],
+        transport: &HubTransport,
+        credentials: &ConnectOptions,
+        counters: Arc<HedgeCounters>,
+    ) -> Result<Self> {
         if urls.is_empty() {
             return Err(Error::Config("at least one --hub URL is needed".into()));
         }
-        let hubs = urls
-            .iter()
-            .map(|url| Hub::connect_lazy(url, transport, credentials))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self { hubs: Arc::new(hubs), timeout: transport.timeout, peers: None })
-    }
-
-    /// Fetches ask `peers` (the members ranked before this spoke) before the hubs.
-    pub fn with_peers(self, peers: Peers) -> Self {
-        Self { peers: Some(Arc::new(peers)), ..self }
-    }
-
-    /// The spoke's group, if it has one.
-    pub fn peers(&self) -> Option<&Peers> {
-        self.peers.as_deref()
-    }
-
-    /// Whether this spoke fetches `dataset/shard` from the hub itself: no group, or it
-    /// is the shard's owner among the live members.
-    pub fn owns(&self, dataset: &str, shard: &str) -> bool {
-        self.peers.as_ref().is_none_or(|peers| peers.owns(dataset, shard))
+        let specs: Vec<MemberSpec> = urls.iter().map(|url| MemberSpec::new(url)).collect();
+        let members = Arc::new(Members::new(&specs, |url| Hub::connect_lazy(url, transport, credentials))?);
+        // A hub that failed is used again as soon as its health check says SERVING.
+        members::probe_failed(&members, |hub: &Hub| members::serving(&hub.health));
+        Ok(Self { router: Router::new(members, HedgePolicy::UPSTREAM, counters), timeout: transport.timeout })
     }
 
     pub fn urls(&self) -> Vec<String> {
-        self.hubs.iter().map(|h| h.url.clone()).collect()
+        self.router.members().current().iter().map(|h| h.url.clone()).collect()
     }
 
-    /// Hubs in the order to try for `dataset/shard`: highest rendezvous score first.
-    fn order(&self, dataset: &str, shard: &str) -> Vec<&Hub> {
-        let mut hubs: Vec<_> = self.hubs.iter().collect();
-        if hubs.len() > 1 {
-            hubs.sort_by_key(|hub| std::cmp::Reverse(score(&hub.url, dataset, shard)));
+    /// The hubs in the order to ask for `shard` (`None`: a listing): the owner by
+    /// rendezvous first, hubs paused after failures last.
+    pub fn route(&self, shard: Option<(&str, &str)>) -> Vec<Arc<HubSlot>> {
+        self.router.route(shard, &[])
+    }
+
+    /// Runs `call` on a hub, bounded by `--hub-timeout`; its failure as the spoke's error.
+    pub async fn ask<T, F, Fut>(&self, hub: &HubSlot, call: F) -> Result<T>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: std::future::Future<Output = shardcache_client::Result<T>>,
+    {
+        match tokio::time::timeout(self.timeout, call(hub.conn.client())).await {
+            Ok(answer) => answer.map_err(|e| classify(&hub.url, e)),
+            // A hung hub: the call is dropped (its stream reset) and counts as
+            // unreachable, so the next hub is tried and cached data is served.
+            Err(_) => {
+                let message =
+                    format!("no answer within --hub-timeout {}", humantime::format_duration(self.timeout));
+                tracing::warn!(hub = hub.url, %message, "hub timed out");
+                Err(Error::HubUnavailable { hub: hub.url.clone(), message })
+            }
         }
-        hubs
     }
 
-    /// Runs `call` on the hubs for this shard until one answers; errors other than
-    /// "unreachable" are final (the hubs share one source, so they would agree).
-    async fn first_answer<T, F, Fut>(&self, dataset: &str, shard: &str, call: F) -> Result<T>
+    /// Runs `call` on the hubs for `shard` (hedged) until one answers; an answer that
+    /// is not a hub's trouble (NOT_FOUND, a refusal of the spoke's credentials) is final:
+    /// the hubs share one source, so they would agree.
+    pub async fn first_answer<T, F, Fut>(&self, shard: Option<(&str, &str)>, call: F) -> Result<T>
     where
         F: Fn(Client) -> Fut,
         Fut: std::future::Future<Output = shardcache_client::Result<T>>,
     {
-        let mut last = None;
-        for hub in self.order(dataset, shard) {
-            let answer = match tokio::time::timeout(self.timeout, call(hub.client())).await {
-                Ok(answer) => answer,
-                // A hung hub: the call is dropped (its stream reset) and counts as
-                // unreachable, so the next hub is tried and cached data is served.
-                Err(_) => {
-                    let message = format!(
-                        "no answer within --hub-timeout {}",
-                        humantime::format_duration(self.timeout)
-                    );
-                    tracing::warn!(hub = hub.url, %message, "hub timed out");
-                    last = Some(Error::HubUnavailable { hub: hub.url.clone(), message });
-                    continue;
-                }
-            };
-            match answer {
-                Ok(answer) => return Ok(answer),
-                Err(e) => {
-                    let e = classify(&hub.url, e);
-                    if !matches!(e, Error::HubUnavailable { .. }) {
-                        return Err(e);
-                    }
-                    tracing::warn!(hub = hub.url, error = %e, "hub unreachable");
-                    last = Some(e);
-                }
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::Config("no hubs".into())))
+        let route = self.route(shard);
+        let answer = self.router.call(&route, |i, _| self.ask(&route[i], &call)).await;
+        answer.map_err(|e| e.unwrap_or_else(|| Error::Config("no hubs".into())))
     }
 
     pub async fn stat(&self, dataset: &str, shard: &str) -> Result<ShardInfo> {
-        self.first_answer(dataset, shard, |hub| async move { hub.stat(dataset, shard).await }).await
-    }
-
-    /// Reads one range at `version`; the SDK has verified CRC, offset and length.
-    pub async fn read(
-        &self,
-        dataset: &str,
-        shard: &str,
-        offset: u64,
-        length: u64,
-        version: &str,
-    ) -> Result<Bytes> {
-        Ok(self.read_at_any_version(dataset, shard, offset, length, Some(version)).await?.0)
-    }
-
-    /// Reads one range at `version`, or at whatever version the hub has when `None`;
-    /// returns the bytes with the version they were read at (the SDK has verified CRC,
-    /// offset and length).
-    pub async fn read_at_any_version(
-        &self,
-        dataset: &str,
-        shard: &str,
-        offset: u64,
-        length: u64,
-        version: Option<&str>,
-    ) -> Result<(Bytes, String)> {
-        let mut range = Range::new(dataset, shard, offset, length);
-        range.expected_version = version.map(str::to_owned);
-        let range = &range;
-        self.first_answer(dataset, shard, |hub| async move {
-            hub.read_range(range).await.map(|v| (v.data, v.version))
-        })
-        .await
+        self.first_answer(Some((dataset, shard)), |hub| async move { hub.stat(dataset, shard).await }).await
     }
 
     /// The hub for listing calls (the first one that answers).
@@ -228,16 +186,26 @@ impl Upstream {
         F: Fn(Client) -> Fut,
         Fut: std::future::Future<Output = shardcache_client::Result<T>>,
     {
-        self.first_answer("", "", call).await
+        self.first_answer(None, call).await
+    }
+
+    /// Hedging on the hubs (and the peers, which share the counters).
+    pub fn hedges(&self) -> &Arc<HedgeCounters> {
+        self.router.counters()
     }
 }
 
-/// Rendezvous (highest random weight) score of a hub for a shard: FNV-1a.
-fn score(hub: &str, dataset: &str, shard: &str) -> u64 {
-    [hub.as_bytes(), &[0], dataset.as_bytes(), &[0], shard.as_bytes()]
-        .concat()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+/// Which hub errors route to the next hub: the SDK's table (`routing::Verdict`) on the
+/// hub's status; a hub that refused the spoke's credentials is the answer (every hub
+/// would refuse them).
+impl Judged for Error {
+    fn verdict(&self) -> Verdict {
+        match self {
+            Error::HubUnavailable { .. } | Error::HubCorrupt { .. } => Verdict::Unwell,
+            Error::Hub { code, .. } => shardcache_client::routing::of_code(*code),
+            _ => Verdict::Answer,
+        }
+    }
 }
 
 /// Maps an SDK error to the spoke's: unreachable hubs become `HubUnavailable`.

@@ -1,28 +1,13 @@
-//! A group of spokes: which member owns a shard, and which members are answering.
+//! Who owns a shard: weighted rendezvous (highest-random-weight) hashing over members'
+//! URLs, normalised first so that two spellings of one member rank alike.
 //!
-//! Ownership is rendezvous (highest-random-weight) hashing, as AIStore places objects:
-//! every (member, dataset, shard) gets a score from a hash, and the shard's members in
-//! score order are its owner, then the next to try. Anyone with the same member list
-//! computes the same order, with nothing shared; a member leaving moves only the shards
-//! it owned (each to its next member), a member joining takes about 1/N of them.
-//! Weighted by capacity: score = weight / -ln(u), u the hash mapped into (0, 1)
-//! (Schindelhauer and Schomaker's weighted rendezvous), so a member with twice the
-//! weight owns twice the shards.
-//!
-//! Health: a member that failed a call (it is down, unreachable, or shedding) is skipped
-//! until it answers a gRPC health check (asked every 500 ms: `members::probe_failed`) or
-//! its pause ends (1 s, doubling to 30 s while it keeps failing); when every member is
-//! skipped, they are tried anyway, in order.
-
-use std::{
-    sync::Mutex,
-    time::{Duration, Instant},
-};
-
-/// First pause of a member that failed.
-pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-/// Longest pause.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+//! As AIStore places objects: every (member, dataset, shard) gets a score from a hash,
+//! and the shard's members in score order are its owner, then the next to try. Anyone
+//! with the same member list computes the same order, with nothing shared; a member
+//! leaving moves only the shards it owned (each to its next member), a member joining
+//! takes about 1/N of them. Weighted by capacity: score = weight / -ln(u), u the hash
+//! mapped into (0, 1) (Schindelhauer and Schomaker's weighted rendezvous), so a member
+//! with twice the weight owns twice the shards.
 
 /// FNV-1a over the pieces, with a separator byte between them, then the splitmix64
 /// finaliser: stable across builds and platforms (std's hasher is not promised to be),
@@ -61,35 +46,53 @@ pub fn rendezvous(members: &[(&str, f64)], dataset: &str, shard: &str) -> Vec<us
     scored.into_iter().map(|(_, i)| i).collect()
 }
 
-/// Whether a member is answering, from how its calls went.
-#[derive(Debug, Default)]
-pub struct Health {
-    state: Mutex<Option<(Instant, Duration)>>,
-}
-
-impl Health {
-    /// Not skipped now: it answered last time, or its pause is over.
-    pub fn is_live(&self) -> bool {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.is_none_or(|(until, _)| Instant::now() >= until)
-    }
-
-    /// A call failed as a down member's would: skip it for a while, longer each time.
-    pub fn failed(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let pause = state.map_or(FIRST_BACKOFF, |(_, last)| (last * 2).min(MAX_BACKOFF));
-        *state = Some((Instant::now() + pause, pause));
-    }
-
-    /// It failed and has not answered since.
-    pub fn has_failed(&self) -> bool {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-    }
-
-    /// A call (or a health check) succeeded.
-    pub fn answered(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        *state = None;
+/// A member's URL as it is hashed and compared: scheme and host in lower case, an IPv6
+/// host in brackets (`https://fd00::1:7071`, what `https://$(POD_IP):7071` gives on an
+/// IPv6 pod, is `https://[fd00::1]:7071`, what a resolver's answer gives), the port
+/// always written (80 for http, 443 for https when none is given), no trailing slash.
+/// Anything that is not `http://` or `https://` is returned as it is (the connection
+/// refuses it with its own message).
+pub fn normalize_url(url: &str) -> String {
+    let url = url.trim();
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => "80",
+        "https" => "443",
+        _ => return url.to_owned(),
+    };
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let path = path.trim_end_matches('/');
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        // [v6] or [v6]:port
+        match bracketed.split_once(']') {
+            Some((host, tail)) => (host.to_owned(), tail.strip_prefix(':').unwrap_or_default().to_owned()),
+            None => return url.to_owned(),
+        }
+    } else if authority.matches(':').count() > 1 {
+        // A bare IPv6 address: the last group is the port when what is left still parses
+        // as an address (fd00::1:7071), else there is no port (fd00::1).
+        match authority.rsplit_once(':') {
+            Some((host, port))
+                if host.parse::<std::net::Ipv6Addr>().is_ok() && port.parse::<u16>().is_ok() =>
+            {
+                (host.to_owned(), port.to_owned())
+            }
+            _ => (authority.to_owned(), String::new()),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host.to_owned(), port.to_owned()),
+            None => (authority.to_owned(), String::new()),
+        }
+    };
+    let host = host.to_ascii_lowercase();
+    let host = if host.contains(':') { format!("[{host}]") } else { host };
+    let port = if port.is_empty() { default_port } else { port.as_str() };
+    if path.is_empty() {
+        format!("{scheme}://{host}:{port}")
+    } else {
+        format!("{scheme}://{host}:{port}/{path}")
     }
 }
 
@@ -158,12 +161,21 @@ mod tests {
     }
 
     #[test]
-    fn failed_members_are_skipped_then_tried_again() {
-        let health = Health::default();
-        assert!(health.is_live());
-        health.failed();
-        assert!(!health.is_live(), "paused after a failure");
-        health.answered();
-        assert!(health.is_live());
+    fn urls_are_normalised_so_one_member_has_one_spelling() {
+        let same = [
+            ("https://fd00::1:7071", "https://[fd00::1]:7071"),
+            ("https://[FD00::1]:7071/", "https://[fd00::1]:7071"),
+            ("HTTP://Spoke-0.Spokes:7071/", "http://spoke-0.spokes:7071"),
+            ("http://10.0.0.7", "http://10.0.0.7:80"),
+            ("https://spokes.ml.svc", "https://spokes.ml.svc:443"),
+            ("https://[::1]", "https://[::1]:443"),
+            ("https://fd00::1", "https://[fd00::1]:443"),
+            (" http://127.0.0.1:7071 ", "http://127.0.0.1:7071"),
+        ];
+        for (given, normal) in same {
+            assert_eq!(normalize_url(given), normal, "{given}");
+            assert_eq!(normalize_url(normal), normal, "normal forms are fixed points");
+        }
+        assert_eq!(normalize_url("unix:/tmp/sock"), "unix:/tmp/sock", "left to the connection to refuse");
     }
 }

@@ -2,8 +2,8 @@
 //! kept current as the SDK keeps it: `shardcache_client::members`; itself included as
 //! `--peer-self`): the spokes that share one copy of the data over the long link.
 //!
-//! Each shard's members are ranked by the SDK's rendezvous hashing
-//! (`shardcache_client::group`), the owner first. A spoke that must fetch a chunk asks
+//! Each shard's members are ranked by the SDK's routing type
+//! (`shardcache_client::routing`), the owner first. A spoke that must fetch a chunk asks
 //! the live members ranked before it, in order, over the fast local network (their read
 //! API, at the version it holds), and the hub only when none of them answers; the owner
 //! (first live member) fetches from the hub. So the group fetches each shard from the
@@ -16,9 +16,9 @@
 //! that joins ranks first for about 1/N of the shards, which the member ranked after it
 //! owned until then and holds, so it takes them over the local network, not the link.
 //!
-//! Planned prefetch fetches only the shards a spoke owns (`Peers::owns`); a member that
-//! is down is skipped by the others for a while (`Health`), so its shards pass to the
-//! next member and come back when it answers again.
+//! Planned prefetch fetches only the shards a spoke owns ([`Peers::owns`]); a member that
+//! is down (or demoted for losing its hedges) is skipped by the others for a while, so
+//! its shards pass to the next member and come back when it answers again.
 
 use std::{sync::Arc, time::Duration};
 
@@ -26,36 +26,37 @@ use bytes::Bytes;
 use shardcache_client::{
     Client, ConnectOptions, Range,
     connect::{AuthChannel, connect_channel_lazy},
-    members::{self, Members, Slot, Source},
+    members::{self, MemberSpec, Members, Slot, Source},
+    routing::{self, HedgeCounters, HedgePolicy, Router, Verdict, normalize_url},
 };
 use shardcache_proto::v1::{ReadRangeRequest, cache_control_client::CacheControlClient};
 
+use super::Failed;
 use crate::{Error, Result};
 
 /// One other member: its read API, its cache control (for `ReadCached`) and its health
 /// (asked while it is failing).
 #[derive(Debug)]
-struct Peer {
+pub struct Peer {
     client: Client,
     control: CacheControlClient<AuthChannel>,
     health: members::HealthClient,
 }
 
 /// A member of the group: `None` for this spoke.
-type Member = Slot<Option<Peer>>;
+pub type Member = Slot<Option<Peer>>;
 
 /// The group as this spoke sees it.
 #[derive(Debug)]
 pub struct Peers {
-    members: Arc<Members<Option<Peer>>>,
-    /// This spoke's URL as the group lists it.
+    router: Router<Option<Peer>>,
+    /// This spoke's URL as the group lists it (normalised).
     me: String,
-    /// Deadline of one call to a peer: it is near, so a slow one is a failing one.
-    timeout: Duration,
 }
 
 /// Deadline of a call to a peer: a chunk over a local network takes milliseconds; a
 /// peer that is itself fetching from the hub takes a round trip of the long link more.
+/// Hedging (`routing::HedgePolicy::UPSTREAM`) asks the next supplier long before this.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Members ranked after the owner that it asks for what they hold before the hub: one
@@ -65,14 +66,20 @@ pub const PROBED_BEHIND: usize = 2;
 
 impl Peers {
     /// The group `spec` with this spoke as `me`, connecting lazily with `credentials`
-    /// (the ones the spoke presents to its hubs). A fixed list must name `me`; a file or
-    /// DNS group is read in the background (until it lists this spoke, the spoke asks
-    /// the members it lists as a client would, and owns nothing).
-    pub fn new(spec: &str, me: &str, credentials: &ConnectOptions) -> Result<Self> {
+    /// (the ones the spoke presents to its hubs); hedging is counted in `counters`. A
+    /// fixed list must name `me`; a file or DNS group is read in the background, and
+    /// this spoke counts as a member whether or not the source lists it yet.
+    pub fn new(
+        spec: &str,
+        me: &str,
+        credentials: &ConnectOptions,
+        counters: Arc<HedgeCounters>,
+    ) -> Result<Self> {
         let source = Source::parse(spec).map_err(|e| Error::Config(format!("--peers: {e}")))?;
         let token = shardcache_client::Credentials::token(credentials.token.as_deref())
             .map_err(|e| Error::Config(format!("--hub-token-file: {e}")))?;
-        let (me_owned, credentials) = (me.to_owned(), source.connect_options(credentials));
+        let me = normalize_url(me);
+        let (me_owned, credentials) = (me.clone(), source.connect_options(credentials));
         let make = move |url: &str| -> std::result::Result<Option<Peer>, String> {
             if url == me_owned {
                 return Ok(None);
@@ -99,87 +106,88 @@ impl Peers {
                 }
                 list.clone()
             }
-            _ => Vec::new(),
+            _ => vec![MemberSpec::new(&me)],
         };
         let members = Arc::new(Members::new(&initial, &make).map_err(Error::Config)?);
-        members::watch(&members, source, "--peers".into(), make, true);
+        members::watch(&members, source, "--peers".into(), make, true, Some(me.clone()));
         members::probe_failed(&members, |peer: &Option<Peer>| match peer {
             Some(peer) => members::serving(&peer.health),
             None => Box::pin(async { true }),
         });
-        Ok(Self { members, me: me.to_owned(), timeout: PEER_TIMEOUT })
+        Ok(Self { router: Router::new(members, HedgePolicy::UPSTREAM, counters), me })
     }
 
-    /// The members now ranked for `dataset/shard`: those before this spoke, and those
-    /// after it.
-    fn around(&self, dataset: &str, shard: &str) -> (Vec<Arc<Member>>, Vec<Arc<Member>>) {
-        let ranked = members::ranked(&self.members.current(), dataset, shard);
+    /// The members now ranked for `dataset/shard`: the live ones before this spoke, and
+    /// the live ones after it (neither includes this spoke).
+    pub fn around(&self, dataset: &str, shard: &str) -> (Vec<Arc<Member>>, Vec<Arc<Member>>) {
+        let ranked = self.router.ranked(Some((dataset, shard)));
         let at = ranked.iter().position(|m| m.url == self.me).unwrap_or(ranked.len());
         let mut ahead = ranked;
         let behind = ahead.split_off(at.min(ahead.len()));
-        (ahead, behind.into_iter().skip(1).collect())
+        let live = |m: &Arc<Member>| m.conn.is_some() && m.health.is_live();
+        ahead.retain(live);
+        (ahead, behind.into_iter().filter(live).collect())
     }
 
     /// Whether this spoke owns `dataset/shard`: no live member is ranked before it.
     pub fn owns(&self, dataset: &str, shard: &str) -> bool {
-        !self.around(dataset, shard).0.iter().any(|m| m.health.is_live())
+        self.around(dataset, shard).0.is_empty()
     }
 
     /// The group's URLs now.
     pub fn urls(&self) -> Vec<String> {
-        self.members.current().iter().map(|m| m.url.clone()).collect()
+        self.router.members().current().iter().map(|m| m.url.clone()).collect()
     }
 
-    /// `[offset, offset + length)` of `dataset/shard` at `version` from the group: the
-    /// live members ranked before this spoke (which fetch what they lack), then what the
-    /// next members after it hold; `None` when none of them could serve it (then the hub).
+    /// `[offset, offset + length)` of `dataset/shard` at `version` from `member`, a
+    /// member ranked before this spoke (which fetches what it lacks). Any answer but the
+    /// bytes is "not here" (the hub decides); a failure of the member's is "unwell".
     pub async fn read(
-        &self,
+        member: &Member,
         dataset: &str,
         shard: &str,
         offset: u64,
         length: u64,
         version: &str,
-    ) -> Option<Bytes> {
-        let (ahead, _) = self.around(dataset, shard);
+    ) -> std::result::Result<Bytes, Failed> {
+        let Some(peer) = &member.conn else {
+            return Err(Failed::not_here(Error::Internal("asked itself".into())));
+        };
         let mut range = Range::new(dataset, shard, offset, length);
         range.expected_version = Some(version.to_owned());
-        for member in ahead.iter().filter(|m| m.health.is_live()) {
-            let Some(peer) = &member.conn else { continue };
-            match tokio::time::timeout(self.timeout, peer.client.read_range(&range)).await {
-                Ok(Ok(read)) => {
-                    member.health.answered();
-                    return Some(read.data);
-                }
-                Ok(Err(e)) => {
-                    // A peer at another version (ABORTED) is not down: the hub decides.
-                    if e.code() != Some(tonic::Code::Aborted) {
-                        member.health.failed();
-                    }
-                    tracing::debug!(peer = member.url, error = %e, "peer could not serve a chunk");
-                }
-                Err(_) => {
-                    member.health.failed();
-                    tracing::warn!(peer = member.url, "peer did not answer within {:?}", self.timeout);
-                }
+        match tokio::time::timeout(PEER_TIMEOUT, peer.client.read_range(&range)).await {
+            Ok(Ok(read)) => Ok(read.data),
+            Ok(Err(e)) => {
+                tracing::debug!(peer = member.url, error = %e, "peer could not serve a chunk");
+                let verdict = routing::Judged::verdict(&e);
+                let error = Error::Peer { peer: member.url.clone(), message: e.to_string() };
+                Err(if verdict == Verdict::Unwell { Failed::unwell(error) } else { Failed::not_here(error) })
+            }
+            Err(_) => {
+                tracing::warn!(peer = member.url, "peer did not answer within {PEER_TIMEOUT:?}");
+                Err(Failed::unwell(Error::Peer {
+                    peer: member.url.clone(),
+                    message: "no answer in time".into(),
+                }))
             }
         }
-        self.held(dataset, shard, offset, length, Some(version)).await.map(|(data, _)| data)
     }
 
-    /// `[offset, offset + length)` of `dataset/shard` from what the next members ranked
-    /// after this spoke hold (`ReadCached`: nothing is fetched for it), at `version` or,
-    /// when `None`, at whatever version they hold (a first read's speculation, checked
+    /// `[offset, offset + length)` of `dataset/shard` from what `member`, a member ranked
+    /// after this spoke, holds (`ReadCached`: nothing is fetched for it), at `version` or,
+    /// when `None`, at whatever version it holds (a first read's speculation, checked
     /// against the hub's answer later); with the version.
     pub async fn held(
-        &self,
+        member: &Member,
         dataset: &str,
         shard: &str,
         offset: u64,
         length: u64,
         version: Option<&str>,
-    ) -> Option<(Bytes, String)> {
-        let (_, behind) = self.around(dataset, shard);
+    ) -> std::result::Result<(Bytes, String), Failed> {
+        let Some(peer) = &member.conn else {
+            return Err(Failed::not_here(Error::Internal("asked itself".into())));
+        };
         let request = ReadRangeRequest {
             dataset: dataset.to_owned(),
             shard: shard.to_owned(),
@@ -187,32 +195,32 @@ impl Peers {
             length,
             expected_version: version.unwrap_or_default().to_owned(),
         };
-        for member in behind.iter().filter(|m| m.health.is_live()).take(PROBED_BEHIND) {
-            let Some(peer) = &member.conn else { continue };
-            let mut control = peer.control.clone();
-            match tokio::time::timeout(self.timeout, control.read_cached(request.clone())).await {
-                Ok(Ok(chunk)) => {
-                    let chunk = chunk.into_inner();
-                    let intact = shardcache_proto::checksum::verify(chunk.offset, &chunk.data, chunk.crc32c);
-                    if chunk.offset == offset
-                        && chunk.data.len() as u64 == length
-                        && version.is_none_or(|v| v == chunk.version)
-                        && intact.is_ok()
-                    {
-                        return Some((chunk.data, chunk.version));
-                    }
-                    tracing::warn!(peer = member.url, "a peer's cached chunk failed its check; not used");
+        let peer_error = |message: String| Error::Peer { peer: member.url.clone(), message };
+        let mut control = peer.control.clone();
+        match tokio::time::timeout(PEER_TIMEOUT, control.read_cached(request)).await {
+            Ok(Ok(chunk)) => {
+                let chunk = chunk.into_inner();
+                let intact = shardcache_proto::checksum::verify(chunk.offset, &chunk.data, chunk.crc32c);
+                if chunk.offset == offset
+                    && chunk.data.len() as u64 == length
+                    && version.is_none_or(|v| v == chunk.version)
+                    && intact.is_ok()
+                {
+                    return Ok((chunk.data, chunk.version));
                 }
-                // Not held there (FAILED_PRECONDITION) or at another version: the hub.
-                Ok(Err(status)) => {
-                    if matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
-                        member.health.failed();
-                    }
-                    tracing::debug!(peer = member.url, %status, "peer does not hold a chunk");
-                }
-                Err(_) => member.health.failed(),
+                tracing::warn!(peer = member.url, "a peer's cached chunk failed its check; not used");
+                Err(Failed::unwell(peer_error("sent a chunk that failed its check".into())))
             }
+            // Not held there (FAILED_PRECONDITION) or at another version: the next one.
+            Ok(Err(status)) => {
+                tracing::debug!(peer = member.url, %status, "peer does not hold a chunk");
+                let error = peer_error(format!("{:?}: {}", status.code(), status.message()));
+                Err(match routing::of_code(status.code()) {
+                    Verdict::Unwell => Failed::unwell(error),
+                    _ => Failed::not_here(error),
+                })
+            }
+            Err(_) => Err(Failed::unwell(peer_error("no answer in time".into()))),
         }
-        None
     }
 }

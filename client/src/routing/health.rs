@@ -1,0 +1,272 @@
+//! Whether a member (a spoke of a group, a peer, a hub) is worth asking now, and how long
+//! to wait for it before asking the next one.
+//!
+//! - [`Backoff`]: pauses that double while failures go on (1 s to 30 s), the one backoff
+//!   of the project (members, peers, hubs, the spoke's revalidation).
+//! - [`Health`]: a member's failures (a call failed as an unwell member's would: paused,
+//!   and a health check that says SERVING ends the pause early), its demotion (its hedges
+//!   keep losing: paused for a backoff even while its health check says SERVING, the
+//!   gray failure), and its recent answer times, from which its hedge delay is learned.
+
+use std::{
+    sync::{
+        Mutex, MutexGuard,
+        atomic::{AtomicU32, AtomicU64, Ordering::Relaxed},
+    },
+    time::{Duration, Instant},
+};
+
+/// First pause after a failure, and the longest: a member that is down is asked about
+/// once a second at first, then at most twice a minute.
+pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Hedge races lost in a row that demote a member: one lost race is noise (a GC pause, a
+/// busy disk), three in a row is a member that answers health checks but not reads.
+pub const DEMOTE_AFTER: u32 = 3;
+
+/// Answer times kept per member for its hedge delay.
+const LATENCY_SAMPLES: usize = 64;
+/// Answers needed before the learned delay replaces the policy's initial one.
+const MIN_SAMPLES: usize = 8;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Pauses that double while failures go on in a row.
+#[derive(Debug)]
+pub struct Backoff {
+    first: Duration,
+    max: Duration,
+    /// Until when, and the last pause; `None` once reset.
+    state: Mutex<Option<(Instant, Duration)>>,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new(FIRST_BACKOFF, MAX_BACKOFF)
+    }
+}
+
+impl Backoff {
+    pub const fn new(first: Duration, max: Duration) -> Self {
+        Self { first, max, state: Mutex::new(None) }
+    }
+
+    /// Another failure: pauses for twice the last pause (the first one after a reset),
+    /// at most the maximum; returns the pause.
+    pub fn fail(&self) -> Duration {
+        let mut state = lock(&self.state);
+        let pause = state.map_or(self.first, |(_, last)| (last * 2).min(self.max));
+        *state = Some((Instant::now() + pause, pause));
+        pause
+    }
+
+    /// True while paused.
+    pub fn paused(&self) -> bool {
+        lock(&self.state).is_some_and(|(until, _)| Instant::now() < until)
+    }
+
+    /// Failed since the last reset (paused or not).
+    pub fn is_set(&self) -> bool {
+        lock(&self.state).is_some()
+    }
+
+    /// Ends the failures: the next one pauses for the first pause again. Returns whether
+    /// there were any.
+    pub fn reset(&self) -> bool {
+        lock(&self.state).take().is_some()
+    }
+
+    /// When the pause ends, if paused.
+    pub fn until(&self) -> Option<Instant> {
+        lock(&self.state).map(|(until, _)| until).filter(|&until| Instant::now() < until)
+    }
+}
+
+/// How long to wait for a member before asking the next one as well (a hedged request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HedgePolicy {
+    /// Never hedge sooner than this, whatever the member's answer times.
+    pub floor: Duration,
+    /// The delay until the member has answered enough calls to learn from.
+    pub initial: Duration,
+}
+
+impl HedgePolicy {
+    /// A trainer's calls to the spokes of a group: another spoke costs the long link
+    /// nothing (it reads the shard from its owner), so hedge early.
+    pub const MEMBERS: Self = Self { floor: Duration::from_millis(50), initial: Duration::from_millis(500) };
+    /// A spoke's calls to its peers and hubs: a hedge there may bring a chunk over the long
+    /// link a second time, so only a member far slower than a cold fetch across a 60 ms
+    /// link (a chunk queued behind 64 MiB at 2 Gbit/s is ~300 ms) is hedged.
+    pub const UPSTREAM: Self = Self { floor: Duration::from_secs(1), initial: Duration::from_secs(2) };
+}
+
+/// A member's health as its calls have gone.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Calls failed as an unwell member's (down, unreachable, shedding, garbled).
+    failures: Backoff,
+    /// Hedge races lost in a row ([`DEMOTE_AFTER`] demote it).
+    lost: AtomicU32,
+    /// Demoted for losing its hedge races: only time ends this pause.
+    demotion: Backoff,
+    latencies: Mutex<Latencies>,
+    /// The learned hedge delay in microseconds (0: not learned yet).
+    learned_micros: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Latencies {
+    /// Microseconds, a ring of the last [`LATENCY_SAMPLES`] answers.
+    ring: Vec<u32>,
+    next: usize,
+    seen: u64,
+}
+
+impl Health {
+    /// Worth asking now: not paused after failures, not demoted.
+    pub fn is_live(&self) -> bool {
+        !self.failures.paused() && !self.demotion.paused()
+    }
+
+    /// It failed and has not answered since (a health check may bring it back).
+    pub fn has_failed(&self) -> bool {
+        self.failures.is_set()
+    }
+
+    /// Demoted now for losing its hedge races.
+    pub fn is_demoted(&self) -> bool {
+        self.demotion.paused()
+    }
+
+    /// A call failed as a down member's would: skip it for a while, longer each time.
+    pub fn failed(&self) {
+        self.failures.fail();
+    }
+
+    /// A call was answered after `elapsed` (whatever the answer).
+    pub fn answered(&self, elapsed: Duration) {
+        self.failures.reset();
+        let mut latencies = lock(&self.latencies);
+        let micros = elapsed.as_micros().min(u128::from(u32::MAX)) as u32;
+        if latencies.ring.len() < LATENCY_SAMPLES {
+            latencies.ring.push(micros);
+        } else {
+            let at = latencies.next;
+            latencies.ring[at] = micros;
+        }
+        latencies.next = (latencies.next + 1) % LATENCY_SAMPLES;
+        latencies.seen += 1;
+        // The p95 is recomputed every few answers: a sort of 64 numbers per read would
+        // be most of a warm read's cost.
+        if latencies.ring.len() >= MIN_SAMPLES && latencies.seen.is_multiple_of(4) {
+            let mut sorted = latencies.ring.clone();
+            let at = (sorted.len() * 95).div_ceil(100) - 1;
+            let (_, p95, _) = sorted.select_nth_unstable(at);
+            self.learned_micros.store(u64::from(*p95) * 2, Relaxed);
+        }
+    }
+
+    /// A health check said SERVING: the failures' pause ends (a demotion does not: such
+    /// a member answers health checks and still hangs on reads).
+    pub fn serving_again(&self) -> bool {
+        self.failures.reset()
+    }
+
+    /// It answered before the hedge sent after it did.
+    pub fn won_race(&self) {
+        self.lost.store(0, Relaxed);
+        self.demotion.reset();
+    }
+
+    /// A hedge sent after it answered first. Returns the demotion's pause when this
+    /// loss demotes it.
+    pub fn lost_race(&self) -> Option<Duration> {
+        let lost = self.lost.fetch_add(1, Relaxed) + 1;
+        if lost < DEMOTE_AFTER {
+            return None;
+        }
+        self.lost.store(0, Relaxed);
+        Some(self.demotion.fail())
+    }
+
+    /// How long to wait for this member before hedging: twice the p95 of its recent
+    /// answer times, at least `policy.floor`; `policy.initial` until it has answered
+    /// enough calls.
+    pub fn hedge_delay(&self, policy: &HedgePolicy) -> Duration {
+        match self.learned_micros.load(Relaxed) {
+            0 => policy.initial.max(policy.floor),
+            micros => Duration::from_micros(micros).max(policy.floor),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_a_reset_ends_it() {
+        let backoff = Backoff::default();
+        assert!(!backoff.paused() && !backoff.is_set());
+        assert_eq!(backoff.fail(), FIRST_BACKOFF);
+        assert!(backoff.paused());
+        let pauses: Vec<Duration> = (0..8).map(|_| backoff.fail()).collect();
+        assert_eq!(pauses[0], FIRST_BACKOFF * 2);
+        assert_eq!(*pauses.last().unwrap(), MAX_BACKOFF, "capped");
+        assert!(backoff.reset());
+        assert!(!backoff.paused());
+        assert_eq!(backoff.fail(), FIRST_BACKOFF, "from the first pause again");
+    }
+
+    #[test]
+    fn failures_pause_a_member_and_a_health_check_ends_the_pause() {
+        let health = Health::default();
+        assert!(health.is_live());
+        health.failed();
+        assert!(!health.is_live() && health.has_failed());
+        assert!(health.serving_again());
+        assert!(health.is_live() && !health.has_failed());
+    }
+
+    #[test]
+    fn losing_hedges_demotes_a_member_that_health_checks_cannot_revive() {
+        let health = Health::default();
+        assert_eq!(health.lost_race(), None);
+        health.won_race();
+        assert_eq!(health.lost_race(), None, "a won race starts the count again");
+        assert_eq!(health.lost_race(), None);
+        assert_eq!(health.lost_race(), Some(FIRST_BACKOFF), "three lost in a row");
+        assert!(!health.is_live() && health.is_demoted());
+        health.serving_again();
+        assert!(!health.is_live(), "SERVING does not end a demotion");
+        for _ in 0..DEMOTE_AFTER - 1 {
+            health.lost_race();
+        }
+        assert_eq!(health.lost_race(), Some(FIRST_BACKOFF * 2), "demoted longer each time");
+        health.won_race();
+        assert!(health.is_live());
+    }
+
+    #[test]
+    fn the_hedge_delay_is_twice_the_recent_p95_above_the_floor() {
+        let policy = HedgePolicy { floor: Duration::from_millis(5), initial: Duration::from_millis(300) };
+        let health = Health::default();
+        assert_eq!(health.hedge_delay(&policy), policy.initial, "nothing learned yet");
+        // 100 answers: 95 of 1-19 ms... the slowest 5% at 100 ms.
+        for i in 0..100u64 {
+            let ms = if i % 20 == 19 { 100 } else { 1 + i % 19 };
+            health.answered(Duration::from_millis(ms));
+        }
+        let delay = health.hedge_delay(&policy);
+        assert!(delay >= Duration::from_millis(30) && delay <= Duration::from_millis(250), "{delay:?}");
+        let fast = Health::default();
+        for _ in 0..16 {
+            fast.answered(Duration::from_micros(300));
+        }
+        assert_eq!(fast.hedge_delay(&policy), policy.floor, "never under the floor");
+    }
+}

@@ -1,0 +1,17 @@
+//! The header a read carries when a client of a group of spokes sends it to a member
+//! other than the first it asked (a hedge, or a failover): the members already asked.
+//! The spoke that receives it does not ask those members for the chunks it lacks (it
+//! goes on to the next peer or the hub), so a member that hangs costs the read one hedge
+//! delay, not one at the client and another at the spoke.
+
+/// Request header: the URLs of the members already asked for this read, comma-separated,
+/// as the client's group names them.
+pub const AVOID_HEADER: &str = "shardcache-avoid";
+
+/// Most URLs an avoid header is read for (a group's members; more are ignored).
+pub const MAX_AVOIDED: usize = 16;
+
+/// The member URLs of an avoid header's value.
+pub fn parse_avoided(value: &str) -> Vec<String> {
+    value.split(',').map(str::trim).filter(|u| !u.is_empty()).take(MAX_AVOIDED).map(str::to_owned).collect()
+}

@@ -1,0 +1,103 @@
+//! The bytes the cache holds against its capacity and watermarks: admissions add,
+//! removals subtract, and crossing the high watermark wakes the evictor (`evict.rs`).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use tokio::sync::Notify;
+
+/// The bytes the cache holds against its capacity and watermarks.
+#[derive(Debug)]
+pub struct Capacity {
+    capacity: u64,
+    /// Eviction starts above this...
+    high: u64,
+    /// ...and stops at or below this.
+    low: u64,
+    used: AtomicU64,
+    /// Evictions running (the evictor's pass, an `Evict` call).
+    evicting: AtomicU64,
+    wakeup: Notify,
+}
+
+impl Capacity {
+    /// `capacity` bytes, eviction from `high_watermark` x capacity down to
+    /// `low_watermark` x capacity, with `used` bytes already held.
+    pub fn new(capacity: u64, high_watermark: f64, low_watermark: f64, used: u64) -> Self {
+        let at = |fraction: f64| (capacity as f64 * fraction) as u64;
+        Self {
+            capacity,
+            high: at(high_watermark),
+            low: at(low_watermark),
+            used: AtomicU64::new(used),
+            evicting: AtomicU64::new(0),
+            wakeup: Notify::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes eviction stops at.
+    pub fn low_watermark(&self) -> u64 {
+        self.low
+    }
+
+    /// Bytes above which eviction starts.
+    pub fn high_watermark(&self) -> u64 {
+        self.high
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    /// Above the low watermark: eviction has work.
+    pub fn over_low(&self) -> bool {
+        self.used() > self.low
+    }
+
+    /// `bytes` were admitted.
+    pub fn added(&self, bytes: u64) {
+        self.used.fetch_add(bytes, Relaxed);
+        self.wake_if_over();
+    }
+
+    /// `bytes` left the cache.
+    pub fn removed(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Relaxed);
+    }
+
+    /// Wakes the evictor when over the high watermark.
+    pub fn wake_if_over(&self) {
+        if self.used() > self.high {
+            self.wakeup.notify_one();
+        }
+    }
+
+    /// Waits until the evictor is woken.
+    pub async fn woken(&self) {
+        self.wakeup.notified().await;
+    }
+
+    /// True while an eviction is running.
+    pub fn is_evicting(&self) -> bool {
+        self.evicting.load(Relaxed) > 0
+    }
+
+    /// Counts an eviction as running until the guard is dropped.
+    pub fn evicting(&self) -> Evicting<'_> {
+        self.evicting.fetch_add(1, Relaxed);
+        Evicting(self)
+    }
+}
+
+/// An eviction in progress (see [`Capacity::evicting`]).
+#[derive(Debug)]
+pub struct Evicting<'a>(&'a Capacity);
+
+impl Drop for Evicting<'_> {
+    fn drop(&mut self) {
+        self.0.evicting.fetch_sub(1, Relaxed);
+    }
+}

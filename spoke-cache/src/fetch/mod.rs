@@ -1,0 +1,283 @@
+//! The fetch owner: one shared fetch per missing chunk (request coalescing), bounded by
+//! bytes and by requests in flight upstream; it asks the chain of suppliers
+//! (`suppliers/`), counts what each supplied (here, and nowhere else), and hands the
+//! bytes to the admission sink (`admission.rs`). Data flows one way: reads ask the
+//! owner, the owner asks the suppliers, the bytes go to the readers and the store.
+//!
+//! A fetch runs in its own task, so a reader that goes away does not cancel it for the
+//! others waiting on the same chunk. Readers get the verified bytes as soon as they
+//! arrive; the task then admits the chunk and only then leaves `inflight`, after its
+//! presence bit is set, so a chunk is always either present or being fetched by exactly
+//! one task (and a reader arriving meanwhile takes the bytes from memory).
+
+mod speculation;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, atomic::Ordering::Relaxed},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared},
+};
+use shardcache_reader::ReadError;
+use tokio::sync::Semaphore;
+
+use self::speculation::Speculations;
+use crate::{
+    Error, Result,
+    admission::Admission,
+    entry::Entry,
+    jobs::JobRow,
+    metrics::Metrics,
+    shared::spawn_shared,
+    suppliers::{Chain, Origin, Supplied, Want},
+};
+
+/// Chunk requests upstream in flight at once, whatever their size. The byte bound alone
+/// let a cold read of many small chunks (16 MiB in 64 KiB chunks) send 256 requests at
+/// once, and a hub sheds what is over its `--max-concurrency` (256 by default, for all
+/// its spokes together) with RESOURCE_EXHAUSTED. 32 is what whole-shard fetches kept in
+/// flight before reads started all their chunks at once (4 shards x 8); with the
+/// default 4 MiB chunks the byte bound (16 chunks of the default 64 MiB) binds first.
+pub const UPSTREAM_REQUESTS_IN_FLIGHT: usize = 32;
+
+/// A chunk's bytes, shared by everyone waiting for them.
+pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
+
+/// One chunk's fetch, shared by everyone who needs the chunk while it runs.
+#[derive(Debug, Clone)]
+pub struct ChunkFetch {
+    /// The chunk's bytes, verified, as soon as they have arrived (what readers wait for).
+    pub(crate) fetched: SharedFetch,
+    /// Bytes that crossed the link, once the chunk is stored (what a prefetch waits for:
+    /// when it reports a shard done, the shard is on disk).
+    pub(crate) stored: Shared<BoxFuture<'static, Result<u64>>>,
+}
+
+/// The fetches of the spoke's missing chunks.
+#[derive(Debug, Clone)]
+pub struct FetchOwner {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    chain: Arc<Chain>,
+    admission: Arc<Admission>,
+    /// Running fetches by `(entry id, chunk index)`.
+    inflight: Mutex<HashMap<(u64, u64), ChunkFetch>>,
+    /// Room for `--upstream-bytes-in-flight`, in KiB permits: a fetch waits for room
+    /// before it asks upstream, and holds it until its chunk is on disk.
+    budget: Arc<Semaphore>,
+    /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests upstream.
+    requests: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+    speculations: Speculations,
+}
+
+impl FetchOwner {
+    /// Fetches from `chain` into `admission`, with at most `bytes_in_flight` fetched and
+    /// not yet stored (never less than one `chunk_size`).
+    pub fn new(
+        chain: Arc<Chain>,
+        admission: Arc<Admission>,
+        metrics: Arc<Metrics>,
+        bytes_in_flight: u64,
+        chunk_size: u64,
+    ) -> Self {
+        let inner = Inner {
+            chain,
+            admission,
+            inflight: Mutex::default(),
+            budget: Arc::new(Semaphore::new((bytes_in_flight.max(chunk_size) >> 10) as usize)),
+            requests: Arc::new(Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT)),
+            metrics,
+            speculations: Speculations::default(),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// The suppliers (the hubs for listings and stats; ownership in a group).
+    pub fn chain(&self) -> &Arc<Chain> {
+        &self.inner.chain
+    }
+
+    /// Chunk fetches running (fetched chunks not yet stored among them).
+    pub fn in_flight(&self) -> usize {
+        self.inner.inflight().len()
+    }
+
+    /// The shared fetch of chunk `index` of `entry`: started here unless one is already
+    /// running (then the bytes it fetches are counted in `row`, and `avoid` names group
+    /// members its caller's client already asked). `None` when the chunk is stored: read
+    /// it from the store.
+    pub fn chunk(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        row: &JobRow,
+        avoid: &[String],
+    ) -> Option<ChunkFetch> {
+        let key = (entry.id, index);
+        let mut inflight = self.inner.inflight();
+        if let Some(running) = inflight.get(&key) {
+            return Some(running.clone());
+        }
+        // Checked under the lock: a fetch sets the presence bit before it leaves
+        // `inflight`, so a chunk is either present here or its fetch is registered.
+        if entry.has_chunk(index) {
+            return None;
+        }
+        // A read of this chunk that started alongside the shard's stat: its bytes, when
+        // at this version, are this fetch's (not a second trip over the link). Taken now:
+        // the read is forgotten once its first reader has registered this fetch.
+        let speculated =
+            self.inner.speculations.get(&entry.dataset, &entry.shard, entry.chunk_range(index).0);
+        let (bytes_tx, bytes_rx) = tokio::sync::oneshot::channel();
+        let job =
+            self.inner.clone().fetch(entry.clone(), index, row.clone(), avoid.to_vec(), speculated, bytes_tx);
+        // Removed only after this fetch was registered: the lock is held until then.
+        let done = self.inner.clone();
+        let stored = spawn_shared("chunk fetch", job, move || {
+            done.inflight().remove(&key);
+        });
+        let fetched = async move {
+            bytes_rx
+                .await
+                .unwrap_or_else(|_| Err(Error::Internal("a chunk fetch ended without an answer".into())))
+        };
+        let fetch = ChunkFetch { fetched: fetched.boxed().shared(), stored };
+        inflight.insert(key, fetch.clone());
+        Some(fetch)
+    }
+
+    /// Fetches every absent chunk of `entry`, `parallelism` at a time, and returns once
+    /// they are stored, with the bytes that crossed the link (counted in `row`).
+    pub async fn fetch_shard(&self, entry: &Arc<Entry>, parallelism: usize, row: &JobRow) -> Result<u64> {
+        use futures::stream::{self, StreamExt, TryStreamExt};
+        let missing: Vec<u64> = (0..entry.chunk_count()).filter(|&i| !entry.has_chunk(i)).collect();
+        stream::iter(missing)
+            .map(|index| match self.chunk(entry, index, row, &[]) {
+                Some(fetch) => fetch.stored,
+                None => futures::future::ready(Ok(0)).boxed().shared(),
+            })
+            .buffer_unordered(parallelism.max(1))
+            .try_fold(0, |sum, n| async move { Ok(sum + n) })
+            .await
+    }
+
+    /// Starts reading `[offset, offset + length)` of a shard the cache has no entry for
+    /// yet, alongside its `StatShard` (see [`speculation`]).
+    pub fn speculate(&self, dataset: &str, shard: &str, offset: u64, length: u64, row: &JobRow) {
+        self.inner.speculations.start(&self.inner, dataset, shard, offset, length, row);
+    }
+
+    /// Forgets the speculative read of `dataset/shard` at `offset`: the fetch that takes
+    /// it up is registered (or none will be), and its bytes must not stay in memory.
+    pub fn forget_speculation(&self, dataset: &str, shard: &str, offset: u64) {
+        self.inner.speculations.forget(dataset, shard, offset);
+    }
+}
+
+impl Inner {
+    fn inflight(&self) -> MutexGuard<'_, HashMap<(u64, u64), ChunkFetch>> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fetch of chunk `index` of `entry`: its bytes to `readers` as soon as they are
+    /// verified, then to the store; the bytes that crossed the link once stored.
+    async fn fetch(
+        self: Arc<Self>,
+        entry: Arc<Entry>,
+        index: u64,
+        row: JobRow,
+        avoid: Vec<String>,
+        speculated: Option<speculation::SpeculativeRead>,
+        readers: tokio::sync::oneshot::Sender<Result<Bytes>>,
+    ) -> Result<u64> {
+        let (offset, length) = entry.chunk_range(index);
+        // Held until the chunk is stored (see `budget`).
+        let _room = self
+            .budget
+            .acquire_many(length.div_ceil(1024) as u32)
+            .await
+            .map_err(|_| Error::Internal("upstream budget closed".into()))?;
+        let speculated = match speculated {
+            Some(read) => {
+                read.await.filter(|(data, version)| *version == entry.version && data.len() as u64 == length)
+            }
+            None => None,
+        };
+        let fetched = match speculated {
+            Some((data, _)) => Ok(data),
+            None => self.supply(&entry, offset, length, &row, &avoid).await,
+        };
+        let _ = readers.send(fetched.clone());
+        if let Err(e) = self.admission.admit(&entry, index, fetched?).await {
+            // Serving the verified bytes was still right; only caching them failed.
+            tracing::error!(error = %e, "could not store a fetched chunk");
+        }
+        Ok(length)
+    }
+
+    /// `[offset, offset + length)` of `entry` at its version from the chain, counted.
+    async fn supply(
+        &self,
+        entry: &Entry,
+        offset: u64,
+        length: u64,
+        row: &JobRow,
+        avoid: &[String],
+    ) -> Result<Bytes> {
+        // Held for the request only: storing the chunk needs no supplier.
+        let _request =
+            self.requests.acquire().await.map_err(|_| Error::Internal("upstream requests closed".into()))?;
+        let started = Instant::now();
+        let want = Want {
+            dataset: &entry.dataset,
+            shard: &entry.shard,
+            offset,
+            length,
+            version: Some(&entry.version),
+        };
+        match self.chain.fetch(want, avoid).await {
+            Ok(supplied) => {
+                self.count(&entry.dataset, &supplied, row, started.elapsed());
+                Ok(supplied.data)
+            }
+            Err(e) if e.code() == tonic::Code::Aborted => {
+                // The hub has a newer version: check it at the next access.
+                entry.expire();
+                Err(Error::Read(ReadError::VersionChanged {
+                    dataset: entry.dataset.clone(),
+                    shard: entry.shard.clone(),
+                    expected: entry.version.clone(),
+                    found: "a newer version on the hub".into(),
+                }))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Counts what `supplied` brought for `dataset` (taking `elapsed`): the one place
+    /// where bytes are counted by supplier.
+    fn count(&self, dataset: &str, supplied: &Supplied, row: &JobRow, elapsed: Duration) {
+        let length = supplied.data.len() as u64;
+        self.metrics.fetch_latency.observe(elapsed);
+        let counters = self.metrics.dataset(dataset);
+        match supplied.from {
+            Origin::Peer => {
+                counters.peer_bytes.fetch_add(length, Relaxed);
+            }
+            Origin::Hub => {
+                self.metrics.upstream_requests.fetch_add(1, Relaxed);
+                counters.upstream_bytes.fetch_add(length, Relaxed);
+                row.hub_bytes.fetch_add(length, Relaxed);
+            }
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Reads started alongside a first `StatShard`: when the cache has never seen a shard,
+//! the whole chunks a read covers are read at whatever version the suppliers have while
+//! the stat crosses the link, so a cold read costs one round trip, not two. The chunk's
+//! fetch, once the entry (and so the version) is known, takes these bytes when they are
+//! at the entry's version.
+//!
+//! Concurrent first reads of a shard share one read of each range (a cold batch from 16
+//! ranks had chunks cross the link twice). A speculative read never waits for room in
+//! the byte bound (it gives up instead), so reads waiting for each other's room cannot
+//! deadlock; and it never asks the members ranked before this spoke (only the owner
+//! speculates: a shard another member owns is read from it, at a known version).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Instant,
+};
+
+use bytes::Bytes;
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared},
+};
+
+use super::Inner;
+use crate::{jobs::JobRow, suppliers::Want};
+
+/// A speculative read's bytes and their version, or `None`.
+pub(crate) type SpeculativeRead = Shared<BoxFuture<'static, Option<(Bytes, String)>>>;
+
+/// Speculative reads, by (dataset, shard, offset), until their first reader has taken
+/// them up.
+#[derive(Debug, Default)]
+pub(super) struct Speculations {
+    reads: Mutex<HashMap<(String, String, u64), SpeculativeRead>>,
+}
+
+impl Speculations {
+    fn reads(&self) -> MutexGuard<'_, HashMap<(String, String, u64), SpeculativeRead>> {
+        self.reads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts reading `[offset, offset + length)` of `dataset/shard` through `owner`'s
+    /// chain (counted in `row`), unless a read of it is running.
+    pub(super) fn start(
+        &self,
+        owner: &Arc<Inner>,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: u64,
+        row: &JobRow,
+    ) {
+        let key = (dataset.to_owned(), shard.to_owned(), offset);
+        let mut reads = self.reads();
+        if reads.contains_key(&key) {
+            return;
+        }
+        let (owner, row) = (owner.clone(), row.clone());
+        let (dataset, shard) = (dataset.to_owned(), shard.to_owned());
+        let read = tokio::spawn(async move {
+            let _room = owner.budget.clone().try_acquire_many_owned(length.div_ceil(1024) as u32).ok()?;
+            let _request = owner.requests.acquire().await.ok()?;
+            let started = Instant::now();
+            let want = Want { dataset: &dataset, shard: &shard, offset, length, version: None };
+            let supplied = owner.chain.fetch(want, &[]).await.ok()?;
+            owner.count(&dataset, &supplied, &row, started.elapsed());
+            Some((supplied.data, supplied.version))
+        });
+        reads.insert(key, async move { read.await.ok().flatten() }.boxed().shared());
+    }
+
+    /// The speculative read of `dataset/shard` at `offset`, if one was started and not
+    /// yet forgotten.
+    pub(super) fn get(&self, dataset: &str, shard: &str, offset: u64) -> Option<SpeculativeRead> {
+        self.reads().get(&(dataset.to_owned(), shard.to_owned(), offset)).cloned()
+    }
+
+    pub(super) fn forget(&self, dataset: &str, shard: &str, offset: u64) {
+        self.reads().remove(&(dataset.to_owned(), shard.to_owned(), offset));
+    }
+}

@@ -1,0 +1,170 @@
+//! A shard's entry: the cached one while its version is fresh, else one `StatShard` to
+//! the hubs, shared by concurrent callers, after which the entry is confirmed (kept),
+//! replaced (a new version: the old one's bytes are removed) or dropped (gone from the
+//! hub).
+//!
+//! When the hub cannot answer a revalidation (`revalidation.rs`), the cached version is
+//! served: within [`REVALIDATION_WAIT`] whatever the hub does, and at once while
+//! revalidation is paused after failures.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, atomic::Ordering::Relaxed},
+};
+
+use futures::future::{BoxFuture, Shared};
+use shardcache_proto::names::{DatasetName, ShardName};
+
+use crate::{
+    Result,
+    admission::Admission,
+    entry::{Entry, ShardKey},
+    index::Index,
+    metrics::Metrics,
+    revalidation::{REVALIDATION_WAIT, Revalidation},
+    shared::spawn_shared,
+    suppliers::Chain,
+};
+
+type SharedLookup = Shared<BoxFuture<'static, Result<Arc<Entry>>>>;
+
+/// Shard lookups: entries from the index, checked with the hubs.
+#[derive(Debug)]
+pub struct Lookups {
+    index: Arc<Index>,
+    chain: Arc<Chain>,
+    admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
+    /// The cache's unit of fetching, recorded in new entries.
+    chunk_size: u64,
+    /// Lookups (StatShard) in progress, shared by concurrent callers.
+    running: Mutex<HashMap<ShardKey, SharedLookup>>,
+    revalidation: Revalidation,
+}
+
+impl Lookups {
+    pub fn new(
+        index: Arc<Index>,
+        chain: Arc<Chain>,
+        admission: Arc<Admission>,
+        metrics: Arc<Metrics>,
+        chunk_size: u64,
+    ) -> Self {
+        Self {
+            index,
+            chain,
+            admission,
+            metrics,
+            chunk_size,
+            running: Mutex::default(),
+            revalidation: Revalidation::default(),
+        }
+    }
+
+    /// The cached entry of a shard, checked with the hub when its TTL has passed, or a
+    /// new entry from the hub's `StatShard`.
+    ///
+    /// Concurrent callers for one shard share one lookup (one `StatShard`): a trainer's
+    /// first batch touches a shard from hundreds of reads at once, and without this
+    /// each asked the hub, which shed them (seed-demo, 1536 reads in flight).
+    pub async fn entry(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
+        let key = (dataset.to_string(), shard.to_string());
+        if let Some(entry) = self.index.fresh(&key) {
+            return Ok(entry);
+        }
+        let cached = self.index.get(&key);
+        if let Some(entry) = cached.as_ref().filter(|_| self.revalidation.paused()) {
+            // The hub did not answer lately: serve what is cached without asking.
+            self.index.touch(entry);
+            return Ok(entry.clone());
+        }
+        let lookup = {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            running
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    let (lookups, dataset, shard) = (self.clone(), dataset.clone(), shard.clone());
+                    let (done, done_key) = (self.clone(), key.clone());
+                    spawn_shared(
+                        "shard lookup",
+                        async move { lookups.lookup(&dataset, &shard).await },
+                        move || {
+                            done.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&done_key);
+                        },
+                    )
+                })
+                .clone()
+        };
+        let Some(entry) = cached else { return lookup.await };
+        // A cached shard is served within REVALIDATION_WAIT whatever the hub does; the
+        // lookup carries on (bounded by --hub-timeout) for the readers after.
+        // (The lookup itself counts the failure and pauses revalidation.)
+        match tokio::time::timeout(REVALIDATION_WAIT, lookup).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.index.touch(&entry);
+                Ok(entry)
+            }
+        }
+    }
+
+    /// The slow path of [`Lookups::entry`]: ask the hub.
+    async fn lookup(&self, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
+        let key = (dataset.to_string(), shard.to_string());
+        // Another lookup may have refreshed it since the caller looked.
+        if let Some(entry) = self.index.fresh(&key) {
+            return Ok(entry);
+        }
+        let Some(entry) = self.index.get(&key) else {
+            let info = self.chain.stat(dataset.as_str(), shard.as_str()).await?;
+            return self.index.install(key, &info, self.chunk_size).await;
+        };
+        // Readers are served the cached version after REVALIDATION_WAIT; past it, the
+        // hub counts as not answering (once per lookup, not once per waiting reader), so
+        // revalidation pauses while this stat carries on to --hub-timeout.
+        let stat = self.chain.stat(dataset.as_str(), shard.as_str());
+        tokio::pin!(stat);
+        let (answer, slow) = match tokio::time::timeout(REVALIDATION_WAIT, &mut stat).await {
+            Ok(answer) => (answer, false),
+            Err(_) => {
+                self.revalidation_failed(&format_args!("no answer within {REVALIDATION_WAIT:?}"));
+                (stat.await, true)
+            }
+        };
+        match &answer {
+            Err(e) if e.hub_cannot_answer() => {
+                if !slow {
+                    self.revalidation_failed(e);
+                }
+            }
+            _ => self.revalidation.answered(),
+        }
+        match answer {
+            Ok(info) if info.version == entry.version && info.size == entry.size => {
+                self.index.revalidated(&entry).await?;
+                Ok(entry)
+            }
+            Ok(info) => {
+                tracing::info!(dataset = %dataset, shard = %shard, old = %entry.version, new = %info.version, "shard changed on the hub");
+                self.admission.remove(&entry, false).await;
+                self.index.install(key, &info, self.chunk_size).await
+            }
+            Err(e) if e.hub_cannot_answer() => {
+                // Whatever the trouble (down, hung, overloaded, refusing us, garbled),
+                // the verified bytes on disk are still the version the hub served.
+                self.index.touch(&entry);
+                Ok(entry)
+            }
+            Err(e) if e.code() == tonic::Code::NotFound => {
+                self.admission.remove(&entry, true).await;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn revalidation_failed(&self, why: &dyn std::fmt::Display) {
+        self.metrics.revalidation_failures.fetch_add(1, Relaxed);
+        self.revalidation.failed(why);
+    }
+}
