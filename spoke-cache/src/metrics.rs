@@ -13,6 +13,7 @@ use std::{
     },
 };
 
+use shardcache_client::routing::HedgeCounters;
 use shardcache_serving::prom::{Histogram, escape};
 
 use crate::jobs::{JobSnapshot, Jobs};
@@ -50,6 +51,8 @@ pub struct Metrics {
     pub fetch_latency: Histogram,
     /// Per job and epoch (`jobs.rs`).
     pub jobs: Jobs,
+    /// Hedged calls to the peers and hubs (`suppliers/`).
+    pub hedges: Arc<HedgeCounters>,
 }
 
 /// Occupancy the cache reports at scrape time.
@@ -120,6 +123,21 @@ impl Metrics {
                 "shardcache_spoke_revalidation_failures_total",
                 "Revalidations the hub could not answer; the cached version was served",
                 &self.revalidation_failures,
+            ),
+            (
+                "shardcache_spoke_hedges_total",
+                "Chunk requests also sent to the next peer or hub because one had not answered within its hedge delay",
+                &self.hedges.sent,
+            ),
+            (
+                "shardcache_spoke_hedges_won_total",
+                "Hedged requests whose answer came first",
+                &self.hedges.won,
+            ),
+            (
+                "shardcache_spoke_demotions_total",
+                "Peers or hubs skipped for a while because their hedges kept losing",
+                &self.hedges.demotions,
             ),
         ];
         for (name, help, value) in globals {

@@ -64,7 +64,12 @@ pub struct PeerGroup {
 /// are removed; any other error (a bad option, a permission) stops the start instead.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
     let group = options.group.as_ref().map(|g| (g.spec.as_str(), g.me.as_str()));
-    let chain = || Chain::new(&options.hubs, &options.hub_transport, &options.hub_credentials, group);
+    let metrics = Arc::new(Metrics::default());
+    let chain = || {
+        let (hubs, transport, credentials) =
+            (&options.hubs, &options.hub_transport, &options.hub_credentials);
+        Chain::new(hubs, transport, credentials, group, metrics.hedges.clone())
+    };
     let create = |dir: &Path| {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::Config(format!("cannot create --cache-dir {}: {e}", dir.display())))
@@ -72,7 +77,7 @@ pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
     create(dir)?;
     let open = || {
         let store = Store::open(dir, &options.store)?;
-        Cache::open(store, chain()?, options.cache.clone(), Arc::new(Metrics::default()))
+        Cache::open(store, chain()?, options.cache.clone(), metrics.clone())
     };
     match open() {
         Err(e) if e.is_damage() => {

@@ -102,6 +102,12 @@ where
                         Verdict::NotHere => last_error = Some(e),
                     },
                 }
+                // A failed call frees its place at once: a failed hedge does not leave
+                // the call waiting for another hedge delay.
+                if next < candidates.len() && !in_flight.is_empty() && in_flight.len() < MAX_IN_FLIGHT {
+                    hedge_at = Some(launch(next, &mut running, &mut in_flight));
+                    next += 1;
+                }
             }
             () = timer => {
                 counters.sent.fetch_add(1, Relaxed);
@@ -227,6 +233,22 @@ mod tests {
         let (result, _, calls) =
             run(|_| (Duration::from_millis(1), Err(Failure(Verdict::Unwell))), &healths).await;
         assert_eq!((result.unwrap_err(), calls), (Some(Failure(Verdict::Unwell)), 3), "the last failure");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hedge_that_fails_hands_on_at_once() {
+        let healths: [Health; 3] = Default::default();
+        let started = Instant::now();
+        // The first member hangs; the hedge to the second fails at once; the third is
+        // asked then, not a hedge delay later.
+        let behaviour = |i| match i {
+            0 => (Duration::from_secs(3600), Ok(0)),
+            1 => (Duration::ZERO, Err(Failure(Verdict::NotHere))),
+            _ => (Duration::from_millis(5), Ok(i)),
+        };
+        let (result, counters, calls) = run(behaviour, &healths).await;
+        assert_eq!((result.unwrap(), calls, counters.sent.load(Relaxed)), (2, 3, 1));
+        assert_eq!(started.elapsed(), POLICY.initial + Duration::from_millis(5));
     }
 
     #[tokio::test(start_paused = true)]

@@ -188,11 +188,6 @@ impl Hubs {
     {
         self.first_answer(None, call).await
     }
-
-    /// Hedging on the hubs (and the peers, which share the counters).
-    pub fn hedges(&self) -> &Arc<HedgeCounters> {
-        self.router.counters()
-    }
 }
 
 /// Which hub errors route to the next hub: the SDK's table (`routing::Verdict`) on the

@@ -116,14 +116,15 @@ pub struct Chain {
 }
 
 impl Chain {
-    /// The hubs at `urls`, and the group `peers` (`(spec, me)`) when the spoke has one.
+    /// The hubs at `urls`, and the group `peers` (`(spec, me)`) when the spoke has one;
+    /// hedging counted in `counters`.
     pub fn new(
         urls: &[String],
         transport: &HubTransport,
         credentials: &ConnectOptions,
         peers: Option<(&str, &str)>,
+        counters: Arc<HedgeCounters>,
     ) -> Result<Self> {
-        let counters = Arc::<HedgeCounters>::default();
         let hubs = Hubs::new(urls, transport, credentials, counters.clone())?;
         let peers =
             peers.map(|(spec, me)| Peers::new(spec, me, credentials, counters.clone())).transpose()?;
@@ -138,11 +139,6 @@ impl Chain {
     /// The spoke's group, if it has one.
     pub fn peers(&self) -> Option<&Peers> {
         self.peers.as_ref()
-    }
-
-    /// What hedging did on the peers and hubs.
-    pub fn hedges(&self) -> &HedgeCounters {
-        &self.counters
     }
 
     /// Whether this spoke fetches `dataset/shard` from the hubs itself: no group, or no
