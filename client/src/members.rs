@@ -363,7 +363,8 @@ pub type HealthClient = tonic_health::pb::health_client::HealthClient<tonic::tra
 pub fn serving(health: &HealthClient) -> futures::future::BoxFuture<'static, bool> {
     let mut health = health.clone();
     Box::pin(async move {
-        let request = tonic_health::pb::HealthCheckRequest { service: "shardcache.v1.ShardReader".into() };
+        let service = shardcache_proto::v1::shard_reader_server::SERVICE_NAME.into();
+        let request = tonic_health::pb::HealthCheckRequest { service };
         health.check(request).await.is_ok_and(|r| {
             r.into_inner().status() == tonic_health::pb::health_check_response::ServingStatus::Serving
         })

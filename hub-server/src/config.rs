@@ -1,14 +1,12 @@
-//! Command-line flags of `hub-server`; every flag is also an environment variable.
+//! Command-line flags of `hub-server`; every flag is also an environment variable, `HUB_`
+//! and its name (`shardcache_serving::flags`).
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf};
 
 use clap::Parser;
 use shardcache_proto::units::ByteSize;
 use shardcache_reader::ReadLimits;
-use shardcache_serving::{
-    server::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security},
-    transport::Http2Settings,
-};
+use shardcache_serving::{flags::ServingFlags, transport::Http2Settings};
 
 use crate::{
     Error,
@@ -16,12 +14,13 @@ use crate::{
     source::s3::{S3Location, S3Options},
 };
 
-/// Smallest and largest `--chunk-size`. Below 64 KiB per-message overhead (headers,
+/// Smallest and largest `--message-size`. Below 64 KiB per-message overhead (headers,
 /// CRC, a task wake-up) dominates; above 8 MiB a single message delays every other
 /// stream on the connection and read-ahead memory grows.
-pub const CHUNK_SIZE_RANGE: (u64, u64) = (64 << 10, 8 << 20);
-/// Largest `--max-read`; the client SDK accepts responses up to a bit more than this.
-pub const MAX_READ_LIMIT: u64 = 64 << 20;
+pub const MESSAGE_SIZE_RANGE: (u64, u64) = (64 << 10, 8 << 20);
+
+/// The prefix of the hub's environment variables.
+pub const ENV_PREFIX: &str = "HUB_";
 
 /// Serves dataset shards from a local directory or S3 over gRPC.
 #[derive(Debug, Clone, Parser)]
@@ -29,92 +28,61 @@ pub const MAX_READ_LIMIT: u64 = 64 << 20;
 pub struct HubArgs {
     /// Directory to serve: each top-level folder is a dataset, each file below it a shard
     /// (short for --source file:///DIR).
-    #[arg(long, env = "HUB_ROOT", required_unless_present = "source", conflicts_with = "source")]
+    #[arg(long, required_unless_present = "source", conflicts_with = "source")]
     pub root: Option<PathBuf>,
 
     /// Where the data is: file:///DIR, or s3://BUCKET/PREFIX (each first-level folder
     /// under the prefix is a dataset; credentials from the AWS default chain).
-    #[arg(long, env = "HUB_SOURCE")]
+    #[arg(long)]
     pub source: Option<String>,
 
     /// S3-compatible endpoint (MinIO, Ceph, ...); implies path-style addressing.
-    #[arg(long, env = "HUB_S3_ENDPOINT")]
+    #[arg(long)]
     pub s3_endpoint: Option<String>,
 
     /// S3 region (default: AWS_REGION or the profile's, else us-east-1).
-    #[arg(long, env = "HUB_S3_REGION")]
+    #[arg(long)]
     pub s3_region: Option<String>,
 
     /// Path-style S3 URLs (http://endpoint/bucket/key) even without --s3-endpoint.
-    #[arg(long, env = "HUB_S3_PATH_STYLE")]
+    #[arg(long)]
     pub s3_path_style: bool,
 
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
-    #[arg(long, env = "HUB_LISTEN", default_value = "127.0.0.1:7070")]
+    #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
 
     /// Address for Prometheus metrics (`GET /metrics`: requests, bytes served, read
     /// latency); none when unset.
-    #[arg(long, env = "HUB_METRICS_LISTEN")]
+    #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
 
-    /// File holding the bearer token a scraper must send to --metrics-listen (as
-    /// Prometheus' `authorization.credentials_file`); anyone who can connect when unset.
-    #[arg(long, env = "HUB_METRICS_TOKEN_FILE")]
-    pub metrics_token_file: Option<PathBuf>,
-
-    /// Size of the chunks StreamShard sends (64KiB to 8MiB).
-    #[arg(long, env = "HUB_CHUNK_SIZE", default_value = "1MiB")]
-    pub chunk_size: ByteSize,
-
-    /// Largest read one ReadRange or ReadRanges call may return (at most 64MiB).
-    #[arg(long, env = "HUB_MAX_READ", default_value = "16MiB")]
-    pub max_read: ByteSize,
+    /// Size of the messages StreamShard sends (64KiB to 8MiB); was --chunk-size.
+    #[arg(long, alias = "chunk-size", default_value = "1MiB")]
+    pub message_size: ByteSize,
 
     /// Requests in flight across all connections before new ones get RESOURCE_EXHAUSTED.
-    #[arg(long, env = "HUB_MAX_CONCURRENCY", default_value_t = 256)]
+    #[arg(long, default_value_t = 256)]
     pub max_concurrency: usize,
 
-    /// Time a request may take to produce its response headers (e.g. 30s, 2m).
-    #[arg(long, env = "HUB_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
-    pub request_timeout: Duration,
-
     /// HTTP/2 stream window for what clients send (requests are small; matches the spoke).
-    #[arg(long, env = "HUB_HTTP2_STREAM_WINDOW", default_value = "8MiB")]
+    #[arg(long, default_value = "8MiB")]
     pub http2_stream_window: ByteSize,
 
     /// HTTP/2 connection window for what clients send.
-    #[arg(long, env = "HUB_HTTP2_CONNECTION_WINDOW", default_value = "64MiB")]
+    #[arg(long, default_value = "64MiB")]
     pub http2_connection_window: ByteSize,
 
     /// Largest HTTP/2 frame the hub accepts (16KiB..16MiB); spokes set the size it sends.
-    #[arg(long, env = "HUB_HTTP2_MAX_FRAME_SIZE", default_value = "1MiB")]
+    #[arg(long, default_value = "1MiB")]
     pub http2_max_frame_size: ByteSize,
 
     /// SO_SNDBUF of accepted connections; 0 = kernel autotuning (see README: long links).
-    #[arg(long, env = "HUB_SOCKET_SEND_BUFFER", default_value = "0")]
+    #[arg(long, default_value = "0")]
     pub socket_send_buffer: ByteSize,
 
-    /// Requests one connection may have open at once (HTTP/2 max concurrent streams).
-    #[arg(long, env = "HUB_MAX_STREAMS_PER_CONNECTION", default_value_t = DEFAULT_MAX_STREAMS_PER_CONNECTION)]
-    pub max_streams_per_connection: u32,
-
-    /// Serve TLS with this PEM certificate chain (reloaded on change or SIGHUP).
-    #[arg(long, env = "HUB_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-
-    /// PEM private key of --tls-cert; must not be world-readable.
-    #[arg(long, env = "HUB_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-
-    /// Require client certificates signed by this CA (spokes with mTLS). With
-    /// --token-file too, a client may present either.
-    #[arg(long, env = "HUB_CLIENT_CA")]
-    pub client_ca: Option<PathBuf>,
-
-    /// Require bearer tokens listed (as hashes) in this file; see `shardcache token`.
-    #[arg(long, env = "HUB_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub serving: ServingFlags,
 }
 
 /// A parsed `--root` / `--source`.
@@ -152,33 +120,23 @@ impl HubArgs {
 
     /// The serving options these flags describe, or which flag is out of range.
     pub fn serve_options(&self) -> Result<ServeOptions, Error> {
-        let (lo, hi) = CHUNK_SIZE_RANGE;
-        if !(lo..=hi).contains(&self.chunk_size.0) {
+        let (lo, hi) = MESSAGE_SIZE_RANGE;
+        if !(lo..=hi).contains(&self.message_size.0) {
             return Err(Error::Config(format!(
-                "--chunk-size {} is outside {}..={}",
-                self.chunk_size,
+                "--message-size {} is outside {}..={}",
+                self.message_size,
                 ByteSize(lo),
                 ByteSize(hi)
             )));
         }
-        if self.max_read.0 == 0 || self.max_read.0 > MAX_READ_LIMIT {
-            return Err(Error::Config(format!(
-                "--max-read {} must be between 1B and {}",
-                self.max_read,
-                ByteSize(MAX_READ_LIMIT)
-            )));
-        }
-        if self.max_concurrency == 0 {
-            return Err(Error::Config("--max-concurrency must be at least 1".into()));
-        }
-        if self.max_streams_per_connection == 0 {
-            return Err(Error::Config("--max-streams-per-connection must be at least 1".into()));
-        }
+        let serving = &self.serving;
         Ok(ServeOptions {
-            // Checked against CHUNK_SIZE_RANGE above, so it fits in u32.
-            limits: ReadLimits { chunk_size: self.chunk_size.0 as u32, max_read: self.max_read.0 },
-            max_concurrency: self.max_concurrency,
-            request_timeout: self.request_timeout,
+            // Checked against MESSAGE_SIZE_RANGE above, so it fits in u32.
+            limits: ReadLimits {
+                message_size: self.message_size.0 as u32,
+                max_read: serving.max_read().map_err(Error::Config)?,
+            },
+            server: serving.limits(self.max_concurrency).map_err(Error::Config)?,
             http2: Http2Settings::new(
                 self.http2_stream_window.0,
                 self.http2_connection_window.0,
@@ -186,14 +144,7 @@ impl HubArgs {
                 self.socket_send_buffer.0,
             )
             .map_err(|e| Error::Config(format!("--http2-*/--socket-send-buffer: {e}")))?,
-            max_streams_per_connection: self.max_streams_per_connection,
-            security: Security::from_flags(
-                self.tls_cert.as_deref(),
-                self.tls_key.as_deref(),
-                self.client_ca.as_deref(),
-                self.token_file.as_deref(),
-            )
-            .map_err(Error::Config)?,
+            security: serving.security().map_err(Error::Config)?,
         })
     }
 }
@@ -205,13 +156,14 @@ mod tests {
     fn args(extra: &[&str]) -> HubArgs {
         let mut argv = vec!["hub-server", "--root", "/tmp"];
         argv.extend_from_slice(extra);
-        HubArgs::try_parse_from(argv).expect("flags parse")
+        shardcache_serving::flags::try_parse_from(ENV_PREFIX, &argv).expect("flags parse")
     }
 
     #[test]
     fn defaults_work_on_a_laptop() {
         let options = args(&[]).serve_options().expect("defaults are valid");
-        assert_eq!(options.limits.chunk_size, 1 << 20);
+        assert_eq!(options.limits.message_size, 1 << 20);
+        assert_eq!(args(&["--chunk-size", "2MiB"]).message_size.0, 2 << 20, "the old name still works");
         assert_eq!(options.limits.max_read, 16 << 20);
         assert_eq!(args(&[]).listen.to_string(), "127.0.0.1:7070");
         assert_eq!(options.http2, shardcache_serving::transport::Http2Settings::TUNED);
@@ -220,7 +172,12 @@ mod tests {
 
     #[test]
     fn sources_are_a_directory_or_an_s3_prefix() {
-        let parse = |argv: &[&str]| HubArgs::try_parse_from([&["hub-server"], argv].concat());
+        let parse = |argv: &[&str]| {
+            shardcache_serving::flags::try_parse_from::<HubArgs>(
+                ENV_PREFIX,
+                &[&["hub-server"], argv].concat(),
+            )
+        };
         let s3 = parse(&["--source", "s3://bucket/data/", "--s3-endpoint", "http://127.0.0.1:9000"]).unwrap();
         assert_eq!(
             s3.source_spec().unwrap(),
@@ -237,8 +194,8 @@ mod tests {
 
     #[test]
     fn out_of_range_flags_name_the_flag() {
-        let err = args(&["--chunk-size", "16MiB"]).serve_options().unwrap_err().to_string();
-        assert!(err.contains("--chunk-size 16MiB is outside 64KiB..=8MiB"), "{err}");
+        let err = args(&["--message-size", "16MiB"]).serve_options().unwrap_err().to_string();
+        assert!(err.contains("--message-size 16MiB is outside 64KiB..=8MiB"), "{err}");
         let err = args(&["--max-read", "1GiB"]).serve_options().unwrap_err().to_string();
         assert!(err.contains("--max-read 1GiB"), "{err}");
         let err = args(&["--http2-max-frame-size", "32MiB"]).serve_options().unwrap_err().to_string();

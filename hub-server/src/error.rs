@@ -1,7 +1,6 @@
 //! Everything that can go wrong serving a read, and the one place that picks the gRPC
 //! status code for each.
 
-use shardcache_proto::{names::NameError, range::RangeError};
 use shardcache_reader::ReadError;
 
 /// Errors of the hub's sources and services.
@@ -38,25 +37,15 @@ pub enum Error {
     },
     #[error("internal error: {0}")]
     Internal(String),
-    #[error("gRPC server failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Serve(#[from] shardcache_serving::server::ServeError),
     #[error("invalid configuration: {0}")]
     Config(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl From<NameError> for Error {
-    fn from(err: NameError) -> Self {
-        Error::Read(err.into())
-    }
-}
-
-impl From<RangeError> for Error {
-    fn from(err: RangeError) -> Self {
-        Error::Read(err.into())
-    }
-}
+shardcache_reader::from_read_errors!(Error);
 
 impl Error {
     /// The shard is no longer at the version it was opened at (`found` says what it is).
@@ -75,25 +64,28 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The gRPC code a client gets for it.
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Error::Read(e) => e.code(),
+            Error::OutsideRoot { .. } | Error::OutsideDataset { .. } => Code::InvalidArgument,
+            Error::DatasetNotFound { .. } | Error::ShardNotFound { .. } | Error::NotAFile { .. } => {
+                Code::NotFound
+            }
+            Error::SourceDenied { .. } => Code::PermissionDenied,
+            Error::SourceUnavailable { .. } => Code::Unavailable,
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                Code::PermissionDenied
+            }
+            Error::Io { .. } | Error::Internal(_) | Error::Serve(_) | Error::Config(_) => Code::Internal,
+        }
+    }
+}
+
 impl From<Error> for tonic::Status {
     fn from(err: Error) -> Self {
-        use tonic::Status;
-        let message = err.to_string();
-        match err {
-            Error::Read(e) => e.into(),
-            Error::OutsideRoot { .. } | Error::OutsideDataset { .. } => Status::invalid_argument(message),
-            Error::DatasetNotFound { .. } | Error::ShardNotFound { .. } | Error::NotAFile { .. } => {
-                Status::not_found(message)
-            }
-            Error::SourceDenied { .. } => Status::permission_denied(message),
-            Error::SourceUnavailable { .. } => Status::unavailable(message),
-            Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
-                Status::permission_denied(message)
-            }
-            Error::Io { .. } | Error::Internal(_) | Error::Transport(_) | Error::Config(_) => {
-                tracing::error!(error = %message, "internal error");
-                Status::internal(message)
-            }
-        }
+        shardcache_reader::status(err.code(), err.to_string())
     }
 }

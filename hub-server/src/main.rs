@@ -3,18 +3,17 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
 use hub_server::{
-    config::{HubArgs, SourceSpec},
+    config::{ENV_PREFIX, HubArgs, SourceSpec},
     source::{Storage, local::LocalSource, s3::S3Source},
     stats::HubStats,
 };
-use shardcache_serving::scrape::{ScrapeAccess, serve_metrics};
+use shardcache_serving::scrape::serve_metrics;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     shardcache_serving::server::init_tracing();
-    let args = HubArgs::parse();
+    let args: HubArgs = shardcache_serving::flags::parse(ENV_PREFIX);
     // Handlers first: a SIGTERM that arrives right after we report the address must
     // still mean a graceful stop, not the default of dying on the spot.
     let shutdown = shardcache_serving::server::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
@@ -68,9 +67,7 @@ async fn run<S: Storage>(
     let metrics = match metrics_listener {
         None => None,
         Some(listener) => {
-            let token = args.metrics_token_file.as_deref().map(shardcache_serving::auth::read_token_file);
-            let token = token.transpose().map_err(|e| anyhow::anyhow!("--metrics-token-file: {e}"))?;
-            let access = ScrapeAccess { token: token.map(Arc::from) };
+            let access = args.serving.metrics_access().map_err(anyhow::Error::msg)?;
             let (stats, auth) = (stats.clone(), options.security.auth.clone());
             let render = move || stats.render(auth.token_file_failure().is_some());
             Some(serve_metrics(listener, options.security.tls.clone(), access, render, shutdown.clone()))

@@ -1,20 +1,19 @@
-//! Assembles the hub's gRPC server: health and reflection, the tower layers, the read
-//! service, then serves a bound listener until the shutdown future resolves.
+//! Assembles the hub's gRPC server: the read service over the hub's storage, behind its
+//! token check, served by the assembly both servers share (`shardcache_serving::server`).
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc};
 
 use shardcache_proto::v1::shard_reader_server::ShardReaderServer;
+use shardcache_reader::{ReadLimits, ReadService};
 use shardcache_serving::{
-    server::{self, Security, ShedLayer},
+    server::{self, Security, ServerLimits},
     transport::Http2Settings,
 };
 use tokio::net::TcpListener;
-use tonic::service::interceptor::InterceptedService;
-
-use shardcache_reader::{ReadLimits, ReadService};
+use tonic::{service::Routes, service::interceptor::InterceptedService};
 
 use crate::{
-    Error, Result,
+    Result,
     source::{HubSource, Storage},
     stats::HubStats,
 };
@@ -23,14 +22,10 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub limits: ReadLimits,
-    /// Requests in flight (including open streams) across all connections.
-    pub max_concurrency: usize,
-    /// Time a request may take to produce its response headers.
-    pub request_timeout: Duration,
+    /// Requests in flight, per connection, and their deadline.
+    pub server: ServerLimits,
     /// HTTP/2 windows and frames, socket send buffer.
     pub http2: Http2Settings,
-    /// Requests one connection may have open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
-    pub max_streams_per_connection: u32,
     /// TLS and tokens.
     pub security: Security,
 }
@@ -45,35 +40,22 @@ pub async fn serve<S: Storage>(
     stats: Arc<HubStats>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<ShardReaderServer<ReadService<HubSource<S>>>>().await;
-    let (reflection_v1, reflection_v1alpha) =
-        server::reflection().map_err(|e| Error::Internal(e.to_string()))?;
-
     let reader = ShardReaderServer::new(ReadService::new(HubSource(source), options.limits, stats))
         // Responses are bounded by --max-read; requests by the number of ranges.
         .max_encoding_message_size(usize::MAX)
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);
-    // Tokens are checked before a handler runs; health and reflection stay open (probes).
-    let reader = InterceptedService::new(reader, options.security.auth.clone());
-
-    // TLS happens in `incoming` (handshakes per connection, certificates reloadable).
-    server::harden(options.http2.server(), options.max_streams_per_connection)
-        // A span per request, so every log line of a request carries its method.
-        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
-        // tonic wraps this around everything below: a request that cannot produce its
-        // headers in time (a stuck disk) ends with CANCELLED and gives its slot back.
-        .timeout(options.request_timeout)
-        // In front of the services: over the global limit, refuse at once and cheaply.
-        .layer(ShedLayer::new(options.max_concurrency))
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(reader)
-        .serve_with_incoming_shutdown(
-            options.http2.incoming(listener, options.security.tls.clone()),
-            shutdown,
-        )
-        .await?;
+    // Tokens are checked before a handler runs.
+    let routes = Routes::new(InterceptedService::new(reader, options.security.auth.clone()));
+    let serving = [shardcache_proto::v1::shard_reader_server::SERVICE_NAME];
+    server::serve_grpc(
+        listener,
+        routes,
+        &serving,
+        options.http2,
+        options.server,
+        &options.security,
+        shutdown,
+    )
+    .await?;
     Ok(())
 }

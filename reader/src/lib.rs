@@ -17,7 +17,7 @@ pub mod job;
 pub mod service;
 pub mod source;
 
-pub use error::ReadError;
+pub use error::{ReadError, status};
 pub use job::{JobTag, ReadContext};
 pub use service::{Observer, ReadLimits, ReadService};
 pub use source::{DatasetListing, STALE_METADATA, ShardHandle, ShardMeta, ShardPage, ShardStat, Source};

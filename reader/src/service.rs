@@ -42,8 +42,8 @@ pub const STREAM_READ_AHEAD: usize = 2;
 #[derive(Debug, Clone, Copy)]
 pub struct ReadLimits {
     /// Size of the messages `StreamShard` sends (and the alignment of their offsets),
-    /// reported as `ShardInfo.chunk_size`.
-    pub chunk_size: u32,
+    /// reported as `ShardInfo.message_size`.
+    pub message_size: u32,
     /// Most bytes one `ReadRange` or `ReadRanges` call returns.
     pub max_read: u64,
 }
@@ -101,7 +101,7 @@ impl<S: Source> ReadService<S> {
             shard: meta.name.clone(),
             size: meta.size,
             version: meta.version.clone(),
-            chunk_size: self.limits.chunk_size,
+            message_size: self.limits.message_size,
             record_size,
         }
     }
@@ -292,7 +292,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         let size = handle.meta().size;
         let length = req.length.unwrap_or(size.saturating_sub(req.offset));
         range::check_within(req.offset, length, size).map_err(ReadError::from)?;
-        let spans = messages(req.offset, req.offset + length, u64::from(self.limits.chunk_size));
+        let spans = messages(req.offset, req.offset + length, u64::from(self.limits.message_size));
         let (tx, rx) = mpsc::channel(STREAM_READ_AHEAD);
         let observer = self.observer.clone();
         tokio::spawn(async move {

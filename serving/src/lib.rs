@@ -1,8 +1,11 @@
 //! The serving machinery both servers and the SDK share, so that the hub and the spoke
 //! are assembled, secured and tuned alike:
 //!
-//! - [`server`]: server assembly: reflection, `TCP_NODELAY` on accepted sockets, HTTP/2
-//!   and request limits, logging, shutdown signals, and [`server::Security`];
+//! - [`server`]: server assembly (one function for both servers: health, reflection,
+//!   TLS, the tower layers, graceful shutdown), `TCP_NODELAY` on accepted sockets,
+//!   HTTP/2 and request limits, logging, shutdown signals, and [`server::Security`];
+//! - [`flags`]: the flags both servers take (TLS, tokens, limits) and their environment
+//!   variables;
 //! - [`shed`]: load shedding to RESOURCE_EXHAUSTED;
 //! - [`transport`]: the HTTP/2 windows, frames and connections of the long link;
 //! - [`tls`], [`auth`] and [`reload`]: TLS on every connection, bearer tokens mapped to
@@ -13,6 +16,7 @@
 //! The wire contract itself (messages, names, ranges, checksums) is `shardcache-proto`.
 
 pub mod auth;
+pub mod flags;
 pub mod prom;
 pub mod reload;
 pub mod scrape;

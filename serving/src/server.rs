@@ -1,11 +1,13 @@
-//! What the hub and the spoke share when they serve: accepted sockets with
-//! `TCP_NODELAY`, TLS and tokens ([`Security`]), the HTTP/2 limits every connection
-//! gets ([`harden`]), reflection for both protocol versions, and the shutdown signal.
+//! What the hub and the spoke share when they serve: the assembly of a gRPC server
+//! ([`serve_grpc`]: health and reflection, TLS, the tower layers, graceful shutdown),
+//! accepted sockets with `TCP_NODELAY`, TLS and tokens ([`Security`]), the HTTP/2 limits
+//! every connection gets ([`harden`]), reflection for both protocol versions, and the
+//! shutdown signal.
 
 use std::{future::Future, path::Path, time::Duration};
 
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
+use tonic::{service::Routes, transport::server::TcpIncoming};
 use tonic_reflection::server::{
     Error as ReflectionError,
     v1::{ServerReflection, ServerReflectionServer},
@@ -18,6 +20,7 @@ pub use crate::shed::{Shed, ShedLayer};
 use crate::{
     auth::Authenticator,
     tls::{ServerTls, ServerTlsFiles},
+    transport::Http2Settings,
 };
 
 /// Largest request message a server decodes. The largest legitimate request is a
@@ -42,6 +45,66 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Streams a client may open and reset before the server answers them (the HTTP/2
 /// "rapid reset" attack, CVE-2023-44487); hyper's default is 20.
 pub const MAX_PENDING_RESETS: usize = 20;
+
+/// How a server bounds its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Requests in flight (open streams included) across all connections; over it a
+    /// request gets RESOURCE_EXHAUSTED at once.
+    pub max_concurrency: usize,
+    /// Requests one connection may have open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_streams_per_connection: u32,
+    /// Time a request may take to produce its response headers.
+    pub request_timeout: Duration,
+}
+
+/// Serves `routes` (the server's own services, each behind its token check) on
+/// `listener` with TLS when `security` has it, until `shutdown` resolves; in-flight
+/// requests finish first. `serving` names the services gRPC health reports SERVING.
+/// Both servers are assembled here, in one order: health and reflection, TLS (in
+/// `incoming`, a handshake per connection, certificates reloadable), the tower layers,
+/// graceful shutdown.
+pub async fn serve_grpc(
+    listener: TcpListener,
+    routes: Routes,
+    serving: &[&str],
+    http2: Http2Settings,
+    limits: ServerLimits,
+    security: &Security,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for service in serving {
+        health.set_service_status(*service, tonic_health::ServingStatus::Serving).await;
+    }
+    let (reflection_v1, reflection_v1alpha) = reflection()?;
+    harden(http2.server(), limits.max_streams_per_connection)
+        // A span per request, so every log line of a request carries its method.
+        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // tonic wraps this around everything below: a request that cannot produce its
+        // headers in time (a stuck disk, a hub that hangs) ends with CANCELLED and gives
+        // its slot back.
+        .timeout(limits.request_timeout)
+        // In front of the services: over the global limit, refuse at once and cheaply.
+        .layer(ShedLayer::new(limits.max_concurrency))
+        .add_routes(routes)
+        // Health and reflection stay open (probes and tools carry no token).
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(http2.incoming(listener, security.tls.clone()), shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Why a server could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("reflection: {0}")]
+    Reflection(#[from] ReflectionError),
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
 
 /// The per-connection limits of both servers on top of a configured builder.
 pub fn harden(server: tonic::transport::Server, max_streams_per_connection: u32) -> tonic::transport::Server {
@@ -105,7 +168,7 @@ impl Security {
 
 /// Accepted connections with `TCP_NODELAY`: tonic sets it only on listeners it binds
 /// itself. Without it a small response (a 16 KiB sample) waits for the client's delayed
-/// ACK: measured 44 ms p50 per ReadRange on loopback, against 0.3 ms with it.
+/// ACK, tens of milliseconds per ReadRange on loopback (BENCHMARKS.md, hub-bench).
 pub fn incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
 }

@@ -20,27 +20,26 @@ use shardcache_proto::units::ByteSize;
 
 use crate::tls::{ClientConn, ClientTls, ServerConn, ServerTls};
 
-/// Stream window: the largest chunk (8 MiB, `--chunk-size`'s limit) fits, so a chunk
-/// response never waits a round trip for a WINDOW_UPDATE.
+/// Stream window: the largest chunk (8 MiB, the spoke's `--chunk-size` limit) fits, so a
+/// chunk response never waits a round trip for a WINDOW_UPDATE.
 pub const STREAM_WINDOW: u32 = 8 << 20;
 
 /// Connection window: covers the chunks one connection carries at once. The spoke keeps
-/// at most `--upstream-bytes-in-flight` (32 MiB) in flight over all connections, so 64
-/// MiB per connection never limits it; windows are allowances, not buffers, so a large
-/// one costs no memory. wan-bench, 2 Gbit/s at 60 ms: 86% of raw TCP with 8 MiB, 91-93%
-/// with 64 MiB; hyper's default 5 MiB on one connection: 25%.
+/// at most `--upstream-bytes-in-flight` in flight over all connections, so 64 MiB per
+/// connection never limits it; windows are allowances, not buffers, so a large one costs
+/// no memory. Larger windows than hyper's default moved the 60 ms link closer to raw TCP
+/// (`wan-bench`, BENCHMARKS.md).
 pub const CONNECTION_WINDOW: u32 = 64 << 20;
 
 /// Largest DATA frame the receiver accepts. 16 KiB (the HTTP/2 default) means 64 frame
-/// headers and 64 wakeups per 1 MiB chunk; 1 MiB frames cut that to one. wan-bench,
-/// 2 Gbit/s at 60 ms: 89% of raw TCP with 16 KiB frames, 91-93% with 1 MiB.
+/// headers and 64 wakeups per 1 MiB chunk; 1 MiB frames cut that to one (`wan-bench`
+/// compares the two, BENCHMARKS.md).
 pub const MAX_FRAME_SIZE: u32 = 1 << 20;
 
 /// Connections the spoke opens to each hub. One TCP connection is one congestion window
 /// and one loss recovery on a real long link, and one hyper connection task (one core)
-/// at each end; four spread both. wan-bench, 2 Gbit/s at 60 ms: 84% of raw TCP with one
-/// connection, 91-93% with four (the emulator models delay and rate, not congestion
-/// windows, so the real-link reason is not measured there).
+/// at each end; four spread both (`wan-bench` compares one and four; the emulator models
+/// delay and rate, not congestion windows, so the real-link reason is not measured there).
 pub const DEFAULT_HUB_CONNECTIONS: usize = 4;
 
 /// The HTTP/2 and socket settings of one side of the link.

@@ -1,13 +1,14 @@
-//! Command-line flags of `spoke-cache`; every flag is also an environment variable.
+//! Command-line flags of `spoke-cache`; every flag is also an environment variable,
+//! `SPOKE_` and its name (`shardcache_serving::flags`).
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
 use shardcache_client::ConnectOptions;
 use shardcache_proto::units::ByteSize;
 use shardcache_serving::{
     auth::read_token_file,
-    server::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security},
+    flags::ServingFlags,
     tls::ClientTlsFiles,
     transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
 };
@@ -22,7 +23,7 @@ use crate::{
 #[command(name = "spoke-cache", version, about)]
 pub struct SpokeArgs {
     /// Hub to fetch from; repeat (or separate with commas) for several hubs over one source.
-    #[arg(long = "hub", env = "SPOKE_HUB", value_delimiter = ',', required = true)]
+    #[arg(long = "hub", value_delimiter = ',', required = true)]
     pub hubs: Vec<String>,
 
     /// The spoke's group, named as clients name it: every member's URL as clients reach
@@ -32,159 +33,129 @@ pub struct SpokeArgs {
     /// asked of the members ranked before it for the shard (rendezvous hashing, the owner
     /// first) before the hub, so the group fetches each shard over the long link once.
     /// Needs --peer-self.
-    #[arg(long, env = "SPOKE_PEERS", value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
 
     /// This spoke's URL as it appears in --peers.
-    #[arg(long, env = "SPOKE_PEER_SELF")]
+    #[arg(long)]
     pub peer_self: Option<String>,
 
     /// Directory of the cache (RocksDB); created if missing; survives restarts.
-    #[arg(long, env = "SPOKE_CACHE_DIR", default_value = "./spoke-cache-data")]
+    #[arg(long, default_value = "./spoke-cache-data")]
     pub cache_dir: PathBuf,
 
     /// Bytes of shard data to keep; eviction keeps the cache under this.
-    #[arg(long, env = "SPOKE_CAPACITY", default_value = "10GiB")]
+    #[arg(long, default_value = "10GiB")]
     pub capacity: ByteSize,
 
     /// Address for the read and cache-control API (port 0 picks one; it is printed).
-    #[arg(long, env = "SPOKE_LISTEN", default_value = "127.0.0.1:7071")]
+    #[arg(long, default_value = "127.0.0.1:7071")]
     pub listen: SocketAddr,
 
     /// Address for Prometheus metrics (`GET /metrics`).
-    #[arg(long, env = "SPOKE_METRICS_LISTEN", default_value = "127.0.0.1:9071")]
+    #[arg(long, default_value = "127.0.0.1:9071")]
     pub metrics_listen: SocketAddr,
 
     /// Unit of fetching and caching; a multiple of 64KiB, up to 8MiB.
     // 4 MiB: each chunk is one file, and a file's fixed costs (create, a fresh write
-    // buffer, fsync, ingestion) made 1 MiB chunks cost about twice the CPU per GiB of
-    // 4 MiB ones (`store-bench`, BENCHMARKS.md "store"). A cold random sample waits for
-    // 4 MiB, ~7 ms more at 600 MB/s than for 1 MiB.
-    #[arg(long, env = "SPOKE_CHUNK_SIZE", default_value = "4MiB")]
+    // buffer, fsync, ingestion) made 1 MiB chunks cost more CPU per GiB than 4 MiB ones
+    // (`store-bench`, BENCHMARKS.md "store"). A cold random sample waits for the whole
+    // chunk, a few milliseconds more than for 1 MiB.
+    #[arg(long, default_value = "4MiB")]
     pub chunk_size: ByteSize,
 
-    /// Largest read one ReadRange or ReadRanges call may return (as on the hub).
-    #[arg(long, env = "SPOKE_MAX_READ", default_value = "16MiB")]
-    pub max_read: ByteSize,
-
     /// Check a cached shard's version with the hub after this long (e.g. 30s, 5m, 0s).
-    #[arg(long, env = "SPOKE_REVALIDATE_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     pub revalidate_after: Duration,
 
     /// On the first miss in a shard, fetch the rest of it in the background.
-    #[arg(long, env = "SPOKE_FETCH_WHOLE_SHARD", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub fetch_whole_shard: bool,
 
     /// Chunks to fetch ahead of a sequential reader.
-    #[arg(long, env = "SPOKE_READ_AHEAD_CHUNKS", default_value_t = 4)]
+    #[arg(long, default_value_t = 4)]
     pub read_ahead_chunks: u64,
 
     /// Chunk fetches in flight per shard being fetched.
-    #[arg(long, env = "SPOKE_SHARD_FETCH_PARALLELISM", default_value_t = 8)]
+    #[arg(long, default_value_t = 8)]
     pub shard_fetch_parallelism: usize,
 
     /// Requests in flight before new ones get RESOURCE_EXHAUSTED.
-    #[arg(long, env = "SPOKE_MAX_CONCURRENCY", default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024)]
     pub max_concurrency: usize,
 
     /// Bytes fetched from hubs but not yet stored, across all fetches (bounds memory).
-    #[arg(long, env = "SPOKE_UPSTREAM_BYTES_IN_FLIGHT", default_value = "64MiB")]
+    #[arg(long, default_value = "64MiB")]
     pub upstream_bytes_in_flight: ByteSize,
 
     /// How far ahead of the jobs' reads the spoke fetches the shards their access plans
     /// name, in bytes of shards beyond those being read (whole shards, nearest first;
     /// never past what fits under the low watermark). 0 turns planned prefetch off.
-    #[arg(long, env = "SPOKE_PLAN_WINDOW", default_value = "64MiB")]
+    #[arg(long, default_value = "64MiB")]
     pub plan_window: ByteSize,
 
     /// RocksDB options for the pages column family, as RocksDB's option string (e.g.
     /// "block_based_table_factory={cache_index_and_filter_blocks=true}"), applied
     /// over the spoke's own; for tuning a cache to its disks. A bad string stops the start.
-    #[arg(long, env = "SPOKE_ROCKSDB_PAGES_OPTIONS", default_value = "")]
+    #[arg(long, default_value = "")]
     pub rocksdb_pages_options: String,
 
     /// HTTP/2 connections to each hub; fetches use them in turn.
-    #[arg(long, env = "SPOKE_HUB_CONNECTIONS", default_value_t = DEFAULT_HUB_CONNECTIONS)]
+    #[arg(long, default_value_t = DEFAULT_HUB_CONNECTIONS)]
     pub hub_connections: usize,
 
     /// HTTP/2 stream window for hub responses (fixed; adaptive window is off).
-    #[arg(long, env = "SPOKE_HUB_STREAM_WINDOW", default_value = "8MiB")]
+    #[arg(long, default_value = "8MiB")]
     pub hub_stream_window: ByteSize,
 
     /// HTTP/2 connection window for hub responses, per connection.
-    #[arg(long, env = "SPOKE_HUB_CONNECTION_WINDOW", default_value = "64MiB")]
+    #[arg(long, default_value = "64MiB")]
     pub hub_connection_window: ByteSize,
 
     /// Largest HTTP/2 frame the hub may send (16KiB..16MiB).
-    #[arg(long, env = "SPOKE_HUB_MAX_FRAME_SIZE", default_value = "1MiB")]
+    #[arg(long, default_value = "1MiB")]
     pub hub_max_frame_size: ByteSize,
 
     /// SO_RCVBUF of hub connections; 0 = kernel autotuning (see README: long links).
-    #[arg(long, env = "SPOKE_HUB_SOCKET_RECV_BUFFER", default_value = "0")]
+    #[arg(long, default_value = "0")]
     pub hub_socket_recv_buffer: ByteSize,
 
     /// Ignore the five flags above: one connection with tonic's default settings (to
     /// measure what the tuning is worth).
-    #[arg(long, env = "SPOKE_HUB_TRANSPORT_DEFAULTS")]
+    #[arg(long)]
     pub hub_transport_defaults: bool,
 
     /// Deadline of every call to a hub (a chunk fetch, a stat, a listing): a hub that
     /// hangs fails the call with UNAVAILABLE after this, and cached data is served.
-    #[arg(long, env = "SPOKE_HUB_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub hub_timeout: Duration,
 
-    /// Time a request may take to produce its response headers (e.g. 30s, 2m).
-    #[arg(long, env = "SPOKE_REQUEST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
-    pub request_timeout: Duration,
-
-    /// Requests one client connection may have open at once (HTTP/2 max concurrent streams).
-    #[arg(long, env = "SPOKE_MAX_STREAMS_PER_CONNECTION", default_value_t = DEFAULT_MAX_STREAMS_PER_CONNECTION)]
-    pub max_streams_per_connection: u32,
-
-    /// Serve TLS (gRPC and metrics) with this PEM certificate chain (reloaded on change
-    /// or SIGHUP).
-    #[arg(long, env = "SPOKE_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-
-    /// PEM private key of --tls-cert; must not be world-readable.
-    #[arg(long, env = "SPOKE_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-
-    /// Require client certificates signed by this CA (with --token-file too: either).
-    #[arg(long, env = "SPOKE_CLIENT_CA")]
-    pub client_ca: Option<PathBuf>,
-
-    /// Require bearer tokens listed (as hashes) in this file; each names the datasets it
-    /// may read. See `shardcache token`.
-    #[arg(long, env = "SPOKE_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
-
     /// CA that signs the hubs' certificates (for https:// hubs; system roots when unset).
-    #[arg(long, env = "SPOKE_HUB_CA")]
+    #[arg(long)]
     pub hub_ca: Option<PathBuf>,
 
     /// Client certificate the spoke presents to hubs that require one (mTLS).
-    #[arg(long, env = "SPOKE_HUB_CERT", requires = "hub_key")]
+    #[arg(long, requires = "hub_key")]
     pub hub_cert: Option<PathBuf>,
 
     /// PEM private key of --hub-cert; must not be world-readable.
-    #[arg(long, env = "SPOKE_HUB_KEY", requires = "hub_cert")]
+    #[arg(long, requires = "hub_cert")]
     pub hub_key: Option<PathBuf>,
 
     /// Name to check in the hubs' certificates when the --hub host is not in them.
-    #[arg(long, env = "SPOKE_HUB_TLS_DOMAIN")]
+    #[arg(long)]
     pub hub_tls_domain: Option<String>,
 
     /// File holding the bearer token the spoke presents to hubs started with --token-file.
-    #[arg(long, env = "SPOKE_HUB_TOKEN_FILE")]
+    #[arg(long)]
     pub hub_token_file: Option<PathBuf>,
 
-    /// File holding the bearer token a scraper must send to --metrics-listen
-    /// (Prometheus: `authorization: {credentials_file: ...}`); without it, anyone who can
-    /// connect may read the metrics, dataset names included.
-    #[arg(long, env = "SPOKE_METRICS_TOKEN_FILE")]
-    pub metrics_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub serving: ServingFlags,
 }
+
+/// The prefix of the spoke's environment variables.
+pub const ENV_PREFIX: &str = "SPOKE_";
 
 /// Eviction starts above 95% of the capacity and frees down to 85%: a 10% band means one
 /// eviction pass (and one compaction) per ~10% of capacity written, not one per chunk.
@@ -219,9 +190,6 @@ impl SpokeArgs {
     /// Everything the spoke needs to serve, from these flags; loads certificates and
     /// token files (an error names the flag or file).
     pub fn options(&self) -> Result<SpokeOptions, Error> {
-        if self.max_streams_per_connection == 0 {
-            return Err(Error::Config("--max-streams-per-connection must be at least 1".into()));
-        }
         let tls = [&self.hub_ca, &self.hub_cert, &self.hub_key].iter().any(|f| f.is_some())
             || self.hub_tls_domain.is_some();
         let hub_credentials = ConnectOptions {
@@ -244,36 +212,21 @@ impl SpokeArgs {
                 ));
             }
         };
+        let serving = &self.serving;
         Ok(SpokeOptions {
             group,
             hubs: self.hubs.clone(),
             hub_transport: self.hub_transport()?,
             hub_credentials,
-            metrics_access: shardcache_serving::scrape::ScrapeAccess {
-                token: self
-                    .metrics_token_file
-                    .as_deref()
-                    .map(read_token_file)
-                    .transpose()
-                    .map_err(|e| Error::Config(format!("--metrics-token-file: {e}")))?
-                    .map(Arc::from),
-            },
+            metrics_access: serving.metrics_access().map_err(Error::Config)?,
             cache: self.cache_config()?,
             store: StoreOptions {
                 pages_options: self.rocksdb_pages_options.clone(),
                 ..StoreOptions::default()
             },
-            max_read: self.max_read.0,
-            max_concurrency: self.max_concurrency,
-            max_streams_per_connection: self.max_streams_per_connection,
-            request_timeout: self.request_timeout,
-            security: Security::from_flags(
-                self.tls_cert.as_deref(),
-                self.tls_key.as_deref(),
-                self.client_ca.as_deref(),
-                self.token_file.as_deref(),
-            )
-            .map_err(Error::Config)?,
+            max_read: serving.max_read().map_err(Error::Config)?,
+            server: serving.limits(self.max_concurrency).map_err(Error::Config)?,
+            security: serving.security().map_err(Error::Config)?,
         })
     }
 
@@ -308,30 +261,25 @@ impl SpokeArgs {
 mod tests {
     use super::*;
 
+    fn parse(args: impl IntoIterator<Item = &'static str>) -> Result<SpokeArgs, clap::Error> {
+        let args: Vec<&str> = args.into_iter().collect();
+        shardcache_serving::flags::try_parse_from(ENV_PREFIX, &args)
+    }
+
     #[test]
     fn defaults_and_bad_chunk_sizes() {
-        let args = SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1,http://b:2"]).unwrap();
+        let args = parse(["spoke-cache", "--hub", "http://a:1,http://b:2"]).unwrap();
         assert_eq!(args.hubs, ["http://a:1", "http://b:2"]);
         let config = args.cache_config().unwrap();
         assert_eq!(config.chunk_size, 4 << 20);
         assert!(config.fetch_whole_shard);
-        let bad = SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1", "--chunk-size", "100KiB"])
-            .unwrap();
+        let bad = parse(["spoke-cache", "--hub", "http://a:1", "--chunk-size", "100KiB"]).unwrap();
         assert!(bad.cache_config().unwrap_err().to_string().contains("multiple of 64KiB"));
-        assert!(SpokeArgs::try_parse_from(["spoke-cache"]).is_err(), "--hub is required");
+        assert!(parse(["spoke-cache"]).is_err(), "--hub is required");
         assert_eq!(args.hub_transport().unwrap(), HubTransport::default());
-        let plain =
-            SpokeArgs::try_parse_from(["spoke-cache", "--hub", "http://a:1", "--hub-transport-defaults"])
-                .unwrap();
+        let plain = parse(["spoke-cache", "--hub", "http://a:1", "--hub-transport-defaults"]).unwrap();
         assert_eq!(plain.hub_transport().unwrap().connections, 1);
-        let bad = SpokeArgs::try_parse_from([
-            "spoke-cache",
-            "--hub",
-            "http://a:1",
-            "--hub-max-frame-size",
-            "32MiB",
-        ])
-        .unwrap();
+        let bad = parse(["spoke-cache", "--hub", "http://a:1", "--hub-max-frame-size", "32MiB"]).unwrap();
         assert!(bad.hub_transport().unwrap_err().to_string().contains("max frame size"));
     }
 }

@@ -5,8 +5,6 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use shardcache_proto::v1::ShardInfo;
-
 use crate::store::ShardRecord;
 
 /// `(dataset, shard)`: a shard's name, the key of the index and of the plans.
@@ -111,16 +109,5 @@ impl Entry {
     pub fn chunk_range(&self, index: u64) -> (u64, u64) {
         let offset = index * self.chunk_size;
         (offset, self.size.saturating_sub(offset).min(self.chunk_size))
-    }
-
-    pub fn info(&self) -> ShardInfo {
-        ShardInfo {
-            dataset: self.dataset.clone(),
-            shard: self.shard.clone(),
-            size: self.size,
-            version: self.version.clone(),
-            chunk_size: self.chunk_size as u32,
-            record_size: self.record_size,
-        }
     }
 }

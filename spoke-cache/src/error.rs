@@ -3,7 +3,6 @@
 //! Errors are `Clone`: one upstream fetch is shared by every reader waiting on the same
 //! chunk, and each of them gets the fetch's error.
 
-use shardcache_proto::{names::NameError, range::RangeError};
 use shardcache_reader::ReadError;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -54,17 +53,7 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl From<NameError> for Error {
-    fn from(err: NameError) -> Self {
-        Error::Read(err.into())
-    }
-}
-
-impl From<RangeError> for Error {
-    fn from(err: RangeError) -> Self {
-        Error::Read(err.into())
-    }
-}
+shardcache_reader::from_read_errors!(Error);
 
 impl Error {
     /// Storage reported damaged files (as opposed to, say, a permission problem or a
@@ -76,11 +65,8 @@ impl Error {
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
         match self {
-            Error::Read(ReadError::VersionChanged { .. }) => Code::Aborted,
+            Error::Read(e) => e.code(),
             Error::PinLimit { .. } => Code::ResourceExhausted,
-            Error::Read(ReadError::Name(_) | ReadError::Range(_) | ReadError::BadPageToken { .. }) => {
-                Code::InvalidArgument
-            }
             Error::Hub { code, .. } => *code,
             Error::HubUnavailable { .. }
             | Error::HubRefused { .. }
@@ -103,9 +89,6 @@ impl From<Error> for tonic::Status {
             Error::Hub { message, .. } => message,
             other => other.to_string(),
         };
-        if code == tonic::Code::Internal {
-            tracing::error!(error = %message, "internal error");
-        }
-        tonic::Status::new(code, message)
+        shardcache_reader::status(code, message)
     }
 }

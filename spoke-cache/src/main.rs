@@ -1,13 +1,12 @@
 //! `spoke-cache`: parse flags, open the cache, serve until SIGTERM or SIGINT.
 
 use anyhow::Context;
-use clap::Parser;
-use spoke_cache::config::SpokeArgs;
+use spoke_cache::config::{ENV_PREFIX, SpokeArgs};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     shardcache_serving::server::init_tracing();
-    let args = SpokeArgs::parse();
+    let args: SpokeArgs = shardcache_serving::flags::parse(ENV_PREFIX);
     let shutdown = shardcache_serving::server::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
     let options = args.options()?;
     let cache = spoke_cache::open_cache(&args.cache_dir, &options)

@@ -5,16 +5,17 @@ use std::{future::Future, path::Path, sync::Arc};
 
 use shardcache_client::ConnectOptions;
 use shardcache_proto::v1::{
-    cache_control_server::CacheControlServer, shard_reader_server::ShardReaderServer,
+    cache_control_server::{self, CacheControlServer},
+    shard_reader_server::{self, ShardReaderServer},
 };
 use shardcache_reader::{ReadLimits, ReadService};
 use shardcache_serving::{
     scrape::{ScrapeAccess, serve_metrics},
-    server::{self, Security, ShedLayer},
+    server::{self, Security, ServerLimits},
     transport::Http2Settings,
 };
 use tokio::net::TcpListener;
-use tonic::service::interceptor::InterceptedService;
+use tonic::service::{Routes, interceptor::InterceptedService};
 
 use crate::{
     Error, Result,
@@ -38,11 +39,8 @@ pub struct SpokeOptions {
     pub cache: CacheConfig,
     pub store: StoreOptions,
     pub max_read: u64,
-    pub max_concurrency: usize,
-    /// Requests one client connection may have open (HTTP/2 max concurrent streams).
-    pub max_streams_per_connection: u32,
-    /// Time a request may take to produce its response headers.
-    pub request_timeout: std::time::Duration,
+    /// Requests in flight, per connection, and their deadline.
+    pub server: ServerLimits,
     /// TLS (gRPC and metrics listeners) and client tokens.
     pub security: Security,
     /// Who may scrape the metrics listener.
@@ -131,13 +129,9 @@ pub async fn serve(
         stopped(),
     ));
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<ShardReaderServer<ReadService<CachedSource>>>().await;
-    let (reflection_v1, reflection_v1alpha) =
-        server::reflection().map_err(|e| Error::Internal(e.to_string()))?;
     let limits = ReadLimits {
         // Streams send messages of at most STREAM_MESSAGE_MAX (a cache chunk is larger).
-        chunk_size: cache.config().chunk_size.min(STREAM_MESSAGE_MAX) as u32,
+        message_size: cache.config().chunk_size.min(STREAM_MESSAGE_MAX) as u32,
         max_read: options.max_read,
     };
     let service = ReadService::new(CachedSource(cache.clone()), limits, cache.metrics().clone());
@@ -146,31 +140,22 @@ pub async fn serve(
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);
     let control = CacheControlServer::new(Control::new(cache.clone()))
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);
-    // Tokens are checked before a handler runs; health and reflection stay open (probes).
+    // Tokens are checked before a handler runs.
     let auth = &options.security.auth;
-    let (reader, control) =
-        (InterceptedService::new(reader, auth.clone()), InterceptedService::new(control, auth.clone()));
-
-    // The spoke's own clients are near; the same large windows cost nothing. TLS
-    // happens in `incoming` (handshakes per connection, certificates reloadable).
-    let served = server::harden(Http2Settings::TUNED.server(), options.max_streams_per_connection)
-        // A span per request, so every log line of a request carries its method.
-        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
-        // A request that cannot produce its headers in time (a hub that hangs) ends
-        // with CANCELLED and gives its slot back.
-        .timeout(options.request_timeout)
-        // In front of the services: over the global limit, refuse at once and cheaply.
-        .layer(ShedLayer::new(options.max_concurrency))
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(reader)
-        .add_service(control)
-        .serve_with_incoming_shutdown(
-            Http2Settings::TUNED.incoming(listener, options.security.tls.clone()),
-            shutdown,
-        )
-        .await;
+    let routes = Routes::new(InterceptedService::new(reader, auth.clone()))
+        .add_service(InterceptedService::new(control, auth.clone()));
+    let serving = [shard_reader_server::SERVICE_NAME, cache_control_server::SERVICE_NAME];
+    // The spoke's own clients are near; the same large windows cost nothing.
+    let served = server::serve_grpc(
+        listener,
+        routes,
+        &serving,
+        Http2Settings::TUNED,
+        options.server,
+        &options.security,
+        shutdown,
+    )
+    .await;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(evictor, plan_fetcher, metrics);
     // Readers get a fetched chunk's bytes before it is stored: let the chunks fetched so

@@ -28,10 +28,10 @@ use crate::{
 };
 
 /// Largest message of a StreamShard, on multiples of itself (and so of the hub's default
-/// chunk size): the spoke's `ReadLimits::chunk_size` when its cache chunks are larger. A
-/// stream's memory is `STREAM_READ_AHEAD` messages plus what HTTP/2 holds, so with 4 MiB
-/// cache chunks as messages each open stream would hold 8 MiB: `spoke-bench`'s 16
-/// streams took the spoke to 788 MiB peak RSS (BENCHMARKS.md).
+/// message size): the spoke's `ReadLimits::message_size` when its cache chunks are
+/// larger. A stream's memory is `STREAM_READ_AHEAD` messages plus what HTTP/2 holds, so
+/// with 4 MiB cache chunks as messages each open stream would hold 8 MiB (`spoke-bench`'s
+/// peak RSS with 16 streams, BENCHMARKS.md).
 pub const STREAM_MESSAGE_MAX: u64 = 1 << 20;
 
 /// The cache, read through to the hubs.
@@ -68,10 +68,9 @@ impl CachedSource {
 impl Source for CachedSource {
     type Shard = CachedShard;
     type Error = Error;
-    // One stream message read at a time (the default): `spoke-bench`'s warm 16-client
-    // stream moved 908-1176 MB/s with 1, 966-1103 with 2 and 1014-1103 with 4 reads in
-    // flight, the extra buffers taking peak RSS to 478-501 MiB of the 512 MiB target
-    // (same machine, one day; BENCHMARKS.md): the stream is CPU-bound, not latency-bound.
+    // One stream message read at a time (the default): more reads in flight did not move
+    // `spoke-bench`'s warm 16-client stream and cost memory (BENCHMARKS.md): the stream
+    // is CPU-bound, not latency-bound.
 
     async fn list_datasets(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<DatasetListing> {
         let (mut datasets, stale) =

@@ -28,6 +28,7 @@ use sha2::{Digest, Sha256};
 use shardcache_cli::dataset_gen::{GenSpec, generate};
 use shardcache_client::{CacheClient, Client};
 use shardcache_reader::ReadLimits;
+use shardcache_serving::server::ServerLimits;
 use spoke_cache::{
     SpokeOptions,
     cache::{Cache, CacheConfig},
@@ -38,12 +39,20 @@ use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 /// Serving options for tests: small chunks so chunk edges are cheap to reach.
 pub fn test_options() -> ServeOptions {
     ServeOptions {
-        limits: ReadLimits { chunk_size: 64 << 10, max_read: 1 << 20 },
-        max_concurrency: 64,
-        request_timeout: Duration::from_secs(30),
+        limits: ReadLimits { message_size: 64 << 10, max_read: 1 << 20 },
+        server: server_limits(64),
         http2: shardcache_serving::transport::Http2Settings::TUNED,
-        max_streams_per_connection: shardcache_serving::server::DEFAULT_MAX_STREAMS_PER_CONNECTION,
         security: Default::default(),
+    }
+}
+
+/// Server limits for tests: `max_concurrency` requests in flight, the default streams
+/// per connection, 30 s per request.
+pub fn server_limits(max_concurrency: usize) -> ServerLimits {
+    ServerLimits {
+        max_concurrency,
+        max_streams_per_connection: shardcache_serving::server::DEFAULT_MAX_STREAMS_PER_CONNECTION,
+        request_timeout: Duration::from_secs(30),
     }
 }
 
@@ -146,10 +155,8 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
         },
         store: StoreOptions::default(),
         max_read: 1 << 20,
-        max_concurrency: 1024,
+        server: server_limits(1024),
         hub_credentials: Default::default(),
-        max_streams_per_connection: shardcache_serving::server::DEFAULT_MAX_STREAMS_PER_CONNECTION,
-        request_timeout: Duration::from_secs(30),
         security: Default::default(),
         metrics_access: shardcache_serving::scrape::ScrapeAccess { token: None },
     }

@@ -17,7 +17,7 @@ fn shardcache(endpoint: &str, args: &[&str]) -> std::process::Output {
 fn cli_get_writes_the_shard_and_cat_prints_the_range() {
     let root = tempfile::tempdir().unwrap();
     let dir = make_dataset(root.path(), "c4", 2, 1 << 20);
-    let hub = HubProcess::start(root.path(), &["--chunk-size", "256KiB"]);
+    let hub = HubProcess::start(root.path(), &["--message-size", "256KiB"]);
     let out = tempfile::tempdir().unwrap();
     let target = out.path().join("shard.bin");
 
@@ -55,7 +55,7 @@ fn cli_get_writes_devices_fifos_and_stdout_in_place() {
     let root = tempfile::tempdir().unwrap();
     let dir = make_dataset(root.path(), "c4", 1, 1 << 20);
     let original = std::fs::read(dir.join("shard-00000.bin")).unwrap();
-    let hub = HubProcess::start(root.path(), &["--chunk-size", "256KiB"]);
+    let hub = HubProcess::start(root.path(), &["--message-size", "256KiB"]);
 
     let get = shardcache(&hub.endpoint, &["get", "c4", "shard-00000.bin", "-o", "/dev/null"]);
     assert!(get.status.success(), "{}", String::from_utf8_lossy(&get.stderr));
@@ -131,8 +131,8 @@ fn hub_refuses_bad_flags_and_stops_gracefully_on_sigterm() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("cannot serve --root /nonexistent/dir"));
     let bad =
-        Command::new(binary("hub-server")).args(["--root", "/tmp", "--chunk-size", "1GiB"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--chunk-size 1GiB is outside"));
+        Command::new(binary("hub-server")).args(["--root", "/tmp", "--message-size", "1GiB"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--message-size 1GiB is outside"));
 
     let root = tempfile::tempdir().unwrap();
     make_dataset(root.path(), "c4", 1, 1 << 20);

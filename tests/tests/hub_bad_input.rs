@@ -261,7 +261,7 @@ async fn overload_is_resource_exhausted_and_health_still_answers() {
     write_pattern(&root.path().join("ds/big.bin"), 64 * (64 << 10), 1);
     let good = write_pattern(&root.path().join("ds/good.bin"), 100, 0);
     let mut options = test_options();
-    options.max_concurrency = 1;
+    options.server.max_concurrency = 1;
     let hub = TestHub::start_with(root.path(), options).await;
     // Small windows, so the hub cannot send all 4 MiB and free the slot early.
     let client = hub.client_with_small_windows().await;

@@ -6,7 +6,7 @@
 use shardcache_client::Range;
 use shardcache_tests::{TestHub, make_dataset, sha256, test_options, write_pattern};
 
-const CHUNK: u64 = 64 << 10; // test_options().limits.chunk_size
+const CHUNK: u64 = 64 << 10; // test_options().limits.message_size
 
 #[tokio::test]
 async fn lists_datasets_and_pages_through_shards() {
@@ -59,13 +59,13 @@ async fn lists_datasets_and_pages_through_shards() {
 }
 
 #[tokio::test]
-async fn stat_reports_size_version_and_chunk_size() {
+async fn stat_reports_size_version_and_message_size() {
     let root = tempfile::tempdir().unwrap();
     write_pattern(&root.path().join("ds/a.bin"), 12345, 0);
     let hub = TestHub::start(root.path()).await;
     let info = hub.client().await.stat("ds", "a.bin").await.unwrap();
     assert_eq!(info.size, 12345);
-    assert_eq!(u64::from(info.chunk_size), CHUNK);
+    assert_eq!(u64::from(info.message_size), CHUNK);
     assert!(!info.version.is_empty());
 }
 

@@ -38,15 +38,15 @@ use tree::{Node, ROOT, Tree};
 pub const MAX_READ: u32 = 1 << 20;
 /// A kernel read larger than this is fetched as ranges of this size at once (where the
 /// kernel allows requests above 1 MiB: `/proc/sys/fs/fuse/max_pages_limit`). Splitting
-/// 1 MiB requests in four measured worse (`mount-bench` sequential at 0.42-0.47 of the
-/// SDK's stream against 0.48-0.62 whole, one day, one machine): the kernel's read-ahead
-/// already keeps several requests in flight, and the pieces cost a copy to join.
+/// 1 MiB requests in four measured worse (`mount-bench`, BENCHMARKS.md): the kernel's
+/// read-ahead already keeps several requests in flight, and the pieces cost a copy to
+/// join.
 pub const PART: u64 = 1 << 20;
 /// The kernel's read-ahead on the mount. FUSE starts at 128 KiB whatever the filesystem
 /// asks, so sequential reads arrive as 128 KiB requests one or two at a time (a `dd
-/// bs=1M` through a warm spoke: 512 requests of 128 KiB for 64 MiB, `mount-bench` at 0.31
-/// of the SDK's stream); raised through sysfs (root only) they arrive as 1 MiB requests,
-/// up to 16 in flight: 0.48-0.62 at 4 MiB, 0.60-0.62 at 16 MiB (BENCHMARKS.md).
+/// bs=1M` through a warm spoke: 512 requests of 128 KiB for 64 MiB); raised through sysfs
+/// (root only) they arrive as 1 MiB requests, up to 16 in flight (`mount-bench` compares
+/// the steps, BENCHMARKS.md).
 pub const READ_AHEAD_KB: u32 = 16384;
 /// How long the kernel keeps attributes and names: short, as a shard may be replaced.
 pub const ATTR_TTL: Duration = Duration::from_secs(1);

@@ -151,7 +151,7 @@ fn shard_dict<'py>(py: Python<'py>, s: &shardcache_proto::v1::ShardInfo) -> PyRe
     d.set_item("shard", &s.shard)?;
     d.set_item("size", s.size)?;
     d.set_item("version", &s.version)?;
-    d.set_item("chunk_size", s.chunk_size)?;
+    d.set_item("message_size", s.message_size)?;
     d.set_item("record_size", s.record_size)?;
     Ok(d)
 }

@@ -4,7 +4,7 @@
 //!
 //! Why: a chunk's bytes are written once. Through a `WriteBatch` they were copied into
 //! the memtable, written again by its flush, and rewritten by every level compaction
-//! (~5 CPU-seconds per GiB received, BENCHMARKS.md "store"). An ingested file is the
+//! (`store-bench`'s CPU per GiB, BENCHMARKS.md "store"). An ingested file is the
 //! page bytes' only copy; since a chunk's keys never overlap another chunk's, it lands in
 //! the bottom level and is never compacted (auto-compaction is off for pages anyway).
 //!

@@ -60,9 +60,9 @@ const CF_SHARDS: &str = "shards";
 
 /// Files RocksDB keeps open. Every chunk is a file, so a cache of 100 GiB in 4 MiB chunks
 /// has 25,600 of them: unbounded (RocksDB's default), the spoke would open them all at
-/// start (367 ms for 10,240 files in `spoke-bench`) and need that many descriptors
-/// (containers often allow 10,000). Bounded, files open on first use and the least
-/// recently used close; 4096 holds a 16 GiB working set.
+/// start (`spoke-bench`'s restart row) and need that many descriptors (containers often
+/// allow 10,000). Bounded, files open on first use and the least recently used close;
+/// 4096 holds a 16 GiB working set.
 const MAX_OPEN_FILES: i32 = 4096;
 
 /// Tuning of the RocksDB instance.

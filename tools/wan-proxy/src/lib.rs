@@ -41,8 +41,8 @@ use tokio::{
 };
 
 /// Largest piece read at once. Small enough that a piece's serialisation time at 2 Gbit/s
-/// (0.5 ms) is below the timer's 1 ms resolution, large enough that an uncapped proxy
-/// moves >2 GB/s on this machine (see `wan-bench`'s calibration row).
+/// (0.5 ms) is below the timer's 1 ms resolution, large enough that an uncapped proxy is
+/// not the bottleneck (`wan-bench`'s calibration row).
 const PIECE: usize = 256 << 10;
 
 /// Bytes one direction of one connection may hold in its delay line before the reader

@@ -98,7 +98,7 @@ pub async fn stat(server: &Server, dataset: &str, shard: &str) -> anyhow::Result
     println!("shard:       {}", info.shard);
     println!("size:        {} bytes", info.size);
     println!("version:     {}", info.version);
-    println!("chunk size:  {}", ByteSize(info.chunk_size.into()));
+    println!("message size: {}", ByteSize(info.message_size.into()));
     let record =
         if info.record_size == 0 { "unknown".into() } else { ByteSize(info.record_size.into()).to_string() };
     println!("record size: {record}");

@@ -27,7 +27,7 @@ class Client:
     def endpoint(self) -> str: ...
     def ls(self, dataset: Optional[str] = None) -> List[Dict[str, Union[str, int]]]:
         """Datasets (``name``, ``shard_count``, ``total_bytes``, ``record_size``), or the
-        shards of ``dataset`` (``shard``, ``size``, ``version``, ``chunk_size``, ...)."""
+        shards of ``dataset`` (``shard``, ``size``, ``version``, ``message_size``, ...)."""
     def stat(self, dataset: str, shard: str) -> Dict[str, Union[str, int]]: ...
     def read(self, dataset: str, shard: str, offset: int, length: int) -> bytes:
         """``length`` bytes from ``offset``, checksum-verified."""
