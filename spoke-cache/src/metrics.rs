@@ -82,6 +82,21 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self, occupancy: &Occupancy) -> String {
         let mut out = String::new();
+        self.render_datasets(&mut out);
+        self.render_jobs(&mut out);
+        self.render_globals(&mut out);
+        render_occupancy(&mut out, occupancy);
+        self.read_latency.render(&mut out, "shardcache_spoke_read_seconds", "Time to answer a read");
+        self.fetch_latency.render(
+            &mut out,
+            "shardcache_spoke_fetch_seconds",
+            "Time of one chunk fetch from the hub",
+        );
+        out
+    }
+
+    /// Per-dataset counters, labelled `dataset`.
+    fn render_datasets(&self, out: &mut String) {
         let counters: [(&str, &str, CounterField); 6] = [
             ("shardcache_spoke_hit_requests_total", "Read requests served wholly from the cache", |d| {
                 &d.hit_requests
@@ -105,7 +120,10 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{dataset=\"{}\"}} {}", escape(dataset), field(c).load(Relaxed));
             }
         }
-        self.render_jobs(&mut out);
+    }
+
+    /// The counters of the whole spoke.
+    fn render_globals(&self, out: &mut String) {
         let globals = [
             (
                 "shardcache_spoke_checksum_failures_total",
@@ -144,36 +162,33 @@ impl Metrics {
             let _ =
                 writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
         }
-        let gauges = [
-            ("shardcache_spoke_capacity_bytes", "Configured cache capacity", occupancy.capacity_bytes),
-            ("shardcache_spoke_used_bytes", "Bytes of cached chunks", occupancy.used_bytes),
-            ("shardcache_spoke_disk_bytes", "Bytes of live RocksDB files", occupancy.disk_bytes),
-            (
-                "shardcache_spoke_group_members",
-                "Members of the spoke's group it knows of now, itself included (0: no group)",
-                occupancy.group_members,
-            ),
-            (
-                "shardcache_spoke_token_file_broken",
-                "1 while --token-file cannot be read or parsed: requests with tokens are refused",
-                u64::from(occupancy.token_file_broken),
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
-        }
-        let name = "shardcache_spoke_cached_bytes";
-        let _ = writeln!(out, "# HELP {name} Cached bytes per dataset\n# TYPE {name} gauge");
-        for (dataset, (_, bytes, _)) in &occupancy.datasets {
-            let _ = writeln!(out, "{name}{{dataset=\"{}\"}} {bytes}", escape(dataset));
-        }
-        self.read_latency.render(&mut out, "shardcache_spoke_read_seconds", "Time to answer a read");
-        self.fetch_latency.render(
-            &mut out,
-            "shardcache_spoke_fetch_seconds",
-            "Time of one chunk fetch from the hub",
-        );
-        out
+    }
+}
+
+/// What the cache holds now, and its settings (gauges).
+fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
+    let gauges = [
+        ("shardcache_spoke_capacity_bytes", "Configured cache capacity", occupancy.capacity_bytes),
+        ("shardcache_spoke_used_bytes", "Bytes of cached chunks", occupancy.used_bytes),
+        ("shardcache_spoke_disk_bytes", "Bytes of live RocksDB files", occupancy.disk_bytes),
+        (
+            "shardcache_spoke_group_members",
+            "Members of the spoke's group it knows of now, itself included (0: no group)",
+            occupancy.group_members,
+        ),
+        (
+            "shardcache_spoke_token_file_broken",
+            "1 while --token-file cannot be read or parsed: requests with tokens are refused",
+            u64::from(occupancy.token_file_broken),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+    }
+    let name = "shardcache_spoke_cached_bytes";
+    let _ = writeln!(out, "# HELP {name} Cached bytes per dataset\n# TYPE {name} gauge");
+    for (dataset, (_, bytes, _)) in &occupancy.datasets {
+        let _ = writeln!(out, "{name}{{dataset=\"{}\"}} {bytes}", escape(dataset));
     }
 }
 

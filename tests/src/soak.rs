@@ -88,6 +88,9 @@ pub struct SoakPlan<'a> {
     pub pace: Duration,
 }
 
+/// A record: `(shard, offset, length)`.
+type Record = (String, u64, u64);
+
 /// Reads the epoch of `plan.dataset` through `client` while `plan.schedule` runs on
 /// `proxy`, then heals the link and rereads what failed.
 pub async fn soak(client: &Client, proxy: &WanProxy, plan: SoakPlan<'_>) -> SoakReport {
@@ -105,38 +108,15 @@ pub async fn soak(client: &Client, proxy: &WanProxy, plan: SoakPlan<'_>) -> Soak
         order.swap(i, (next_random(&mut seed) % (i as u64 + 1)) as usize);
     }
     let faults_set = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let schedule_task = {
-        let (fault_tx, counter) = (proxy.fault_sender(), faults_set.clone());
-        tokio::spawn(async move {
-            for (fault, time) in schedule {
-                fault_tx.send_replace(fault);
-                counter.fetch_add(u64::from(fault != Fault::None), std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(time).await;
-            }
-            fault_tx.send_replace(Fault::None);
-        })
-    };
+    let schedule_task = run_schedule(proxy, schedule, faults_set.clone());
     let mut report = SoakReport::default();
-    let mut failed: Vec<(String, u64, u64)> = Vec::new();
+    let mut failed: Vec<Record> = Vec::new();
     for (call, batch) in order.chunks(batch).enumerate() {
         tokio::time::sleep(pace).await;
         report.calls += 1;
         let ranges: Vec<Range> =
             batch.iter().map(|(shard, offset, len)| Range::new(dataset, shard, *offset, *len)).collect();
-        let read = async {
-            if call % 10 == 9 {
-                // Every tenth call streams its records, one StreamShard each.
-                let mut data = Vec::with_capacity(ranges.len());
-                for r in &ranges {
-                    let stream = client.stream_shard(dataset, &r.shard, r.offset, Some(r.length)).await?;
-                    data.push(stream.read_to_end().await?);
-                }
-                Ok(data)
-            } else {
-                client.read_ranges(&ranges).await.map(|v| v.into_iter().map(|c| c.data.to_vec()).collect())
-            }
-        };
-        let result = tokio::time::timeout(hung_after, read).await;
+        let result = tokio::time::timeout(hung_after, read(client, dataset, call, &ranges)).await;
         if std::env::var_os("SOAK_TRACE").is_some() {
             let what = match &result {
                 Err(_) => "hung".to_owned(),
@@ -149,31 +129,8 @@ pub async fn soak(client: &Client, proxy: &WanProxy, plan: SoakPlan<'_>) -> Soak
                 *proxy.fault_sender().borrow()
             );
         }
-        match result {
-            Err(_) => {
-                report.hung += 1;
-                failed.extend(ranges.iter().map(|r| (r.shard.clone(), r.offset, r.length)));
-            }
-            Ok(Err(e)) => {
-                let code = e.code();
-                let name = code.map_or_else(|| "(no status)".into(), |c| format!("{c:?}"));
-                report.examples.entry(name.clone()).or_insert_with(|| e.to_string());
-                *report.failures.entry(name).or_default() += 1;
-                if !clean(code) {
-                    report.unclean.push(e.to_string());
-                }
-                failed.extend(ranges.iter().map(|r| (r.shard.clone(), r.offset, r.length)));
-            }
-            Ok(Ok(data)) => {
-                for (r, got) in ranges.iter().zip(data) {
-                    let want = &files[&r.shard][r.offset as usize..(r.offset + r.length) as usize];
-                    if got != want {
-                        report.wrong_bytes += got.len() as u64;
-                    } else {
-                        report.bytes += got.len() as u64;
-                    }
-                }
-            }
+        if !report.tally(result, &ranges, &files) {
+            failed.extend(ranges.iter().map(|r| (r.shard.clone(), r.offset, r.length)));
         }
     }
     // The link heals: every record that failed is read again, and must arrive.
@@ -182,22 +139,102 @@ pub async fn soak(client: &Client, proxy: &WanProxy, plan: SoakPlan<'_>) -> Soak
     report.faults_injected = faults_set.load(std::sync::atomic::Ordering::Relaxed);
     for (shard, offset, len) in failed {
         report.reread += 1;
-        let range = Range::new(dataset, &shard, offset, len);
-        let mut ok = false;
-        // A few tries: the first calls after healing may still find a dead connection.
-        for _ in 0..5 {
-            if let Ok(Ok(got)) = tokio::time::timeout(hung_after, client.read_range(&range)).await {
-                let want = &files[&shard][offset as usize..(offset + len) as usize];
-                if got.data != want {
-                    report.wrong_bytes += len;
-                }
-                ok = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        let ok = reread(client, &Range::new(dataset, &shard, offset, len), &files[&shard], hung_after).await;
+        match ok {
+            Some(true) => {}
+            Some(false) => report.wrong_bytes += len,
+            None => report.still_failing += 1,
         }
-        report.still_failing += u64::from(!ok);
     }
     report.elapsed = started.elapsed();
     report
+}
+
+/// Sets `schedule`'s faults on `proxy` one after another (counting them in `set`), then
+/// heals the link.
+fn run_schedule(
+    proxy: &WanProxy,
+    schedule: Schedule,
+    set: Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    let fault_tx = proxy.fault_sender();
+    tokio::spawn(async move {
+        for (fault, time) in schedule {
+            fault_tx.send_replace(fault);
+            set.fetch_add(u64::from(fault != Fault::None), std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(time).await;
+        }
+        fault_tx.send_replace(Fault::None);
+    })
+}
+
+/// Call `call` of the epoch: `ranges` in one `ReadRanges`, or (every tenth call) one
+/// `StreamShard` each.
+async fn read(
+    client: &Client,
+    dataset: &str,
+    call: usize,
+    ranges: &[Range],
+) -> shardcache_client::Result<Vec<Vec<u8>>> {
+    if call % 10 != 9 {
+        return client.read_ranges(ranges).await.map(|v| v.into_iter().map(|c| c.data.to_vec()).collect());
+    }
+    let mut data = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        let stream = client.stream_shard(dataset, &r.shard, r.offset, Some(r.length)).await?;
+        data.push(stream.read_to_end().await?);
+    }
+    Ok(data)
+}
+
+/// `range` read again once the link healed (a few tries: the first calls after healing
+/// may still find a dead connection): whether its bytes equal `file`'s, `None` when it
+/// still failed.
+async fn reread(client: &Client, range: &Range, file: &[u8], hung_after: Duration) -> Option<bool> {
+    for _ in 0..5 {
+        if let Ok(Ok(got)) = tokio::time::timeout(hung_after, client.read_range(range)).await {
+            return Some(got.data == file[range.offset as usize..(range.offset + range.length) as usize]);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+impl SoakReport {
+    /// Counts one call's `result` for `ranges` (`Err`: it hung) against `files`;
+    /// whether it succeeded.
+    fn tally(
+        &mut self,
+        result: Result<shardcache_client::Result<Vec<Vec<u8>>>, tokio::time::error::Elapsed>,
+        ranges: &[Range],
+        files: &BTreeMap<String, Vec<u8>>,
+    ) -> bool {
+        match result {
+            Err(_) => {
+                self.hung += 1;
+                false
+            }
+            Ok(Err(e)) => {
+                let code = e.code();
+                let name = code.map_or_else(|| "(no status)".into(), |c| format!("{c:?}"));
+                self.examples.entry(name.clone()).or_insert_with(|| e.to_string());
+                *self.failures.entry(name).or_default() += 1;
+                if !clean(code) {
+                    self.unclean.push(e.to_string());
+                }
+                false
+            }
+            Ok(Ok(data)) => {
+                for (r, got) in ranges.iter().zip(data) {
+                    let want = &files[&r.shard][r.offset as usize..(r.offset + r.length) as usize];
+                    if got != want {
+                        self.wrong_bytes += got.len() as u64;
+                    } else {
+                        self.bytes += got.len() as u64;
+                    }
+                }
+                true
+            }
+        }
+    }
 }

@@ -130,8 +130,10 @@ fn hub_refuses_bad_flags_and_stops_gracefully_on_sigterm() {
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("cannot serve --root /nonexistent/dir"));
-    let bad =
-        Command::new(binary("hub-server")).args(["--root", "/tmp", "--message-size", "1GiB"]).output().unwrap();
+    let bad = Command::new(binary("hub-server"))
+        .args(["--root", "/tmp", "--message-size", "1GiB"])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--message-size 1GiB is outside"));
 
     let root = tempfile::tempdir().unwrap();

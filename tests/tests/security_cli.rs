@@ -25,28 +25,52 @@ fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// `shardcache certs` into `work/certs`, every key readable by its owner only.
+fn new_certs(work: &Path) -> std::path::PathBuf {
+    let certs = work.join("certs");
+    ok(shardcache(&["certs", "--out", path(&certs), "--name", "hub.example"]));
+    for name in ["ca", "hub", "spoke", "spoke-client", "client"] {
+        let mode = std::fs::metadata(certs.join(format!("{name}.key"))).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{name}.key");
+    }
+    certs
+}
+
+/// `shardcache token new` for dataset `ds` into the grants file `tokens`: the token, and
+/// a file holding it (as a client passes it).
+fn new_token(work: &Path, tokens: &Path) -> (String, std::path::PathBuf) {
+    let token =
+        ok(shardcache(&["token", "new", "--name", "trainer", "--datasets", "ds", "--file", path(tokens)]));
+    let token = token.trim().to_owned();
+    assert!(token.starts_with("sct_") && token.len() > 60, "{token}");
+    assert!(!std::fs::read_to_string(tokens).unwrap().contains(&token), "the file holds only the hash");
+    let token_path = work.join("trainer.token");
+    std::fs::write(&token_path, &token).unwrap();
+    std::fs::set_permissions(&token_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (token, token_path)
+}
+
+/// Whether `done()` holds within `tries` checks 100 ms apart (a bounded wait for a
+/// reload the hub does in the background).
+fn within(tries: u128, mut done: impl FnMut() -> bool) -> bool {
+    (0..tries).any(|_| {
+        let done = done();
+        if !done {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        done
+    })
+}
+
 #[test]
 fn certs_and_tokens_from_the_cli_secure_a_hub_end_to_end() {
     let root = tempfile::tempdir().unwrap();
     make_dataset(root.path(), "ds", 1, 8 * 16384);
     make_dataset(root.path(), "other", 1, 16384);
     let work = tempfile::tempdir().unwrap();
-    let certs = work.path().join("certs");
-    ok(shardcache(&["certs", "--out", path(&certs), "--name", "hub.example"]));
-    for name in ["ca", "hub", "spoke", "spoke-client", "client"] {
-        let mode = std::fs::metadata(certs.join(format!("{name}.key"))).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600, "{name}.key");
-    }
-
+    let certs = new_certs(work.path());
     let tokens = work.path().join("tokens");
-    let token =
-        ok(shardcache(&["token", "new", "--name", "trainer", "--datasets", "ds", "--file", path(&tokens)]));
-    let token = token.trim().to_owned();
-    assert!(token.starts_with("sct_") && token.len() > 60, "{token}");
-    assert!(!std::fs::read_to_string(&tokens).unwrap().contains(&token), "the file holds only the hash");
-    let token_path = work.path().join("trainer.token");
-    std::fs::write(&token_path, &token).unwrap();
-    std::fs::set_permissions(&token_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (token, token_path) = new_token(work.path(), &tokens);
 
     let log_path = work.path().join("hub.log");
     let hub = HubProcess::start_logged(
@@ -87,15 +111,13 @@ fn certs_and_tokens_from_the_cli_secure_a_hub_end_to_end() {
     let mut grants = std::fs::read_to_string(&tokens).unwrap();
     grants.push_str("ops cert:client *\n");
     std::fs::write(&tokens, grants).unwrap();
+    let reload_polls = RELOAD_POLL.as_millis() * 10 / 100;
     let mut listed = String::new();
-    for _ in 0..(RELOAD_POLL.as_millis() * 10 / 100) {
+    within(reload_polls, || {
         let out = with(&[&client_cert[..], &["ls"]].concat());
-        if out.status.success() {
-            listed = String::from_utf8(out.stdout).unwrap();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        listed = String::from_utf8(out.stdout).unwrap();
+        out.status.success()
+    });
     assert!(listed.contains("other") && listed.contains("ds"), "{listed}");
 
     // Neither: refused, saying what is missing.
@@ -105,29 +127,18 @@ fn certs_and_tokens_from_the_cli_secure_a_hub_end_to_end() {
 
     // Revoked: refused within a few reload polls, the hub still running.
     ok(shardcache(&["token", "revoke", "--name", "trainer", "--file", path(&tokens)]));
-    let mut refused = false;
-    for _ in 0..(RELOAD_POLL.as_millis() * 10 / 100) {
+    let refused = within(reload_polls, || {
         let out = with(&["--token-file", path(&token_path), "ls"]);
-        if !out.status.success() {
-            assert!(String::from_utf8_lossy(&out.stderr).contains("revoked"), "{out:?}");
-            refused = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        let refused = !out.status.success();
+        assert!(!refused || String::from_utf8_lossy(&out.stderr).contains("revoked"), "{out:?}");
+        refused
+    });
     assert!(refused, "the revoked token kept working");
 
     // SIGHUP reloads at once (and does not stop the hub, SIGHUP's default).
     let pid = hub.child.id().to_string();
     assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
-    let mut reloaded = false;
-    for _ in 0..100 {
-        if std::fs::read_to_string(&log_path).unwrap().contains("forced=true") {
-            reloaded = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let reloaded = within(50, || std::fs::read_to_string(&log_path).unwrap().contains("forced=true"));
     assert!(reloaded, "SIGHUP did not reload");
     assert!(ok(with(&[&client_cert[..], &["ls"]].concat())).contains("ds"), "the hub stopped on SIGHUP");
 

@@ -19,6 +19,7 @@
 //! utilisation per batch).
 
 #![allow(clippy::unwrap_used)] // a demo: failing loudly is the right response
+#![allow(clippy::too_many_lines)] // a demo's main reads as its script; benches are exempt from the 80-line rule
 
 use std::{
     path::PathBuf,

@@ -14,6 +14,7 @@
 //! settings without a rebuild.
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
+#![allow(clippy::too_many_lines)] // a benchmark's main reads as its script; benches are exempt from the 80-line rule
 
 use std::time::Instant;
 
