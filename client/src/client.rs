@@ -45,6 +45,9 @@ pub struct Verified {
     pub data: Bytes,
     /// Version of the shard the bytes belong to.
     pub version: String,
+    /// CRC32C of `data`, checked (a spoke stores and serves it on without reading the
+    /// bytes again).
+    pub crc32c: u32,
 }
 
 /// One range of a [`Client::read_ranges`] batch.
@@ -464,5 +467,5 @@ pub(crate) fn protocol(endpoint: &str, detail: String) -> Error {
 pub(crate) fn checked(endpoint: &str, chunk: Chunk) -> Result<Verified> {
     checksum::verify(chunk.offset, &chunk.data, chunk.crc32c)
         .map_err(|source| Error::Checksum { endpoint: endpoint.to_owned(), source })?;
-    Ok(Verified { offset: chunk.offset, data: chunk.data, version: chunk.version })
+    Ok(Verified { offset: chunk.offset, data: chunk.data, version: chunk.version, crc32c: chunk.crc32c })
 }

@@ -8,10 +8,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
 use futures::{StreamExt, future::try_join_all};
 use shardcache_proto::{
-    checksum::crc32c,
+    checksum::Checked,
     names::{DatasetName, ShardName},
     range,
     v1::{
@@ -137,9 +136,10 @@ fn marked<T>(mut response: Response<T>, stale: bool) -> Response<T> {
     response
 }
 
-/// A data message: `data` read at `offset` of a shard at `version`.
-fn chunk(offset: u64, data: Bytes, version: &str) -> Chunk {
-    Chunk { offset, crc32c: crc32c(&data), data, version: version.to_owned() }
+/// A data message: `read` at `offset` of a shard at `version` (its checksum as the
+/// source computed it).
+fn chunk(offset: u64, read: Checked, version: &str) -> Chunk {
+    Chunk { offset, crc32c: read.crc32c, data: read.data, version: version.to_owned() }
 }
 
 /// `[offset, end)` cut into messages of `size` that end on multiples of it, so every
@@ -220,7 +220,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         range::check_within(req.offset, req.length, meta.size).map_err(ReadError::from)?;
         // `length` fits in usize: it is under `max_read`, checked above.
         let data = handle.read_at(req.offset, req.length as usize).await.map_err(Into::into)?;
-        self.observer.served(data.len());
+        self.observer.served(data.data.len());
         self.observer.read_latency(started.elapsed());
         Ok(Response::new(chunk(req.offset, data, &meta.version)))
     }
@@ -264,7 +264,7 @@ impl<S: Source> ShardReader for ReadService<S> {
             })
             .collect::<Result<Vec<_>, ReadError>>()?;
         let data = self.source.read_many(&reads).await.map_err(Into::into)?;
-        self.observer.served(data.iter().map(Bytes::len).sum());
+        self.observer.served(data.iter().map(|d| d.data.len()).sum());
         let chunks = reads
             .iter()
             .zip(data)

@@ -9,8 +9,8 @@
 
 use std::future::Future;
 
-use bytes::Bytes;
 use shardcache_proto::{
+    checksum::Checked,
     names::{DatasetName, ShardName},
     v1::DatasetInfo,
 };
@@ -126,7 +126,7 @@ pub trait Source: Send + Sync + 'static {
     fn read_many(
         &self,
         reads: &[(&Self::Shard, u64, u64)],
-    ) -> impl Future<Output = Result<Vec<Bytes>, Self::Error>> + Send {
+    ) -> impl Future<Output = Result<Vec<Checked>, Self::Error>> + Send {
         // Lengths fit in usize: the service bounds a call by its `max_read`.
         futures::future::try_join_all(
             reads.iter().map(|&(shard, offset, len)| shard.read_at(offset, len as usize)),
@@ -140,8 +140,9 @@ pub trait ShardHandle: Clone + Send + Sync + 'static {
 
     fn meta(&self) -> &ShardMeta;
 
-    /// Reads `[offset, offset + len)`, which the caller has checked lies inside the shard.
-    /// Fails with `VersionChanged` if the shard is no longer at [`ShardHandle::meta`]'s
-    /// version.
-    fn read_at(&self, offset: u64, len: usize) -> impl Future<Output = Result<Bytes, Self::Error>> + Send;
+    /// Reads `[offset, offset + len)`, which the caller has checked lies inside the shard,
+    /// with the CRC32C of the bytes (a source that checked them as it read, the spoke's
+    /// store, hands on what it computed). Fails with `VersionChanged` if the shard is no
+    /// longer at [`ShardHandle::meta`]'s version.
+    fn read_at(&self, offset: u64, len: usize) -> impl Future<Output = Result<Checked, Self::Error>> + Send;
 }

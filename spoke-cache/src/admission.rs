@@ -13,7 +13,7 @@
 
 use std::sync::{Arc, atomic::Ordering::Relaxed};
 
-use bytes::Bytes;
+use shardcache_proto::checksum::Checked;
 
 use crate::{
     Result,
@@ -40,7 +40,7 @@ impl Admission {
 
     /// Writes verified chunk `index` of `entry`, then makes it visible. Nothing when the
     /// entry was removed meanwhile or the chunk is already there.
-    pub async fn admit(&self, entry: &Arc<Entry>, index: u64, data: Bytes) -> Result<()> {
+    pub async fn admit(&self, entry: &Arc<Entry>, index: u64, chunk: Checked) -> Result<()> {
         let _sharing = entry.chunk_writes.read().await;
         {
             let state = entry.state();
@@ -50,7 +50,7 @@ impl Admission {
         }
         let (store, id) = (self.store.clone(), entry.id);
         let (offset, length) = entry.chunk_range(index);
-        blocking(move || store.admit_chunk(id, offset, &data)).await?;
+        blocking(move || store.admit_chunk(id, offset, &chunk)).await?;
         entry.state().record.set_chunk(index, true);
         self.capacity.added(length);
         Ok(())

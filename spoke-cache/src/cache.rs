@@ -45,7 +45,7 @@ use crate::{
     jobs::JobRow,
     lookup::Lookups,
     metrics::Metrics,
-    plan::Plans,
+    plan::{PlanWindow, Plans},
     plan_fetch::PlanFetcher,
     store::Store,
     suppliers::{Chain, hubs::Hubs},
@@ -75,9 +75,8 @@ pub struct CacheConfig {
     /// holds its room for a round trip plus its admission, an fsync). The default is
     /// chosen by `wan-bench` (BENCHMARKS.md).
     pub upstream_bytes_in_flight: u64,
-    /// How far ahead of the jobs' reads their plans are fetched, in bytes of shards
-    /// beyond those being read (`plan_fetch.rs`).
-    pub plan_window: u64,
+    /// How far ahead of the jobs' reads their plans are fetched (`plan_fetch.rs`).
+    pub plan_window: PlanWindow,
 }
 
 /// The cache.

@@ -14,8 +14,8 @@ use shardcache_serving::{
 };
 
 use crate::{
-    Error, PeerGroup, SpokeOptions, cache::CacheConfig, store::PAGE_SIZE, store::StoreOptions,
-    suppliers::hubs::HubTransport,
+    Error, PeerGroup, SpokeOptions, cache::CacheConfig, plan::PlanWindow, store::PAGE_SIZE,
+    store::StoreOptions, suppliers::hubs::HubTransport,
 };
 
 /// Read-through cache of hub shards in RocksDB on local disk.
@@ -89,10 +89,12 @@ pub struct SpokeArgs {
     pub upstream_bytes_in_flight: ByteSize,
 
     /// How far ahead of the jobs' reads the spoke fetches the shards their access plans
-    /// name, in bytes of shards beyond those being read (whole shards, nearest first;
-    /// never past what fits under the low watermark). 0 turns planned prefetch off.
-    #[arg(long, default_value = "64MiB")]
-    pub plan_window: ByteSize,
+    /// name (whole shards, nearest first; never past what fits under the low watermark):
+    /// `auto`, the rest of the block being read and the next block as the plans delimit
+    /// them (a block shuffle's blocks; one shard for shard-after-shard reading), or bytes
+    /// of shards beyond those being read (e.g. 256MiB). 0 turns planned prefetch off.
+    #[arg(long, default_value = "auto", value_parser = parse_plan_window)]
+    pub plan_window: PlanWindow,
 
     /// RocksDB options for the pages column family, as RocksDB's option string (e.g.
     /// "block_based_table_factory={cache_index_and_filter_blocks=true}"), applied
@@ -156,6 +158,17 @@ pub struct SpokeArgs {
 
 /// The prefix of the spoke's environment variables.
 pub const ENV_PREFIX: &str = "SPOKE_";
+
+/// `--plan-window`: `auto` or a size.
+fn parse_plan_window(text: &str) -> Result<PlanWindow, String> {
+    match text {
+        "auto" => Ok(PlanWindow::Blocks),
+        size => size
+            .parse::<ByteSize>()
+            .map(|s| PlanWindow::Bytes(s.0))
+            .map_err(|e| format!("{e}; or `auto` for the next block of the plans")),
+    }
+}
 
 /// Eviction starts above 95% of the capacity and frees down to 85%: a 10% band means one
 /// eviction pass (and one compaction) per ~10% of capacity written, not one per chunk.
@@ -252,7 +265,7 @@ impl SpokeArgs {
             read_ahead_chunks: self.read_ahead_chunks,
             shard_fetch_parallelism: self.shard_fetch_parallelism.max(1),
             upstream_bytes_in_flight: self.upstream_bytes_in_flight.0,
-            plan_window: self.plan_window.0,
+            plan_window: self.plan_window,
         })
     }
 }

@@ -257,8 +257,12 @@ impl CacheControl for Control {
                 req.offset + req.length
             )));
         };
-        let crc32c = shardcache_proto::checksum::crc32c(&data);
-        Ok(Response::new(Chunk { offset: req.offset, data, crc32c, version: entry.version.clone() }))
+        Ok(Response::new(Chunk {
+            offset: req.offset,
+            data: data.data,
+            crc32c: data.crc32c,
+            version: entry.version.clone(),
+        }))
     }
 
     async fn set_plan(&self, request: Request<PlanRequest>) -> Result<Response<PlanResponse>, Status> {

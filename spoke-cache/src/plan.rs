@@ -66,8 +66,8 @@ pub struct Planned {
 struct JobPlan {
     /// Each shard's uses, ascending.
     uses: HashMap<ShardKey, Vec<Use>>,
-    /// The shard first read at each position, its size and the epoch of the read.
-    order: Vec<(ShardKey, u64, u64)>,
+    /// Each position in order: the shard first read there, its use, size and epoch.
+    order: Vec<Planned>,
     cursor: usize,
     /// Positions a use stays in use past its end: the furthest behind the cursor a
     /// straggler read was seen (kept when the job sends its next plan).
@@ -77,12 +77,48 @@ struct JobPlan {
 impl JobPlan {
     fn new(order: Vec<Planned>, lag: usize) -> Self {
         let mut uses: HashMap<ShardKey, Vec<Use>> = HashMap::new();
-        let mut by_position = Vec::with_capacity(order.len());
-        for Planned { key, at, size, epoch } in order {
-            uses.entry(key.clone()).or_default().push(at);
-            by_position.push((key, size, epoch));
+        for planned in &order {
+            uses.entry(planned.key.clone()).or_default().push(planned.at);
         }
-        Self { uses, order: by_position, cursor: 0, lag }
+        Self { uses, order, cursor: 0, lag }
+    }
+
+    /// The last position of the block that starts at `start`: a block runs until every
+    /// shard first read in it has been read for the last time (the `until` of each
+    /// position it spans, transitively). A shard read whole before the next is its own
+    /// block.
+    fn block_end(&self, start: usize) -> usize {
+        let mut end = start;
+        let mut at = start;
+        while at <= end && at < self.order.len() {
+            end = end.max(self.order[at].at.until);
+            at += 1;
+        }
+        end.min(self.order.len().saturating_sub(1))
+    }
+
+    /// The positions to have in the cache now: the shards in use (begun and not ended,
+    /// stragglers' included), the rest of the block being read, and the next block, each
+    /// with its distance from the cursor.
+    fn window(&self) -> Vec<(usize, &Planned)> {
+        let mut near = Vec::new();
+        let behind = self.cursor.saturating_sub(CURSOR_REACH);
+        let mut current_end = self.cursor;
+        for position in &self.order[behind..self.cursor.min(self.order.len())] {
+            if self.next_use(&position.key) == Some(0) {
+                current_end = current_end.max(position.at.until);
+                near.push((0, position));
+            }
+        }
+        if self.cursor >= self.order.len() {
+            return near;
+        }
+        let current_end = self.block_end(self.cursor).max(current_end);
+        let next_end = self.block_end(current_end + 1);
+        for (at, position) in self.order.iter().enumerate().take(next_end + 1).skip(self.cursor) {
+            near.push((at - self.cursor, position));
+        }
+        near
     }
 
     /// The use of `key` the cursor is in (or just past, within the job's lag: a slower
@@ -111,7 +147,7 @@ impl JobPlan {
         if let Some(before) = at.checked_sub(1).map(|before| uses[before]) {
             // A plan names a shard once an epoch: a nearer use behind is this epoch's.
             let behind = self.cursor - before.until;
-            let epoch = |u: &Use| self.order.get(u.first).map(|p| p.2);
+            let epoch = |u: &Use| self.order.get(u.first).map(|p| p.epoch);
             if behind < ahead && behind <= MAX_LAG && epoch(&before) != epoch(next) {
                 self.lag = self.lag.max(behind);
                 return false;
@@ -229,53 +265,88 @@ impl Plans {
         self.fetching.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// The shards the jobs are reading (their planned use has begun and not ended), then
-    /// those they read next, nearest first, until `ahead` bytes of these are listed (the
-    /// one that crosses it excluded); each with its size and the job and epoch that
-    /// read it first.
-    pub fn upcoming(&self, ahead: u64) -> Vec<Upcoming> {
+    /// What the jobs' plans want in the cache now, nearest first, each shard once with
+    /// its size and the job and epoch that read it first: the shards being read (their
+    /// planned use has begun and not ended), then those read next. How far ahead is
+    /// `window`: the rest of each job's block and its next block ([`PlanWindow::Blocks`]:
+    /// a block shuffle reads a block's shards together, so the next block is what must
+    /// arrive before the reads reach it), or bytes of shards beyond those in use.
+    pub fn upcoming(&self, window: PlanWindow) -> Vec<Upcoming> {
         if !self.any.load(Relaxed) {
             return Vec::new();
         }
         let jobs = self.jobs();
-        // (distance, job, position) of each job's shards in use and ahead, each job's
-        // walk bounded by `ahead` on its own.
-        let mut near: Vec<(usize, &str, &(ShardKey, u64, u64))> = Vec::new();
+        // (distance, job, position) of each job's shards in use and ahead.
+        let mut near: Vec<(usize, &str, &Planned)> = Vec::new();
         for (job, plan) in jobs.iter() {
-            let behind = plan.cursor.saturating_sub(CURSOR_REACH);
-            for position in &plan.order[behind..plan.cursor.min(plan.order.len())] {
-                if plan.next_use(&position.0) == Some(0) {
-                    near.push((0, job, position));
+            match window {
+                PlanWindow::Blocks => {
+                    near.extend(plan.window().into_iter().map(|(d, p)| (d, job.as_str(), p)))
                 }
-            }
-            let mut walked = 0;
-            for (at, position) in plan.order.iter().enumerate().skip(plan.cursor) {
-                if walked > ahead {
-                    break;
+                PlanWindow::Bytes(ahead) => {
+                    near.extend(plan.ahead(ahead).into_iter().map(|(d, p)| (d, job.as_str(), p)))
                 }
-                // The shard at the cursor is being read: not ahead.
-                let distance = at - plan.cursor;
-                walked += if distance == 0 { 0 } else { position.1 };
-                near.push((distance, job, position));
             }
         }
         near.sort_by_key(|&(distance, ..)| distance);
         let mut seen = std::collections::HashSet::new();
         let mut listed = 0;
         let mut out = Vec::new();
-        for (distance, job, (key, size, epoch)) in near {
-            if !seen.insert(key) {
+        for (distance, job, planned) in near {
+            if !seen.insert(&planned.key) {
                 continue;
             }
-            if distance > 0 {
-                listed += size;
+            if let PlanWindow::Bytes(ahead) = window
+                && distance > 0
+            {
+                listed += planned.size;
                 if listed > ahead {
                     break;
                 }
             }
-            out.push(Upcoming { key: key.clone(), size: *size, job: job.to_owned(), epoch: *epoch });
+            out.push(Upcoming {
+                key: planned.key.clone(),
+                size: planned.size,
+                job: job.to_owned(),
+                epoch: planned.epoch,
+            });
         }
         out
+    }
+}
+
+/// How far ahead of the jobs' reads planned prefetch looks (`--plan-window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanWindow {
+    /// The rest of the block being read and the next block, by each plan's `until`s.
+    Blocks,
+    /// This many bytes of shards beyond those in use; 0 turns planned prefetch off.
+    Bytes(u64),
+}
+
+impl JobPlan {
+    /// The shards in use, then those from the cursor on until `ahead` bytes beyond the
+    /// one at the cursor are listed (the one that crosses it included), each with its
+    /// distance.
+    fn ahead(&self, ahead: u64) -> Vec<(usize, &Planned)> {
+        let mut near = Vec::new();
+        let behind = self.cursor.saturating_sub(CURSOR_REACH);
+        for position in &self.order[behind..self.cursor.min(self.order.len())] {
+            if self.next_use(&position.key) == Some(0) {
+                near.push((0, position));
+            }
+        }
+        let mut walked = 0;
+        for (at, position) in self.order.iter().enumerate().skip(self.cursor) {
+            if walked > ahead {
+                break;
+            }
+            // The shard at the cursor is being read: not ahead.
+            let distance = at - self.cursor;
+            walked += if distance == 0 { 0 } else { position.size };
+            near.push((distance, position));
+        }
+        near
     }
 }
 
@@ -426,11 +497,51 @@ mod tests {
         plans.read("ds", "s0"); // a read inside its use does not move the cursor
         assert_eq!(plans.next_use(&key(3)), Some(1));
         let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
-        assert_eq!(names(plans.upcoming(10)), ["s0", "s1", "s2", "s3"], "in use first, then ahead");
-        assert_eq!(names(plans.upcoming(0)), ["s0", "s1", "s2"], "what is being read, always");
+        assert_eq!(
+            names(plans.upcoming(PlanWindow::Bytes(10))),
+            ["s0", "s1", "s2", "s3"],
+            "in use, then ahead"
+        );
+        assert_eq!(
+            names(plans.upcoming(PlanWindow::Bytes(0))),
+            ["s0", "s1", "s2"],
+            "what is being read, always"
+        );
+        assert_eq!(
+            names(plans.upcoming(PlanWindow::Blocks)),
+            ["s0", "s1", "s2", "s3"],
+            "shard 3 is the next block"
+        );
         plans.read("ds", "s3");
         assert_eq!(plans.next_use(&key(0)), Some(1), "the block is done: shard 0's next use is next epoch");
         assert_eq!(plans.next_use(&key(1)), None);
+    }
+
+    #[test]
+    fn the_window_is_the_block_being_read_and_the_next_one() {
+        // Blocks of three shards (each in use until the block's last position), then
+        // blocks of two.
+        let plans = Plans::default();
+        let blocks = [(0, 2), (1, 2), (2, 2), (3, 4), (4, 4), (5, 6), (6, 6)];
+        plans.set("job", blocks.iter().map(|&(i, until)| planned(i, i as usize, until)).collect());
+        let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
+        assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"]);
+        plans.read("ds", "s1");
+        assert_eq!(
+            names(plans.upcoming(PlanWindow::Blocks)),
+            ["s0", "s1", "s2", "s3", "s4"],
+            "still in block 1"
+        );
+        plans.read("ds", "s3");
+        assert_eq!(
+            names(plans.upcoming(PlanWindow::Blocks)),
+            ["s3", "s4", "s5", "s6"],
+            "block 1 is done: the window moved on by a block"
+        );
+        // Without `until`s each shard is its own block: the one being read and the next.
+        plans.set("job", in_order(&[7, 8, 9]));
+        plans.read("ds", "s7");
+        assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s7", "s8"]);
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Prefetch that follows the access plans: whenever a plan is set, a job's cursor moves
 //! or a planned fetch finishes, the shards the jobs are reading and those they read next
-//! (within `--plan-window` bytes ahead) are fetched whole, nearest first,
-//! [`PLANNED_FETCHES`] at a time.
+//! (by default the rest of the block being read and the next block, as the plans' `until`s
+//! delimit blocks: `--plan-window auto`; or a number of bytes ahead) are fetched whole,
+//! nearest first, [`PLANNED_FETCHES`] at a time. The window so follows the plan: a
+//! dataset read in blocks of four 16 MiB shards looks 64 MiB ahead, one read shard after
+//! shard one shard ahead, and the room under the low watermark bounds either.
 //!
 //! What is listed is also held under the low watermark: the shards listed up to a
 //! candidate (those being read and those read before it) will all be in the cache when
@@ -23,7 +26,7 @@ use crate::{
     jobs::JobRow,
     lookup::Lookups,
     metrics::Metrics,
-    plan::{Plans, Upcoming},
+    plan::{PlanWindow, Plans, Upcoming},
 };
 
 /// Shards fetched whole at once by the plans (each with `--shard-fetch-parallelism`
@@ -39,8 +42,8 @@ pub struct PlanFetcher {
     pub lookups: Arc<Lookups>,
     pub fetch: FetchOwner,
     pub metrics: Arc<Metrics>,
-    /// `--plan-window`: bytes of shards ahead of those being read; 0 turns it off.
-    pub window: u64,
+    /// `--plan-window`: how far ahead of the reads (the next block, or bytes of shards).
+    pub window: PlanWindow,
     /// Chunk fetches in flight per shard (`--shard-fetch-parallelism`).
     pub parallelism: usize,
 }
@@ -60,7 +63,7 @@ impl PlanFetcher {
 
     /// Starts the fetches the plans call for now.
     fn follow(&self) {
-        if self.window == 0 {
+        if self.window == PlanWindow::Bytes(0) {
             return;
         }
         let room = self.capacity.low_watermark();

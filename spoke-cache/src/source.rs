@@ -11,8 +11,8 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use bytes::Bytes;
 use shardcache_proto::{
+    checksum::Checked,
     names::{DatasetName, ShardName},
     v1::DatasetInfo,
 };
@@ -135,7 +135,7 @@ impl Source for CachedSource {
         Ok(ShardStat { record_size: shard.entry.record_size, meta: shard.meta, stale })
     }
 
-    async fn read_many(&self, reads: &[(&CachedShard, u64, u64)]) -> Result<Vec<Bytes>> {
+    async fn read_many(&self, reads: &[(&CachedShard, u64, u64)]) -> Result<Vec<Checked>> {
         let Some((first, ..)) = reads.first() else { return Ok(Vec::new()) };
         let wants: Vec<_> =
             reads.iter().map(|&(shard, offset, length)| (&shard.entry, offset, length)).collect();
@@ -183,7 +183,7 @@ impl ShardHandle for CachedShard {
         &self.meta
     }
 
-    async fn read_at(&self, offset: u64, len: usize) -> Result<Bytes> {
+    async fn read_at(&self, offset: u64, len: usize) -> Result<Checked> {
         self.cache.read(&self.entry, offset, len as u64, &self.reader).await
     }
 }

@@ -32,6 +32,7 @@ use shardcache_serving::server::ServerLimits;
 use spoke_cache::{
     SpokeOptions,
     cache::{Cache, CacheConfig},
+    plan::PlanWindow,
     store::StoreOptions,
 };
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
@@ -151,7 +152,7 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
             read_ahead_chunks: 2,
             shard_fetch_parallelism: 4,
             upstream_bytes_in_flight: 64 << 20,
-            plan_window: 64 << 20,
+            plan_window: PlanWindow::Blocks,
         },
         store: StoreOptions::default(),
         max_read: 1 << 20,

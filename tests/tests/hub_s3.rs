@@ -113,9 +113,10 @@ async fn large_reads_are_split_into_parallel_ranged_gets_with_the_same_bytes() {
         source.open(&DatasetName::new("big").unwrap(), &ShardName::new("all.bin").unwrap()).await.unwrap();
     use hub_server::source::ShardHandle;
     let whole = shard.read_at(0, big.len()).await.unwrap();
-    assert_eq!(sha256(&whole), sha256(&big));
+    assert_eq!(sha256(&whole.data), sha256(&big));
+    assert_eq!(whole.crc32c, shardcache_proto::checksum::crc32c(&big), "parts' checksums combined");
     let middle = shard.read_at(PART_SIZE - 10, (PART_SIZE + 20) as usize).await.unwrap();
-    assert_eq!(middle, big[(PART_SIZE - 10) as usize..(2 * PART_SIZE + 10) as usize]);
+    assert_eq!(middle.data, big[(PART_SIZE - 10) as usize..(2 * PART_SIZE + 10) as usize]);
 }
 
 #[tokio::test]

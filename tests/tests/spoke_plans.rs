@@ -23,7 +23,7 @@ async fn second_epoch_hub_bytes(with_plan: bool) -> u64 {
     options.cache.capacity = 4 * MIB;
     options.cache.read_ahead_chunks = 0;
     // Eviction alone: no planned prefetch (its window would take most of this cache).
-    options.cache.plan_window = 0;
+    options.cache.plan_window = spoke_cache::plan::PlanWindow::Bytes(0);
     let spoke = TestSpoke::start(cache_dir.path(), options).await;
     let names: Vec<String> = (0..6).map(shardcache_cli::dataset_gen::shard_name).collect();
     if with_plan {

@@ -1,36 +1,37 @@
-//! `plan-bench`: a cache half the size of the dataset, three reshuffled epochs, with and
-//! without the job's access plan (`SetPlan`). Reads follow a block shuffle (shards
-//! permuted per epoch, the records of each block of [`BLOCK`] shards shuffled together),
-//! tagged with the job and epoch, so the spoke's own per-job rows give each epoch's
-//! reads, hits and hub bytes. Prints them for least-recently-used eviction and for the
-//! plan (eviction and prefetch) in the same run, next to the bound no policy can beat
-//! after the first epoch: (capacity - the block being read - the plan window) / dataset
-//! of the reads hit.
+//! `plan-bench`: a cache half the size of the dataset, three reshuffled epochs read as
+//! the Python `StreamingShardDataset` reads them with its defaults, with and without the
+//! access plans, at two dataset sizes. Prints, per epoch, the spoke's own per-job rows:
+//! hub bytes as a share of the dataset and the share of reads that were hits.
+//!
+//! What is emulated (`client/python/python/shardcache/datasets.py`): shards permuted per
+//! epoch, the 16 KiB records of each block of [`BLOCK`] shards shuffled together; the
+//! rank's records cut into batches dealt to [`WORKERS`] DataLoader workers in turn; each
+//! worker reads its records [`READ_BATCH`] per `ReadRanges`, one call at a time, all
+//! workers at once, and (with plans) sends its own plan (`JOB/rank0/workerW`: the rest of
+//! this epoch and the next, with each shard's last read) when its epoch starts. The spoke
+//! runs with its defaults (4 MiB chunks, whole-shard fetch, `--plan-window auto`) and a
+//! capacity of half the dataset. The bench checks that each epoch read every record once
+//! and that the rows' hub bytes are what the hub served.
 //!
 //! ```sh
-//! cargo build --release --workspace --bins && target/release/plan-bench
+//! cargo build --release --workspace --bins && target/release/plan-bench [SHARDS...]
 //! ```
+//! (default: 16 and 75 shards of 16 MiB, 256 MiB and 1200 MiB.)
 
 #![allow(clippy::unwrap_used)]
 
-use futures::StreamExt;
-use shardcache_client::{PlannedEpoch, Range};
+use futures::future::join_all;
+use shardcache_client::{CacheClient, Client, PlannedEpoch, Range};
 use shardcache_tests::{TestHub, TestSpoke, make_dataset, next_random, spoke_options, test_options};
 
-const SHARDS: u64 = 64;
-const SHARD: u64 = 4 << 20;
-const RECORD: u64 = 64 << 10;
+const SHARD: u64 = 16 << 20;
+const RECORD: u64 = 16 << 10;
+/// The Python dataset's defaults.
 const BLOCK: usize = 4;
-const BATCH: usize = 16;
-/// Batches read at once, in order (a DataLoader's workers x prefetch factor): reads reach
-/// the spoke a little out of order, as from a real trainer.
-const READERS: usize = 4;
+const READ_BATCH: usize = 32;
+const BATCH_SIZE: usize = 24;
+const WORKERS: usize = 4;
 const EPOCHS: u64 = 3;
-const CAPACITY: u64 = SHARDS * SHARD / 2;
-/// `--plan-window`: the next block, beyond the one being read.
-const WINDOW: u64 = BLOCK as u64 * SHARD;
-/// What streams through the cache: the block being read and the window.
-const STREAMED: u64 = BLOCK as u64 * SHARD + WINDOW;
 
 fn shuffle<T>(items: &mut [T], seed: &mut u64) {
     for i in (1..items.len()).rev() {
@@ -38,14 +39,14 @@ fn shuffle<T>(items: &mut [T], seed: &mut u64) {
     }
 }
 
-/// Epoch `epoch`'s reads, (shard, record) in order: shards permuted, then each block's
-/// records shuffled together (MosaicML Streaming's `py1b`, the Python dataset's default).
-fn epoch_reads(epoch: u64) -> Vec<(u64, u64)> {
+/// Epoch `epoch`'s records (shard, record) in order: shards permuted, then each block's
+/// records shuffled together.
+fn epoch_order(shards: u64, epoch: u64) -> Vec<(u64, u64)> {
     let mut seed = 0x5eed ^ (epoch + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut shards: Vec<u64> = (0..SHARDS).collect();
-    shuffle(&mut shards, &mut seed);
+    let mut order: Vec<u64> = (0..shards).collect();
+    shuffle(&mut order, &mut seed);
     let mut reads = Vec::new();
-    for block in shards.chunks(BLOCK) {
+    for block in order.chunks(BLOCK) {
         let mut records: Vec<(u64, u64)> =
             block.iter().flat_map(|&s| (0..SHARD / RECORD).map(move |r| (s, r))).collect();
         shuffle(&mut records, &mut seed);
@@ -54,43 +55,62 @@ fn epoch_reads(epoch: u64) -> Vec<(u64, u64)> {
     reads
 }
 
+/// Worker `worker`'s records of an epoch: batch `b` of the epoch goes to worker
+/// `b % WORKERS`.
+fn worker_reads(order: &[(u64, u64)], worker: usize) -> Vec<(u64, u64)> {
+    order.chunks(BATCH_SIZE).skip(worker).step_by(WORKERS).flatten().copied().collect()
+}
+
 fn name(shard: u64) -> String {
     shardcache_cli::dataset_gen::shard_name(shard as u32)
 }
 
-fn plan(epoch: u64) -> PlannedEpoch {
-    let names: Vec<String> = epoch_reads(epoch).iter().map(|&(s, _)| name(s)).collect();
+fn plan(reads: &[(u64, u64)]) -> PlannedEpoch {
+    let names: Vec<String> = reads.iter().map(|&(s, _)| name(s)).collect();
     PlannedEpoch::from_reads(names.iter().map(String::as_str))
 }
 
+/// One worker's epoch: its plan (when `with_plan`), then its reads, a call at a time.
+async fn worker_epoch(
+    client: Client,
+    control: CacheClient,
+    shards: u64,
+    epoch: u64,
+    worker: usize,
+    with_plan: bool,
+) {
+    let now = worker_reads(&epoch_order(shards, epoch), worker);
+    if with_plan {
+        let next = worker_reads(&epoch_order(shards, epoch + 1), worker);
+        let job = format!("trainer/rank0/worker{worker}");
+        control.set_plan(&job, epoch, "c4", &[plan(&now), plan(&next)]).await.unwrap();
+    }
+    for batch in now.chunks(READ_BATCH) {
+        let ranges: Vec<Range> =
+            batch.iter().map(|&(s, r)| Range::new("c4", name(s), r * RECORD, RECORD)).collect();
+        client.read_ranges(&ranges).await.unwrap();
+    }
+}
+
 /// Per epoch, the spoke's row for it: (reads, hit reads, hub bytes).
-async fn run(with_plan: bool) -> Vec<(u64, u64, u64)> {
+async fn run(shards: u64, with_plan: bool) -> Vec<(u64, u64, u64)> {
     let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    make_dataset(root.path(), "c4", SHARDS as u32, SHARD);
+    make_dataset(root.path(), "c4", shards as u32, SHARD);
     let mut hub_options = test_options();
     hub_options.limits.max_read = 16 << 20;
     let hub = TestHub::start_with(root.path(), hub_options).await;
     let mut options = spoke_options(&hub.endpoint);
-    options.cache.chunk_size = 1 << 20;
-    options.cache.capacity = CAPACITY;
-    options.cache.plan_window = WINDOW;
-    options.max_read = 16 << 20;
+    // The spoke's defaults (the test harness's are smaller), a capacity of half.
+    (options.cache.chunk_size, options.cache.read_ahead_chunks, options.cache.shard_fetch_parallelism) =
+        (4 << 20, 4, 8);
+    options.cache.capacity = shards * SHARD / 2;
     let spoke = TestSpoke::start(cache.path(), options).await;
     let control = spoke.control().await;
     for epoch in 0..EPOCHS {
-        if with_plan {
-            control.set_plan("trainer/0", epoch, "c4", &[plan(epoch), plan(epoch + 1)]).await.unwrap();
-        }
         let client = spoke.client().await.for_job("trainer", epoch).unwrap();
-        futures::stream::iter(epoch_reads(epoch).chunks(BATCH).map(|batch| {
-            let ranges: Vec<Range> =
-                batch.iter().map(|&(s, r)| Range::new("c4", name(s), r * RECORD, RECORD)).collect();
-            let client = client.clone();
-            async move { client.read_ranges(&ranges).await.unwrap() }
-        }))
-        .buffered(READERS)
-        .for_each(|_| async {})
-        .await;
+        let workers =
+            (0..WORKERS).map(|w| worker_epoch(client.clone(), control.clone(), shards, epoch, w, with_plan));
+        join_all(workers).await;
     }
     spoke.settled().await;
     let status = control.status().await.unwrap();
@@ -112,34 +132,27 @@ async fn run(with_plan: bool) -> Vec<(u64, u64, u64)> {
 
 #[tokio::main]
 async fn main() {
-    let dataset = SHARDS * SHARD;
-    let (lru, planned) = (run(false).await, run(true).await);
-    let bound = (CAPACITY - STREAMED) as f64 / dataset as f64;
+    let sizes: Vec<u64> = std::env::args().skip(1).map(|a| a.parse().unwrap()).collect();
+    let sizes = if sizes.is_empty() { vec![16, 75] } else { sizes };
     println!(
-        "{SHARDS} shards x {} MiB, capacity {} MiB, plan window {} MiB, blocks of {BLOCK} shards, {READERS} batches of {BATCH} in flight",
-        SHARD >> 20,
-        CAPACITY >> 20,
-        WINDOW >> 20
-    );
-    println!(
-        "| epoch | LRU: hub bytes / dataset | LRU: hit reads | plan: hub bytes / dataset | plan: hit reads | bound: hits, hub bytes |"
+        "| dataset | epoch | LRU: hub bytes / dataset | LRU: hit reads | plan: hub bytes / dataset | plan: hit reads |"
     );
     println!("|---|---|---|---|---|---|");
-    for (epoch, (l, p)) in lru.iter().zip(&planned).enumerate() {
-        println!(
-            "| {} | {:.2} | {:.1}% | {:.2} | {:.1}% | {} |",
-            epoch + 1,
-            l.2 as f64 / dataset as f64,
-            100.0 * l.1 as f64 / l.0 as f64,
-            p.2 as f64 / dataset as f64,
-            100.0 * p.1 as f64 / p.0 as f64,
-            if epoch == 0 {
-                "-, 1.00".to_owned()
-            } else {
-                format!("{:.1}%, {:.2}", 100.0 * bound, 1.0 - bound)
-            },
-        );
+    for shards in sizes {
+        let dataset = shards * SHARD;
+        let (lru, planned) = (run(shards, false).await, run(shards, true).await);
+        for (epoch, (l, p)) in lru.iter().zip(&planned).enumerate() {
+            println!(
+                "| {shards} x {} MiB | {} | {:.2} | {:.1}% | {:.2} | {:.1}% |",
+                SHARD >> 20,
+                epoch + 1,
+                l.2 as f64 / dataset as f64,
+                100.0 * l.1 as f64 / l.0 as f64,
+                p.2 as f64 / dataset as f64,
+                100.0 * p.1 as f64 / p.0 as f64,
+            );
+        }
+        // Each epoch read every record once (a ReadRanges counts one read per range).
+        assert!(lru.iter().chain(&planned).all(|e| e.0 == dataset / RECORD), "every record once an epoch");
     }
-    // Each epoch read every record once.
-    assert!(lru.iter().chain(&planned).all(|e| e.0 == SHARDS * SHARD / RECORD));
 }

@@ -95,10 +95,10 @@ struct Args {
     /// Run only the group setups.
     #[arg(long, conflicts_with_all = ["skip_group", "small_cache_only"])]
     group_only: bool,
-    /// The small-cache spoke's --plan-window (bytes of shards fetched ahead of the block
-    /// being read; the spoke's default, one block of 4 x 16 MiB).
-    #[arg(long, default_value = "64MiB")]
-    plan_window: ByteSize,
+    /// The small-cache spoke's --plan-window: `auto` (the spoke's default: the next block
+    /// of the plan) or bytes of shards fetched ahead of the block being read.
+    #[arg(long, default_value = "auto")]
+    plan_window: String,
 }
 
 /// Counters of cache hits and reads, taken at phase boundaries.
@@ -186,11 +186,10 @@ async fn main() -> anyhow::Result<()> {
             println!("\n== {setup}");
             let cache = tempfile::tempdir_in(work.path())?;
             let capacity = format!("{}B", demo.dataset_bytes() / 2);
-            let window = format!("{}B", demo.args.plan_window.0);
             let spoke = SpokeProcess::start(
                 &proxy.endpoint,
                 cache.path(),
-                &["--capacity", &capacity, "--plan-window", &window],
+                &["--capacity", &capacity, "--plan-window", &demo.args.plan_window],
             );
             let small = small_cache::SmallCache { spoke: &spoke.endpoint, job: demo.workload() };
             let (rows, steps) = small.run(setup, with_plan).await?;
@@ -401,7 +400,11 @@ impl Demo {
         let half = self.dataset_bytes() / 2;
         // The block being read and the window ahead of it stream through; the rest stays.
         let block = u64::from(self.args.block_shards) * self.args.shard_size.0;
-        let streamed = block + self.args.plan_window.0;
+        let window = match self.args.plan_window.as_str() {
+            "auto" => block,
+            bytes => bytes.parse::<ByteSize>().map_or(block, |b| b.0),
+        };
+        let streamed = block + window;
         let bound = half.saturating_sub(streamed) as f64 * 100.0 / self.dataset_bytes() as f64;
         let small = if self.small_rows.is_empty() {
             String::new()
@@ -435,7 +438,7 @@ impl Demo {
             "steps": steps,
             "group": self.group_rows,
             "small_cache": {
-                "capacity_bytes": half, "plan_window_bytes": self.args.plan_window.0, "streamed_bytes": streamed,
+                "capacity_bytes": half, "plan_window_bytes": window, "streamed_bytes": streamed,
                 "bound_hits_pct": bound, "rows": self.small_rows,
                 "steps": self.small_series.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
             },

@@ -29,7 +29,7 @@ use std::{
 
 use bytes::Bytes;
 use shardcache_bench::measure::cpu_seconds;
-use shardcache_proto::checksum::crc32c;
+use shardcache_proto::checksum::{Checked, crc32c};
 use shardcache_tests::next_random;
 use spoke_cache::store::{ShardRecord, Store, StoreOptions, page_key};
 
@@ -41,20 +41,21 @@ const WRITERS: u64 = 4;
 
 /// A store layout under test.
 trait Layout: Send + Sync {
-    /// Writes chunk `index` (of `chunk.len()` bytes, the row's chunk size) of shard `id`.
-    fn write(&self, id: u64, index: u64, chunk: &[u8]);
+    /// Writes chunk `index` (of `chunk.data.len()` bytes, the row's chunk size) of shard
+    /// `id`; its checksum comes with it, as a verified fetch's does.
+    fn write(&self, id: u64, index: u64, chunk: &Checked);
     /// Waits until the layout has no write work left in the background.
     fn settle(&self) {}
     fn read(&self, id: u64, offset: u64, len: u64) -> Bytes;
 }
 
 impl Layout for Store {
-    fn write(&self, id: u64, index: u64, chunk: &[u8]) {
-        self.admit_chunk(id, index * chunk.len() as u64, chunk).unwrap();
+    fn write(&self, id: u64, index: u64, chunk: &Checked) {
+        self.admit_chunk(id, index * chunk.data.len() as u64, chunk).unwrap();
     }
 
     fn read(&self, id: u64, offset: u64, len: u64) -> Bytes {
-        self.read(id, offset, len).unwrap().unwrap()
+        self.read(id, offset, len).unwrap().unwrap().data
     }
 }
 
@@ -81,7 +82,8 @@ impl Memtable {
 }
 
 impl Layout for Memtable {
-    fn write(&self, id: u64, index: u64, chunk: &[u8]) {
+    fn write(&self, id: u64, index: u64, chunk: &Checked) {
+        let chunk = &chunk.data[..];
         let mut batch = rocksdb::WriteBatch::with_capacity_bytes(chunk.len() + 4096);
         let mut value = Vec::with_capacity(4 + self.page as usize);
         for (i, page) in chunk.chunks(self.page as usize).enumerate() {
@@ -144,6 +146,7 @@ fn main() {
     for (name, page_size, chunk_size, ingested) in rows.into_iter().filter(|(name, ..)| name.contains(&only))
     {
         let chunk: Vec<u8> = (0..chunk_size).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let chunk = Checked::new(chunk.into());
         let dir = scratch.path().join(format!("{page_size}-{chunk_size}-{ingested}"));
         let layout: Arc<dyn Layout> = if ingested {
             let store = Store::open(&dir, &StoreOptions { page_size, ..StoreOptions::default() }).unwrap();
@@ -181,7 +184,7 @@ fn main() {
         for id in 1..=SHARDS {
             for index in 0..SHARD_SIZE / chunk_size {
                 let bytes = layout.read(id, index * chunk_size, chunk_size);
-                assert_eq!(&bytes[..], &chunk[..], "wrong bytes read back");
+                assert_eq!(&bytes[..], &chunk.data[..], "wrong bytes read back");
             }
         }
         let sequential = mb_per_s(SHARDS * SHARD_SIZE, started.elapsed());

@@ -27,7 +27,10 @@ use std::{
 };
 
 use bytes::Bytes;
-use shardcache_proto::names::{DATASET_META_FILE, DatasetName, ShardName};
+use shardcache_proto::{
+    checksum::Checked,
+    names::{DATASET_META_FILE, DatasetName, ShardName},
+};
 
 use super::{DatasetMeta, ShardHandle, ShardMeta, Storage};
 use crate::{Error, Result};
@@ -316,9 +319,10 @@ impl ShardHandle for LocalShard {
         &self.0.meta
     }
 
-    async fn read_at(&self, offset: u64, len: usize) -> Result<Bytes> {
+    async fn read_at(&self, offset: u64, len: usize) -> Result<Checked> {
         let shard = self.0.clone();
-        blocking(move || shard.read_at_blocking(offset, len)).await
+        // The checksum is computed on the blocking thread too, next to the read.
+        blocking(move || Ok(Checked::new(shard.read_at_blocking(offset, len)?))).await
     }
 }
 
@@ -372,7 +376,7 @@ mod tests {
         let three = source.open(&ds, &name("a.bin")).await.unwrap();
         assert!(!Arc::ptr_eq(&one.0.file, &three.0.file));
         assert_ne!(one.meta().version, three.meta().version);
-        assert_eq!(&three.read_at(0, 7).await.unwrap()[..], b"second!");
+        assert_eq!(&three.read_at(0, 7).await.unwrap().data[..], b"second!");
         // The old handle never returns the new bytes: replacing the file unlinked the old
         // inode, which moved its ctime, so reads through the old handle are refused.
         assert!(matches!(

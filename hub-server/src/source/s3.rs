@@ -28,9 +28,12 @@ use aws_sdk_s3::{
     config::{BehaviorVersion, Credentials, Region, retry::RetryConfig, timeout::TimeoutConfig},
     error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
 };
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use shardcache_proto::names::{DATASET_META_FILE, DatasetName, ShardName};
+use shardcache_proto::{
+    checksum::Checked,
+    names::{DATASET_META_FILE, DatasetName, ShardName},
+};
 
 use shardcache_reader::ReadError;
 
@@ -420,29 +423,25 @@ impl ShardHandle for S3Shard {
         &self.0.meta
     }
 
-    async fn read_at(&self, offset: u64, len: usize) -> Result<Bytes> {
+    async fn read_at(&self, offset: u64, len: usize) -> Result<Checked> {
         let len = len as u64;
         if len == 0 {
-            return Ok(Bytes::new());
+            return Ok(Checked::default());
         }
         if len <= PART_SIZE {
-            return self.0.get(offset, len).await;
+            return Ok(Checked::new(self.0.get(offset, len).await?));
         }
         let parts: Vec<(u64, u64)> = (offset..offset + len)
             .step_by(PART_SIZE as usize)
             .map(|start| (start, PART_SIZE.min(offset + len - start)))
             .collect();
         let object = &self.0;
-        let pieces: Vec<Bytes> = futures::stream::iter(parts)
-            .map(|(start, part)| object.get(start, part))
+        let pieces: Vec<Checked> = futures::stream::iter(parts)
+            .map(|(start, part)| async move { Ok::<_, Error>(Checked::new(object.get(start, part).await?)) })
             .buffered(READ_PARALLELISM)
             .try_collect()
             .await?;
-        let mut whole = BytesMut::with_capacity(len as usize);
-        for piece in pieces {
-            whole.extend_from_slice(&piece);
-        }
-        Ok(whole.freeze())
+        Ok(Checked::concat(pieces))
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, atomic::Ordering::Relaxed};
 
-use bytes::{Bytes, BytesMut};
+use shardcache_proto::checksum::Checked;
 
 use super::Cache;
 use crate::{
@@ -37,7 +37,7 @@ impl Cache {
         offset: u64,
         length: u64,
         reader: &ReadFor,
-    ) -> Result<Bytes> {
+    ) -> Result<Checked> {
         let mut read = self.read_many(&[(entry, offset, length)], reader).await?;
         Ok(read.pop().unwrap_or_default())
     }
@@ -47,7 +47,11 @@ impl Cache {
     /// Every missing chunk's fetch starts before anything is awaited, so a cold read of
     /// n chunks costs one round trip upstream, not n; and every stored part is read in
     /// one trip to the blocking pool, so a warm batch makes one hop off the runtime.
-    pub async fn read_many(&self, wants: &[(&Arc<Entry>, u64, u64)], reader: &ReadFor) -> Result<Vec<Bytes>> {
+    pub async fn read_many(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        reader: &ReadFor,
+    ) -> Result<Vec<Checked>> {
         let row = &reader.row;
         // The jobs that planned these shards have reached them (before any admission
         // this read causes makes room by the plans).
@@ -89,15 +93,10 @@ impl Cache {
             let chunk_start = part.index * part.entry.chunk_size;
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
             Some(async move {
-                let chunk = fetch.await?;
                 // A part of a chunk is copied out rather than sliced: a slice would keep
                 // the whole chunk alive as long as the response, so a batch of small reads
                 // in many chunks would hold chunk size x ranges instead of what it returns.
-                Ok::<_, Error>(if range.len() == chunk.len() {
-                    chunk
-                } else {
-                    Bytes::copy_from_slice(&chunk[range])
-                })
+                Ok::<_, Error>(fetch.await?.part(range.start, range.end))
             })
         });
         let mut fetched = futures::future::try_join_all(fetched).await?.into_iter();
@@ -116,7 +115,7 @@ impl Cache {
             return Ok(());
         }
         let store = self.store.clone();
-        let read: Vec<Result<Bytes, PageFault>> =
+        let read: Vec<Result<Checked, PageFault>> =
             blocking(move || stored.into_iter().map(|(id, from, len)| store.read(id, from, len)).collect())
                 .await?;
         for (part, result) in parts.iter_mut().filter(|p| p.fetch.is_none()).zip(read) {
@@ -141,13 +140,12 @@ impl Cache {
         from: u64,
         to: u64,
         reader: &ReadFor,
-    ) -> Result<Bytes> {
+    ) -> Result<Checked> {
         for _ in 0..FAULT_RETRIES {
             match self.fetch.chunk(entry, index, &reader.row, &reader.avoid) {
                 Some(fetch) => {
-                    let chunk = fetch.fetched.await?;
                     let start = (from - index * entry.chunk_size) as usize;
-                    return Ok(Bytes::copy_from_slice(&chunk[start..start + (to - from) as usize]));
+                    return Ok(fetch.fetched.await?.part(start, start + (to - from) as usize));
                 }
                 None => {
                     if let Some(bytes) = self.read_stored(entry, index, from, to).await? {
@@ -163,7 +161,12 @@ impl Cache {
     }
 
     /// Each range's parts joined, counted as hits or misses; starts read-ahead.
-    fn assemble(&self, wants: &[(&Arc<Entry>, u64, u64)], parts: Vec<Part<'_>>, row: &JobRow) -> Vec<Bytes> {
+    fn assemble(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        parts: Vec<Part<'_>>,
+        row: &JobRow,
+    ) -> Vec<Checked> {
         // Parts were planned in the order of the ranges: each range takes its run.
         let mut parts = parts.into_iter().peekable();
         let mut out = Vec::with_capacity(wants.len());
@@ -186,16 +189,16 @@ impl Cache {
             requests.fetch_add(1, Relaxed);
             bytes.fetch_add(length, Relaxed);
             row.read(length, !missed);
-            out.push(concat(mine));
+            out.push(Checked::concat(mine));
         }
         out
     }
 
     /// `[offset, offset + length)` of `entry` (inside the shard) from the store only:
     /// `None` when any chunk of it is not stored (or fails its check), never a fetch.
-    pub async fn read_cached(&self, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Option<Bytes>> {
+    pub async fn read_cached(&self, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Option<Checked>> {
         if length == 0 {
-            return Ok(Some(Bytes::new()));
+            return Ok(Some(Checked::default()));
         }
         let end = offset + length;
         let mut parts = Vec::new();
@@ -210,12 +213,18 @@ impl Cache {
                 None => return Ok(None),
             }
         }
-        Ok(Some(concat(parts)))
+        Ok(Some(Checked::concat(parts)))
     }
 
     /// Stored bytes `[from, to)` of chunk `index`, or `None` when they must be fetched
     /// (a missing or corrupt page: the chunk is then marked absent).
-    async fn read_stored(&self, entry: &Arc<Entry>, index: u64, from: u64, to: u64) -> Result<Option<Bytes>> {
+    async fn read_stored(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<Option<Checked>> {
         let (store, id) = (self.store.clone(), entry.id);
         match blocking(move || store.read(id, from, to - from)).await? {
             Ok(bytes) => Ok(Some(bytes)),
@@ -252,17 +261,5 @@ struct Part<'a> {
     fetch: Option<ChunkFetch>,
     /// It did not come from the store (a miss).
     missed: bool,
-    bytes: Option<Bytes>,
-}
-
-/// Joins parts without copying when there is only one.
-fn concat(mut parts: Vec<Bytes>) -> Bytes {
-    if parts.len() == 1 {
-        return parts.pop().unwrap_or_default();
-    }
-    let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
-    for part in parts {
-        out.extend_from_slice(&part);
-    }
-    out.freeze()
+    bytes: Option<Checked>,
 }

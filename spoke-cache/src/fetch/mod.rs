@@ -18,11 +18,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
 use futures::{
     FutureExt,
     future::{BoxFuture, Shared},
 };
+use shardcache_proto::checksum::Checked;
 use shardcache_reader::ReadError;
 use tokio::sync::Semaphore;
 
@@ -45,8 +45,8 @@ use crate::{
 /// default 4 MiB chunks the byte bound (16 chunks of the default 64 MiB) binds first.
 pub const UPSTREAM_REQUESTS_IN_FLIGHT: usize = 32;
 
-/// A chunk's bytes, shared by everyone waiting for them.
-pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Bytes>>>;
+/// A chunk's bytes (with their checksum), shared by everyone waiting for them.
+pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Checked>>>;
 
 /// One chunk's fetch, shared by everyone who needs the chunk while it runs.
 #[derive(Debug, Clone)]
@@ -197,7 +197,7 @@ impl Inner {
         row: JobRow,
         avoid: Vec<String>,
         speculated: Option<speculation::SpeculativeRead>,
-        readers: tokio::sync::oneshot::Sender<Result<Bytes>>,
+        readers: tokio::sync::oneshot::Sender<Result<Checked>>,
     ) -> Result<u64> {
         let (offset, length) = entry.chunk_range(index);
         // Held until the chunk is stored (see `budget`).
@@ -207,9 +207,9 @@ impl Inner {
             .await
             .map_err(|_| Error::Internal("upstream budget closed".into()))?;
         let speculated = match speculated {
-            Some(read) => {
-                read.await.filter(|(data, version)| *version == entry.version && data.len() as u64 == length)
-            }
+            Some(read) => read
+                .await
+                .filter(|(read, version)| *version == entry.version && read.data.len() as u64 == length),
             None => None,
         };
         let fetched = match speculated {
@@ -232,7 +232,7 @@ impl Inner {
         length: u64,
         row: &JobRow,
         avoid: &[String],
-    ) -> Result<Bytes> {
+    ) -> Result<Checked> {
         // Held for the request only: storing the chunk needs no supplier.
         let _request =
             self.requests.acquire().await.map_err(|_| Error::Internal("upstream requests closed".into()))?;
@@ -266,7 +266,7 @@ impl Inner {
     /// Counts what `supplied` brought for `dataset` (taking `elapsed`): the one place
     /// where bytes are counted by supplier.
     fn count(&self, dataset: &str, supplied: &Supplied, row: &JobRow, elapsed: Duration) {
-        let length = supplied.data.len() as u64;
+        let length = supplied.data.data.len() as u64;
         self.metrics.fetch_latency.observe(elapsed);
         let counters = self.metrics.dataset(dataset);
         match supplied.from {

@@ -16,17 +16,18 @@ use std::{
     time::Instant,
 };
 
-use bytes::Bytes;
 use futures::{
     FutureExt,
     future::{BoxFuture, Shared},
 };
 
+use shardcache_proto::checksum::Checked;
+
 use super::Inner;
 use crate::{jobs::JobRow, suppliers::Want};
 
 /// A speculative read's bytes and their version, or `None`.
-pub(crate) type SpeculativeRead = Shared<BoxFuture<'static, Option<(Bytes, String)>>>;
+pub(crate) type SpeculativeRead = Shared<BoxFuture<'static, Option<(Checked, String)>>>;
 
 /// Speculative reads, by (dataset, shard, offset), until their first reader has taken
 /// them up.

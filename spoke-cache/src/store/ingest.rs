@@ -24,7 +24,7 @@ use std::{
 };
 
 use rocksdb::{DB, IngestExternalFileOptions, Options, SstFileWriter};
-use shardcache_proto::checksum::crc32c;
+use shardcache_proto::checksum::{combine, crc32c};
 
 use super::{PAGE_HEADER, db_error, page_key};
 use crate::{Error, Result};
@@ -91,20 +91,21 @@ impl Ingester {
         })
     }
 
-    /// Writes `data` (chunk bytes starting at page `first_page` of shard `id`) as one
-    /// SST file of CRC-prefixed pages, then ingests it. Returns when the chunk is in the
-    /// store (or failed, leaving nothing behind).
+    /// Writes `data` (chunk bytes starting at page `first_page` of shard `id`, whose
+    /// CRC32C was checked to be `crc`) as one SST file of CRC-prefixed pages, then
+    /// ingests it. Returns when the chunk is in the store (or failed, leaving nothing
+    /// behind).
     pub(super) fn admit(
         &self,
         db: &DB,
         id: u64,
         first_page: u64,
         page_size: usize,
-        data: &[u8],
+        (data, crc): (&[u8], u32),
     ) -> Result<()> {
         let n = self.sequence.fetch_add(1, Relaxed);
         let path = self.dir.join(format!("{FILE_PREFIX}{id:016x}-{first_page:012x}-{n}{FILE_SUFFIX}"));
-        if let Err(e) = self.write(&path, first_page, id, page_size, data) {
+        if let Err(e) = self.write(&path, first_page, id, page_size, (data, crc)) {
             let _ = std::fs::remove_file(&path);
             return Err(e);
         }
@@ -121,15 +122,33 @@ impl Ingester {
         Ok(())
     }
 
-    fn write(&self, path: &Path, first_page: u64, id: u64, page_size: usize, data: &[u8]) -> Result<()> {
+    fn write(
+        &self,
+        path: &Path,
+        first_page: u64,
+        id: u64,
+        page_size: usize,
+        (data, crc): (&[u8], u32),
+    ) -> Result<()> {
         let mut writer = SstFileWriter::create(&self.pages);
         writer.open(path).map_err(db_error("creating a chunk file"))?;
         let mut value = Vec::with_capacity(PAGE_HEADER + page_size);
+        let mut whole = 0;
         for (page, bytes) in (first_page..).zip(data.chunks(page_size)) {
+            let page_crc = crc32c(bytes);
+            whole = combine(whole, page_crc, bytes.len());
             value.clear();
-            value.extend_from_slice(&crc32c(bytes).to_le_bytes());
+            value.extend_from_slice(&page_crc.to_le_bytes());
             value.extend_from_slice(bytes);
             writer.put(page_key(id, page), &value).map_err(db_error("writing a chunk file"))?;
+        }
+        // The pages' checksums, combined, are the checksum the chunk was verified with:
+        // what is stored is what was checked (no file is committed otherwise).
+        if whole != crc {
+            return Err(Error::Internal(format!(
+                "chunk at page {first_page} of shard {id} changed between its check and its store \
+                 (CRC32C {whole:#010x}, checked {crc:#010x}); not stored"
+            )));
         }
         // Syncs the file (SstFileWriter always does) before it can be ingested.
         writer.finish().map_err(db_error("finishing a chunk file"))

@@ -33,11 +33,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType, Options, WriteOptions,
 };
-use shardcache_proto::checksum::crc32c;
+use shardcache_proto::checksum::{Checked, combine, crc32c};
 
 use self::{
     files::{FileUse, classify},
@@ -211,6 +211,17 @@ fn db_error(what: &str) -> impl FnOnce(rocksdb::Error) -> Error + '_ {
         let message = source.into_string();
         if damaged { Error::Damaged { what, message } } else { Error::Store { what, message } }
     }
+}
+
+/// The CRC32C of `page[from..to]` if the whole page matches its stored checksum `stored`,
+/// else `None`. One pass: a part's checksum is computed with those of the bytes around
+/// it, and the three combined are checked against the page's.
+fn checked_part(page: &[u8], stored: u32, from: usize, to: usize) -> Option<u32> {
+    if from == 0 && to == page.len() {
+        return (crc32c(page) == stored).then_some(stored);
+    }
+    let (before, part, after) = (crc32c(&page[..from]), crc32c(&page[from..to]), crc32c(&page[to..]));
+    (combine(combine(before, part, to - from), after, page.len() - to) == stored).then_some(part)
 }
 
 /// A record as stored: presence is not part of it (the live files are, see `files.rs`).
@@ -391,25 +402,29 @@ impl Store {
             .map_err(db_error("writing a shard record"))
     }
 
-    /// Stores one chunk of shard `id`: `data` starting at `offset` (a chunk boundary, so
-    /// also a page boundary). Present once this returns `Ok`, and at no moment before.
-    pub fn admit_chunk(&self, id: u64, offset: u64, data: &[u8]) -> Result<()> {
+    /// Stores one chunk of shard `id`: `chunk` starting at `offset` (a chunk boundary,
+    /// so also a page boundary). Present once this returns `Ok`, and at no moment before.
+    pub fn admit_chunk(&self, id: u64, offset: u64, chunk: &Checked) -> Result<()> {
         debug_assert_eq!(offset % self.page_size, 0, "chunks start on page boundaries");
-        if data.is_empty() {
+        if chunk.data.is_empty() {
             return Ok(());
         }
-        self.ingester.admit(&self.db, id, offset / self.page_size, self.page_size as usize, data)
+        let first_page = offset / self.page_size;
+        self.ingester.admit(&self.db, id, first_page, self.page_size as usize, (&chunk.data, chunk.crc32c))
     }
 
-    /// Reads `[offset, offset + len)` of shard `id` from its pages, verifying each page.
-    pub fn read(&self, id: u64, offset: u64, len: u64) -> Result<Result<Bytes, PageFault>> {
+    /// Reads `[offset, offset + len)` of shard `id` from its pages, verifying each page;
+    /// with the CRC32C of the bytes read, combined from the pages' (one pass over them,
+    /// the check's).
+    pub fn read(&self, id: u64, offset: u64, len: u64) -> Result<Result<Checked, PageFault>> {
         if len == 0 {
-            return Ok(Ok(Bytes::new()));
+            return Ok(Ok(Checked::default()));
         }
         let (first, last) = (offset / self.page_size, (offset + len - 1) / self.page_size);
         let keys: Vec<[u8; 16]> = (first..=last).map(|p| page_key(id, p)).collect();
         let values = self.db.batched_multi_get_cf(self.cf(CF_PAGES)?, &keys, true);
         let mut out = BytesMut::with_capacity(len as usize);
+        let mut crc = 0;
         for (page, value) in (first..).zip(values) {
             let value = match value {
                 Ok(Some(value)) => value,
@@ -425,21 +440,22 @@ impl Store {
             }
             let (header, data) = value.split_at(PAGE_HEADER);
             let stored = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-            if crc32c(data) != stored {
-                return Ok(Err(PageFault::Corrupt { page }));
-            }
             let page_start = page * self.page_size;
             let from = offset.saturating_sub(page_start) as usize;
             let to = ((offset + len - page_start) as usize).min(data.len());
             if from > to {
                 return Ok(Err(PageFault::Missing { page }));
             }
+            let Some(part) = checked_part(data, stored, from, to) else {
+                return Ok(Err(PageFault::Corrupt { page }));
+            };
+            crc = combine(crc, part, to - from);
             out.put_slice(&data[from..to]);
         }
         if out.len() as u64 != len {
             return Ok(Err(PageFault::Missing { page: last }));
         }
-        Ok(Ok(out.freeze()))
+        Ok(Ok(Checked { data: out.freeze(), crc32c: crc }))
     }
 
     /// Removes the pages of `[offset, offset + len)` of shard `id` (one chunk, whose

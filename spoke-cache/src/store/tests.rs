@@ -1,12 +1,27 @@
 //! The store against a real RocksDB in a temporary directory: presence from files,
 //! strays removed at open, group-committed admissions, the legacy layout dropped.
 
+use bytes::Bytes;
+
 use super::*;
 
 const CHUNK: u64 = 256 << 10;
 
 fn record(id: u64, size: u64) -> ShardRecord {
     ShardRecord { id, version: "v1".into(), size, chunk_size: CHUNK as u32, ..Default::default() }
+}
+
+/// `data` as a verified chunk.
+fn checked(data: &[u8]) -> Checked {
+    Checked::new(Bytes::copy_from_slice(data))
+}
+
+/// `store.read`'s bytes, checking the checksum it combined from the pages.
+fn read(store: &Store, id: u64, offset: u64, len: u64) -> Result<Result<Vec<u8>, PageFault>> {
+    Ok(store.read(id, offset, len)?.map(|read| {
+        assert_eq!(read.crc32c, crc32c(&read.data), "the combined checksum is the bytes'");
+        read.data.to_vec()
+    }))
 }
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -20,8 +35,8 @@ fn rocksdb_pages_options_apply_or_stop_the_start_naming_the_flag() {
     let store = Store::open(dir.path(), &tuned).unwrap();
     let data = vec![7u8; 200_000];
     store.put_record("ds", "s", &record(1, data.len() as u64)).unwrap();
-    store.admit_chunk(1, 0, &data).unwrap();
-    assert_eq!(store.read(1, 0, data.len() as u64).unwrap().unwrap(), data);
+    store.admit_chunk(1, 0, &checked(&data)).unwrap();
+    assert_eq!(read(&store, 1, 0, data.len() as u64).unwrap().unwrap(), data);
     drop(store);
 
     let bad = StoreOptions { pages_options: "no_such_option=1".into(), ..StoreOptions::default() };
@@ -37,25 +52,32 @@ fn chunks_are_present_exactly_when_their_file_is_and_survive_reopen() {
     {
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         store.put_record("ds", "s", &record(7, data.len() as u64)).unwrap();
-        store.admit_chunk(7, 0, &data[..CHUNK as usize]).unwrap();
-        assert_eq!(store.read(7, 1000, 70_000).unwrap().unwrap(), data[1000..71_000]);
+        store.admit_chunk(7, 0, &checked(&data[..CHUNK as usize])).unwrap();
+        assert_eq!(read(&store, 7, 1000, 70_000).unwrap().unwrap(), data[1000..71_000]);
         // The second chunk is not there yet.
-        assert_eq!(store.read(7, 270_000, 10).unwrap(), Err(PageFault::Missing { page: 4 }));
+        assert_eq!(read(&store, 7, 270_000, 10).unwrap(), Err(PageFault::Missing { page: 4 }));
     }
     {
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         let records = store.load_records().unwrap();
         assert_eq!(records.len(), 1);
         assert!(records[0].2.has_chunk(0) && !records[0].2.has_chunk(1), "presence comes from the files");
-        store.admit_chunk(7, CHUNK, &data[CHUNK as usize..]).unwrap();
+        store.admit_chunk(7, CHUNK, &checked(&data[CHUNK as usize..])).unwrap();
     }
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
     let records = store.load_records().unwrap();
     assert_eq!(records[0].2.cached_bytes(), data.len() as u64);
-    assert_eq!(store.read(7, 0, data.len() as u64).unwrap().unwrap(), data);
+    assert_eq!(read(&store, 7, 0, data.len() as u64).unwrap().unwrap(), data);
+    // A stored chunk is what was checked: one whose bytes do not match the checksum it
+    // came with is refused, and nothing is stored.
+    let mut altered = checked(&data[..CHUNK as usize]);
+    altered.crc32c ^= 1;
+    let refused = store.admit_chunk(8, 0, &altered).unwrap_err().to_string();
+    assert!(refused.contains("changed between its check and its store"), "{refused}");
+    assert_eq!(read(&store, 8, 0, 1).unwrap(), Err(PageFault::Missing { page: 0 }));
     store.delete_shard(7, Some(("ds", "s"))).unwrap();
     assert!(store.load_records().unwrap().is_empty());
-    assert_eq!(store.read(7, 0, 1).unwrap(), Err(PageFault::Missing { page: 0 }));
+    assert_eq!(read(&store, 7, 0, 1).unwrap(), Err(PageFault::Missing { page: 0 }));
     assert!(store.disk_bytes() < 64 << 10, "the chunk files left the disk");
 }
 
@@ -66,10 +88,10 @@ fn files_no_record_accounts_for_are_removed_at_open() {
     {
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         store.put_record("ds", "kept", &record(1, CHUNK)).unwrap();
-        store.admit_chunk(1, 0, &data).unwrap();
+        store.admit_chunk(1, 0, &checked(&data)).unwrap();
         // A crash between a record's deletion and its files' (or a file of an id whose
         // record never reached the disk): a file no record accounts for.
-        store.admit_chunk(2, 0, &data).unwrap();
+        store.admit_chunk(2, 0, &checked(&data)).unwrap();
         // And a half-written chunk file in ingest/.
         std::fs::write(dir.path().join("ingest/chunk-0000000000000003-000000000000-9.sst"), b"partial")
             .unwrap();
@@ -79,8 +101,8 @@ fn files_no_record_accounts_for_are_removed_at_open() {
     let records = store.load_records().unwrap();
     assert_eq!(records.len(), 1);
     assert!(records[0].2.has_chunk(0));
-    assert_eq!(store.read(2, 0, 10).unwrap(), Err(PageFault::Missing { page: 0 }), "the stray is gone");
-    assert_eq!(store.read(1, 0, CHUNK).unwrap().unwrap(), data);
+    assert_eq!(read(&store, 2, 0, 10).unwrap(), Err(PageFault::Missing { page: 0 }), "the stray is gone");
+    assert_eq!(read(&store, 1, 0, CHUNK).unwrap().unwrap(), data);
     let left: Vec<_> =
         std::fs::read_dir(dir.path().join("ingest")).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(left, ["notes.txt"], "only our own partial file was removed");
@@ -95,13 +117,13 @@ fn a_chunk_deleted_after_a_bad_read_can_be_admitted_again() {
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
     store.put_record("ds", "s", &record(4, 2 * CHUNK)).unwrap();
     let (old, new) = (vec![1u8; CHUNK as usize], vec![2u8; CHUNK as usize]);
-    store.admit_chunk(4, 0, &old).unwrap();
-    store.admit_chunk(4, CHUNK, &old).unwrap();
+    store.admit_chunk(4, 0, &checked(&old)).unwrap();
+    store.admit_chunk(4, CHUNK, &checked(&old)).unwrap();
     store.delete_chunk(4, CHUNK, CHUNK).unwrap();
-    assert_eq!(store.read(4, CHUNK, 1).unwrap(), Err(PageFault::Missing { page: 4 }));
-    assert_eq!(store.read(4, 0, CHUNK).unwrap().unwrap(), old, "the neighbour stays");
-    store.admit_chunk(4, CHUNK, &new).unwrap();
-    assert_eq!(store.read(4, CHUNK, CHUNK).unwrap().unwrap(), new);
+    assert_eq!(read(&store, 4, CHUNK, 1).unwrap(), Err(PageFault::Missing { page: 4 }));
+    assert_eq!(read(&store, 4, 0, CHUNK).unwrap().unwrap(), old, "the neighbour stays");
+    store.admit_chunk(4, CHUNK, &checked(&new)).unwrap();
+    assert_eq!(read(&store, 4, CHUNK, CHUNK).unwrap().unwrap(), new);
     drop(store);
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
     assert_eq!(store.load_records().unwrap()[0].2.cached_bytes(), 2 * CHUNK);
@@ -121,7 +143,11 @@ fn concurrent_admissions_are_group_committed_and_all_land() {
             std::thread::spawn(move || {
                 for index in 0..4u64 {
                     store
-                        .admit_chunk(id, index * CHUNK, &vec![(id * 10 + index) as u8; CHUNK as usize])
+                        .admit_chunk(
+                            id,
+                            index * CHUNK,
+                            &checked(&vec![(id * 10 + index) as u8; CHUNK as usize]),
+                        )
                         .unwrap();
                 }
             })
@@ -132,7 +158,7 @@ fn concurrent_admissions_are_group_committed_and_all_land() {
     }
     for id in 1..=shards {
         for index in 0..4u64 {
-            let got = store.read(id, index * CHUNK, CHUNK).unwrap().unwrap();
+            let got = read(&store, id, index * CHUNK, CHUNK).unwrap().unwrap();
             assert!(got.iter().all(|&b| b == (id * 10 + index) as u8), "shard {id} chunk {index}");
         }
     }
@@ -187,7 +213,7 @@ fn every_chunk_file_counts_after_reopen_though_only_some_are_opened_then() {
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         store.put_record("ds", "s", &rec).unwrap();
         for index in 0..40 {
-            store.admit_chunk(9, index * chunk, &vec![index as u8; chunk as usize]).unwrap();
+            store.admit_chunk(9, index * chunk, &checked(&vec![index as u8; chunk as usize])).unwrap();
         }
     }
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
@@ -196,7 +222,7 @@ fn every_chunk_file_counts_after_reopen_though_only_some_are_opened_then() {
         40 * chunk,
         "no chunk file was taken for a stray"
     );
-    assert_eq!(store.read(9, 39 * chunk, 1).unwrap().unwrap()[0], 39);
+    assert_eq!(read(&store, 9, 39 * chunk, 1).unwrap().unwrap()[0], 39);
 }
 
 #[test]

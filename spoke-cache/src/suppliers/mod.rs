@@ -20,12 +20,11 @@ pub mod peers;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use shardcache_client::{
     ConnectOptions,
     routing::{Candidate, HedgeCounters, HedgePolicy, Judged, Verdict, hedged},
 };
-use shardcache_proto::v1::ShardInfo;
+use shardcache_proto::{checksum::Checked, v1::ShardInfo};
 
 use self::{
     hubs::{HubSlot, HubTransport, Hubs},
@@ -42,10 +41,11 @@ pub enum Origin {
     Hub,
 }
 
-/// Bytes a supplier answered, verified, with the version they belong to and who sent them.
+/// Bytes a supplier answered, verified (with their checksum), with the version they
+/// belong to and who sent them.
 #[derive(Debug, Clone)]
 pub struct Supplied {
-    pub data: Bytes,
+    pub data: Checked,
     pub version: String,
     pub from: Origin,
 }
@@ -189,7 +189,8 @@ impl Chain {
                 let range = &range;
                 let read = self.hubs.ask(hub, |client| async move { client.read_range(range).await }).await;
                 let read = read.map_err(Failed::judged)?;
-                Ok(Supplied { data: read.data, version: read.version, from: Origin::Hub })
+                let data = Checked { data: read.data, crc32c: read.crc32c };
+                Ok(Supplied { data, version: read.version, from: Origin::Hub })
             }
         }
     }

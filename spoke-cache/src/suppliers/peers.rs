@@ -22,14 +22,16 @@
 
 use std::{sync::Arc, time::Duration};
 
-use bytes::Bytes;
 use shardcache_client::{
     Client, ConnectOptions, Range,
     connect::{AuthChannel, connect_channel_lazy},
     members::{self, MemberSpec, Members, Slot, Source},
     routing::{self, HedgeCounters, HedgePolicy, Router, Verdict, normalize_url},
 };
-use shardcache_proto::v1::{ReadRangeRequest, cache_control_client::CacheControlClient};
+use shardcache_proto::{
+    checksum::Checked,
+    v1::{ReadRangeRequest, cache_control_client::CacheControlClient},
+};
 
 use super::Failed;
 use crate::{Error, Result};
@@ -149,14 +151,14 @@ impl Peers {
         offset: u64,
         length: u64,
         version: &str,
-    ) -> std::result::Result<Bytes, Failed> {
+    ) -> std::result::Result<Checked, Failed> {
         let Some(peer) = &member.conn else {
             return Err(Failed::not_here(Error::Internal("asked itself".into())));
         };
         let mut range = Range::new(dataset, shard, offset, length);
         range.expected_version = Some(version.to_owned());
         match tokio::time::timeout(PEER_TIMEOUT, peer.client.read_range(&range)).await {
-            Ok(Ok(read)) => Ok(read.data),
+            Ok(Ok(read)) => Ok(Checked { data: read.data, crc32c: read.crc32c }),
             Ok(Err(e)) => {
                 tracing::debug!(peer = member.url, error = %e, "peer could not serve a chunk");
                 let verdict = routing::Judged::verdict(&e);
@@ -184,7 +186,7 @@ impl Peers {
         offset: u64,
         length: u64,
         version: Option<&str>,
-    ) -> std::result::Result<(Bytes, String), Failed> {
+    ) -> std::result::Result<(Checked, String), Failed> {
         let Some(peer) = &member.conn else {
             return Err(Failed::not_here(Error::Internal("asked itself".into())));
         };
@@ -206,7 +208,7 @@ impl Peers {
                     && version.is_none_or(|v| v == chunk.version)
                     && intact.is_ok()
                 {
-                    return Ok((chunk.data, chunk.version));
+                    return Ok((Checked { data: chunk.data, crc32c: chunk.crc32c }, chunk.version));
                 }
                 tracing::warn!(peer = member.url, "a peer's cached chunk failed its check; not used");
                 Err(Failed::unwell(peer_error("sent a chunk that failed its check".into())))
