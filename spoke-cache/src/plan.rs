@@ -8,6 +8,12 @@
 //! of order: several ranks, batches in flight). A shard's next use is its first
 //! position at or after the cursor, as a distance; over several jobs, the nearest.
 //!
+//! Readers are not in lockstep: when the first reader reaches a block, the others still
+//! read the block before. Their reads are a straggler's: they do not move the cursor, and
+//! the cache fetches what they miss as they ask for it without storing it (the room is
+//! the plan's, for the block being read and the next), rather than keeping two blocks in
+//! use (which in a cache a few blocks large evicts the blocks being read).
+//!
 //! Evicting the shard whose next use is furthest away is Belady's rule: with the future
 //! known it misses least. Under a reshuffle every epoch, least-recently-used evicts
 //! shards just before they are read again; this keeps a stable set and lets the rest
@@ -29,14 +35,6 @@ use crate::entry::ShardKey;
 /// order by what a trainer has in flight (ranks x batches x shards per batch), far less
 /// than an epoch.
 pub const CURSOR_REACH: usize = 256;
-
-/// Most positions behind the cursor a read may be and count as a straggler's (see
-/// `JobPlan::read`): readers are not in lockstep (ranks, DataLoader workers and their
-/// read-ahead reach the next shard at different times), so the slowest may read a
-/// shard after the fastest moved the cursor past its end. The seed demo's 16 ranks, 4
-/// batches ahead each, lag a few positions of 16 MiB shards; one reader reading in plan
-/// order, none (and eviction is then exactly Belady's).
-pub const MAX_LAG: usize = 16;
 
 /// Most positions one plan may have (two epochs of a large dataset: the seed's C4 at 64
 /// MiB shards is ~12k shards an epoch).
@@ -68,64 +66,74 @@ struct JobPlan {
     uses: HashMap<ShardKey, Vec<Use>>,
     /// Each position in order: the shard first read there, its use, size and epoch.
     order: Vec<Planned>,
+    /// The block of each position, and the last position of each block: a block runs
+    /// until every shard first read in it has been read for the last time (the `until`
+    /// of each position it spans, transitively); a shard read whole before the next is
+    /// its own block. Under a block shuffle, a block's shards are read together.
+    block_of: Vec<usize>,
+    block_ends: Vec<usize>,
     cursor: usize,
-    /// Positions a use stays in use past its end: the furthest behind the cursor a
-    /// straggler read was seen (kept when the job sends its next plan).
+    /// The furthest behind the cursor a straggler's read was seen, in positions (kept
+    /// when the job sends its next plan): reported, so an operator sees how far apart
+    /// the job's readers are.
     lag: usize,
 }
 
 impl JobPlan {
     fn new(order: Vec<Planned>, lag: usize) -> Self {
         let mut uses: HashMap<ShardKey, Vec<Use>> = HashMap::new();
-        for planned in &order {
+        let (mut block_of, mut block_ends) = (Vec::with_capacity(order.len()), Vec::new());
+        for (at, planned) in order.iter().enumerate() {
             uses.entry(planned.key.clone()).or_default().push(planned.at);
+            match block_ends.last_mut() {
+                Some(end) if at <= *end => *end = (*end).max(planned.at.until),
+                _ => block_ends.push(planned.at.until),
+            }
+            block_of.push(block_ends.len() - 1);
         }
-        Self { uses, order, cursor: 0, lag }
+        Self { uses, order, block_of, block_ends, cursor: 0, lag }
     }
 
-    /// The last position of the block that starts at `start`: a block runs until every
-    /// shard first read in it has been read for the last time (the `until` of each
-    /// position it spans, transitively). A shard read whole before the next is its own
-    /// block.
-    fn block_end(&self, start: usize) -> usize {
-        let mut end = start;
-        let mut at = start;
-        while at <= end && at < self.order.len() {
-            end = end.max(self.order[at].at.until);
-            at += 1;
-        }
-        end.min(self.order.len().saturating_sub(1))
+    /// The last position of the block that holds position `at`.
+    fn block_end(&self, at: usize) -> usize {
+        self.block_of.get(at).map_or(at, |&block| self.block_ends[block])
     }
 
-    /// The positions to have in the cache now: the shards in use (begun and not ended,
-    /// stragglers' included), the rest of the block being read, and the next block, each
-    /// with its distance from the cursor.
-    fn window(&self) -> Vec<(usize, &Planned)> {
+    /// Whether the cursor is in the last block of its epoch (the epoch's reads are
+    /// ending, and a read of the next epoch's shards is the next epoch's start).
+    fn in_last_block_of_epoch(&self) -> bool {
+        let next = self.block_end(self.cursor) + 1;
+        self.order.get(next).is_none_or(|p| p.epoch != self.order[self.cursor].epoch)
+    }
+
+    /// The positions to have in the cache now: the shards in use (begun and not ended),
+    /// the rest of the block being read, and the next block, each with its distance from
+    /// the cursor and whether it is in the next block (ahead).
+    fn window(&self) -> Vec<(usize, bool, &Planned)> {
         let mut near = Vec::new();
         let behind = self.cursor.saturating_sub(CURSOR_REACH);
         let mut current_end = self.cursor;
         for position in &self.order[behind..self.cursor.min(self.order.len())] {
             if self.next_use(&position.key) == Some(0) {
                 current_end = current_end.max(position.at.until);
-                near.push((0, position));
+                near.push((0, false, position));
             }
         }
         if self.cursor >= self.order.len() {
             return near;
         }
         let current_end = self.block_end(self.cursor).max(current_end);
-        let next_end = self.block_end(current_end + 1);
+        let next_end = self.block_end(current_end + 1).min(self.order.len() - 1);
         for (at, position) in self.order.iter().enumerate().take(next_end + 1).skip(self.cursor) {
-            near.push((at - self.cursor, position));
+            near.push((at - self.cursor, at > current_end, position));
         }
         near
     }
 
-    /// The use of `key` the cursor is in (or just past, within the job's lag: a slower
-    /// reader may still be in it), else its next one.
+    /// The use of `key` the cursor is in, else its next one.
     fn current_or_next(&self, key: &ShardKey) -> Option<Use> {
         let uses = self.uses.get(key)?;
-        let at = uses.partition_point(|u| u.until + self.lag < self.cursor);
+        let at = uses.partition_point(|u| u.until < self.cursor);
         uses.get(at).copied()
     }
 
@@ -135,30 +143,43 @@ impl JobPlan {
     }
 
     /// A client read `key`: moves the cursor to its next use if that is a little ahead
-    /// (not while it is in use). A read of a shard whose use this epoch ended nearer
-    /// behind the cursor than its next epoch's use is ahead is a straggler's (readers
-    /// are not in lockstep): the cursor stays, and the job's lag grows to cover it, so
-    /// shards stay in use that much past their ends. Returns whether the cursor moved.
-    fn read(&mut self, key: &ShardKey) -> bool {
-        let Some(uses) = self.uses.get(key) else { return false };
-        let at = uses.partition_point(|u| u.until + self.lag < self.cursor);
-        let Some(next) = uses.get(at).filter(|u| u.first > self.cursor) else { return false };
-        let ahead = next.first - self.cursor;
-        if let Some(before) = at.checked_sub(1).map(|before| uses[before]) {
-            // A plan names a shard once an epoch: a nearer use behind is this epoch's.
-            let behind = self.cursor - before.until;
-            let epoch = |u: &Use| self.order.get(u.first).map(|p| p.epoch);
-            if behind < ahead && behind <= MAX_LAG && epoch(&before) != epoch(next) {
-                self.lag = self.lag.max(behind);
-                return false;
-            }
+    /// (not while it is in use; into the next epoch only from the last block of this
+    /// one). A read of a shard whose use ended in the block the cursor is in or the one
+    /// before is a straggler's: readers are not in lockstep (ranks, workers and their
+    /// read-ahead reach the next block at different times), so the cursor stays, and the
+    /// read is reported as a straggler's (its misses are fetched as read and not stored:
+    /// the plan needs that room for what is read next).
+    fn read(&mut self, key: &ShardKey) -> Seen {
+        let Some(uses) = self.uses.get(key) else { return Seen::Other };
+        let at = uses.partition_point(|u| u.until < self.cursor);
+        let next = uses.get(at).copied();
+        if next.is_some_and(|u| u.first <= self.cursor) {
+            return Seen::Other; // in use
         }
-        if ahead > CURSOR_REACH {
-            return false;
+        if let Some(before) = at.checked_sub(1).map(|before| uses[before])
+            && self.block_of[before.until] + 1 >= self.block_of[self.cursor]
+        {
+            self.lag = self.lag.max(self.cursor - before.until);
+            return Seen::Straggler;
+        }
+        let Some(next) = next else { return Seen::Other };
+        let same_epoch = self.order[next.first].epoch == self.order[self.cursor].epoch;
+        if next.first - self.cursor > CURSOR_REACH || !(same_epoch || self.in_last_block_of_epoch()) {
+            return Seen::Other;
         }
         self.cursor = next.first;
-        true
+        Seen::Moved
     }
+}
+
+/// What a read was to a job's plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// It moved the cursor.
+    Moved,
+    /// A straggler's read of a shard whose use has just ended.
+    Straggler,
+    Other,
 }
 
 /// The plans of the jobs reading through this cache.
@@ -198,20 +219,27 @@ impl Plans {
         distinct
     }
 
-    /// A client read `dataset/shard`: jobs that planned it a little ahead move their
-    /// cursors there.
-    pub fn read(&self, dataset: &str, shard: &str) {
+    /// A client read `dataset/shard` for `job` (the read's job header): jobs that
+    /// planned it a little ahead move their cursors there. Returns whether the read is a
+    /// straggler's to `job`'s own plans (`JOB` or `JOB/...`): the shard's use in them has
+    /// just ended.
+    pub fn read(&self, dataset: &str, shard: &str, job: Option<&str>) -> bool {
         if !self.any.load(Relaxed) {
-            return;
+            return false;
         }
         let key = (dataset.to_owned(), shard.to_owned());
-        let mut moved = false;
-        for plan in self.jobs().values_mut() {
-            moved |= plan.read(&key);
+        let (mut moved, mut straggler) = (false, false);
+        for (name, plan) in self.jobs().iter_mut() {
+            match plan.read(&key) {
+                Seen::Moved => moved = true,
+                Seen::Straggler => straggler |= job.is_some_and(|job| name.split('/').next() == Some(job)),
+                Seen::Other => {}
+            }
         }
         if moved {
             self.changed.notify_one();
         }
+        straggler
     }
 
     /// How many plan positions away `key`'s next planned read is, over all jobs (0 while
@@ -276,23 +304,20 @@ impl Plans {
             return Vec::new();
         }
         let jobs = self.jobs();
-        // (distance, job, position) of each job's shards in use and ahead.
-        let mut near: Vec<(usize, &str, &Planned)> = Vec::new();
+        // (distance, ahead, job, position) of each job's shards in use and ahead.
+        let mut near: Vec<(usize, bool, &str, &Planned)> = Vec::new();
         for (job, plan) in jobs.iter() {
-            match window {
-                PlanWindow::Blocks => {
-                    near.extend(plan.window().into_iter().map(|(d, p)| (d, job.as_str(), p)))
-                }
-                PlanWindow::Bytes(ahead) => {
-                    near.extend(plan.ahead(ahead).into_iter().map(|(d, p)| (d, job.as_str(), p)))
-                }
-            }
+            let positions = match window {
+                PlanWindow::Blocks => plan.window(),
+                PlanWindow::Bytes(ahead) => plan.ahead(ahead),
+            };
+            near.extend(positions.into_iter().map(|(d, ahead, p)| (d, ahead, job.as_str(), p)));
         }
         near.sort_by_key(|&(distance, ..)| distance);
         let mut seen = std::collections::HashSet::new();
         let mut listed = 0;
         let mut out = Vec::new();
-        for (distance, job, planned) in near {
+        for (distance, ahead, job, planned) in near {
             if !seen.insert(&planned.key) {
                 continue;
             }
@@ -309,6 +334,7 @@ impl Plans {
                 size: planned.size,
                 job: job.to_owned(),
                 epoch: planned.epoch,
+                ahead,
             });
         }
         out
@@ -327,13 +353,13 @@ pub enum PlanWindow {
 impl JobPlan {
     /// The shards in use, then those from the cursor on until `ahead` bytes beyond the
     /// one at the cursor are listed (the one that crosses it included), each with its
-    /// distance.
-    fn ahead(&self, ahead: u64) -> Vec<(usize, &Planned)> {
+    /// distance and whether it is ahead of the one being read.
+    fn ahead(&self, ahead: u64) -> Vec<(usize, bool, &Planned)> {
         let mut near = Vec::new();
         let behind = self.cursor.saturating_sub(CURSOR_REACH);
         for position in &self.order[behind..self.cursor.min(self.order.len())] {
             if self.next_use(&position.key) == Some(0) {
-                near.push((0, position));
+                near.push((0, false, position));
             }
         }
         let mut walked = 0;
@@ -344,7 +370,7 @@ impl JobPlan {
             // The shard at the cursor is being read: not ahead.
             let distance = at - self.cursor;
             walked += if distance == 0 { 0 } else { position.size };
-            near.push((distance, position));
+            near.push((distance, distance > 0, position));
         }
         near
     }
@@ -357,6 +383,8 @@ pub struct Upcoming {
     pub size: u64,
     pub job: String,
     pub epoch: u64,
+    /// Read after the block being read (the window), not in it.
+    pub ahead: bool,
 }
 
 /// Eviction order: which of two cached shards to evict first. Shards no plan reads
@@ -396,7 +424,7 @@ mod tests {
         plans.set("job", in_order(sequence));
         let (mut cached, mut misses) = (Vec::<u32>::new(), 0);
         for &item in sequence {
-            plans.read("ds", &format!("s{item}"));
+            plans.read("ds", &format!("s{item}"), None);
             if cached.contains(&item) {
                 continue;
             }
@@ -473,7 +501,7 @@ mod tests {
         plans.set("b", in_order(&[3, 2]));
         assert_eq!(plans.next_use(&key(1)), Some(1));
         assert_eq!(plans.next_use(&key(3)), Some(0), "job b reads it first");
-        plans.read("ds", "s2"); // job a reaches position 2, job b position 1
+        plans.read("ds", "s2", None); // job a reaches position 2, job b position 1
         assert_eq!(plans.next_use(&key(1)), Some(2), "its second read in a's plan");
         assert_eq!(plans.next_use(&key(0)), None, "a read it already, b never will");
         plans.set("a", Vec::new());
@@ -489,12 +517,12 @@ mod tests {
             "job",
             vec![planned(0, 0, 2), planned(1, 1, 2), planned(2, 2, 2), planned(3, 3, 3), planned(0, 4, 4)],
         );
-        plans.read("ds", "s0");
-        plans.read("ds", "s2"); // the cursor reaches the block's last shard
+        plans.read("ds", "s0", None);
+        plans.read("ds", "s2", None); // the cursor reaches the block's last shard
         for i in 0..3 {
             assert_eq!(plans.next_use(&key(i)), Some(0), "shard {i} is still being read");
         }
-        plans.read("ds", "s0"); // a read inside its use does not move the cursor
+        plans.read("ds", "s0", None); // a read inside its use does not move the cursor
         assert_eq!(plans.next_use(&key(3)), Some(1));
         let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
         assert_eq!(
@@ -512,7 +540,7 @@ mod tests {
             ["s0", "s1", "s2", "s3"],
             "shard 3 is the next block"
         );
-        plans.read("ds", "s3");
+        plans.read("ds", "s3", None);
         assert_eq!(plans.next_use(&key(0)), Some(1), "the block is done: shard 0's next use is next epoch");
         assert_eq!(plans.next_use(&key(1)), None);
     }
@@ -526,13 +554,13 @@ mod tests {
         plans.set("job", blocks.iter().map(|&(i, until)| planned(i, i as usize, until)).collect());
         let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
         assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"]);
-        plans.read("ds", "s1");
+        plans.read("ds", "s1", None);
         assert_eq!(
             names(plans.upcoming(PlanWindow::Blocks)),
             ["s0", "s1", "s2", "s3", "s4"],
             "still in block 1"
         );
-        plans.read("ds", "s3");
+        plans.read("ds", "s3", None);
         assert_eq!(
             names(plans.upcoming(PlanWindow::Blocks)),
             ["s3", "s4", "s5", "s6"],
@@ -540,7 +568,7 @@ mod tests {
         );
         // Without `until`s each shard is its own block: the one being read and the next.
         plans.set("job", in_order(&[7, 8, 9]));
-        plans.read("ds", "s7");
+        plans.read("ds", "s7", None);
         assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s7", "s8"]);
     }
 
@@ -548,8 +576,8 @@ mod tests {
     fn a_plan_changed_mid_epoch_is_followed() {
         let plans = Plans::default();
         plans.set("job", in_order(&[0, 1, 2, 3]));
-        plans.read("ds", "s0");
-        plans.read("ds", "s1");
+        plans.read("ds", "s0", None);
+        plans.read("ds", "s1", None);
         assert_eq!(plans.next_use(&key(3)), Some(2));
         // The job resumes with another order for the rest of its epoch (say, after a
         // restart with a new world size): the new plan replaces the old, cursor and all.
@@ -557,31 +585,41 @@ mod tests {
         assert_eq!(plans.next_use(&key(3)), Some(0));
         assert_eq!(plans.next_use(&key(2)), Some(1));
         assert_eq!(plans.next_use(&key(1)), None, "not in the new plan");
-        plans.read("ds", "s2");
+        plans.read("ds", "s2", None);
         assert_eq!(plans.next_use(&key(3)), None, "read before the cursor's position, done");
     }
 
     #[test]
-    fn stragglers_keep_shards_in_use_a_little_longer_and_do_not_move_the_cursor() {
-        // Two epochs of 8 shards, the second in the same order (from position 8).
+    fn stragglers_are_told_apart_and_do_not_move_the_cursor() {
+        // Two epochs of 8 shards, the second in the same order (from position 8); each
+        // shard read whole, its own block.
         let plans = Plans::default();
         let mut order = in_order(&[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7]);
         for planned in &mut order[8..] {
             planned.epoch = 1;
         }
-        plans.set("job", order);
-        plans.read("ds", "s4");
-        assert_eq!(plans.next_use(&key(2)), Some(6), "one reader so far: shard 2 is done");
-        // A slower reader still reads shard 2 (ended 2 positions ago; its next use is 6
-        // ahead): the cursor stays, and the job now keeps shards 2 positions longer.
-        plans.read("ds", "s2");
+        plans.set("job/rank0/worker1", order);
+        assert!(!plans.read("ds", "s4", Some("job")), "the reads move the cursor");
+        assert_eq!(plans.next_use(&key(3)), Some(7), "shard 3 is done");
+        // A slower reader still reads shard 3 (the block before the cursor's): a
+        // straggler's read, to its own job; the cursor stays.
+        assert!(plans.read("ds", "s3", Some("job")), "a straggler's");
+        assert!(!plans.read("ds", "s3", Some("other")), "another job's plan says nothing of it");
+        assert!(!plans.read("ds", "s3", None), "nor of an untagged read");
         assert_eq!(plans.next_use(&key(5)), Some(1), "the cursor stayed");
-        assert_eq!(plans.next_use(&key(2)), Some(0), "in use for the straggler");
-        assert_eq!(plans.next_use(&key(1)), Some(5), "ended 3 positions ago");
-        // The lag is the job's: its next plan keeps it.
-        plans.set("job", in_order(&[0, 1, 2, 3]));
-        plans.read("ds", "s3");
-        assert_eq!(plans.next_use(&key(1)), Some(0), "2 positions past its end");
-        assert_eq!(plans.next_use(&key(0)), None);
+        assert_eq!(
+            plans.next_use(&key(3)),
+            Some(7),
+            "and the shard stays done: its room is for what comes next"
+        );
+        assert_eq!(plans.progress()[0].3, 1, "how far behind stragglers read is reported");
+        // Further behind: out of order, not a straggler's; and not the next epoch's start
+        // while this epoch has blocks to go.
+        assert!(!plans.read("ds", "s1", Some("job")));
+        assert_eq!(plans.next_use(&key(5)), Some(1), "the cursor stayed");
+        // From the epoch's last block, a read of the next epoch's first shard moves on.
+        plans.read("ds", "s7", Some("job"));
+        assert!(!plans.read("ds", "s0", Some("job")));
+        assert_eq!(plans.next_use(&key(1)), Some(1), "the cursor is at the next epoch's start");
     }
 }

@@ -67,10 +67,21 @@ impl PlanFetcher {
             return;
         }
         let room = self.capacity.low_watermark();
-        let mut listed = 0;
-        for Upcoming { key, size, job, epoch } in self.plans.upcoming(self.window) {
+        let upcoming = self.plans.upcoming(self.window);
+        // With the window the plans delimit (`auto`), what is read next takes at most half
+        // the room the blocks being read leave under the low watermark: the rest keeps the
+        // shards read again later (the next epoch's hits). In a cache a few blocks large a
+        // whole next block would leave them none (plan-bench, BENCHMARKS.md).
+        let in_use: u64 = upcoming.iter().filter(|u| !u.ahead).map(|u| u.size).sum();
+        let window_room = match self.window {
+            PlanWindow::Blocks => room.saturating_sub(in_use) / 2,
+            PlanWindow::Bytes(_) => room,
+        };
+        let (mut listed, mut ahead) = (0, 0);
+        for Upcoming { key, size, job, epoch, ahead: in_window } in upcoming {
             listed += size;
-            if listed > room {
+            ahead += if in_window { size } else { 0 };
+            if listed > room || ahead > window_room {
                 return;
             }
             // In a group, each member fetches the shards it owns (the others read them

@@ -60,7 +60,8 @@ impl CachedSource {
         let row = self.0.metrics().jobs.row(context.job.as_ref());
         let entry = self.0.entry_for(dataset, shard, reads, &row).await?;
         let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
-        let reader = ReadFor { row, avoid: context.avoid.clone().into() };
+        let job = context.job.as_ref().map(|tag| tag.job.clone());
+        let reader = ReadFor { job, row, avoid: context.avoid.clone().into() };
         Ok(CachedShard { cache: self.0.clone(), entry, meta, reader })
     }
 }

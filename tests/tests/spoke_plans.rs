@@ -185,3 +185,45 @@ async fn bad_job_headers_are_refused_with_the_reason() {
     assert!(err.message().contains("decimal epoch number"), "{}", err.message());
     assert!(spoke.client().await.for_job("", 0).is_err(), "the SDK refuses an empty job name");
 }
+
+/// Readers are not in lockstep: once the first reader has moved on to the next block, a
+/// slower one still reads the block before. Its misses are fetched as it asks (the range,
+/// not a chunk or the whole shard) and not stored, so the plan's room stays with what is
+/// read next; the same miss from a reader without that plan fetches and keeps the chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stragglers_miss_is_fetched_as_read_and_not_stored() {
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let files = make_dataset(root.path(), "ds", 4, MIB);
+    let hub = TestHub::start(root.path()).await;
+    let mut options = spoke_options(&hub.endpoint);
+    (options.cache.fetch_whole_shard, options.cache.read_ahead_chunks) = (false, 0);
+    options.cache.plan_window = spoke_cache::plan::PlanWindow::Bytes(0);
+    let chunk = options.cache.chunk_size;
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let names: Vec<String> = (0..4).map(shardcache_cli::dataset_gen::shard_name).collect();
+    let control = spoke.control().await;
+    control.set_plan("trainer/rank0", 0, "ds", &[PlannedEpoch::in_order(names.clone())]).await.unwrap();
+    let trainer = spoke.client().await.for_job("trainer", 0).unwrap();
+    for name in &names[..3] {
+        trainer.read_range(&Range::new("ds", name, 0, 16 << 10)).await.unwrap();
+    }
+    spoke.settled().await;
+    control.evict("ds", &[names[1].clone()]).await.unwrap();
+    let (served, used) = (hub.stats.snapshot().bytes_served, spoke.cache.used_bytes());
+
+    // The trainer's plan is at shard 2: a read of shard 1 is a straggler's.
+    let late = trainer.read_range(&Range::new("ds", &names[1], 300 << 10, 16 << 10)).await.unwrap();
+    let file = std::fs::read(files.join(&names[1])).unwrap();
+    assert_eq!(late.data, file[300 << 10..316 << 10]);
+    spoke.settled().await;
+    assert_eq!(hub.stats.snapshot().bytes_served - served, 16 << 10, "the range, not its chunk");
+    assert_eq!(spoke.cache.used_bytes(), used, "and not stored");
+    assert_eq!(spoke.cache.plans().progress()[0].1, 2, "the cursor stayed at the block being read");
+
+    // Another job's read of it is an ordinary miss: its chunk is fetched and kept.
+    let other = spoke.client().await.for_job("evaluator", 0).unwrap();
+    other.read_range(&Range::new("ds", &names[1], 300 << 10, 16 << 10)).await.unwrap();
+    spoke.settled().await;
+    assert_eq!(hub.stats.snapshot().bytes_served - served, (16 << 10) + chunk);
+    assert_eq!(spoke.cache.used_bytes(), used + chunk);
+}

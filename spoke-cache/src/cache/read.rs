@@ -15,11 +15,12 @@ use crate::{
     store::{PageFault, blocking},
 };
 
-/// Who a read is for: the row its reads (and what they fetch) are counted in, and the
-/// group members its client already asked (`shardcache_proto::hedge`), not to be asked
-/// again for what it lacks.
+/// Who a read is for: its job (a plan's straggler is told by it), the row its reads
+/// (and what they fetch) are counted in, and the group members its client already asked
+/// (`shardcache_proto::hedge`), not to be asked again for what it lacks.
 #[derive(Debug, Clone, Default)]
 pub struct ReadFor {
+    pub job: Option<String>,
     pub row: JobRow,
     pub avoid: Arc<[String]>,
 }
@@ -54,11 +55,16 @@ impl Cache {
     ) -> Result<Vec<Checked>> {
         let row = &reader.row;
         // The jobs that planned these shards have reached them (before any admission
-        // this read causes makes room by the plans).
+        // this read causes makes room by the plans). A straggler's miss (the reader's own
+        // plan has moved past the shard) is fetched as read and not stored: its room is
+        // the plan's, for what is read next.
+        let mut stragglers = std::collections::HashSet::new();
         if self.plans.any() {
             let mut seen = std::collections::HashSet::new();
             for (entry, ..) in wants.iter().filter(|(entry, ..)| seen.insert(entry.id)) {
-                self.plans.read(&entry.dataset, &entry.shard);
+                if self.plans.read(&entry.dataset, &entry.shard, reader.job.as_deref()) {
+                    stragglers.insert(entry.id);
+                }
             }
         }
         let mut parts = Vec::new();
@@ -70,47 +76,50 @@ impl Cache {
             for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
                 let (chunk_start, chunk_len) = entry.chunk_range(index);
                 let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
-                let fetch = if entry.has_chunk(index) {
-                    None
+                let source = if entry.has_chunk(index) {
+                    Source::Stored
+                } else if stragglers.contains(&entry.id) {
+                    Source::Direct
                 } else {
-                    self.fetch.chunk(entry, index, row, &reader.avoid)
+                    self.fetch.chunk(entry, index, row, &reader.avoid).map_or(Source::Stored, Source::Chunk)
                 };
-                parts.push(Part {
-                    want,
-                    entry,
-                    index,
-                    from,
-                    to,
-                    missed: fetch.is_some(),
-                    fetch,
-                    bytes: None,
-                });
+                let missed = !matches!(source, Source::Stored);
+                parts.push(Part { want, entry, index, from, to, source, missed, bytes: None });
             }
         }
         self.read_stored_parts(&mut parts, reader).await?;
-        let fetched = parts.iter().filter_map(|part| {
-            let fetch = part.fetch.as_ref()?.fetched.clone();
+        let fetched = parts.iter().filter(|p| p.bytes.is_none()).map(|part| {
             let chunk_start = part.index * part.entry.chunk_size;
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
-            Some(async move {
-                // A part of a chunk is copied out rather than sliced: a slice would keep
-                // the whole chunk alive as long as the response, so a batch of small reads
-                // in many chunks would hold chunk size x ranges instead of what it returns.
-                Ok::<_, Error>(fetch.await?.part(range.start, range.end))
-            })
+            let chunk = match &part.source {
+                Source::Chunk(fetch) => Some(fetch.fetched.clone()),
+                Source::Stored | Source::Direct => None,
+            };
+            let (entry, from, length) = (part.entry, part.from, part.to - part.from);
+            async move {
+                match chunk {
+                    // A part of a chunk is copied out rather than sliced: a slice would
+                    // keep the whole chunk alive as long as the response, so a batch of
+                    // small reads in many chunks would hold chunk size x ranges instead
+                    // of what it returns.
+                    Some(chunk) => Ok::<_, Error>(chunk.await?.part(range.start, range.end)),
+                    None => self.fetch.direct(entry, from, length, row, &reader.avoid).await,
+                }
+            }
         });
         let mut fetched = futures::future::try_join_all(fetched).await?.into_iter();
-        for part in parts.iter_mut().filter(|p| p.fetch.is_some()) {
+        for part in parts.iter_mut().filter(|p| p.bytes.is_none()) {
             part.bytes = fetched.next();
         }
-        Ok(self.assemble(wants, parts, row))
+        Ok(self.assemble(wants, parts, row, &stragglers))
     }
 
     /// Reads the parts that are stored, in one trip to the blocking pool; a part whose
     /// stored copy fails its check is read again (refetched).
     async fn read_stored_parts(&self, parts: &mut [Part<'_>], reader: &ReadFor) -> Result<()> {
+        let is_stored = |p: &&mut Part<'_>| matches!(p.source, Source::Stored);
         let stored: Vec<(u64, u64, u64)> =
-            parts.iter().filter(|p| p.fetch.is_none()).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
+            parts.iter_mut().filter(is_stored).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
         if stored.is_empty() {
             return Ok(());
         }
@@ -118,7 +127,7 @@ impl Cache {
         let read: Vec<Result<Checked, PageFault>> =
             blocking(move || stored.into_iter().map(|(id, from, len)| store.read(id, from, len)).collect())
                 .await?;
-        for (part, result) in parts.iter_mut().filter(|p| p.fetch.is_none()).zip(read) {
+        for (part, result) in parts.iter_mut().filter(is_stored).zip(read) {
             match result {
                 Ok(bytes) => part.bytes = Some(bytes),
                 Err(fault) => {
@@ -160,12 +169,14 @@ impl Cache {
         )))
     }
 
-    /// Each range's parts joined, counted as hits or misses; starts read-ahead.
+    /// Each range's parts joined, counted as hits or misses; starts read-ahead (not for a
+    /// plan's stragglers).
     fn assemble(
         &self,
         wants: &[(&Arc<Entry>, u64, u64)],
         parts: Vec<Part<'_>>,
         row: &JobRow,
+        stragglers: &std::collections::HashSet<u64>,
     ) -> Vec<Checked> {
         // Parts were planned in the order of the ranges: each range takes its run.
         let mut parts = parts.into_iter().peekable();
@@ -177,7 +188,7 @@ impl Cache {
                 last = Some(part.index);
                 mine.extend(part.bytes);
             }
-            if let Some(last) = last {
+            if let Some(last) = last.filter(|_| !stragglers.contains(&entry.id)) {
                 self.after_read(entry, last, missed, row);
             }
             let counters = self.metrics.dataset(&entry.dataset);
@@ -248,6 +259,15 @@ impl Cache {
     }
 }
 
+/// Where a part's bytes come from.
+enum Source {
+    Stored,
+    /// The chunk's fetch (it is stored once fetched).
+    Chunk(ChunkFetch),
+    /// Fetched as read, not stored (a plan's straggler).
+    Direct,
+}
+
 /// One chunk's share of one range of a `read_many` call.
 struct Part<'a> {
     /// Which range of the call.
@@ -257,8 +277,8 @@ struct Part<'a> {
     /// Shard offsets `[from, to)` of the part.
     from: u64,
     to: u64,
-    /// The chunk's fetch, when it was not stored.
-    fetch: Option<ChunkFetch>,
+    /// Where its bytes come from.
+    source: Source,
     /// It did not come from the store (a miss).
     missed: bool,
     bytes: Option<Checked>,

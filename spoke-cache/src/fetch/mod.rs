@@ -170,6 +170,26 @@ impl FetchOwner {
             .await
     }
 
+    /// `[offset, offset + length)` of `entry` fetched as it is asked for and not stored
+    /// (a plan's straggler reading a shard whose room the plan has given to what is read
+    /// next): counted in `row`, within the byte and request bounds, never coalesced.
+    pub async fn direct(
+        &self,
+        entry: &Arc<Entry>,
+        offset: u64,
+        length: u64,
+        row: &JobRow,
+        avoid: &[String],
+    ) -> Result<Checked> {
+        let _room = self
+            .inner
+            .budget
+            .acquire_many(length.div_ceil(1024) as u32)
+            .await
+            .map_err(|_| Error::Internal("upstream budget closed".into()))?;
+        self.inner.supply(entry, offset, length, row, avoid).await
+    }
+
     /// Starts reading `[offset, offset + length)` of a shard the cache has no entry for
     /// yet, alongside its `StatShard` (see [`speculation`]).
     pub fn speculate(&self, dataset: &str, shard: &str, offset: u64, length: u64, row: &JobRow) {
