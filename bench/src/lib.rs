@@ -4,9 +4,11 @@
 //! - `src/bin/`: `hub-bench`, `store-bench`, `spoke-bench`, `wan-bench`, `soak-bench`
 //!   (tables recorded in BENCHMARKS.md) and `seed-demo` (`make demo`);
 //! - [`measure`]: raw TCP references, rates, percentiles, CPU time and peak RSS;
+//! - [`profile`]: CPU profiles (`perf record`) summarised by category;
 //! - [`demo`]: the seed demo's simulated trainer, readers, nginx peer and report.
 
 #![allow(clippy::unwrap_used)] // benchmark support: a failed setup should fail the run loudly
 
 pub mod demo;
 pub mod measure;
+pub mod profile;

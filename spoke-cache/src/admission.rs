@@ -53,7 +53,32 @@ impl Admission {
         blocking(move || store.admit_chunk(id, offset, &chunk)).await?;
         entry.state().record.set_chunk(index, true);
         self.capacity.added(length);
+        // Checked here, not in the task: below the threshold (most caches) no task is
+        // spawned, so none outlives the spoke holding its store open.
+        if entry.chunk_count() > 1 && entry.is_complete() && self.store.wants_merge() {
+            self.merge_later(entry);
+        }
         Ok(())
+    }
+
+    /// Merges `entry`'s chunk files into one in the background, if the store holds
+    /// many files (`Store::merge_shard`); removals of the shard wait for it.
+    fn merge_later(&self, entry: &Arc<Entry>) {
+        let (store, entry) = (self.store.clone(), entry.clone());
+        tokio::spawn(async move {
+            let _sharing = entry.chunk_writes.read().await;
+            if entry.state().evicted {
+                return;
+            }
+            let (id, size) = (entry.id, entry.size);
+            match blocking(move || store.merge_shard(id, size)).await {
+                Ok(true) => {
+                    tracing::debug!(dataset = %entry.dataset, shard = %entry.shard, "merged a shard's chunk files")
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "could not merge a shard's chunk files"),
+            }
+        });
     }
 
     /// Marks chunk `index` of `entry` absent and removes its stored copy.

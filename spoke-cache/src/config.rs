@@ -14,8 +14,11 @@ use shardcache_serving::{
 };
 
 use crate::{
-    Error, PeerGroup, SpokeOptions, cache::CacheConfig, plan::PlanWindow, store::PAGE_SIZE,
-    store::StoreOptions, suppliers::hubs::HubTransport,
+    Error, PeerGroup, SpokeOptions,
+    cache::CacheConfig,
+    plan::PlanWindow,
+    store::{DEFAULT_MAX_OPEN_FILES, DEFAULT_MERGE_ABOVE_FILES, PAGE_SIZE, StoreOptions},
+    suppliers::hubs::HubTransport,
 };
 
 /// Read-through cache of hub shards in RocksDB on local disk.
@@ -101,6 +104,17 @@ pub struct SpokeArgs {
     /// over the spoke's own; for tuning a cache to its disks. A bad string stops the start.
     #[arg(long, default_value = "")]
     pub rocksdb_pages_options: String,
+
+    /// Chunk files the store keeps open at most (descriptors and table readers); files
+    /// open on first use and the least recently used close. Each chunk is a file.
+    #[arg(long, default_value_t = DEFAULT_MAX_OPEN_FILES)]
+    pub max_open_files: u32,
+
+    /// Chunk files above which each shard whose chunks are all stored is merged into one
+    /// file (written once more, in the background): the store's per-file costs grow with
+    /// the number of files. 0 merges every complete shard.
+    #[arg(long, default_value_t = DEFAULT_MERGE_ABOVE_FILES)]
+    pub merge_above_files: u64,
 
     /// HTTP/2 connections to each hub; fetches use them in turn.
     #[arg(long, default_value_t = DEFAULT_HUB_CONNECTIONS)]
@@ -235,6 +249,8 @@ impl SpokeArgs {
             cache: self.cache_config()?,
             store: StoreOptions {
                 pages_options: self.rocksdb_pages_options.clone(),
+                max_open_files: self.max_open_files,
+                merge_above_files: self.merge_above_files,
                 ..StoreOptions::default()
             },
             max_read: serving.max_read().map_err(Error::Config)?,

@@ -118,6 +118,7 @@ async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping
     let stopped = 1;
     group.spokes[stopped].take().unwrap().stop().await;
     let (before, served_before) = (hub.stats.snapshot().bytes_served, reads_served(&group));
+    let hedges_before = node_a.hedges().sent.load(std::sync::atomic::Ordering::Relaxed);
     read_all(&node_a, &files).await;
     group.settled().await;
     let refetched = hub.stats.snapshot().bytes_served - before;
@@ -127,7 +128,16 @@ async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping
         owned(stopped) * MIB
     );
     let served = reads_served(&group) - served_before;
-    assert_eq!(served, 4 * u64::from(SHARDS), "the members still up served every read");
+    // Each read was served by a member still up. A batch's ranges owned by the stopped
+    // member go together to the next member in the first one's ranking; for a shard
+    // ranked otherwise, that member reads it from the one ranked before it (a local hop,
+    // counted there too), and a hedged read may be served twice.
+    let hedges = node_a.hedges().sent.load(std::sync::atomic::Ordering::Relaxed) - hedges_before;
+    let reads = 4 * u64::from(SHARDS);
+    assert!(
+        (reads..=reads + 4 * owned(stopped) + hedges).contains(&served),
+        "the members still up served every read: {served} served for {reads} reads, {hedges} hedges"
+    );
 
     // Back on its address with its cache: the client that saw it fail finds it serving
     // again (its health check, every 500 ms), and it serves its shards from its cache.
@@ -143,14 +153,18 @@ async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping
         node_a.failing_members().is_empty()
     })
     .await;
+    let hedges_before = node_a.hedges().sent.load(std::sync::atomic::Ordering::Relaxed);
     read_all(&node_a, &files).await;
     group.settled().await;
     assert_eq!(hub.stats.snapshot().bytes_served, before, "nothing crossed the link");
     let hits = back.cache.metrics().dataset("ds").hit_requests.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(
-        hits - hits_before,
-        4 * owned(stopped),
-        "the restarted member served its shards from its cache"
+    // A hedged read may have been cancelled at the member before it counted.
+    let hedges = node_a.hedges().sent.load(std::sync::atomic::Ordering::Relaxed) - hedges_before;
+    assert!(
+        (4 * owned(stopped)).saturating_sub(hedges) <= hits - hits_before
+            && hits - hits_before <= 4 * owned(stopped),
+        "the restarted member served its shards from its cache: {} hits, {hedges} hedges",
+        hits - hits_before
     );
 }
 

@@ -4,8 +4,15 @@
 //! and puts it back in order), alternating, twice each, in one run. Checks that every
 //! measured read was a hit (the spokes' miss counters do not move).
 //!
+//! `--gray`: a gray failure instead. Two cold groups of three, started afresh each round:
+//! a healthy one, and one whose first member reaches the hub through a link that hangs
+//! (`wan-proxy --faults stall`) while the member itself stays up and SERVING. One client
+//! reads every sample of the dataset once in random batches (the cold epoch: misses
+//! fetched through the group), then once more (warm); samples/s of each group and their
+//! ratio. Checks every byte read against the dataset's files.
+//!
 //! ```sh
-//! cargo build --release --workspace --bins && target/release/group-bench
+//! cargo build --release --workspace --bins && target/release/group-bench [--gray]
 //! ```
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
@@ -14,7 +21,9 @@ use std::time::Instant;
 
 use futures::{StreamExt, stream};
 use shardcache_client::{CacheClient, Client, Range};
-use shardcache_tests::{HubProcess, SpokeProcess, free_loopback_addr, make_dataset, next_random};
+use shardcache_tests::{
+    HubProcess, ProxyProcess, SpokeProcess, free_loopback_addr, make_dataset, next_random,
+};
 
 const SHARDS: u32 = 8;
 const SHARD: u64 = 16 << 20;
@@ -55,6 +64,9 @@ async fn misses(control: &CacheClient) -> u64 {
 
 #[tokio::main]
 async fn main() {
+    if std::env::args().any(|a| a == "--gray") {
+        return gray().await;
+    }
     let root = tempfile::tempdir().unwrap();
     make_dataset(root.path(), "c4", SHARDS, SHARD);
     let hub = HubProcess::start(root.path(), &[]);
@@ -96,5 +108,101 @@ async fn main() {
     println!("|---|---|---|---|");
     for (round, (one, group)) in rows.iter().enumerate() {
         println!("| {} | {one:.0} | {group:.0} | {:.2} |", round + 1, group / one);
+    }
+}
+
+/// A group of three started afresh on `hub`; with `gray`, the first member reaches the
+/// hub through a link that hangs (returned with the group, to keep it up).
+fn start_group(
+    hub: &HubProcess,
+    gray: bool,
+    dirs: &[tempfile::TempDir],
+) -> (String, Vec<SpokeProcess>, Option<ProxyProcess>) {
+    let hub_addr = hub.endpoint.trim_start_matches("http://").parse().unwrap();
+    let stalled = gray.then(|| ProxyProcess::start(hub_addr, &["--rtt", "0ms", "--faults", "stall:1000h"]));
+    let addrs: Vec<String> = (0..3).map(|_| free_loopback_addr()).collect();
+    let peers = addrs.iter().map(|a| format!("http://{a}")).collect::<Vec<_>>().join(",");
+    let members = addrs
+        .iter()
+        .zip(dirs)
+        .enumerate()
+        .map(|(i, (addr, dir))| {
+            let me = format!("http://{addr}");
+            let upstream = match (&stalled, i) {
+                (Some(proxy), 0) => proxy.endpoint.clone(),
+                _ => hub.endpoint.clone(),
+            };
+            SpokeProcess::start_at(&upstream, dir.path(), addr, &["--peers", &peers, "--peer-self", &me])
+        })
+        .collect();
+    (peers, members, stalled)
+}
+
+/// Every sample of the dataset once, in random batches through `client`, checked
+/// against `files`; samples/s.
+async fn epoch(client: &Client, files: &[Vec<u8>], seed: u64) -> f64 {
+    let samples_per_shard = SHARD / SAMPLE;
+    let mut order: Vec<(u32, u64)> =
+        (0..SHARDS).flat_map(|s| (0..samples_per_shard).map(move |i| (s, i * SAMPLE))).collect();
+    let mut rng = seed;
+    for i in (1..order.len()).rev() {
+        order.swap(i, (next_random(&mut rng) % (i as u64 + 1)) as usize);
+    }
+    let started = Instant::now();
+    stream::iter(order.chunks(BATCH))
+        .map(|batch| {
+            let client = client.clone();
+            async move {
+                let ranges: Vec<Range> = batch
+                    .iter()
+                    .map(|&(s, o)| Range::new("c4", shardcache_cli::dataset_gen::shard_name(s), o, SAMPLE))
+                    .collect();
+                (batch, client.read_ranges(&ranges).await.unwrap())
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .for_each(|(batch, read)| {
+            for (&(s, o), got) in batch.iter().zip(read) {
+                assert!(got.data == files[s as usize][o as usize..(o + SAMPLE) as usize], "shard {s} at {o}");
+            }
+            async {}
+        })
+        .await;
+    order.len() as f64 / started.elapsed().as_secs_f64()
+}
+
+/// `--gray`: see the module docs.
+async fn gray() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = make_dataset(root.path(), "c4", SHARDS, SHARD);
+    let files: Vec<Vec<u8>> = (0..SHARDS)
+        .map(|s| std::fs::read(dir.join(shardcache_cli::dataset_gen::shard_name(s))).unwrap())
+        .collect();
+    let hub = HubProcess::start(root.path(), &[]);
+    println!(
+        "{SHARDS} shards x 16 MiB, cold groups of 3; every sample once in random batches of {BATCH} x 16 KiB, {IN_FLIGHT} in flight, then again warm"
+    );
+    println!(
+        "| round | healthy group: cold / warm samples/s | one member gray: cold / warm samples/s | gray / healthy: cold / warm |"
+    );
+    println!("|---|---|---|---|");
+    for round in 0..3 {
+        let mut rates = Vec::new();
+        for gray in [false, true] {
+            let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+            let (peers, members, stalled) = start_group(&hub, gray, &dirs);
+            let client = Client::connect(&peers).await.unwrap();
+            let cold = epoch(&client, &files, 2 * round + 1).await;
+            let warm = epoch(&client, &files, 2 * round + 2).await;
+            rates.push((cold, warm));
+            drop((members, stalled));
+        }
+        let ((hc, hw), (gc, gw)) = (rates[0], rates[1]);
+        println!(
+            "| {} | {hc:.0} / {hw:.0} | {gc:.0} / {gw:.0} | {:.2} / {:.2} |",
+            round + 1,
+            gc / hc,
+            gw / hw
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! measured in the same run. Prints a markdown table (recorded in BENCHMARKS.md).
 //!
 //! ```sh
-//! cargo run --release -p shardcache-tests --bin hub-bench
+//! cargo build --release --workspace --bins && target/release/hub-bench
 //! ```
 //!
 //! Rows: raw TCP (1 and 4 streams), StreamShard (1 and 4 concurrent streams; SDK

@@ -2,8 +2,11 @@
 //! to raw loopback TCP measured in the same run. Prints a markdown table.
 //!
 //! ```sh
-//! cargo build --release --bins && cargo run --release -p shardcache-tests --bin spoke-bench
+//! cargo build --release --workspace --bins && target/release/spoke-bench [--perf]
 //! ```
+//!
+//! `--perf` also records a CPU profile (`perf record`) of the spoke and of this process
+//! (the clients) during the warm stream and prints where their time went, by category.
 //!
 //! Rows: 16 clients streaming a 1 GiB dataset cold (through the spoke from the hub) and
 //! warm (from the spoke's disk), with the spoke's peak RSS after each; warm random 16 KiB
@@ -16,7 +19,10 @@
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use shardcache_bench::measure::{mb_per_s, peak_rss_mib, percentiles, raw_tcp};
+use shardcache_bench::{
+    measure::{cpu_seconds, mb_per_s, peak_rss_mib, percentiles, raw_tcp},
+    profile::Profile,
+};
 use shardcache_client::{CacheClient, Client, Range};
 use shardcache_tests::{HubProcess, SpokeProcess, make_dataset, next_random};
 
@@ -42,13 +48,26 @@ async fn main() {
     let cache = tempfile::tempdir().unwrap();
     let spoke = SpokeProcess::start(&hub.endpoint, cache.path(), &[]);
     let client = Client::connect(&spoke.endpoint).await.unwrap();
+    let perf = std::env::args().any(|a| a == "--perf");
+    let mut profile = None;
     for phase in ["cold", "warm"] {
+        let profiling = (perf && phase == "warm")
+            .then(|| Profile::start(&[(spoke.child.id(), "spoke"), (std::process::id(), "clients")]));
+        let (spoke_cpu, clients_cpu) = (cpu_seconds(spoke.child.id()), cpu_seconds(std::process::id()));
         let mbs = stream_dataset(&client).await;
+        profile = profiling.map(Profile::finish).or(profile);
         let rss = peak_rss_mib(spoke.child.id());
+        let gib = total as f64 / f64::from(1 << 30);
+        let spoke_cpu = (cpu_seconds(spoke.child.id()) - spoke_cpu) / gib;
+        let clients_cpu = (cpu_seconds(std::process::id()) - clients_cpu) / gib;
         println!(
-            "| 16 clients stream 1 GiB, {phase} | {mbs:.0} MB/s ({:.0}% of raw TCP); spoke peak RSS {rss:.0} MiB |",
+            "| 16 clients stream 1 GiB, {phase} | {mbs:.0} MB/s ({:.0}% of raw TCP); CPU s/GiB: spoke {spoke_cpu:.2}, clients {clients_cpu:.2}; spoke peak RSS {rss:.0} MiB |",
             mbs * 100.0 / raw
         );
+    }
+    if let Some(profile) = profile {
+        println!("\nWarm stream, where the time went (perf, leaf symbols):\n\n{profile}");
+        return;
     }
     let (p50, p99) = random_reads(&client).await;
     println!(

@@ -14,7 +14,7 @@
 //! per GiB written.
 //!
 //! ```sh
-//! cargo run --release -p shardcache-tests --bin store-bench [DIR]
+//! cargo build --release --workspace --bins && target/release/store-bench [DIR]
 //! ```
 //! DIR (default: a temporary directory) should be on the disk the cache will use. A
 //! second argument runs only the layouts whose name contains it (e.g. under `perf`).

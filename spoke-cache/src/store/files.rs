@@ -3,9 +3,9 @@
 //! Every chunk is written as one SST file holding exactly its pages (`ingest.rs`), and a
 //! file is live only once its ingestion committed, so at startup the live files say which
 //! chunks are whole: a file whose keys are the pages of one chunk of a recorded shard,
-//! one entry per page and no deletions. Anything else (a file of a shard with no record,
-//! a file cut at other boundaries, a file RocksDB wrote itself) is not accounted for by
-//! any record and is removed.
+//! or of consecutive chunks (a merged shard, `Store::merge_shard`), one entry per page
+//! and no deletions. Anything else (a file of a shard with no record, a file cut at other
+//! boundaries) is not accounted for by any record and is removed.
 
 use std::collections::HashMap;
 
@@ -16,8 +16,8 @@ use super::{CF_PAGES, ShardRecord};
 /// What one live file holds, as far as its key range and counts say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum FileUse {
-    /// Chunk `index` of shard `id`, whole.
-    Chunk { id: u64, index: u64 },
+    /// Chunks `first..first + count` of shard `id`, whole.
+    Chunks { id: u64, first: u64, count: u64 },
     /// Not a chunk of any record: to be removed. Keys `[start, end]`, inclusive.
     Stray { start: Vec<u8>, end: Vec<u8> },
 }
@@ -57,10 +57,13 @@ fn chunk_of(file: &LiveFile, records: &HashMap<u64, ShardRecord>, page_size: u64
     }
     let index = first * page_size / chunk_size;
     let chunk_start = index * chunk_size;
-    let chunk_len = record.chunk_len(index);
-    let pages = chunk_len.div_ceil(page_size);
+    // The chunk holding the file's last page, and the pages from the first chunk's start
+    // to that chunk's end: all of them, if the file is whole chunks.
+    let last_index = last * page_size / chunk_size;
+    let chunk_len = record.chunk_len(last_index);
+    let pages = (last_index * chunk_size + chunk_len).div_ceil(page_size).saturating_sub(first);
     // An entry count of 0 means "not loaded" (RocksDB reads a file's properties at open
-    // only for the files it opens then, see `MAX_OPEN_FILES`), never an empty file (an
+    // only for the files it opens then, see `--max-open-files`), never an empty file (an
     // SST file cannot be empty): judged by its key range alone then. A file short of a
     // page in the middle would then be taken for whole; its read finds the page missing
     // and the chunk is fetched again, so no wrong byte is served.
@@ -68,7 +71,7 @@ fn chunk_of(file: &LiveFile, records: &HashMap<u64, ShardRecord>, page_size: u64
         && first * page_size == chunk_start
         && last == first + pages - 1
         && (file.num_entries == pages || file.num_entries == 0);
-    whole.then_some(FileUse::Chunk { id, index })
+    whole.then_some(FileUse::Chunks { id, first: index, count: last_index - index + 1 })
 }
 
 #[cfg(test)]
@@ -105,16 +108,33 @@ mod tests {
             file(page_key(5, 4), page_key(5, 11), 8), // past the end of the shard
         ];
         let uses = classify(&files, &records, page);
-        assert_eq!(uses[0], FileUse::Chunk { id: 5, index: 0 });
-        assert_eq!(uses[1], FileUse::Chunk { id: 5, index: 2 });
+        assert_eq!(uses[0], FileUse::Chunks { id: 5, first: 0, count: 1 });
+        assert_eq!(uses[1], FileUse::Chunks { id: 5, first: 2, count: 1 });
         for (i, used) in uses.iter().enumerate().skip(2) {
             assert!(matches!(used, FileUse::Stray { .. }), "file {i}: {used:?}");
         }
         // Entry counts not loaded (0): the key range decides.
         assert_eq!(
             classify(&[file(page_key(5, 4), page_key(5, 7), 0)], &records, page)[0],
-            FileUse::Chunk { id: 5, index: 1 }
+            FileUse::Chunks { id: 5, first: 1, count: 1 }
         );
+        // A merged shard: its three chunks in one file, whole; short of a page, not.
+        assert_eq!(
+            classify(&[file(page_key(5, 0), page_key(5, 9), 10)], &records, page)[0],
+            FileUse::Chunks { id: 5, first: 0, count: 3 }
+        );
+        assert_eq!(
+            classify(&[file(page_key(5, 4), page_key(5, 9), 6)], &records, page)[0],
+            FileUse::Chunks { id: 5, first: 1, count: 2 }
+        );
+        assert!(matches!(
+            classify(&[file(page_key(5, 0), page_key(5, 9), 9)], &records, page)[0],
+            FileUse::Stray { .. }
+        ));
+        assert!(matches!(
+            classify(&[file(page_key(5, 0), page_key(5, 6), 7)], &records, page)[0],
+            FileUse::Stray { .. }
+        ));
         let mut other_family = file(page_key(5, 4), page_key(5, 7), 4);
         other_family.column_family_name = "shards".into();
         assert!(classify(&[other_family], &records, page).is_empty());

@@ -4,8 +4,10 @@
 //! - `pages.v2`: key = shard id (u64 BE) + page index (u64 BE); value = CRC32C (u32 LE)
 //!   followed by up to [`PAGE_SIZE`] bytes. Written only by ingesting SST files, one per
 //!   chunk (`ingest.rs`): a page's bytes are written once, never through a memtable, a
-//!   flush or a compaction (auto-compaction is off: chunks never overlap, so nothing
-//!   would gain from it). Eviction drops a shard's files whole (`DeleteFilesInRange`).
+//!   flush (auto-compaction is off: chunks never overlap, so nothing would gain from
+//!   it). Eviction drops a shard's files whole (`DeleteFilesInRange`). Once the store
+//!   holds many files, a shard whose chunks are all present is merged into one file
+//!   ([`Store::merge_shard`]): RocksDB's per-file costs grow with the number of files.
 //! - `shards`: key = `dataset \0 shard`; value = a [`ShardRecord`]: the id bound to one
 //!   shard *version*, size, chunk size, pin flag, last revalidation. Small writes, logged
 //!   in the WAL.
@@ -58,12 +60,21 @@ pub const CF_PAGES: &str = "pages.v2";
 const CF_LEGACY_PAGES: &str = "pages";
 const CF_SHARDS: &str = "shards";
 
-/// Files RocksDB keeps open. Every chunk is a file, so a cache of 100 GiB in 4 MiB chunks
-/// has 25,600 of them: unbounded (RocksDB's default), the spoke would open them all at
-/// start (`spoke-bench`'s restart row) and need that many descriptors (containers often
-/// allow 10,000). Bounded, files open on first use and the least recently used close;
-/// 4096 holds a 16 GiB working set.
-const MAX_OPEN_FILES: i32 = 4096;
+/// Default of `--max-open-files`, the chunk files RocksDB keeps open. Every chunk is a
+/// file, so a cache of 100 GiB in 4 MiB chunks has 25,600 of them, and a 4 TB NVMe a
+/// million: unbounded (RocksDB's default), the spoke would open them all at start
+/// (`spoke-bench`'s restart row) and need that many descriptors (containers often allow
+/// 10,000). Bounded, files open on first use and the least recently used close; 4096
+/// holds a 16 GiB working set.
+pub const DEFAULT_MAX_OPEN_FILES: u32 = 4096;
+
+/// Default of `--merge-above-files`: the chunk files above which complete shards are
+/// merged into one file each. Every ingestion builds a new list of the column family's
+/// files (RocksDB's `VersionBuilder`), so its cost grows with the number of files, while
+/// a merge costs one more write of the shard, whatever the count. Set where the first
+/// approaches the second (`store-scale-bench` and `spoke-bench` with
+/// `SPOKE_MERGE_ABOVE_FILES=0`, BENCHMARKS.md "store-scale-bench").
+pub const DEFAULT_MERGE_ABOVE_FILES: u64 = 16_384;
 
 /// Tuning of the RocksDB instance.
 #[derive(Debug, Clone)]
@@ -78,6 +89,11 @@ pub struct StoreOptions {
     /// RocksDB option string applied over the pages column family's options
     /// (`--rocksdb-pages-options`); empty: none.
     pub pages_options: String,
+    /// Files kept open at most (`--max-open-files`): the descriptors and table readers
+    /// the store holds, whatever the number of chunk files.
+    pub max_open_files: u32,
+    /// Page files above which complete shards are merged (`--merge-above-files`).
+    pub merge_above_files: u64,
 }
 
 impl Default for StoreOptions {
@@ -88,6 +104,8 @@ impl Default for StoreOptions {
             write_buffer_bytes: 8 << 20,
             page_size: PAGE_SIZE,
             pages_options: String::new(),
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
+            merge_above_files: DEFAULT_MERGE_ABOVE_FILES,
         }
     }
 }
@@ -170,6 +188,7 @@ pub struct Store {
     path: PathBuf,
     ingester: Ingester,
     page_size: u64,
+    merge_above_files: u64,
 }
 
 impl std::fmt::Debug for Store {
@@ -230,6 +249,24 @@ fn encode_record(record: &ShardRecord) -> Vec<u8> {
     prost::Message::encode_to_vec(&stored)
 }
 
+/// Whether files in `dir` can be opened for direct I/O (`O_DIRECT`): tmpfs and some
+/// overlay filesystems refuse it, and RocksDB would then fail every merge.
+fn direct_io_works(dir: &Path) -> bool {
+    use rustix::fs::{Mode, OFlags};
+    if std::fs::create_dir_all(dir).is_err() {
+        return false;
+    }
+    let probe = dir.join("DIRECT_IO_PROBE");
+    let works = rustix::fs::open(
+        &probe,
+        OFlags::CREATE | OFlags::WRONLY | OFlags::DIRECT,
+        Mode::from_raw_mode(0o600),
+    )
+    .is_ok();
+    let _ = std::fs::remove_file(&probe);
+    works
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path, options: &StoreOptions) -> Result<Self> {
@@ -245,6 +282,9 @@ impl Store {
         // Pages arrive as ingested files whose keys never overlap; compacting them would
         // only rewrite bytes that are written once.
         pages.set_disable_auto_compactions(true);
+        // A merge (`merge_shard`) writes a shard as one file, whatever its size: a file
+        // cut elsewhere than at a chunk boundary would not be recognised at startup.
+        pages.set_target_file_size_base(1 << 50);
         if !options.pages_options.is_empty() {
             pages = pages.get_options_from_string(&options.pages_options).map_err(|e| {
                 Error::Config(format!(
@@ -266,8 +306,12 @@ impl Store {
         db_options.create_missing_column_families(true);
         db_options.set_max_total_wal_size(4 * options.write_buffer_bytes as u64);
         db_options.set_max_background_jobs(2);
-        db_options.set_max_open_files(MAX_OPEN_FILES);
+        db_options.set_max_open_files(i32::try_from(options.max_open_files).unwrap_or(i32::MAX).max(16));
         db_options.set_keep_log_file_num(4);
+        // Merges (`merge_shard`) read and write a shard once more; with direct I/O they
+        // skip the page cache's copies and cost a third of the CPU (BENCHMARKS.md
+        // "store-scale-bench"). Only where the filesystem allows it (not tmpfs).
+        db_options.set_use_direct_io_for_flush_and_compaction(direct_io_works(dir));
         // No preallocation: `du` of the cache dir then shows what is really stored,
         // which is what `--capacity` promises (the Rust API has no setter for it).
         let db_options = db_options
@@ -290,7 +334,13 @@ impl Store {
             db.drop_cf(CF_LEGACY_PAGES).map_err(db_error("dropping the old pages"))?;
         }
         let ingester = Ingester::new(dir, pages)?;
-        Ok(Self { db, path: dir.to_owned(), ingester, page_size: options.page_size })
+        Ok(Self {
+            db,
+            path: dir.to_owned(),
+            ingester,
+            page_size: options.page_size,
+            merge_above_files: options.merge_above_files,
+        })
     }
 
     /// Removes the store in `dir` after damage: RocksDB's own files (those whose names
@@ -355,7 +405,7 @@ impl Store {
             .iter()
             .filter_map(|used| match used {
                 FileUse::Stray { start, end } => Some((start.clone(), end.clone())),
-                FileUse::Chunk { .. } => None,
+                FileUse::Chunks { .. } => None,
             })
             .collect();
         if !strays.is_empty() {
@@ -371,10 +421,12 @@ impl Store {
             uses = self.page_files(&by_id)?;
         }
         for used in uses {
-            if let FileUse::Chunk { id, index } = used
+            if let FileUse::Chunks { id, first, count } = used
                 && let Some(record) = by_id.get_mut(&id)
             {
-                record.set_chunk(index, true);
+                for index in first..first + count {
+                    record.set_chunk(index, true);
+                }
             }
         }
         for (_, _, record) in &mut records {
@@ -456,6 +508,46 @@ impl Store {
             return Ok(Err(PageFault::Missing { page: last }));
         }
         Ok(Ok(Checked { data: out.freeze(), crc32c: crc }))
+    }
+
+    /// Page files in the store (chunk files and merged shards), from RocksDB's counts
+    /// per level: no listing.
+    pub fn page_files_count(&self) -> u64 {
+        let Ok(pages) = self.cf(CF_PAGES) else { return 0 };
+        (0..7)
+            .filter_map(|level| {
+                self.db.property_value_cf(pages, &format!("rocksdb.num-files-at-level{level}")).ok().flatten()
+            })
+            .filter_map(|count| count.trim().parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Whether the store holds more than `--merge-above-files` files, so that complete
+    /// shards are to be merged.
+    pub fn wants_merge(&self) -> bool {
+        self.page_files_count() > self.merge_above_files
+    }
+
+    /// Merges the chunk files of shard `id` (`size` bytes, every chunk present) into
+    /// one file, once the store holds more than `--merge-above-files` files; returns
+    /// whether it did. The caller keeps the shard from being removed meanwhile. A
+    /// compaction of the shard's key range: the bytes are read (checked against RocksDB's
+    /// block checksums) and written once more, each page with its own CRC32C; readers see
+    /// the old files or the new one, never neither. Eviction still drops the shard whole,
+    /// and at startup the file counts for every chunk it spans (`files.rs`).
+    pub fn merge_shard(&self, id: u64, size: u64) -> Result<bool> {
+        let pages = size.div_ceil(self.page_size);
+        if pages < 2 || !self.wants_merge() {
+            return Ok(false);
+        }
+        let (start, end) = (page_key(id, 0), page_key(id, pages - 1));
+        let past_end = [&end[..], &[0u8][..]].concat();
+        let mut options = rocksdb::CompactOptions::default();
+        // The chunk files lie in the last level; without `Force` they are left as they are.
+        options.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        options.set_exclusive_manual_compaction(false);
+        self.db.compact_range_cf_opt(self.cf(CF_PAGES)?, Some(&start[..]), Some(&past_end[..]), &options);
+        Ok(true)
     }
 
     /// Removes the pages of `[offset, offset + len)` of shard `id` (one chunk, whose

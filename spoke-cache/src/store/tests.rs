@@ -236,3 +236,45 @@ fn presence_bits() {
     assert!(rec.has_chunk(3) && !rec.has_chunk(0) && !rec.has_chunk(9));
     assert_eq!(rec.cached_bytes(), 5);
 }
+
+#[test]
+fn a_merged_shard_is_one_file_read_and_reopened_whole_and_evicted_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let merging = StoreOptions { merge_above_files: 0, ..StoreOptions::default() };
+    let (a, b) = (pattern(3 * CHUNK as usize + 5000), pattern(2 * CHUNK as usize));
+    {
+        let store = Store::open(dir.path(), &merging).unwrap();
+        store.put_record("ds", "a", &record(1, a.len() as u64)).unwrap();
+        store.put_record("ds", "b", &record(2, b.len() as u64)).unwrap();
+        for (id, data) in [(1, &a), (2, &b)] {
+            for (i, chunk) in data.chunks(CHUNK as usize).enumerate() {
+                store.admit_chunk(id, i as u64 * CHUNK, &checked(chunk)).unwrap();
+            }
+        }
+        assert_eq!(store.page_files_count(), 6, "one file per chunk");
+        assert!(store.merge_shard(1, a.len() as u64).unwrap());
+        assert_eq!(store.page_files_count(), 3, "shard 1 is one file, shard 2 two");
+        assert_eq!(read(&store, 1, 0, a.len() as u64).unwrap().unwrap(), a);
+    }
+    let store =
+        Store::open(dir.path(), &StoreOptions { merge_above_files: 100, ..StoreOptions::default() }).unwrap();
+    let records = store.load_records().unwrap();
+    // Below the threshold nothing is merged.
+    assert!(!store.merge_shard(2, b.len() as u64).unwrap());
+    assert_eq!(store.page_files_count(), 3, "the merged file was recognised, not removed");
+    let merged = records.iter().find(|(_, shard, _)| shard == "a").unwrap();
+    assert_eq!(merged.2.cached_bytes(), a.len() as u64, "every chunk of the merged file is present");
+    assert_eq!(read(&store, 1, 0, a.len() as u64).unwrap().unwrap(), a);
+    // A damaged chunk inside the merged file is removed alone; the rest still reads.
+    store.delete_chunk(1, CHUNK, CHUNK).unwrap();
+    assert!(matches!(read(&store, 1, CHUNK, 10).unwrap(), Err(PageFault::Missing { .. })));
+    assert_eq!(read(&store, 1, 0, CHUNK).unwrap().unwrap(), a[..CHUNK as usize]);
+    assert_eq!(read(&store, 1, 2 * CHUNK, 5000).unwrap().unwrap(), a[2 * CHUNK as usize..][..5000]);
+    store.admit_chunk(1, CHUNK, &checked(&a[CHUNK as usize..2 * CHUNK as usize])).unwrap();
+    assert_eq!(read(&store, 1, 0, a.len() as u64).unwrap().unwrap(), a);
+    // Eviction takes the merged shard whole and leaves the other.
+    store.delete_shard(1, Some(("ds", "a"))).unwrap();
+    assert_eq!(read(&store, 1, 0, 1).unwrap(), Err(PageFault::Missing { page: 0 }));
+    assert_eq!(read(&store, 2, 0, b.len() as u64).unwrap().unwrap(), b);
+    assert_eq!(store.page_files_count(), 2);
+}
