@@ -4,9 +4,11 @@
 //! and puts it back in order), alternating, twice each, in one run. Checks that every
 //! measured read was a hit (the spokes' miss counters do not move).
 //!
-//! `--gray`: a gray failure instead. Two cold groups of three, started afresh each round:
-//! a healthy one, and one whose first member reaches the hub through a link that hangs
-//! (`wan-proxy --faults stall`) while the member itself stays up and SERVING. One client
+//! `--gray`: a gray failure instead. Two cold groups of three, started afresh each round,
+//! each member reaching the hub over a 60 ms link capped at 2 Gbit/s (`wan-proxy`), 64
+//! shards of 16 MiB: a healthy one, and one
+//! whose first member's link hangs (`--faults stall`) while the member itself stays up
+//! and SERVING. One client
 //! reads every sample of the dataset once in random batches (the cold epoch: misses
 //! fetched through the group), then once more (warm); samples/s of each group and their
 //! ratio. Checks every byte read against the dataset's files.
@@ -31,6 +33,8 @@ const SAMPLE: u64 = 16 << 10;
 const BATCH: usize = 24;
 const IN_FLIGHT: usize = 64;
 const BATCHES: usize = 4000;
+/// `--gray`'s dataset: 1 GiB, a cold epoch of several seconds over the capped link.
+const GRAY_SHARDS: u32 = 64;
 
 /// Samples per second reading `BATCHES` random batches through `client`.
 async fn samples_per_s(client: &Client, seed: u64) -> f64 {
@@ -111,15 +115,18 @@ async fn main() {
     }
 }
 
-/// A group of three started afresh on `hub`; with `gray`, the first member reaches the
-/// hub through a link that hangs (returned with the group, to keep it up).
+/// A group of three started afresh on `hub`, over a 60 ms 2 Gbit/s link; with `gray`, the first
+/// member's link hangs (the links are returned with the group, to keep them up).
 fn start_group(
     hub: &HubProcess,
     gray: bool,
     dirs: &[tempfile::TempDir],
-) -> (String, Vec<SpokeProcess>, Option<ProxyProcess>) {
+) -> (String, Vec<SpokeProcess>, [Option<ProxyProcess>; 2]) {
     let hub_addr = hub.endpoint.trim_start_matches("http://").parse().unwrap();
-    let stalled = gray.then(|| ProxyProcess::start(hub_addr, &["--rtt", "0ms", "--faults", "stall:1000h"]));
+    let link = ProxyProcess::start(hub_addr, &["--rtt", "60ms", "--rate", "2Gbit"]);
+    let stalled = gray.then(|| {
+        ProxyProcess::start(hub_addr, &["--rtt", "60ms", "--rate", "2Gbit", "--faults", "stall:1000h"])
+    });
     let addrs: Vec<String> = (0..3).map(|_| free_loopback_addr()).collect();
     let peers = addrs.iter().map(|a| format!("http://{a}")).collect::<Vec<_>>().join(",");
     let members = addrs
@@ -130,12 +137,12 @@ fn start_group(
             let me = format!("http://{addr}");
             let upstream = match (&stalled, i) {
                 (Some(proxy), 0) => proxy.endpoint.clone(),
-                _ => hub.endpoint.clone(),
+                _ => link.endpoint.clone(),
             };
             SpokeProcess::start_at(&upstream, dir.path(), addr, &["--peers", &peers, "--peer-self", &me])
         })
         .collect();
-    (peers, members, stalled)
+    (peers, members, [Some(link), stalled])
 }
 
 /// Every sample of the dataset once, in random batches through `client`, checked
@@ -143,7 +150,7 @@ fn start_group(
 async fn epoch(client: &Client, files: &[Vec<u8>], seed: u64) -> f64 {
     let samples_per_shard = SHARD / SAMPLE;
     let mut order: Vec<(u32, u64)> =
-        (0..SHARDS).flat_map(|s| (0..samples_per_shard).map(move |i| (s, i * SAMPLE))).collect();
+        (0..files.len() as u32).flat_map(|s| (0..samples_per_shard).map(move |i| (s, i * SAMPLE))).collect();
     let mut rng = seed;
     for i in (1..order.len()).rev() {
         order.swap(i, (next_random(&mut rng) % (i as u64 + 1)) as usize);
@@ -174,13 +181,13 @@ async fn epoch(client: &Client, files: &[Vec<u8>], seed: u64) -> f64 {
 /// `--gray`: see the module docs.
 async fn gray() {
     let root = tempfile::tempdir().unwrap();
-    let dir = make_dataset(root.path(), "c4", SHARDS, SHARD);
-    let files: Vec<Vec<u8>> = (0..SHARDS)
+    let dir = make_dataset(root.path(), "c4", GRAY_SHARDS, SHARD);
+    let files: Vec<Vec<u8>> = (0..GRAY_SHARDS)
         .map(|s| std::fs::read(dir.join(shardcache_cli::dataset_gen::shard_name(s))).unwrap())
         .collect();
     let hub = HubProcess::start(root.path(), &[]);
     println!(
-        "{SHARDS} shards x 16 MiB, cold groups of 3; every sample once in random batches of {BATCH} x 16 KiB, {IN_FLIGHT} in flight, then again warm"
+        "{GRAY_SHARDS} shards x 16 MiB, cold groups of 3 over a 60 ms 2 Gbit/s link; every sample once in random batches of {BATCH} x 16 KiB, {IN_FLIGHT} in flight, then again warm"
     );
     println!(
         "| round | healthy group: cold / warm samples/s | one member gray: cold / warm samples/s | gray / healthy: cold / warm |"
@@ -190,12 +197,12 @@ async fn gray() {
         let mut rates = Vec::new();
         for gray in [false, true] {
             let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-            let (peers, members, stalled) = start_group(&hub, gray, &dirs);
+            let (peers, members, links) = start_group(&hub, gray, &dirs);
             let client = Client::connect(&peers).await.unwrap();
             let cold = epoch(&client, &files, 2 * round + 1).await;
             let warm = epoch(&client, &files, 2 * round + 2).await;
             rates.push((cold, warm));
-            drop((members, stalled));
+            drop((members, links));
         }
         let ((hc, hw), (gc, gw)) = (rates[0], rates[1]);
         println!(

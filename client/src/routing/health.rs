@@ -6,7 +6,8 @@
 //! - [`Health`]: a member's failures (a call failed as an unwell member's would: paused,
 //!   and a health check that says SERVING ends the pause early), its demotion (its hedges
 //!   keep losing: paused for a backoff even while its health check says SERVING, the
-//!   gray failure), and its recent answer times, from which its hedge delay is learned.
+//!   gray failure; then on probation, asked by one call at a time until one answers
+//!   first), and its recent answer times, from which its hedge delay is learned.
 
 use std::{
     sync::{
@@ -24,6 +25,10 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Hedge races lost in a row that demote a member: one lost race is noise (a GC pause, a
 /// busy disk), three in a row is a member that answers health checks but not reads.
 pub const DEMOTE_AFTER: u32 = 3;
+
+/// How long the one call a member on probation gets may take before another call may
+/// try it: a call that was given the member and then dropped must not end its probes.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Answer times kept per member for its hedge delay.
 const LATENCY_SAMPLES: usize = 64;
@@ -111,8 +116,11 @@ pub struct Health {
     failures: Backoff,
     /// Hedge races lost in a row ([`DEMOTE_AFTER`] demote it).
     lost: AtomicU32,
-    /// Demoted for losing its hedge races: only time ends this pause.
+    /// Demoted for losing its hedge races: only time ends this pause. Set and no longer
+    /// paused: on probation, until a call it answers first resets it.
     demotion: Backoff,
+    /// When the call that may try a member on probation was given it.
+    probe: Mutex<Option<Instant>>,
     latencies: Mutex<Latencies>,
     /// The learned hedge delay in microseconds (0: not learned yet).
     learned_micros: AtomicU64,
@@ -127,9 +135,23 @@ struct Latencies {
 }
 
 impl Health {
-    /// Worth asking now: not paused after failures, not demoted.
+    /// Worth asking now: not paused after failures, not demoted. A member on probation
+    /// after a demotion is worth asking for one call at a time: the caller that gets
+    /// `true` holds its probe (a gray member that still hangs then costs one call a
+    /// hedge delay, not every call made while it was thought well).
     pub fn is_live(&self) -> bool {
-        !self.failures.paused() && !self.demotion.paused()
+        if self.failures.paused() || self.demotion.paused() {
+            return false;
+        }
+        if !self.demotion.is_set() {
+            return true;
+        }
+        let mut probe = lock(&self.probe);
+        if probe.is_some_and(|given| given.elapsed() < PROBE_TIMEOUT) {
+            return false;
+        }
+        *probe = Some(Instant::now());
+        true
     }
 
     /// It failed and has not answered since (a health check may bring it back).
@@ -145,11 +167,16 @@ impl Health {
     /// A call failed as a down member's would: skip it for a while, longer each time.
     pub fn failed(&self) {
         self.failures.fail();
+        lock(&self.probe).take();
     }
 
     /// A call was answered after `elapsed` (whatever the answer).
+    /// Also ends a demotion's probation: it answered first.
     pub fn answered(&self, elapsed: Duration) {
         self.failures.reset();
+        if self.demotion.is_set() && !self.demotion.paused() {
+            self.won_race();
+        }
         let mut latencies = lock(&self.latencies);
         let micros = elapsed.as_micros().min(u128::from(u32::MAX)) as u32;
         if latencies.ring.len() < LATENCY_SAMPLES {
@@ -180,13 +207,16 @@ impl Health {
     pub fn won_race(&self) {
         self.lost.store(0, Relaxed);
         self.demotion.reset();
+        lock(&self.probe).take();
     }
 
     /// A hedge sent after it answered first. Returns the demotion's pause when this
-    /// loss demotes it.
+    /// loss demotes it: the third in a row, or the first on probation.
     pub fn lost_race(&self) -> Option<Duration> {
+        lock(&self.probe).take();
+        let on_probation = self.demotion.is_set() && !self.demotion.paused();
         let lost = self.lost.fetch_add(1, Relaxed) + 1;
-        if lost < DEMOTE_AFTER {
+        if lost < DEMOTE_AFTER && !on_probation {
             return None;
         }
         self.lost.store(0, Relaxed);
@@ -249,6 +279,30 @@ mod tests {
         assert_eq!(health.lost_race(), Some(FIRST_BACKOFF * 2), "demoted longer each time");
         health.won_race();
         assert!(health.is_live());
+    }
+
+    #[test]
+    fn after_a_demotion_one_call_at_a_time_tries_the_member_until_one_answers_first() {
+        let health =
+            Health { demotion: Backoff::new(Duration::from_millis(300), MAX_BACKOFF), ..Health::default() };
+        for _ in 0..DEMOTE_AFTER {
+            health.lost_race();
+        }
+        assert!(!health.is_live(), "demoted");
+        std::thread::sleep(Duration::from_millis(350));
+        assert!(health.is_live(), "on probation: the first caller gets it");
+        assert!(!health.is_live() && !health.is_live(), "the others do not while that call runs");
+        assert_eq!(
+            health.lost_race(),
+            Some(Duration::from_millis(600)),
+            "a probe that loses demotes at once"
+        );
+        assert!(!health.is_live());
+        std::thread::sleep(Duration::from_millis(650));
+        assert!(health.is_live(), "probation again");
+        health.answered(Duration::from_millis(1));
+        assert!(health.is_live() && health.is_live(), "an answer ends the probation: every call may ask it");
+        assert!(!health.is_demoted());
     }
 
     #[test]

@@ -52,7 +52,12 @@ async fn main() -> std::io::Result<()> {
     // take the link for gone.
     let (fault, faults) = tokio::sync::watch::channel(wan::Fault::None);
     let schedule = args.faults.unwrap_or_default();
-    tokio::spawn(wan::run_schedule(fault.clone(), schedule, |fault| println!("wan-proxy fault: {fault}")));
+    // Written, not printed: whoever started the proxy may have stopped reading its output
+    // (a benchmark reads the listening line only), and the schedule must run on.
+    tokio::spawn(wan::run_schedule(fault.clone(), schedule, |fault| {
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), "wan-proxy fault: {fault}");
+    }));
     let counters = std::sync::Arc::new(wan::LinkCounters::default());
     if let Some(path) = args.counters_file {
         let counters = counters.clone();
