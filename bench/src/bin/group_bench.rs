@@ -190,9 +190,9 @@ async fn gray() {
         "{GRAY_SHARDS} shards x 16 MiB, cold groups of 3 over a 60 ms 2 Gbit/s link; every sample once in random batches of {BATCH} x 16 KiB, {IN_FLIGHT} in flight, then again warm"
     );
     println!(
-        "| round | healthy group: cold / warm samples/s | one member gray: cold / warm samples/s | gray / healthy: cold / warm |"
+        "| round | healthy group: cold / warm samples/s | one member gray: cold / warm samples/s | gray / healthy: cold / warm | hedges sent (healthy / gray) |"
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|");
     for round in 0..3 {
         let mut rates = Vec::new();
         for gray in [false, true] {
@@ -201,12 +201,12 @@ async fn gray() {
             let client = Client::connect(&peers).await.unwrap();
             let cold = epoch(&client, &files, 2 * round + 1).await;
             let warm = epoch(&client, &files, 2 * round + 2).await;
-            rates.push((cold, warm));
+            rates.push((cold, warm, client.hedges().sent.load(std::sync::atomic::Ordering::Relaxed)));
             drop((members, links));
         }
-        let ((hc, hw), (gc, gw)) = (rates[0], rates[1]);
+        let ((hc, hw, hh), (gc, gw, gh)) = (rates[0], rates[1]);
         println!(
-            "| {} | {hc:.0} / {hw:.0} | {gc:.0} / {gw:.0} | {:.2} / {:.2} |",
+            "| {} | {hc:.0} / {hw:.0} | {gc:.0} / {gw:.0} | {:.2} / {:.2} | {hh} / {gh} |",
             round + 1,
             gc / hc,
             gw / hw
