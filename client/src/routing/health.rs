@@ -135,16 +135,24 @@ struct Latencies {
 }
 
 impl Health {
-    /// Worth asking now: not paused after failures, not demoted. A member on probation
-    /// after a demotion is worth asking for one call at a time: the caller that gets
-    /// `true` holds its probe (a gray member that still hangs then costs one call a
-    /// hedge delay, not every call made while it was thought well).
+    /// Worth asking now: not paused after failures, not demoted, not on probation after
+    /// a demotion (see [`Health::try_probe`]).
     pub fn is_live(&self) -> bool {
-        if self.failures.paused() || self.demotion.paused() {
+        !self.failures.paused() && !self.demotion.paused() && !self.on_probation()
+    }
+
+    /// Demoted once and its pause over, not yet proven well by an answer.
+    fn on_probation(&self) -> bool {
+        self.demotion.is_set() && !self.demotion.paused()
+    }
+
+    /// A member on probation is worth asking for one call at a time: the caller that
+    /// gets `true` holds its probe, to be spent on a call that asks it first (a gray
+    /// member that still hangs then costs one call a hedge delay, not every call made
+    /// while it was thought well).
+    pub fn try_probe(&self) -> bool {
+        if self.failures.paused() || !self.on_probation() {
             return false;
-        }
-        if !self.demotion.is_set() {
-            return true;
         }
         let mut probe = lock(&self.probe);
         if probe.is_some_and(|given| given.elapsed() < PROBE_TIMEOUT) {
@@ -174,7 +182,7 @@ impl Health {
     /// Also ends a demotion's probation: it answered first.
     pub fn answered(&self, elapsed: Duration) {
         self.failures.reset();
-        if self.demotion.is_set() && !self.demotion.paused() {
+        if self.on_probation() {
             self.won_race();
         }
         let mut latencies = lock(&self.latencies);
@@ -214,7 +222,7 @@ impl Health {
     /// loss demotes it: the third in a row, or the first on probation.
     pub fn lost_race(&self) -> Option<Duration> {
         lock(&self.probe).take();
-        let on_probation = self.demotion.is_set() && !self.demotion.paused();
+        let on_probation = self.on_probation();
         let lost = self.lost.fetch_add(1, Relaxed) + 1;
         if lost < DEMOTE_AFTER && !on_probation {
             return None;
@@ -290,18 +298,22 @@ mod tests {
         }
         assert!(!health.is_live(), "demoted");
         std::thread::sleep(Duration::from_millis(350));
-        assert!(health.is_live(), "on probation: the first caller gets it");
-        assert!(!health.is_live() && !health.is_live(), "the others do not while that call runs");
+        assert!(!health.is_live(), "on probation: not asked as a live member");
+        assert!(health.try_probe(), "the first caller gets its one call");
+        assert!(!health.try_probe() && !health.try_probe(), "the others do not while that call runs");
         assert_eq!(
             health.lost_race(),
             Some(Duration::from_millis(600)),
             "a probe that loses demotes at once"
         );
-        assert!(!health.is_live());
+        assert!(!health.is_live() && !health.try_probe());
         std::thread::sleep(Duration::from_millis(650));
-        assert!(health.is_live(), "probation again");
+        assert!(health.try_probe(), "probation again");
         health.answered(Duration::from_millis(1));
-        assert!(health.is_live() && health.is_live(), "an answer ends the probation: every call may ask it");
+        assert!(
+            health.is_live() && !health.try_probe(),
+            "an answer ends the probation: every call may ask it"
+        );
         assert!(!health.is_demoted());
     }
 

@@ -64,9 +64,13 @@ impl<T> Router<T> {
     pub fn route(&self, shard: Option<(&str, &str)>, avoid: &[String]) -> Vec<Arc<Slot<T>>> {
         let mut order = self.ranked(shard);
         order.retain(|m| !avoid.contains(&m.url));
-        let (mut live, paused): (Vec<_>, Vec<_>) = order.into_iter().partition(|m| m.health.is_live());
-        live.extend(paused);
-        live
+        // A member on probation after a demotion is tried by one call at a time, and only
+        // by a call that asks it first (its own shards): a probe spent elsewhere would
+        // prove nothing.
+        let probe_owner = order.first().is_some_and(|m| m.health.try_probe());
+        let (live, paused): (Vec<_>, Vec<_>) =
+            order.into_iter().enumerate().partition(|(i, m)| m.health.is_live() || (*i == 0 && probe_owner));
+        live.into_iter().chain(paused).map(|(_, m)| m).collect()
     }
 
     /// Asks the members of `route` with [`hedged`] calls; `call(i, member)` asks
