@@ -9,16 +9,16 @@
 #![allow(clippy::unwrap_used)] // test support: a failed setup should fail the test loudly
 
 pub mod pki;
+pub mod process;
 pub mod s3;
 pub mod soak;
+pub use process::{HubProcess, MountProcess, ProxyProcess, SpokeProcess, binary};
 /// The WAN emulator (its own crate, `tools/wan-proxy`), under the name the tests use.
 pub use shardcache_wan as wan;
 
 use std::{
-    io::{BufRead, BufReader},
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     sync::Arc,
     time::Duration,
 };
@@ -363,185 +363,6 @@ pub fn next_random(state: &mut u64) -> u64 {
 
 pub fn sha256(data: &[u8]) -> String {
     Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Path of a binary of this workspace, built by `cargo build --bins` (`make test` does).
-pub fn binary(name: &str) -> PathBuf {
-    // Tests live in target/<profile>/deps/, benchmark binaries in target/<profile>/.
-    let exe = std::env::current_exe().unwrap();
-    let mut dir = exe.parent().unwrap();
-    if dir.ends_with("deps") {
-        dir = dir.parent().unwrap();
-    }
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first (`make test` does)",
-        path.display()
-    );
-    path
-}
-
-/// Starts `command` and waits for the line on its stdout that starts with `prefix` (a
-/// server's "listening on" report); returns the child and the rest of that line.
-fn spawn_and_wait_for(mut command: Command, prefix: &str) -> (Child, String) {
-    if !command.get_envs().any(|(key, _)| key == "RUST_LOG") {
-        command.env("RUST_LOG", "warn");
-    }
-    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let rest = line
-        .trim()
-        .strip_prefix(prefix)
-        .unwrap_or_else(|| panic!("expected {prefix:?} on stdout, got {line:?}"))
-        .to_owned();
-    (child, rest)
-}
-
-/// A `shardcache mount` child process (the read-only FUSE mount); unmounted and killed
-/// when dropped.
-#[derive(Debug)]
-pub struct MountProcess {
-    pub child: Child,
-    pub mountpoint: PathBuf,
-}
-
-impl MountProcess {
-    /// Mounts `endpoint` on `mountpoint` with `extra_args`, its log (warnings and up) to
-    /// `log`; returns once it is mounted.
-    pub fn start(endpoint: &str, mountpoint: &Path, extra_args: &[&str], log: &Path) -> Self {
-        let mut command = Command::new(binary("shardcache"));
-        command.args(["mount", endpoint, mountpoint.to_str().unwrap()]).args(extra_args);
-        command.stderr(std::fs::File::create(log).unwrap());
-        let (child, _) = spawn_and_wait_for(command, "shardcache mounted ");
-        Self { child, mountpoint: mountpoint.to_owned() }
-    }
-
-    /// Whether `path` is a mount point now (in /proc/self/mounts).
-    pub fn is_mounted(path: &Path) -> bool {
-        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-        mounts.lines().any(|line| line.split(' ').nth(1) == path.to_str())
-    }
-
-    /// Why FUSE cannot be mounted here, if it cannot: the mount tests skip, saying so.
-    pub fn unavailable() -> Option<String> {
-        if !Path::new("/dev/fuse").exists() {
-            return Some("/dev/fuse is missing (no FUSE in this kernel or container)".into());
-        }
-        let found = Command::new("fusermount3").arg("-V").output().is_ok_and(|o| o.status.success());
-        (!found).then(|| "fusermount3 is not installed (apt-get install fuse3; make test does)".into())
-    }
-}
-
-impl Drop for MountProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if Self::is_mounted(&self.mountpoint) {
-            let _ = Command::new("fusermount3").arg("-uz").arg(&self.mountpoint).status();
-        }
-    }
-}
-
-/// A `hub-server` child process on `127.0.0.1:0`; killed when dropped.
-#[derive(Debug)]
-pub struct HubProcess {
-    pub child: Child,
-    pub endpoint: String,
-    /// Where it serves metrics, when started with `--metrics-listen`.
-    pub metrics_addr: Option<String>,
-}
-
-impl HubProcess {
-    pub fn start(root: &Path, extra_args: &[&str]) -> Self {
-        Self::start_logged(root, extra_args, Stdio::inherit(), "warn")
-    }
-
-    /// Starts with its log (at `level`) going to `stderr`, e.g. a file a test reads.
-    pub fn start_logged(root: &Path, extra_args: &[&str], stderr: impl Into<Stdio>, level: &str) -> Self {
-        let mut command = Command::new(binary("hub-server"));
-        command.args(["--root", root.to_str().unwrap(), "--listen", "127.0.0.1:0"]).args(extra_args);
-        command.env("RUST_LOG", level).stderr(stderr);
-        let (child, rest) = spawn_and_wait_for(command, "hub-server listening on ");
-        let scheme = if extra_args.contains(&"--tls-cert") { "https" } else { "http" };
-        let mut words = rest.split_whitespace();
-        let addr = words.next().unwrap_or_default().to_owned();
-        let metrics_addr = words.last().filter(|_| rest.contains(" metrics on ")).map(str::to_owned);
-        Self { endpoint: format!("{scheme}://{addr}"), child, metrics_addr }
-    }
-}
-
-impl Drop for HubProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A `wan-proxy` child process on `127.0.0.1:0` in front of `upstream`; killed when
-/// dropped. `link_args` are its link flags, e.g. `["--rtt", "60ms", "--rate", "2Gbit"]`.
-#[derive(Debug)]
-pub struct ProxyProcess {
-    pub child: Child,
-    pub addr: SocketAddr,
-    pub endpoint: String,
-}
-
-impl ProxyProcess {
-    pub fn start(upstream: SocketAddr, link_args: &[&str]) -> Self {
-        let mut command = Command::new(binary("wan-proxy"));
-        command.args(["--listen", "127.0.0.1:0", "--upstream", &upstream.to_string()]).args(link_args);
-        let (child, addr) = spawn_and_wait_for(command, "wan-proxy listening on ");
-        Self { endpoint: format!("http://{addr}"), addr: addr.parse().unwrap(), child }
-    }
-}
-
-impl Drop for ProxyProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A `spoke-cache` child process on `127.0.0.1:0`; killed when dropped.
-#[derive(Debug)]
-pub struct SpokeProcess {
-    pub child: Child,
-    pub endpoint: String,
-    pub metrics_addr: String,
-}
-
-impl SpokeProcess {
-    pub fn start(hub: &str, cache_dir: &Path, extra_args: &[&str]) -> Self {
-        Self::start_at(hub, cache_dir, "127.0.0.1:0", extra_args)
-    }
-
-    /// Starts listening on `listen` (a group's members must know each other's
-    /// addresses before they start).
-    pub fn start_at(hub: &str, cache_dir: &Path, listen: &str, extra_args: &[&str]) -> Self {
-        let mut command = Command::new(binary("spoke-cache"));
-        command
-            .args(["--hub", hub, "--cache-dir", cache_dir.to_str().unwrap()])
-            .args(["--listen", listen, "--metrics-listen", "127.0.0.1:0"])
-            .args(extra_args);
-        let (child, rest) = spawn_and_wait_for(command, "spoke-cache listening on ");
-        let (addr, metrics) = rest.split_once(" metrics on ").unwrap();
-        Self { endpoint: format!("http://{addr}"), metrics_addr: metrics.to_owned(), child }
-    }
-
-    /// `kill -9`: no shutdown, no flush.
-    pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for SpokeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `GET /metrics` from a spoke's metrics address (HTTP/1.0, as Prometheus would): the

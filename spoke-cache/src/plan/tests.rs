@@ -1,0 +1,204 @@
+//! The plans against the best possible eviction, cursors, blocks and stragglers.
+use super::*;
+
+fn key(i: u32) -> ShardKey {
+    ("ds".into(), format!("s{i}"))
+}
+
+fn planned(i: u32, first: usize, until: usize) -> Planned {
+    Planned { key: key(i), at: Use { first, until }, size: 1, epoch: 0 }
+}
+
+/// A plan reading `shards` one after another, each 1 byte.
+fn in_order(shards: &[u32]) -> Vec<Planned> {
+    shards.iter().enumerate().map(|(at, &i)| planned(i, at, at)).collect()
+}
+
+/// Misses of `sequence` with a cache of `capacity` shards that evicts by the plan:
+/// the plan is the sequence itself, the cursor moved by each read.
+fn misses_by_plan(sequence: &[u32], capacity: usize) -> usize {
+    let plans = Plans::default();
+    plans.set("job", in_order(sequence));
+    let (mut cached, mut misses) = (Vec::<u32>::new(), 0);
+    for &item in sequence {
+        plans.read("ds", &format!("s{item}"), None);
+        if cached.contains(&item) {
+            continue;
+        }
+        misses += 1;
+        if cached.len() == capacity {
+            let victim = cached
+                .iter()
+                .copied()
+                .min_by(|&a, &b| {
+                    evict_before((plans.next_use(&key(a)), a as u64), (plans.next_use(&key(b)), b as u64))
+                })
+                .unwrap_or_default();
+            cached.retain(|&c| c != victim);
+        }
+        cached.push(item);
+    }
+    misses
+}
+
+/// The fewest misses any eviction choice can have (exhaustive search).
+fn misses_optimal(sequence: &[u32], capacity: usize, cached: Vec<u32>) -> usize {
+    let Some((&item, rest)) = sequence.split_first() else { return 0 };
+    if cached.contains(&item) {
+        return misses_optimal(rest, capacity, cached);
+    }
+    if cached.len() < capacity {
+        let mut next = cached;
+        next.push(item);
+        return 1 + misses_optimal(rest, capacity, next);
+    }
+    (0..cached.len())
+        .map(|evict| {
+            let mut next = cached.clone();
+            next[evict] = item;
+            1 + misses_optimal(rest, capacity, next)
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+#[test]
+fn evicting_by_the_plan_misses_as_little_as_the_best_choice_can() {
+    let mut seed = 17u64;
+    for case in 0..60 {
+        let (items, len, capacity) = (3 + case % 4, 8 + case % 7, 2 + case % 3);
+        let sequence: Vec<u32> = (0..len)
+            .map(|_| {
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                ((seed >> 33) % items as u64) as u32
+            })
+            .collect();
+        let optimal = misses_optimal(&sequence, capacity, Vec::new());
+        assert_eq!(misses_by_plan(&sequence, capacity), optimal, "{sequence:?} with room for {capacity}");
+    }
+}
+
+#[test]
+fn reshuffled_epochs_keep_a_stable_set_where_lru_keeps_nothing() {
+    // Two epochs over 8 shards with room for 4, the second in the same order (the
+    // worst case for LRU, which misses all 16): the plan keeps shards 0-2 and 7
+    // through the first epoch, so the second misses only 3-6.
+    let epoch: Vec<u32> = (0..8).collect();
+    let sequence: Vec<u32> = epoch.iter().chain(&epoch).copied().collect();
+    assert_eq!(misses_by_plan(&sequence, 4), 8 + 4);
+    assert_eq!(misses_optimal(&sequence, 4, Vec::new()), 8 + 4);
+}
+
+#[test]
+fn cursors_follow_reads_a_little_ahead_and_plans_are_per_job() {
+    let plans = Plans::default();
+    assert_eq!(plans.next_use(&key(1)), None, "no plan: no next use");
+    plans.set("a", in_order(&[0, 1, 2, 3, 1]));
+    plans.set("b", in_order(&[3, 2]));
+    assert_eq!(plans.next_use(&key(1)), Some(1));
+    assert_eq!(plans.next_use(&key(3)), Some(0), "job b reads it first");
+    plans.read("ds", "s2", None); // job a reaches position 2, job b position 1
+    assert_eq!(plans.next_use(&key(1)), Some(2), "its second read in a's plan");
+    assert_eq!(plans.next_use(&key(0)), None, "a read it already, b never will");
+    plans.set("a", Vec::new());
+    assert_eq!(plans.next_use(&key(1)), None, "withdrawn");
+}
+
+#[test]
+fn shards_read_together_stay_in_use_until_their_last_read() {
+    // A block of three shards read together (each in use until position 2), then
+    // shard 3 alone; the next epoch reads 0 first.
+    let plans = Plans::default();
+    plans.set(
+        "job",
+        vec![planned(0, 0, 2), planned(1, 1, 2), planned(2, 2, 2), planned(3, 3, 3), planned(0, 4, 4)],
+    );
+    plans.read("ds", "s0", None);
+    plans.read("ds", "s2", None); // the cursor reaches the block's last shard
+    for i in 0..3 {
+        assert_eq!(plans.next_use(&key(i)), Some(0), "shard {i} is still being read");
+    }
+    plans.read("ds", "s0", None); // a read inside its use does not move the cursor
+    assert_eq!(plans.next_use(&key(3)), Some(1));
+    let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
+    assert_eq!(names(plans.upcoming(PlanWindow::Bytes(10))), ["s0", "s1", "s2", "s3"], "in use, then ahead");
+    assert_eq!(names(plans.upcoming(PlanWindow::Bytes(0))), ["s0", "s1", "s2"], "what is being read, always");
+    assert_eq!(
+        names(plans.upcoming(PlanWindow::Blocks)),
+        ["s0", "s1", "s2", "s3"],
+        "shard 3 is the next block"
+    );
+    plans.read("ds", "s3", None);
+    assert_eq!(plans.next_use(&key(0)), Some(1), "the block is done: shard 0's next use is next epoch");
+    assert_eq!(plans.next_use(&key(1)), None);
+}
+
+#[test]
+fn the_window_is_the_block_being_read_and_the_next_one() {
+    // Blocks of three shards (each in use until the block's last position), then
+    // blocks of two.
+    let plans = Plans::default();
+    let blocks = [(0, 2), (1, 2), (2, 2), (3, 4), (4, 4), (5, 6), (6, 6)];
+    plans.set("job", blocks.iter().map(|&(i, until)| planned(i, i as usize, until)).collect());
+    let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
+    assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"]);
+    plans.read("ds", "s1", None);
+    assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"], "still in block 1");
+    plans.read("ds", "s3", None);
+    assert_eq!(
+        names(plans.upcoming(PlanWindow::Blocks)),
+        ["s3", "s4", "s5", "s6"],
+        "block 1 is done: the window moved on by a block"
+    );
+    // Without `until`s each shard is its own block: the one being read and the next.
+    plans.set("job", in_order(&[7, 8, 9]));
+    plans.read("ds", "s7", None);
+    assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s7", "s8"]);
+}
+
+#[test]
+fn a_plan_changed_mid_epoch_is_followed() {
+    let plans = Plans::default();
+    plans.set("job", in_order(&[0, 1, 2, 3]));
+    plans.read("ds", "s0", None);
+    plans.read("ds", "s1", None);
+    assert_eq!(plans.next_use(&key(3)), Some(2));
+    // The job resumes with another order for the rest of its epoch (say, after a
+    // restart with a new world size): the new plan replaces the old, cursor and all.
+    plans.set("job", in_order(&[3, 2]));
+    assert_eq!(plans.next_use(&key(3)), Some(0));
+    assert_eq!(plans.next_use(&key(2)), Some(1));
+    assert_eq!(plans.next_use(&key(1)), None, "not in the new plan");
+    plans.read("ds", "s2", None);
+    assert_eq!(plans.next_use(&key(3)), None, "read before the cursor's position, done");
+}
+
+#[test]
+fn stragglers_are_told_apart_and_do_not_move_the_cursor() {
+    // Two epochs of 8 shards, the second in the same order (from position 8); each
+    // shard read whole, its own block.
+    let plans = Plans::default();
+    let mut order = in_order(&[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7]);
+    for planned in &mut order[8..] {
+        planned.epoch = 1;
+    }
+    plans.set("job/rank0/worker1", order);
+    assert!(!plans.read("ds", "s4", Some("job")), "the reads move the cursor");
+    assert_eq!(plans.next_use(&key(3)), Some(7), "shard 3 is done");
+    // A slower reader still reads shard 3 (the block before the cursor's): a
+    // straggler's read, to its own job; the cursor stays.
+    assert!(plans.read("ds", "s3", Some("job")), "a straggler's");
+    assert!(!plans.read("ds", "s3", Some("other")), "another job's plan says nothing of it");
+    assert!(!plans.read("ds", "s3", None), "nor of an untagged read");
+    assert_eq!(plans.next_use(&key(5)), Some(1), "the cursor stayed");
+    assert_eq!(plans.next_use(&key(3)), Some(7), "and the shard stays done: its room is for what comes next");
+    assert_eq!(plans.progress()[0].3, 1, "how far behind stragglers read is reported");
+    // Further behind: out of order, not a straggler's; and not the next epoch's start
+    // while this epoch has blocks to go.
+    assert!(!plans.read("ds", "s1", Some("job")));
+    assert_eq!(plans.next_use(&key(5)), Some(1), "the cursor stayed");
+    // From the epoch's last block, a read of the next epoch's first shard moves on.
+    plans.read("ds", "s7", Some("job"));
+    assert!(!plans.read("ds", "s0", Some("job")));
+    assert_eq!(plans.next_use(&key(1)), Some(1), "the cursor is at the next epoch's start");
+}
