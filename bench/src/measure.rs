@@ -64,10 +64,20 @@ pub fn percentiles(mut latencies: Vec<Duration>) -> (f64, f64) {
 
 /// Peak resident set size (VmHWM) of a process, in MiB.
 pub fn peak_rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmHWM:")
+}
+
+/// Resident memory of a process now (VmRSS), in MiB.
+pub fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// A size field of `/proc/PID/status` (in kB there), in MiB; 0 when unreadable.
+fn status_mib(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
 }

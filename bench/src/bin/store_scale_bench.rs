@@ -31,7 +31,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use shardcache_bench::measure::cpu_seconds;
+use shardcache_bench::measure::{cpu_seconds, rss_mib};
 use shardcache_proto::checksum::Checked;
 use spoke_cache::store::{ShardRecord, Store, StoreOptions};
 
@@ -68,14 +68,6 @@ fn record(id: u64) -> ShardRecord {
         chunk_size: PAGE as u32,
         ..Default::default()
     }
-}
-
-/// Resident memory of this process now (VmRSS), in MiB.
-fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kb =
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).map(|v| v.trim().trim_end_matches("kB").trim());
-    kb.and_then(|v| v.parse::<f64>().ok()).map_or(0.0, |kb| kb / 1024.0)
 }
 
 fn open_fds() -> usize {
@@ -146,7 +138,7 @@ fn reopen(dir: &Path, shards: u64) {
     assert_eq!(read.data.len() as u64, PAGE);
     let reopen_ms = started.elapsed().as_secs_f64() * 1e3;
     assert_eq!(present, shards * CHUNKS_PER_SHARD, "every chunk file was found at reopen");
-    let (rss, fds) = (rss_mib(), open_fds());
+    let (rss, fds) = (rss_mib(std::process::id()), open_fds());
     let started = Instant::now();
     store.delete_shard(shards - 1, Some(("ds", &format!("s{}", shards - 1)))).unwrap();
     let evict_ms = started.elapsed().as_secs_f64() * 1e3;
