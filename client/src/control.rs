@@ -189,7 +189,9 @@ impl CacheClient {
 fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
     let mut merged = StatusResponse::default();
     let mut datasets: BTreeMap<String, DatasetStatus> = BTreeMap::new();
-    let mut jobs: BTreeMap<(String, u64), JobStatus> = BTreeMap::new();
+    let mut jobs: BTreeMap<(String, String, u64), JobStatus> = BTreeMap::new();
+    merged.server_view = !answers.is_empty() && answers.iter().all(|a| a.server_view);
+    merged.principal = answers.first().map(|a| a.principal.clone()).unwrap_or_default();
     for answer in answers {
         merged.capacity_bytes += answer.capacity_bytes;
         merged.used_bytes += answer.used_bytes;
@@ -216,11 +218,13 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
             sum.peer_bytes += d.peer_bytes;
         }
         for j in answer.jobs {
-            let sum = jobs.entry((j.job.clone(), j.epoch)).or_insert_with(|| JobStatus {
-                job: j.job.clone(),
-                epoch: j.epoch,
-                ..Default::default()
-            });
+            let sum =
+                jobs.entry((j.principal.clone(), j.job.clone(), j.epoch)).or_insert_with(|| JobStatus {
+                    principal: j.principal.clone(),
+                    job: j.job.clone(),
+                    epoch: j.epoch,
+                    ..Default::default()
+                });
             sum.reads += j.reads;
             sum.hit_reads += j.hit_reads;
             sum.bytes += j.bytes;

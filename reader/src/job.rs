@@ -8,6 +8,7 @@ use tonic::{Request, Status};
 
 use shardcache_proto::hedge::{AVOID_HEADER, parse_avoided};
 pub use shardcache_proto::job::{EPOCH_HEADER, JOB_HEADER, MAX_JOB_NAME, check_job_name};
+use shardcache_serving::auth::Grant;
 
 /// What a read request says about itself beyond what it reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -16,13 +17,16 @@ pub struct ReadContext {
     pub job: Option<JobTag>,
     /// Group members its client asked before (a hedge or a failover).
     pub avoid: Vec<String>,
+    /// Who sent it ([`Grant::principal`]): the job it names is that principal's job.
+    pub principal: String,
 }
 
 impl ReadContext {
     /// The context `request`'s headers carry (a malformed job header is refused).
     pub fn of<T>(request: &Request<T>) -> Result<Self, Status> {
         let avoid = request.metadata().get(AVOID_HEADER).and_then(|v| v.to_str().ok()).map(parse_avoided);
-        Ok(Self { job: JobTag::of(request)?, avoid: avoid.unwrap_or_default() })
+        let principal = Grant::of(request).map(|grant| grant.principal().to_owned()).unwrap_or_default();
+        Ok(Self { job: JobTag::of(request)?, avoid: avoid.unwrap_or_default(), principal })
     }
 }
 

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, future::try_join_all};
+use futures::{StreamExt, TryStreamExt};
 use shardcache_proto::{
     checksum::Checked,
     names::{DatasetName, ShardName},
@@ -36,6 +36,10 @@ pub const MAX_PAGE_SIZE: usize = 10_000;
 /// Messages a stream reads ahead of what the client has taken. Two keeps the source busy
 /// while the previous message is on the wire; at 1 MiB messages it is 2 MiB per stream.
 pub const STREAM_READ_AHEAD: usize = 2;
+
+/// Shards one `ReadRanges` call opens at once (each may cost the source a stat upstream):
+/// a trainer's batch names a few; this bounds what one request can fan out to.
+pub const OPENS_PER_CALL: usize = 64;
 
 /// How reads are cut and bounded.
 #[derive(Debug, Clone, Copy)]
@@ -248,11 +252,19 @@ impl<S: Source> ShardReader for ReadService<S> {
             shards.entry((r.dataset.as_str(), r.shard.as_str())).or_default().push((r.offset, r.length));
         }
         let context = &context;
-        let opened = try_join_all(shards.into_iter().map(|(key, reads)| async move {
-            Ok::<_, S::Error>((key, self.open(key.0, key.1, "", &reads, context).await?))
-        }))
-        .await
-        .map_err(Into::into)?;
+        // At most OPENS_PER_CALL at once: a batch over thousands of shards the source has
+        // not seen asks its upstream a few dozen at a time.
+        let opens: Vec<_> = shards
+            .into_iter()
+            .map(|(key, reads)| async move {
+                Ok::<_, S::Error>((key, self.open(key.0, key.1, "", &reads, context).await?))
+            })
+            .collect();
+        let opened: Vec<_> = futures::stream::iter(opens)
+            .buffer_unordered(OPENS_PER_CALL)
+            .try_collect()
+            .await
+            .map_err(Into::into)?;
         let handles: HashMap<(&str, &str), S::Shard> = opened.into_iter().collect();
         let reads = ranges
             .iter()

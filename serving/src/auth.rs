@@ -20,7 +20,12 @@
 //! [control]` grants a certificate (verified against `--client-ca`) whose DNS name is
 //! DNSNAME. On a server with a token file, a verified certificate with no such line is
 //! refused; without a token file (mTLS only) every verified certificate reads
-//! everything.
+//! everything and controls nothing: control is always granted by a line that says so.
+//!
+//! Each grant names a *principal* ([`Grant::principal`]): the token's or certificate's
+//! line name, or the certificate's DNS name under mTLS only. What a principal sets up on
+//! a spoke (a job's plan, its per-job counters) is its own: another principal neither
+//! replaces nor sees it. An open server (no credentials at all) has one principal, "".
 //!
 //! Tokens are 256 random bits ([`new_token`]), so a plain SHA-256 is as good as a slow
 //! password hash: there is nothing to guess. Revoking a token is deleting its line; the
@@ -231,8 +236,11 @@ impl TokenBook {
 /// What one request may read, put in its extensions by the [`Authenticator`].
 #[derive(Debug, Clone)]
 pub enum Grant {
-    /// No token file: an open server, or one that only checks client certificates.
+    /// No credentials configured: an open server, where every request is one principal.
     Everything,
+    /// mTLS without a token file: a verified client certificate (its first DNS name)
+    /// reads every dataset and controls nothing.
+    Certificate(Arc<str>),
     Token(Arc<TokenHolder>),
 }
 
@@ -248,7 +256,7 @@ impl Grant {
 
     pub fn allows(&self, dataset: &str) -> bool {
         match self {
-            Grant::Everything => true,
+            Grant::Everything | Grant::Certificate(_) => true,
             Grant::Token(holder) => match &holder.datasets {
                 Datasets::All => true,
                 Datasets::Only(names) => names.contains(dataset),
@@ -256,12 +264,36 @@ impl Grant {
         }
     }
 
-    /// Whether the grant holds every dataset (sees what is not one dataset's: jobs).
-    pub fn allows_all(&self) -> bool {
+    /// Who the request is: the grant's line name (token or certificate), a certificate's
+    /// DNS name under mTLS only, or "" on an open server. What a principal sets up on a
+    /// server (a job's plan, its job counters) belongs to it.
+    pub fn principal(&self) -> &str {
+        match self {
+            Grant::Everything => "",
+            Grant::Certificate(name) => name,
+            Grant::Token(holder) => &holder.name,
+        }
+    }
+
+    /// Whether the grant may control a cache (its line says `control`, or the server is
+    /// open): it then also sees what is the server's rather than a dataset's (hub URLs,
+    /// global counters).
+    pub fn may_control(&self) -> bool {
         match self {
             Grant::Everything => true,
-            Grant::Token(holder) => matches!(holder.datasets, Datasets::All),
+            Grant::Certificate(_) => false,
+            Grant::Token(holder) => holder.control,
         }
+    }
+
+    /// The operator's view: control of every dataset, so every principal's jobs and
+    /// plans are its business too.
+    pub fn is_operator(&self) -> bool {
+        self.may_control()
+            && match self {
+                Grant::Token(holder) => matches!(holder.datasets, Datasets::All),
+                _ => true,
+            }
     }
 
     /// PERMISSION_DENIED unless the grant holds `dataset` and may control a cache's
@@ -270,9 +302,13 @@ impl Grant {
         self.check(dataset)?;
         match self {
             Grant::Token(holder) if !holder.control => Err(Status::permission_denied(format!(
-                "token {:?} may read dataset {dataset:?} but not change what the cache holds of it \
+                "{:?} may read dataset {dataset:?} but not change what the cache holds of it \
                  (prefetch, evict, pin): its line in the token file needs `{CONTROL}`",
                 holder.name
+            ))),
+            Grant::Certificate(name) => Err(Status::permission_denied(format!(
+                "client certificate {name:?} may read but not change what the cache holds (prefetch, evict, \
+                 pin): give it a line `NAME {CERT_PREFIX}{name} DATASETS {CONTROL}` in a --token-file"
             ))),
             _ => Ok(()),
         }
@@ -286,7 +322,7 @@ impl Grant {
                 "token {:?} may not read dataset {dataset:?} (it holds: {})",
                 holder.name, holder.datasets
             ))),
-            Grant::Everything => Ok(()),
+            Grant::Everything | Grant::Certificate(_) => Ok(()),
         }
     }
 }
@@ -323,8 +359,15 @@ impl Authenticator {
     }
 
     fn grant<T>(&self, request: &Request<T>) -> Result<Grant, Status> {
-        let Some(book) = &self.tokens else { return Ok(Grant::Everything) };
         let peer = request.extensions().get::<PeerInfo>().filter(|peer| peer.client_certified);
+        let Some(book) = &self.tokens else {
+            // mTLS only: a verified certificate reads, and is someone (its plans are its
+            // own); control needs a grants line that says so.
+            return Ok(match peer.and_then(|peer| peer.client_names.first()) {
+                Some(name) => Grant::Certificate(name.as_str().into()),
+                None => Grant::Everything,
+            });
+        };
         let Some(value) = request.metadata().get("authorization") else {
             if let Some(peer) = peer {
                 if book.failure().is_some() {

@@ -26,13 +26,16 @@
 //! - When the hub cannot be reached, cached shards are served as they are and misses
 //!   fail with UNAVAILABLE.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, atomic::Ordering::Relaxed},
+    time::Duration,
+};
 
 use shardcache_proto::names::{DatasetName, ShardName};
 
 mod read;
 
-pub use read::ReadFor;
+pub use read::{ReadFor, SPECULATIVE_SHARDS_PER_CALL};
 
 use crate::{
     Error, Result,
@@ -45,7 +48,7 @@ use crate::{
     jobs::JobRow,
     lookup::Lookups,
     metrics::Metrics,
-    plan::{PlanWindow, Plans},
+    plan::{PlanLimits, PlanWindow, Plans},
     plan_fetch::PlanFetcher,
     store::Store,
     suppliers::{Chain, hubs::Hubs},
@@ -77,6 +80,10 @@ pub struct CacheConfig {
     pub upstream_bytes_in_flight: u64,
     /// How far ahead of the jobs' reads their plans are fetched (`plan_fetch.rs`).
     pub plan_window: PlanWindow,
+    /// How many plans and positions each principal, and all, may keep.
+    pub plan_limits: PlanLimits,
+    /// Jobs labelled by name in the metrics (`Metrics::labelled_jobs`).
+    pub metric_jobs: std::collections::BTreeSet<String>,
 }
 
 /// The cache.
@@ -93,7 +100,14 @@ pub struct Cache {
     metrics: Arc<Metrics>,
     /// Pin changes, one at a time (their limit is checked against all pins).
     pinning: tokio::sync::Mutex<()>,
+    /// Whole-shard background fetches running (at most [`WHOLE_SHARD_FETCHES`]).
+    whole_fetches: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Whole-shard background fetches at once: each keeps `--shard-fetch-parallelism`
+/// chunks in flight, so a few dozen fill the link; more only queue behind them and hold
+/// memory.
+pub const WHOLE_SHARD_FETCHES: usize = 32;
 
 impl Cache {
     /// Loads what `store` holds; usable at once, before any hub answers. Chunks it lacks
@@ -122,6 +136,7 @@ impl Cache {
             config.upstream_bytes_in_flight,
             config.chunk_size,
         );
+        let plans = Arc::new(Plans::new(config.plan_limits));
         Ok(Arc::new(Self {
             config,
             store,
@@ -130,9 +145,10 @@ impl Cache {
             admission,
             lookups,
             fetch,
-            plans: Arc::default(),
+            plans,
             metrics,
             pinning: tokio::sync::Mutex::new(()),
+            whole_fetches: Arc::default(),
         }))
     }
 
@@ -316,17 +332,26 @@ impl Cache {
 
     /// Read-ahead and whole-shard fetch, in the background.
     fn after_read(&self, entry: &Arc<Entry>, last: u64, missed: bool, row: &JobRow) {
-        let start_whole = missed && self.config.fetch_whole_shard && {
-            let mut state = entry.state();
-            !std::mem::replace(&mut state.whole_fetch_started, true)
-        };
-        if start_whole {
+        // At most WHOLE_SHARD_FETCHES run; past it a miss reads ahead instead, and its
+        // shard's whole fetch may start on a later miss.
+        let whole = missed
+            && self.config.fetch_whole_shard
+            && self.whole_fetches.fetch_add(1, Relaxed) < WHOLE_SHARD_FETCHES
+            && {
+                let mut state = entry.state();
+                !std::mem::replace(&mut state.whole_fetch_started, true)
+            };
+        if !whole && missed && self.config.fetch_whole_shard {
+            self.whole_fetches.fetch_sub(1, Relaxed);
+        }
+        if whole {
             let (fetch, entry, row) = (self.fetch.clone(), entry.clone(), row.clone());
-            let parallelism = self.config.shard_fetch_parallelism;
+            let (parallelism, running) = (self.config.shard_fetch_parallelism, self.whole_fetches.clone());
             tokio::spawn(async move {
                 if let Err(e) = fetch.fetch_shard(&entry, parallelism, &row).await {
                     tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, error = %e, "background shard fetch failed");
                 }
+                running.fetch_sub(1, Relaxed);
             });
             return;
         }

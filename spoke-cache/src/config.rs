@@ -16,7 +16,7 @@ use shardcache_serving::{
 use crate::{
     Error, PeerGroup, SpokeOptions,
     cache::CacheConfig,
-    plan::PlanWindow,
+    plan::{PlanLimits, PlanWindow},
     store::{DEFAULT_MAX_OPEN_FILES, DEFAULT_MERGE_ABOVE_FILES, PAGE_SIZE, StoreOptions},
     suppliers::hubs::HubTransport,
 };
@@ -98,6 +98,29 @@ pub struct SpokeArgs {
     /// of shards beyond those being read (e.g. 256MiB). 0 turns planned prefetch off.
     #[arg(long, default_value = "auto", value_parser = parse_plan_window)]
     pub plan_window: PlanWindow,
+
+    /// Access plans one principal (a token's or certificate's line name) may keep; a
+    /// SetPlan past it gets RESOURCE_EXHAUSTED naming this flag.
+    #[arg(long, default_value_t = PlanLimits::default().plans_per_principal)]
+    pub max_plans_per_principal: usize,
+
+    /// Plan positions (reads planned) one principal's plans may hold in all.
+    #[arg(long, default_value_t = PlanLimits::default().positions_per_principal)]
+    pub max_plan_positions_per_principal: usize,
+
+    /// Access plans the spoke keeps, over all principals.
+    #[arg(long, default_value_t = PlanLimits::default().plans)]
+    pub max_plans: usize,
+
+    /// Plan positions the spoke keeps, over all principals (~150 bytes of memory each).
+    #[arg(long, default_value_t = PlanLimits::default().positions)]
+    pub max_plan_positions: usize,
+
+    /// Jobs whose counters get their own `job_id` label in the metrics (comma-separated,
+    /// e.g. llama-pretrain,eval); the others are summed under `job_id="other"`, since a
+    /// client chooses its job's name. `Status` shows every job either way.
+    #[arg(long, value_delimiter = ',')]
+    pub metric_jobs: Vec<String>,
 
     /// RocksDB options for the pages column family, as RocksDB's option string (e.g.
     /// "block_based_table_factory={cache_index_and_filter_blocks=true}"), applied
@@ -282,6 +305,13 @@ impl SpokeArgs {
             shard_fetch_parallelism: self.shard_fetch_parallelism.max(1),
             upstream_bytes_in_flight: self.upstream_bytes_in_flight.0,
             plan_window: self.plan_window,
+            plan_limits: PlanLimits {
+                plans_per_principal: self.max_plans_per_principal,
+                positions_per_principal: self.max_plan_positions_per_principal,
+                plans: self.max_plans,
+                positions: self.max_plan_positions,
+            },
+            metric_jobs: self.metric_jobs.iter().filter(|j| !j.is_empty()).cloned().collect(),
         })
     }
 }

@@ -25,7 +25,7 @@ use crate::{
     cache::Cache,
     entry::Entry,
     entry::ShardKey,
-    plan::{MAX_PLAN_POSITIONS, Planned, Use},
+    plan::{MAX_PLAN_POSITIONS, PlanRefused, Planned, Use},
 };
 
 /// Shards a prefetch fetches at once when the request does not say. Each shard fetch
@@ -44,11 +44,13 @@ const MAX_CACHED_READ: u64 = 64 << 20;
 #[derive(Debug)]
 pub struct Control {
     cache: Arc<Cache>,
+    /// `--max-read`: a `ReadCached` is a read like the others.
+    max_read: u64,
 }
 
 impl Control {
-    pub fn new(cache: Arc<Cache>) -> Self {
-        Self { cache }
+    pub fn new(cache: Arc<Cache>, max_read: u64) -> Self {
+        Self { cache, max_read }
     }
 
     /// The shards a request names: the listed ones, or every shard of `dataset` from the hub.
@@ -111,7 +113,7 @@ impl CacheControl for Control {
         // a 60 ms link that is one round trip per STAT_PARALLELISM shards.
         let cache = self.cache.clone();
         // A prefetch names no job: what it fetches counts in the untagged row.
-        let row = cache.metrics().jobs.row(None);
+        let row = cache.metrics().jobs.row(grant.principal(), None);
         let entries: Vec<Arc<Entry>> = stream::iter(plan)
             .map(|(d, s)| {
                 let cache = cache.clone();
@@ -191,23 +193,35 @@ impl CacheControl for Control {
             status.upstream_bytes = counters.upstream_bytes.load(Relaxed);
             status.peer_bytes = counters.peer_bytes.load(Relaxed);
         }
-        // A token sees the counters of its own datasets only.
+        // A principal sees the counters of the datasets it may read, and its own jobs and
+        // plans; the server's own figures (hubs, capacity, global counters) are for one
+        // that may control the cache, and everyone's jobs for the operator.
         let datasets = datasets
             .into_iter()
             .filter(|(dataset, _)| grant.allows(dataset))
             .map(|(dataset, status)| DatasetStatus { dataset, ..status })
             .collect();
-        Ok(Response::new(StatusResponse {
-            capacity_bytes: cache.capacity().capacity(),
-            used_bytes: cache.used_bytes(),
+        let whose = |principal: &str| grant.is_operator() || principal == grant.principal();
+        let mut status = StatusResponse {
             datasets,
-            evicted_shards: cache.metrics().evicted_shards.load(Relaxed),
-            evicted_bytes: cache.metrics().evicted_bytes.load(Relaxed),
-            checksum_failures: cache.metrics().checksum_failures.load(Relaxed),
-            hubs: cache.hubs().urls(),
-            jobs: if grant.allows_all() { job_statuses(cache) } else { Vec::new() },
-            plans: if grant.allows_all() { plan_statuses(cache) } else { Vec::new() },
-        }))
+            jobs: job_statuses(cache).into_iter().filter(|j| whose(&j.principal)).collect(),
+            plans: plan_statuses(cache).into_iter().filter(|p| whose(&p.principal)).collect(),
+            principal: grant.principal().to_owned(),
+            ..Default::default()
+        };
+        if grant.may_control() {
+            status = StatusResponse {
+                capacity_bytes: cache.capacity().capacity(),
+                used_bytes: cache.used_bytes(),
+                evicted_shards: cache.metrics().evicted_shards.load(Relaxed),
+                evicted_bytes: cache.metrics().evicted_bytes.load(Relaxed),
+                checksum_failures: cache.metrics().checksum_failures.load(Relaxed),
+                hubs: cache.hubs().urls(),
+                server_view: true,
+                ..status
+            };
+        }
+        Ok(Response::new(status))
     }
 
     async fn evict(&self, request: Request<EvictRequest>) -> Result<Response<EvictResponse>, Status> {
@@ -239,7 +253,8 @@ impl CacheControl for Control {
         Grant::of(&request)?.check(&request.get_ref().dataset)?;
         let req = request.into_inner();
         let (dataset, shard) = (DatasetName::new(&req.dataset)?, ShardName::new(&req.shard)?);
-        shardcache_proto::range::check_total(req.length, MAX_CACHED_READ).map_err(Status::from)?;
+        shardcache_proto::range::check_total(req.length, MAX_CACHED_READ.min(self.max_read))
+            .map_err(Status::from)?;
         let Some(entry) = self.cache.cached_entry(dataset.as_str(), shard.as_str()) else {
             return Err(Status::failed_precondition(format!("{dataset}/{shard} is not cached here")));
         };
@@ -276,6 +291,8 @@ impl CacheControl for Control {
                  next epoch only"
             )));
         }
+        let refused = |e: PlanRefused| Status::resource_exhausted(e.to_string());
+        self.cache.plans().admits(grant.principal(), &req.job, positions).map_err(refused)?;
         // Each position's shard and use, the epochs one after another.
         let mut order = Vec::with_capacity(positions);
         for (number, epoch) in req.epochs.iter().enumerate() {
@@ -332,8 +349,8 @@ impl CacheControl for Control {
                 Planned { key, at, size, epoch }
             })
             .collect();
-        let shards = self.cache.plans().set(&req.job, order) as u64;
-        tracing::info!(job = %req.job, epoch = req.epoch, reads = positions, shards, "access plan set");
+        let shards = self.cache.plans().set(grant.principal(), &req.job, order).map_err(refused)? as u64;
+        tracing::info!(principal = grant.principal(), job = %req.job, epoch = req.epoch, reads = positions, shards, "access plan set");
         Ok(Response::new(PlanResponse { shards }))
     }
 
@@ -349,11 +366,12 @@ fn plan_statuses(cache: &Cache) -> Vec<PlanStatus> {
     let progress = cache.plans().progress();
     progress
         .into_iter()
-        .map(|(job, cursor, positions, lag)| PlanStatus {
-            job,
-            cursor: cursor as u64,
-            positions: positions as u64,
-            lag: lag as u64,
+        .map(|p| PlanStatus {
+            principal: p.principal,
+            job: p.job,
+            cursor: p.cursor as u64,
+            positions: p.positions as u64,
+            lag: p.lag as u64,
         })
         .collect()
 }
@@ -362,9 +380,10 @@ fn plan_statuses(cache: &Cache) -> Vec<PlanStatus> {
 fn job_statuses(cache: &Cache) -> Vec<JobStatus> {
     let rows = cache.metrics().jobs.snapshot();
     rows.into_iter()
-        .map(|(tag, row)| JobStatus {
-            job: tag.job,
-            epoch: tag.epoch,
+        .map(|(key, row)| JobStatus {
+            principal: key.principal,
+            job: key.job,
+            epoch: key.epoch,
             reads: row.reads,
             hit_reads: row.hit_reads,
             bytes: row.bytes,

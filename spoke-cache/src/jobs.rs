@@ -7,9 +7,12 @@
 //! and every hub byte the per-dataset counters count is counted in exactly one row, so
 //! the rows add up to the totals (rows folded away included).
 //!
-//! Rows are kept for the [`MAX_JOB_ROWS`] most recent (job, epoch) pairs; older ones are
-//! folded into one row (job "(older)"), so a spoke that serves jobs for months keeps a
-//! bounded page.
+//! A job is its principal's (`Grant::principal`): rows are per (principal, job, epoch),
+//! and `Status` shows a principal its own rows only.
+//!
+//! Rows are kept for the [`MAX_JOB_ROWS`] most recent (principal, job, epoch) keys;
+//! older ones are folded into one row (job "(older)"), so a spoke that serves jobs for
+//! months keeps a bounded page.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -48,6 +51,17 @@ pub struct JobSnapshot {
     pub hub_bytes: u64,
 }
 
+impl JobSnapshot {
+    /// Adds `other`'s values (rows summed under one label).
+    pub fn add(&mut self, other: JobSnapshot) {
+        self.reads += other.reads;
+        self.hit_reads += other.hit_reads;
+        self.bytes += other.bytes;
+        self.hit_bytes += other.hit_bytes;
+        self.hub_bytes += other.hub_bytes;
+    }
+}
+
 impl JobCounters {
     /// A read of `bytes`, a hit when none of it came from the hub.
     pub fn read(&self, bytes: u64, hit: bool) {
@@ -81,11 +95,19 @@ impl JobCounters {
 /// The counters a read or fetch is counted in.
 pub type JobRow = Arc<JobCounters>;
 
+/// Whose job a row counts: the principal that reads, the job and epoch it names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct RowKey {
+    pub principal: String,
+    pub job: String,
+    pub epoch: u64,
+}
+
 #[derive(Debug, Default)]
 struct Rows {
-    rows: BTreeMap<JobTag, JobRow>,
+    rows: BTreeMap<RowKey, JobRow>,
     /// Keys in the order their rows were made (oldest first).
-    made: VecDeque<JobTag>,
+    made: VecDeque<RowKey>,
     folded: JobRow,
 }
 
@@ -96,41 +118,40 @@ pub struct Jobs {
 }
 
 impl Jobs {
-    /// The row of `tag` (the untagged row for `None`), made on first use.
-    pub fn row(&self, tag: Option<&JobTag>) -> JobRow {
-        let untagged;
-        let tag = match tag {
-            Some(tag) => tag,
-            None => {
-                untagged = JobTag { job: String::new(), epoch: 0 };
-                &untagged
-            }
+    /// The row of `principal`'s reads tagged `tag` (its untagged row for `None`), made on
+    /// first use.
+    pub fn row(&self, principal: &str, tag: Option<&JobTag>) -> JobRow {
+        let key = RowKey {
+            principal: principal.to_owned(),
+            job: tag.map(|t| t.job.clone()).unwrap_or_default(),
+            epoch: tag.map_or(0, |t| t.epoch),
         };
         let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(row) = rows.rows.get(tag) {
+        if let Some(row) = rows.rows.get(&key) {
             return row.clone();
         }
         let row = JobRow::default();
-        rows.rows.insert(tag.clone(), row.clone());
-        rows.made.push_back(tag.clone());
+        rows.rows.insert(key.clone(), row.clone());
+        rows.made.push_back(key);
         rows.fold_oldest();
         row
     }
 
-    /// The row a fetch for plan `plan` (`JOB` or `JOB/READER`) at plan epoch `epoch` is
-    /// counted in.
-    pub fn planned(&self, plan: &str, epoch: u64) -> JobRow {
+    /// The row a fetch for `principal`'s plan `plan` (`JOB` or `JOB/READER`) at plan
+    /// epoch `epoch` is counted in.
+    pub fn planned(&self, principal: &str, plan: &str, epoch: u64) -> JobRow {
         let job = plan.split('/').next().unwrap_or(plan).to_owned();
-        self.row(Some(&JobTag { job, epoch }))
+        self.row(principal, Some(&JobTag { job, epoch }))
     }
 
-    /// Every row's values, in (job, epoch) order, the folded row last when it has any.
-    pub fn snapshot(&self) -> Vec<(JobTag, JobSnapshot)> {
+    /// Every row's values, in (principal, job, epoch) order, the folded row last when it
+    /// has any (its principal is "").
+    pub fn snapshot(&self) -> Vec<(RowKey, JobSnapshot)> {
         let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<_> = rows.rows.iter().map(|(tag, row)| (tag.clone(), row.snapshot())).collect();
+        let mut out: Vec<_> = rows.rows.iter().map(|(key, row)| (key.clone(), row.snapshot())).collect();
         let folded = rows.folded.snapshot();
         if folded != JobSnapshot::default() {
-            out.push((JobTag { job: FOLDED_JOB.into(), epoch: 0 }, folded));
+            out.push((RowKey { job: FOLDED_JOB.into(), ..RowKey::default() }, folded));
         }
         out
     }
@@ -142,19 +163,19 @@ impl Rows {
     fn fold_oldest(&mut self) {
         let mut kept = VecDeque::new();
         while self.rows.len() > MAX_JOB_ROWS {
-            let Some(tag) = self.made.pop_front() else { break };
-            match self.rows.get(&tag) {
+            let Some(key) = self.made.pop_front() else { break };
+            match self.rows.get(&key) {
                 Some(row) if Arc::strong_count(row) == 1 => {
-                    if let Some(row) = self.rows.remove(&tag) {
+                    if let Some(row) = self.rows.remove(&key) {
                         self.folded.add(row.snapshot());
                     }
                 }
-                Some(_) => kept.push_back(tag),
+                Some(_) => kept.push_back(key),
                 None => {}
             }
         }
-        while let Some(tag) = kept.pop_back() {
-            self.made.push_front(tag);
+        while let Some(key) = kept.pop_back() {
+            self.made.push_front(key);
         }
     }
 }
@@ -166,9 +187,9 @@ mod tests {
     #[test]
     fn old_rows_fold_into_one_and_nothing_is_lost() {
         let jobs = Jobs::default();
-        let held = jobs.row(Some(&JobTag { job: "held".into(), epoch: 0 }));
+        let held = jobs.row("alice", Some(&JobTag { job: "held".into(), epoch: 0 }));
         for i in 0..MAX_JOB_ROWS as u64 + 10 {
-            jobs.row(Some(&JobTag { job: "job".into(), epoch: i })).read(10, i % 2 == 0);
+            jobs.row("alice", Some(&JobTag { job: "job".into(), epoch: i })).read(10, i % 2 == 0);
         }
         held.read(5, true);
         let rows = jobs.snapshot();
@@ -176,7 +197,11 @@ mod tests {
         assert!(rows.iter().any(|(tag, _)| tag.job == "held"), "a row still held is not folded");
         let (reads, bytes) = rows.iter().fold((0, 0), |(r, b), (_, s)| (r + s.reads, b + s.bytes));
         assert_eq!((reads, bytes), (MAX_JOB_ROWS as u64 + 11, 10 * (MAX_JOB_ROWS as u64 + 10) + 5));
-        assert_eq!(jobs.planned("c4/rank0/worker1", 2).snapshot(), JobSnapshot::default());
-        assert!(jobs.snapshot().iter().any(|(tag, _)| tag.job == "c4" && tag.epoch == 2));
+        assert_eq!(jobs.planned("bob", "c4/rank0/worker1", 2).snapshot(), JobSnapshot::default());
+        assert!(
+            jobs.snapshot()
+                .iter()
+                .any(|(key, _)| key.principal == "bob" && key.job == "c4" && key.epoch == 2)
+        );
     }
 }

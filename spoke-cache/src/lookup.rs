@@ -40,7 +40,17 @@ pub struct Lookups {
     /// Lookups (StatShard) in progress, shared by concurrent callers.
     running: Mutex<HashMap<ShardKey, SharedLookup>>,
     revalidation: Revalidation,
+    /// Room for [`STATS_IN_FLIGHT`] stats to the hubs: a batch naming thousands of cold
+    /// shards asks them a few dozen at a time, not all at once.
+    stats: tokio::sync::Semaphore,
 }
+
+/// `StatShard`s to the hubs at once, over all requests: as many as chunk fetches
+/// (`fetch::UPSTREAM_REQUESTS_IN_FLIGHT`), so a spoke never has more than 64 requests at
+/// a hub, whatever its clients send (before, a batch over 100 cold shards sent 100 stats
+/// at once and a hub at `--max-concurrency 64` shed them). 32 per 60 ms round trip is
+/// ~500 new shards a second.
+pub const STATS_IN_FLIGHT: usize = 32;
 
 impl Lookups {
     pub fn new(
@@ -58,6 +68,7 @@ impl Lookups {
             chunk_size,
             running: Mutex::default(),
             revalidation: Revalidation::default(),
+            stats: tokio::sync::Semaphore::new(STATS_IN_FLIGHT),
         }
     }
 
@@ -116,13 +127,13 @@ impl Lookups {
             return Ok(entry);
         }
         let Some(entry) = self.index.get(&key) else {
-            let info = self.chain.stat(dataset.as_str(), shard.as_str()).await?;
+            let info = self.stat(dataset, shard).await?;
             return self.index.install(key, &info, self.chunk_size).await;
         };
         // Readers are served the cached version after REVALIDATION_WAIT; past it, the
         // hub counts as not answering (once per lookup, not once per waiting reader), so
         // revalidation pauses while this stat carries on to --hub-timeout.
-        let stat = self.chain.stat(dataset.as_str(), shard.as_str());
+        let stat = self.stat(dataset, shard);
         tokio::pin!(stat);
         let (answer, slow) = match tokio::time::timeout(REVALIDATION_WAIT, &mut stat).await {
             Ok(answer) => (answer, false),
@@ -161,6 +172,17 @@ impl Lookups {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The hubs' `StatShard`, within [`STATS_IN_FLIGHT`].
+    async fn stat(
+        &self,
+        dataset: &DatasetName,
+        shard: &ShardName,
+    ) -> Result<shardcache_proto::v1::ShardInfo> {
+        // The semaphore is never closed.
+        let _room = self.stats.acquire().await.ok();
+        self.chain.stat(dataset.as_str(), shard.as_str()).await
     }
 
     fn revalidation_failed(&self, why: &dyn std::fmt::Display) {

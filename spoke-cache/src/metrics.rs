@@ -5,7 +5,7 @@
 //! all relaxed atomics on the read path, rendered on scrape.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt::Write,
     sync::{
         Arc, Mutex,
@@ -20,6 +20,9 @@ use crate::jobs::{JobSnapshot, Jobs};
 
 /// Picks one counter of a dataset's counters.
 type CounterField = fn(&DatasetCounters) -> &AtomicU64;
+/// The `job_id` label of the jobs `--metric-jobs` does not name.
+pub const OTHER_JOBS: &str = "other";
+
 /// Picks one value of a job row.
 type JobField = fn(&JobSnapshot) -> u64;
 
@@ -40,6 +43,8 @@ pub struct DatasetCounters {
 pub struct Metrics {
     datasets: Mutex<BTreeMap<String, Arc<DatasetCounters>>>,
     pub checksum_failures: AtomicU64,
+    /// Stored pages the disk could not read (I/O errors); each chunk was refetched.
+    pub store_read_errors: AtomicU64,
     pub evicted_shards: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub upstream_requests: AtomicU64,
@@ -51,6 +56,9 @@ pub struct Metrics {
     pub fetch_latency: Histogram,
     /// Per job and epoch (`jobs.rs`).
     pub jobs: Jobs,
+    /// Jobs whose rows get their own `job_id` label (`--metric-jobs`); the rest are
+    /// summed under `job_id="other"`: label values are the operator's, never a client's.
+    pub labelled_jobs: BTreeSet<String>,
     /// Hedged calls to the peers and hubs (`suppliers/`).
     pub hedges: Arc<HedgeCounters>,
 }
@@ -70,6 +78,11 @@ pub struct Occupancy {
 }
 
 impl Metrics {
+    /// Counters whose metrics label the jobs `jobs` by name (`--metric-jobs`).
+    pub fn labelling(jobs: BTreeSet<String>) -> Self {
+        Self { labelled_jobs: jobs, ..Self::default() }
+    }
+
     pub fn dataset(&self, dataset: &str) -> Arc<DatasetCounters> {
         let mut map = self.datasets.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(dataset.to_owned()).or_default().clone()
@@ -129,6 +142,11 @@ impl Metrics {
                 "shardcache_spoke_checksum_failures_total",
                 "Stored pages that failed their CRC32C and were refetched",
                 &self.checksum_failures,
+            ),
+            (
+                "shardcache_spoke_store_read_errors_total",
+                "Stored pages the disk could not read (I/O errors, not damage); each chunk was forgotten and refetched",
+                &self.store_read_errors,
             ),
             ("shardcache_spoke_evicted_shards_total", "Shards evicted", &self.evicted_shards),
             ("shardcache_spoke_evicted_bytes_total", "Bytes evicted", &self.evicted_bytes),
@@ -194,9 +212,21 @@ fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
 
 impl Metrics {
     /// Per (job, epoch) counters, labelled `job_id` (Prometheus keeps `job` for the scrape
-    /// job) and `epoch`.
+    /// job) and `epoch`, for the jobs `--metric-jobs` names; every other job's rows
+    /// (folded ones included) are summed under `job_id="other"` with no epoch, and
+    /// untagged reads are `job_id=""`. A client chooses its job's name, so a name becomes
+    /// a label value only when the operator has listed it: a series per client-chosen
+    /// name would let any reader grow the scrape without bound.
     fn render_jobs(&self, out: &mut String) {
-        let rows = self.jobs.snapshot();
+        let mut rows: BTreeMap<(String, String), JobSnapshot> = BTreeMap::new();
+        for (key, row) in self.jobs.snapshot() {
+            let label = match key.job.as_str() {
+                "" => (String::new(), key.epoch.to_string()),
+                job if self.labelled_jobs.contains(job) => (job.to_owned(), key.epoch.to_string()),
+                _ => (OTHER_JOBS.to_owned(), String::new()),
+            };
+            rows.entry(label).or_default().add(row);
+        }
         let series: [(&str, &str, JobField); 5] = [
             ("shardcache_spoke_job_reads_total", "Reads per job and epoch", |r| r.reads),
             (
@@ -216,14 +246,9 @@ impl Metrics {
         ];
         for (name, help, field) in series {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (tag, row) in &rows {
-                let _ = writeln!(
-                    out,
-                    "{name}{{job_id=\"{}\",epoch=\"{}\"}} {}",
-                    escape(&tag.job),
-                    tag.epoch,
-                    field(row)
-                );
+            for ((job, epoch), row) in &rows {
+                let _ =
+                    writeln!(out, "{name}{{job_id=\"{}\",epoch=\"{epoch}\"}} {}", escape(job), field(row));
             }
         }
     }

@@ -78,7 +78,7 @@ impl PlanFetcher {
             PlanWindow::Bytes(_) => room,
         };
         let (mut listed, mut ahead) = (0, 0);
-        for Upcoming { key, size, job, epoch, ahead: in_window } in upcoming {
+        for Upcoming { key, size, principal, job, epoch, ahead: in_window } in upcoming {
             listed += size;
             ahead += if in_window { size } else { 0 };
             if listed > room || ahead > window_room {
@@ -95,7 +95,7 @@ impl PlanFetcher {
                 Some(false) => continue, // running already
                 Some(true) => {}
             }
-            let (this, row) = (self.clone(), self.metrics.jobs.planned(&job, epoch));
+            let (this, row) = (self.clone(), self.metrics.jobs.planned(&principal, &job, epoch));
             tokio::spawn(async move {
                 if let Err(e) = this.fetch_whole(&key, row).await {
                     tracing::debug!(dataset = %key.0, shard = %key.1, job, error = %e, "planned fetch failed");

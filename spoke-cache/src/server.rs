@@ -62,7 +62,7 @@ pub struct PeerGroup {
 /// are removed; any other error (a bad option, a permission) stops the start instead.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
     let group = options.group.as_ref().map(|g| (g.spec.as_str(), g.me.as_str()));
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::labelling(options.cache.metric_jobs.clone()));
     let chain = || {
         let (hubs, transport, credentials) =
             (&options.hubs, &options.hub_transport, &options.hub_credentials);
@@ -138,7 +138,7 @@ pub async fn serve(
     let reader = ShardReaderServer::new(service)
         .max_encoding_message_size(usize::MAX)
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);
-    let control = CacheControlServer::new(Control::new(cache.clone()))
+    let control = CacheControlServer::new(Control::new(cache.clone(), options.max_read))
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);
     // Tokens are checked before a handler runs.
     let auth = &options.security.auth;

@@ -57,11 +57,12 @@ impl CachedSource {
         reads: &[(u64, u64)],
         context: &ReadContext,
     ) -> Result<CachedShard> {
-        let row = self.0.metrics().jobs.row(context.job.as_ref());
+        let row = self.0.metrics().jobs.row(&context.principal, context.job.as_ref());
         let entry = self.0.entry_for(dataset, shard, reads, &row).await?;
         let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
         let job = context.job.as_ref().map(|tag| tag.job.clone());
-        let reader = ReadFor { job, row, avoid: context.avoid.clone().into() };
+        let principal = context.principal.as_str().into();
+        let reader = ReadFor { job, principal, row, avoid: context.avoid.clone().into() };
         Ok(CachedShard { cache: self.0.clone(), entry, meta, reader })
     }
 }

@@ -153,6 +153,8 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
             shard_fetch_parallelism: 4,
             upstream_bytes_in_flight: 64 << 20,
             plan_window: PlanWindow::Blocks,
+            plan_limits: Default::default(),
+            metric_jobs: ["trainer".to_owned()].into(),
         },
         store: StoreOptions::default(),
         max_read: 1 << 20,

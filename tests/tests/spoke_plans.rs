@@ -218,7 +218,7 @@ async fn a_stragglers_miss_is_fetched_as_read_and_not_stored() {
     spoke.settled().await;
     assert_eq!(hub.stats.snapshot().bytes_served - served, 16 << 10, "the range, not its chunk");
     assert_eq!(spoke.cache.used_bytes(), used, "and not stored");
-    assert_eq!(spoke.cache.plans().progress()[0].1, 2, "the cursor stayed at the block being read");
+    assert_eq!(spoke.cache.plans().progress()[0].cursor, 2, "the cursor stayed at the block being read");
 
     // Another job's read of it is an ordinary miss: its chunk is fetched and kept.
     let other = spoke.client().await.for_job("evaluator", 0).unwrap();

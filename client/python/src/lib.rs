@@ -327,6 +327,9 @@ impl Client {
         d.set_item("capacity_bytes", status.capacity_bytes)?;
         d.set_item("used_bytes", status.used_bytes)?;
         d.set_item("hubs", status.hubs)?;
+        // Capacity, used and hubs are filled only for a caller that may control the cache.
+        d.set_item("server_view", status.server_view)?;
+        d.set_item("principal", status.principal)?;
         let datasets = PyDict::new(py);
         for s in status.datasets {
             let item = PyDict::new(py);
@@ -342,6 +345,7 @@ impl Client {
         let jobs = PyList::empty(py);
         for j in status.jobs {
             let item = PyDict::new(py);
+            item.set_item("principal", j.principal)?;
             item.set_item("job", j.job)?;
             item.set_item("epoch", j.epoch)?;
             item.set_item("reads", j.reads)?;
@@ -355,6 +359,7 @@ impl Client {
         let plans = PyList::empty(py);
         for p in status.plans {
             let item = PyDict::new(py);
+            item.set_item("principal", p.principal)?;
             item.set_item("job", p.job)?;
             item.set_item("cursor", p.cursor)?;
             item.set_item("positions", p.positions)?;

@@ -21,9 +21,16 @@ use crate::{
 #[derive(Debug, Clone, Default)]
 pub struct ReadFor {
     pub job: Option<String>,
+    /// Who reads: its job is that principal's.
+    pub principal: Arc<str>,
     pub row: JobRow,
     pub avoid: Arc<[String]>,
 }
+
+/// Shards one read call may start read-ahead or a whole-shard fetch for (the rest of a
+/// batch's shards are fetched as read): a trainer's batch spans a few shards, and
+/// speculation past that is the fan-out of one request, not a reader's next reads.
+pub const SPECULATIVE_SHARDS_PER_CALL: usize = 16;
 
 /// Tries to read a chunk that failed its check once more before giving up: it is
 /// refetched, unless another reader's fetch stored it again meanwhile.
@@ -62,7 +69,7 @@ impl Cache {
         if self.plans.any() {
             let mut seen = std::collections::HashSet::new();
             for (entry, ..) in wants.iter().filter(|(entry, ..)| seen.insert(entry.id)) {
-                if self.plans.read(&entry.dataset, &entry.shard, reader.job.as_deref()) {
+                if self.plans.read(&entry.dataset, &entry.shard, &reader.principal, reader.job.as_deref()) {
                     stragglers.insert(entry.id);
                 }
             }
@@ -181,6 +188,7 @@ impl Cache {
         // Parts were planned in the order of the ranges: each range takes its run.
         let mut parts = parts.into_iter().peekable();
         let mut out = Vec::with_capacity(wants.len());
+        let mut speculated = std::collections::HashSet::new();
         for (want, &(entry, _, length)) in wants.iter().enumerate() {
             let (mut mine, mut missed, mut last) = (Vec::new(), false, None);
             while let Some(part) = parts.next_if(|p| p.want == want) {
@@ -188,7 +196,12 @@ impl Cache {
                 last = Some(part.index);
                 mine.extend(part.bytes);
             }
-            if let Some(last) = last.filter(|_| !stragglers.contains(&entry.id)) {
+            // One call starts read-ahead or a whole-shard fetch for a bounded number of
+            // shards: a batch of 1-byte reads over thousands of cold shards must not
+            // start a background fetch of each.
+            let share = speculated.len() < SPECULATIVE_SHARDS_PER_CALL || speculated.contains(&entry.id);
+            if let Some(last) = last.filter(|_| share && !stragglers.contains(&entry.id)) {
+                speculated.insert(entry.id);
                 self.after_read(entry, last, missed, row);
             }
             let counters = self.metrics.dataset(&entry.dataset);
@@ -249,11 +262,18 @@ impl Cache {
     /// A stored chunk that cannot be served: counted and logged, then forgotten so that
     /// it is fetched again.
     async fn stored_fault(&self, entry: &Arc<Entry>, index: u64, fault: PageFault) {
-        if let PageFault::Corrupt { page } = fault {
-            self.metrics.checksum_failures.fetch_add(1, Relaxed);
-            tracing::error!(dataset = %entry.dataset, shard = %entry.shard, page, "stored page failed its checksum; refetching");
-        } else {
-            tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, ?fault, "stored chunk incomplete; refetching");
+        match fault {
+            PageFault::Corrupt { page } => {
+                self.metrics.checksum_failures.fetch_add(1, Relaxed);
+                tracing::error!(dataset = %entry.dataset, shard = %entry.shard, page, "stored page failed its checksum; refetching");
+            }
+            PageFault::Unreadable { page, error } => {
+                self.metrics.store_read_errors.fetch_add(1, Relaxed);
+                tracing::error!(dataset = %entry.dataset, shard = %entry.shard, page, %error, "the disk could not read a stored page; refetching (check the cache disk)");
+            }
+            PageFault::Missing { .. } => {
+                tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, ?fault, "stored chunk incomplete; refetching");
+            }
         }
         self.admission.forget_chunk(entry, index).await;
     }

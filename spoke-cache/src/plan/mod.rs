@@ -182,10 +182,120 @@ enum Seen {
     Other,
 }
 
+/// A plan's owner and name: (principal, job). Each principal names its jobs in its own
+/// namespace, so no principal can replace, withdraw or see another's plan.
+pub type PlanKey = (String, String);
+
+/// How many plans, and plan positions, the spoke keeps: per principal (one tenant cannot
+/// take the room of the others) and in all (a position costs ~150 bytes of memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanLimits {
+    pub plans_per_principal: usize,
+    pub positions_per_principal: usize,
+    pub plans: usize,
+    pub positions: usize,
+}
+
+impl Default for PlanLimits {
+    fn default() -> Self {
+        Self { plans_per_principal: 256, positions_per_principal: 1 << 22, plans: 1024, positions: 1 << 23 }
+    }
+}
+
+/// Why a plan was refused: the bound it would cross (RESOURCE_EXHAUSTED).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} would be {would}, over {flag} ({limit}); withdraw the plans of finished jobs (a SetPlan with no \
+     epochs) or send the current and next epoch only"
+)]
+pub struct PlanRefused {
+    pub what: String,
+    pub would: usize,
+    pub flag: &'static str,
+    pub limit: usize,
+}
+
+/// One plan's progress (`Status.plans`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Progress {
+    pub principal: String,
+    pub job: String,
+    pub cursor: usize,
+    pub positions: usize,
+    pub lag: usize,
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    plans: HashMap<PlanKey, JobPlan>,
+    /// The plans that name each shard: a read or an eviction looks at those only, not
+    /// at every plan.
+    by_shard: HashMap<ShardKey, Vec<PlanKey>>,
+}
+
+impl Book {
+    fn remove(&mut self, owner: &PlanKey) -> Option<JobPlan> {
+        let plan = self.plans.remove(owner)?;
+        for key in plan.uses.keys() {
+            if let Some(owners) = self.by_shard.get_mut(key) {
+                owners.retain(|o| o != owner);
+                if owners.is_empty() {
+                    self.by_shard.remove(key);
+                }
+            }
+        }
+        Some(plan)
+    }
+
+    fn insert(&mut self, owner: PlanKey, plan: JobPlan) {
+        for key in plan.uses.keys() {
+            self.by_shard.entry(key.clone()).or_default().push(owner.clone());
+        }
+        self.plans.insert(owner, plan);
+    }
+
+    /// Refuses a plan of `positions` for `owner` that would cross a bound of `limits`
+    /// (the plan it replaces does not count).
+    fn check(&self, owner: &PlanKey, positions: usize, limits: &PlanLimits) -> Result<(), PlanRefused> {
+        let others = self.plans.iter().filter(|(key, _)| *key != owner);
+        let (mut plans, mut all_positions, mut mine, mut my_positions) = (1, positions, 1, positions);
+        for (key, plan) in others {
+            plans += 1;
+            all_positions += plan.order.len();
+            if key.0 == owner.0 {
+                mine += 1;
+                my_positions += plan.order.len();
+            }
+        }
+        let who = |what: &str| format!("{what} of principal {:?}", owner.0);
+        let bounds = [
+            (who("the plans"), mine, "--max-plans-per-principal", limits.plans_per_principal),
+            (
+                who("the plan positions"),
+                my_positions,
+                "--max-plan-positions-per-principal",
+                limits.positions_per_principal,
+            ),
+            ("the plans of this spoke".to_owned(), plans, "--max-plans", limits.plans),
+            (
+                "the plan positions of this spoke".to_owned(),
+                all_positions,
+                "--max-plan-positions",
+                limits.positions,
+            ),
+        ];
+        match bounds.into_iter().find(|(_, would, _, limit)| would > limit) {
+            Some((what, would, flag, limit)) => Err(PlanRefused { what, would, flag, limit }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The plans of the jobs reading through this cache.
 #[derive(Debug, Default)]
 pub struct Plans {
-    jobs: Mutex<HashMap<String, JobPlan>>,
+    book: Mutex<Book>,
+    limits: PlanLimits,
     /// Any plan at all: reads skip the lock while there is none.
     any: AtomicBool,
     /// A plan was set or a cursor moved: what to prefetch may have changed.
@@ -195,68 +305,101 @@ pub struct Plans {
 }
 
 impl Plans {
-    fn jobs(&self) -> MutexGuard<'_, HashMap<String, JobPlan>> {
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn new(limits: PlanLimits) -> Self {
+        Self { limits, ..Self::default() }
     }
 
-    /// Sets `job`'s plan (`order`: each position, in order); an empty order withdraws
-    /// it. Returns the distinct shards it names.
-    pub fn set(&self, job: &str, order: Vec<Planned>) -> usize {
-        let mut jobs = self.jobs();
+    fn book(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets `principal`'s plan for `job` (`order`: each position, in order); an empty
+    /// order withdraws it. Returns the distinct shards it names, or the bound it would
+    /// cross.
+    pub fn set(&self, principal: &str, job: &str, order: Vec<Planned>) -> Result<usize, PlanRefused> {
+        let owner = (principal.to_owned(), job.to_owned());
+        let mut book = self.book();
         let distinct = if order.is_empty() {
-            jobs.remove(job);
+            book.remove(&owner);
             0
         } else {
-            let lag = jobs.get(job).map_or(0, |old| old.lag);
+            book.check(&owner, order.len(), &self.limits)?;
+            let lag = book.remove(&owner).map_or(0, |old| old.lag);
             let plan = JobPlan::new(order, lag);
             let distinct = plan.uses.len();
-            jobs.insert(job.to_owned(), plan);
+            book.insert(owner, plan);
             distinct
         };
-        self.any.store(!jobs.is_empty(), Relaxed);
-        drop(jobs);
+        self.any.store(!book.plans.is_empty(), Relaxed);
+        drop(book);
         self.changed.notify_one();
-        distinct
+        Ok(distinct)
     }
 
-    /// A client read `dataset/shard` for `job` (the read's job header): jobs that
-    /// planned it a little ahead move their cursors there. Returns whether the read is a
-    /// straggler's to `job`'s own plans (`JOB` or `JOB/...`): the shard's use in them has
-    /// just ended.
-    pub fn read(&self, dataset: &str, shard: &str, job: Option<&str>) -> bool {
+    /// Refuses, before any work, a plan of `positions` for `principal`'s `job` that
+    /// [`Plans::set`] would refuse.
+    pub fn admits(&self, principal: &str, job: &str, positions: usize) -> Result<(), PlanRefused> {
+        let owner = (principal.to_owned(), job.to_owned());
+        if positions == 0 {
+            return Ok(());
+        }
+        self.book().check(&owner, positions, &self.limits)
+    }
+
+    /// `principal` read `dataset/shard` for `job` (the read's job header): plans that
+    /// name the shard a little ahead move their cursors there. Returns whether the read
+    /// is a straggler's to the reader's own plans (`JOB` or `JOB/...` of the same
+    /// principal): the shard's use in them has just ended.
+    pub fn read(&self, dataset: &str, shard: &str, principal: &str, job: Option<&str>) -> bool {
         if !self.any.load(Relaxed) {
             return false;
         }
         let key = (dataset.to_owned(), shard.to_owned());
         let (mut moved, mut straggler) = (false, false);
-        for (name, plan) in self.jobs().iter_mut() {
+        let mut book = self.book();
+        let Book { plans, by_shard } = &mut *book;
+        for owner in by_shard.get(&key).into_iter().flatten() {
+            let Some(plan) = plans.get_mut(owner) else { continue };
             match plan.read(&key) {
                 Seen::Moved => moved = true,
-                Seen::Straggler => straggler |= job.is_some_and(|job| name.split('/').next() == Some(job)),
+                Seen::Straggler => {
+                    straggler |=
+                        owner.0 == principal && job.is_some_and(|job| owner.1.split('/').next() == Some(job))
+                }
                 Seen::Other => {}
             }
         }
+        drop(book);
         if moved {
             self.changed.notify_one();
         }
         straggler
     }
 
-    /// How many plan positions away `key`'s next planned read is, over all jobs (0 while
-    /// a job is reading it); `None` when no plan reads it again.
+    /// How many plan positions away `key`'s next planned read is, over all plans that
+    /// name it (0 while a job is reading it); `None` when no plan reads it again.
     pub fn next_use(&self, key: &ShardKey) -> Option<usize> {
         if !self.any.load(Relaxed) {
             return None;
         }
-        self.jobs().values().filter_map(|plan| plan.next_use(key)).min()
+        let book = self.book();
+        let owners = book.by_shard.get(key)?;
+        owners.iter().filter_map(|owner| book.plans.get(owner)?.next_use(key)).min()
     }
 
-    /// Each job's (job, cursor, positions, lag), in job order.
-    pub fn progress(&self) -> Vec<(String, usize, usize, usize)> {
+    /// Each plan's progress, in (principal, job) order.
+    pub fn progress(&self) -> Vec<Progress> {
         let mut out: Vec<_> = self
-            .jobs()
+            .book()
+            .plans
             .iter()
-            .map(|(job, plan)| (job.clone(), plan.cursor, plan.order.len(), plan.lag))
+            .map(|((principal, job), plan)| Progress {
+                principal: principal.clone(),
+                job: job.clone(),
+                cursor: plan.cursor,
+                positions: plan.order.len(),
+                lag: plan.lag,
+            })
             .collect();
         out.sort();
         out
@@ -303,21 +446,21 @@ impl Plans {
         if !self.any.load(Relaxed) {
             return Vec::new();
         }
-        let jobs = self.jobs();
-        // (distance, ahead, job, position) of each job's shards in use and ahead.
-        let mut near: Vec<(usize, bool, &str, &Planned)> = Vec::new();
-        for (job, plan) in jobs.iter() {
+        let book = self.book();
+        // (distance, ahead, plan, position) of each plan's shards in use and ahead.
+        let mut near: Vec<(usize, bool, &PlanKey, &Planned)> = Vec::new();
+        for (owner, plan) in book.plans.iter() {
             let positions = match window {
                 PlanWindow::Blocks => plan.window(),
                 PlanWindow::Bytes(ahead) => plan.ahead(ahead),
             };
-            near.extend(positions.into_iter().map(|(d, ahead, p)| (d, ahead, job.as_str(), p)));
+            near.extend(positions.into_iter().map(|(d, ahead, p)| (d, ahead, owner, p)));
         }
         near.sort_by_key(|&(distance, ..)| distance);
         let mut seen = std::collections::HashSet::new();
         let mut listed = 0;
         let mut out = Vec::new();
-        for (distance, ahead, job, planned) in near {
+        for (distance, ahead, (principal, job), planned) in near {
             if !seen.insert(&planned.key) {
                 continue;
             }
@@ -332,7 +475,8 @@ impl Plans {
             out.push(Upcoming {
                 key: planned.key.clone(),
                 size: planned.size,
-                job: job.to_owned(),
+                principal: principal.clone(),
+                job: job.clone(),
                 epoch: planned.epoch,
                 ahead,
             });
@@ -381,6 +525,8 @@ impl JobPlan {
 pub struct Upcoming {
     pub key: ShardKey,
     pub size: u64,
+    /// The plan's owner and job: its fetches count in their row.
+    pub principal: String,
     pub job: String,
     pub epoch: u64,
     /// Read after the block being read (the window), not in it.

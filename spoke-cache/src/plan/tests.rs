@@ -18,10 +18,10 @@ fn in_order(shards: &[u32]) -> Vec<Planned> {
 /// the plan is the sequence itself, the cursor moved by each read.
 fn misses_by_plan(sequence: &[u32], capacity: usize) -> usize {
     let plans = Plans::default();
-    plans.set("job", in_order(sequence));
+    plans.set("", "job", in_order(sequence)).expect("within the bounds");
     let (mut cached, mut misses) = (Vec::<u32>::new(), 0);
     for &item in sequence {
-        plans.read("ds", &format!("s{item}"), None);
+        plans.read("ds", &format!("s{item}"), "", None);
         if cached.contains(&item) {
             continue;
         }
@@ -93,14 +93,14 @@ fn reshuffled_epochs_keep_a_stable_set_where_lru_keeps_nothing() {
 fn cursors_follow_reads_a_little_ahead_and_plans_are_per_job() {
     let plans = Plans::default();
     assert_eq!(plans.next_use(&key(1)), None, "no plan: no next use");
-    plans.set("a", in_order(&[0, 1, 2, 3, 1]));
-    plans.set("b", in_order(&[3, 2]));
+    plans.set("", "a", in_order(&[0, 1, 2, 3, 1])).expect("within the bounds");
+    plans.set("", "b", in_order(&[3, 2])).expect("within the bounds");
     assert_eq!(plans.next_use(&key(1)), Some(1));
     assert_eq!(plans.next_use(&key(3)), Some(0), "job b reads it first");
-    plans.read("ds", "s2", None); // job a reaches position 2, job b position 1
+    plans.read("ds", "s2", "", None); // job a reaches position 2, job b position 1
     assert_eq!(plans.next_use(&key(1)), Some(2), "its second read in a's plan");
     assert_eq!(plans.next_use(&key(0)), None, "a read it already, b never will");
-    plans.set("a", Vec::new());
+    plans.set("", "a", Vec::new()).expect("within the bounds");
     assert_eq!(plans.next_use(&key(1)), None, "withdrawn");
 }
 
@@ -109,16 +109,19 @@ fn shards_read_together_stay_in_use_until_their_last_read() {
     // A block of three shards read together (each in use until position 2), then
     // shard 3 alone; the next epoch reads 0 first.
     let plans = Plans::default();
-    plans.set(
-        "job",
-        vec![planned(0, 0, 2), planned(1, 1, 2), planned(2, 2, 2), planned(3, 3, 3), planned(0, 4, 4)],
-    );
-    plans.read("ds", "s0", None);
-    plans.read("ds", "s2", None); // the cursor reaches the block's last shard
+    plans
+        .set(
+            "",
+            "job",
+            vec![planned(0, 0, 2), planned(1, 1, 2), planned(2, 2, 2), planned(3, 3, 3), planned(0, 4, 4)],
+        )
+        .expect("within the bounds");
+    plans.read("ds", "s0", "", None);
+    plans.read("ds", "s2", "", None); // the cursor reaches the block's last shard
     for i in 0..3 {
         assert_eq!(plans.next_use(&key(i)), Some(0), "shard {i} is still being read");
     }
-    plans.read("ds", "s0", None); // a read inside its use does not move the cursor
+    plans.read("ds", "s0", "", None); // a read inside its use does not move the cursor
     assert_eq!(plans.next_use(&key(3)), Some(1));
     let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
     assert_eq!(names(plans.upcoming(PlanWindow::Bytes(10))), ["s0", "s1", "s2", "s3"], "in use, then ahead");
@@ -128,7 +131,7 @@ fn shards_read_together_stay_in_use_until_their_last_read() {
         ["s0", "s1", "s2", "s3"],
         "shard 3 is the next block"
     );
-    plans.read("ds", "s3", None);
+    plans.read("ds", "s3", "", None);
     assert_eq!(plans.next_use(&key(0)), Some(1), "the block is done: shard 0's next use is next epoch");
     assert_eq!(plans.next_use(&key(1)), None);
 }
@@ -139,37 +142,39 @@ fn the_window_is_the_block_being_read_and_the_next_one() {
     // blocks of two.
     let plans = Plans::default();
     let blocks = [(0, 2), (1, 2), (2, 2), (3, 4), (4, 4), (5, 6), (6, 6)];
-    plans.set("job", blocks.iter().map(|&(i, until)| planned(i, i as usize, until)).collect());
+    plans
+        .set("", "job", blocks.iter().map(|&(i, until)| planned(i, i as usize, until)).collect())
+        .expect("within the bounds");
     let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
     assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"]);
-    plans.read("ds", "s1", None);
+    plans.read("ds", "s1", "", None);
     assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"], "still in block 1");
-    plans.read("ds", "s3", None);
+    plans.read("ds", "s3", "", None);
     assert_eq!(
         names(plans.upcoming(PlanWindow::Blocks)),
         ["s3", "s4", "s5", "s6"],
         "block 1 is done: the window moved on by a block"
     );
     // Without `until`s each shard is its own block: the one being read and the next.
-    plans.set("job", in_order(&[7, 8, 9]));
-    plans.read("ds", "s7", None);
+    plans.set("", "job", in_order(&[7, 8, 9])).expect("within the bounds");
+    plans.read("ds", "s7", "", None);
     assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s7", "s8"]);
 }
 
 #[test]
 fn a_plan_changed_mid_epoch_is_followed() {
     let plans = Plans::default();
-    plans.set("job", in_order(&[0, 1, 2, 3]));
-    plans.read("ds", "s0", None);
-    plans.read("ds", "s1", None);
+    plans.set("", "job", in_order(&[0, 1, 2, 3])).expect("within the bounds");
+    plans.read("ds", "s0", "", None);
+    plans.read("ds", "s1", "", None);
     assert_eq!(plans.next_use(&key(3)), Some(2));
     // The job resumes with another order for the rest of its epoch (say, after a
     // restart with a new world size): the new plan replaces the old, cursor and all.
-    plans.set("job", in_order(&[3, 2]));
+    plans.set("", "job", in_order(&[3, 2])).expect("within the bounds");
     assert_eq!(plans.next_use(&key(3)), Some(0));
     assert_eq!(plans.next_use(&key(2)), Some(1));
     assert_eq!(plans.next_use(&key(1)), None, "not in the new plan");
-    plans.read("ds", "s2", None);
+    plans.read("ds", "s2", "", None);
     assert_eq!(plans.next_use(&key(3)), None, "read before the cursor's position, done");
 }
 
@@ -182,23 +187,57 @@ fn stragglers_are_told_apart_and_do_not_move_the_cursor() {
     for planned in &mut order[8..] {
         planned.epoch = 1;
     }
-    plans.set("job/rank0/worker1", order);
-    assert!(!plans.read("ds", "s4", Some("job")), "the reads move the cursor");
+    plans.set("", "job/rank0/worker1", order).expect("within the bounds");
+    assert!(!plans.read("ds", "s4", "", Some("job")), "the reads move the cursor");
     assert_eq!(plans.next_use(&key(3)), Some(7), "shard 3 is done");
     // A slower reader still reads shard 3 (the block before the cursor's): a
     // straggler's read, to its own job; the cursor stays.
-    assert!(plans.read("ds", "s3", Some("job")), "a straggler's");
-    assert!(!plans.read("ds", "s3", Some("other")), "another job's plan says nothing of it");
-    assert!(!plans.read("ds", "s3", None), "nor of an untagged read");
+    assert!(plans.read("ds", "s3", "", Some("job")), "a straggler's");
+    assert!(!plans.read("ds", "s3", "", Some("other")), "another job's plan says nothing of it");
+    assert!(!plans.read("ds", "s3", "", None), "nor of an untagged read");
     assert_eq!(plans.next_use(&key(5)), Some(1), "the cursor stayed");
     assert_eq!(plans.next_use(&key(3)), Some(7), "and the shard stays done: its room is for what comes next");
-    assert_eq!(plans.progress()[0].3, 1, "how far behind stragglers read is reported");
+    assert_eq!(plans.progress()[0].lag, 1, "how far behind stragglers read is reported");
     // Further behind: out of order, not a straggler's; and not the next epoch's start
     // while this epoch has blocks to go.
-    assert!(!plans.read("ds", "s1", Some("job")));
+    assert!(!plans.read("ds", "s1", "", Some("job")));
     assert_eq!(plans.next_use(&key(5)), Some(1), "the cursor stayed");
     // From the epoch's last block, a read of the next epoch's first shard moves on.
-    plans.read("ds", "s7", Some("job"));
-    assert!(!plans.read("ds", "s0", Some("job")));
+    plans.read("ds", "s7", "", Some("job"));
+    assert!(!plans.read("ds", "s0", "", Some("job")));
     assert_eq!(plans.next_use(&key(1)), Some(1), "the cursor is at the next epoch's start");
+}
+
+#[test]
+fn plans_are_their_principals_own_and_bounded_per_principal_and_in_all() {
+    let limits = PlanLimits { plans_per_principal: 2, positions_per_principal: 6, plans: 3, positions: 10 };
+    let plans = Plans::new(limits);
+    plans.set("alice", "train", in_order(&[0, 1, 2])).expect("within the bounds");
+    // Bob's "train" is his own: it neither replaces nor withdraws Alice's.
+    plans.set("bob", "train", in_order(&[5])).expect("within the bounds");
+    plans.set("bob", "train", Vec::new()).expect("withdrawing is always allowed");
+    assert_eq!(plans.next_use(&key(1)), Some(1), "alice's plan is still there");
+    let owners: Vec<_> = plans.progress().into_iter().map(|p| (p.principal, p.job)).collect();
+    assert_eq!(owners, [("alice".to_owned(), "train".to_owned())]);
+    // A straggler's read is one only to the reader's own plan.
+    plans.read("ds", "s1", "alice", Some("train"));
+    assert!(plans.read("ds", "s0", "alice", Some("train")), "alice's straggler");
+    assert!(!plans.read("ds", "s0", "bob", Some("train")), "bob has no plan named train");
+
+    // Replacing a plan does not count the plan it replaces.
+    plans.set("alice", "train", in_order(&[0, 1, 2, 3, 4, 5])).expect("6 positions, the principal's bound");
+    let refused = plans.set("alice", "eval", in_order(&[7])).unwrap_err();
+    assert_eq!(refused.flag, "--max-plan-positions-per-principal", "{refused}");
+    assert_eq!((refused.would, refused.limit), (7, 6));
+    plans.set("alice", "train", in_order(&[0, 1])).expect("smaller");
+    plans.set("alice", "eval", in_order(&[7])).expect("room now");
+    let refused = plans.set("alice", "third", in_order(&[8])).unwrap_err();
+    assert_eq!(refused.flag, "--max-plans-per-principal", "{refused}");
+    assert!(refused.to_string().contains("principal \"alice\""), "{refused}");
+    plans.set("bob", "a", in_order(&[9])).expect("bob has his own room");
+    let refused = plans.set("carol", "a", in_order(&[9])).unwrap_err();
+    assert_eq!(refused.flag, "--max-plans", "the spoke's bound: {refused}");
+    // A withdrawn plan leaves the index: no shard keeps a next use through it.
+    plans.set("alice", "eval", Vec::new()).expect("withdrawn");
+    assert_eq!(plans.next_use(&key(7)), None);
 }

@@ -21,8 +21,9 @@
 //! either wholly there or not at all, and files that no record accounts for (a shard
 //! evicted between its record and its files, a half-written file in `ingest/`) are
 //! removed when the store opens. Every page read is checked against its CRC32C; a
-//! mismatch or a missing page is reported as a [`PageFault`] (the cache refetches),
-//! never as data.
+//! mismatch, a missing page or a page the disk cannot read (an I/O error, not
+//! damage) is reported as a [`PageFault`] (the cache forgets the chunk and refetches),
+//! never as data and never as a failed read.
 //!
 //! Layout chosen by measurement (`store-bench`, BENCHMARKS.md "store"): see the table
 //! there, with the memtable layout this replaced in the same run.
@@ -162,10 +163,20 @@ impl ShardRecord {
 }
 
 /// Why stored bytes could not be returned. The caller refetches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PageFault {
-    Missing { page: u64 },
-    Corrupt { page: u64 },
+    Missing {
+        page: u64,
+    },
+    Corrupt {
+        page: u64,
+    },
+    /// The disk would not give the page back (an I/O error: a bad sector, a file gone
+    /// from under the store); `error` is RocksDB's words.
+    Unreadable {
+        page: u64,
+        error: String,
+    },
 }
 
 impl Drop for Store {
@@ -462,7 +473,7 @@ impl Store {
                 Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
                     return Ok(Err(PageFault::Corrupt { page }));
                 }
-                Err(e) => return Err(db_error("reading a page")(e)),
+                Err(e) => return Ok(Err(PageFault::Unreadable { page, error: e.into_string() })),
             };
             if value.len() < PAGE_HEADER {
                 return Ok(Err(PageFault::Corrupt { page }));
@@ -511,18 +522,24 @@ impl Store {
     fn delete_pages(&self, start: &[u8], end: &[u8]) -> Result<()> {
         let pages = self.cf(CF_PAGES)?;
         self.db.delete_file_in_range_cf(pages, start, end).map_err(db_error("deleting chunk files"))?;
-        let mut rest = self.db.raw_iterator_cf(pages);
+        // The range delete's end is exclusive: one byte past `end` covers it.
+        let past_end = [end, &[0u8][..]].concat();
+        let mut bounded = rocksdb::ReadOptions::default();
+        bounded.set_iterate_upper_bound(past_end.clone());
+        let mut rest = self.db.raw_iterator_cf_opt(pages, bounded);
         rest.seek(start);
-        if rest.valid() && rest.key().is_some_and(|key| key <= end) {
-            // The range delete's end is exclusive: one byte past `end` covers it.
-            let past_end = [end, &[0u8][..]].concat();
+        let left = rest.valid() && rest.key().is_some_and(|key| key <= end);
+        // A check that could not read (the disk lost a file nearby: often why a chunk is
+        // being forgotten) cannot say the range is empty, so it is deleted by key too.
+        let unsure = rest.status().is_err();
+        if left || unsure {
             self.db.delete_range_cf(pages, start, &past_end[..]).map_err(db_error("deleting pages"))?;
             self.db.flush_cf(pages).map_err(db_error("flushing pages"))?;
             let mut options = rocksdb::CompactOptions::default();
             options.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
             self.db.compact_range_cf_opt(pages, Some(start), Some(&past_end[..]), &options);
         }
-        rest.status().map_err(db_error("checking deleted pages"))
+        Ok(())
     }
 
     /// Bytes of live page and record files, as RocksDB counts them.

@@ -278,3 +278,53 @@ fn a_merged_shard_is_one_file_read_and_reopened_whole_and_evicted_whole() {
     assert_eq!(read(&store, 2, 0, b.len() as u64).unwrap().unwrap(), b);
     assert_eq!(store.page_files_count(), 2);
 }
+
+#[test]
+fn a_page_the_disk_cannot_read_is_a_fault_to_refetch_and_the_chunk_can_be_admitted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // 20 open files at most (RocksDB keeps 10 of them for tables): reading 30 chunk files
+    // closes the first ones, so their next read opens them again.
+    let store =
+        Store::open(dir.path(), &StoreOptions { max_open_files: 20, ..StoreOptions::default() }).unwrap();
+    let data = pattern(CHUNK as usize);
+    for id in 1..=30 {
+        store.put_record("ds", &format!("s{id}"), &record(id, CHUNK)).unwrap();
+        store.admit_chunk(id, 0, &checked(&data)).unwrap();
+    }
+    for id in 1..=30 {
+        assert!(read(&store, id, 0, CHUNK).unwrap().unwrap() == data);
+    }
+    // One file goes from under the store (a disk that fails, an operator's mistake).
+    // Which files RocksDB holds open is its business: every file is taken away, the
+    // reads tell which could not be read, and all but the first of those come back.
+    let aside = tempfile::tempdir().unwrap();
+    let files: Vec<_> =
+        store.db.live_files().unwrap().into_iter().filter(|f| f.column_family_name == CF_PAGES).collect();
+    let path = |name: &str| dir.path().join(name.trim_start_matches('/'));
+    for f in &files {
+        std::fs::rename(path(&f.name), aside.path().join(f.name.trim_start_matches('/'))).unwrap();
+    }
+    let mut unreadable = None;
+    for id in 1..=30 {
+        match read(&store, id, 0, CHUNK).unwrap() {
+            Ok(read) => assert!(read == data, "a file still open reads right"),
+            Err(fault) => {
+                // An I/O error, not damage, and not a failed read.
+                assert!(matches!(fault, PageFault::Unreadable { page: 0, .. }), "{fault:?}");
+                unreadable = unreadable.or(Some(id));
+            }
+        }
+    }
+    let lost = unreadable.expect("every file was still open: the test proves nothing");
+    for f in &files {
+        if f.start_key.as_deref() != Some(&page_key(lost, 0)[..]) {
+            std::fs::rename(aside.path().join(f.name.trim_start_matches('/')), path(&f.name)).unwrap();
+        }
+    }
+    // Forgotten and admitted again, it reads; so do the others.
+    store.delete_chunk(lost, 0, CHUNK).unwrap();
+    store.admit_chunk(lost, 0, &checked(&data)).unwrap();
+    for id in 1..=30 {
+        assert!(read(&store, id, 0, CHUNK).unwrap().unwrap() == data, "shard {id}");
+    }
+}

@@ -256,16 +256,24 @@ fn progress_bar(total: u64) -> ProgressBar {
 
 pub async fn status(server: &Server) -> anyhow::Result<()> {
     let status = server.cache().await?.status().await?;
-    let percent = status.used_bytes as f64 * 100.0 / status.capacity_bytes.max(1) as f64;
-    println!(
-        "cache: {} of {} used ({percent:.1}%), {} shards evicted ({} bytes), {} checksum failures, hubs {}",
-        status.used_bytes,
-        status.capacity_bytes,
-        status.evicted_shards,
-        status.evicted_bytes,
-        status.checksum_failures,
-        status.hubs.join(",")
-    );
+    if status.server_view {
+        let percent = status.used_bytes as f64 * 100.0 / status.capacity_bytes.max(1) as f64;
+        println!(
+            "cache: {} of {} used ({percent:.1}%), {} shards evicted ({} bytes), {} checksum failures, hubs {}",
+            status.used_bytes,
+            status.capacity_bytes,
+            status.evicted_shards,
+            status.evicted_bytes,
+            status.checksum_failures,
+            status.hubs.join(",")
+        );
+    } else {
+        println!(
+            "cache: as {:?}: your datasets, jobs and plans (capacity, hubs and global counters need a token with \
+             `control`)",
+            status.principal
+        );
+    }
     println!(
         "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14}",
         "DATASET", "SHARDS", "CACHED", "PINNED", "HITS", "MISSES", "HIT%", "UPSTREAM"
@@ -304,6 +312,7 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
                 format!("{:.1}", j.hit_reads as f64 * 100.0 / j.reads as f64)
             };
             let job = if j.job.is_empty() { "(untagged)" } else { j.job.as_str() };
+            let job = owned_by(&j.principal, job, &status.principal);
             println!("{job:<32} {:>6} {:>10} {hit:>8} {:>14} {:>14}", j.epoch, j.reads, j.bytes, j.hub_bytes);
         }
     }
@@ -311,10 +320,17 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
         println!();
         println!("{:<32} {:>10} {:>10} {:>6}", "PLAN", "CURSOR", "POSITIONS", "LAG");
         for p in &status.plans {
-            println!("{:<32} {:>10} {:>10} {:>6}", p.job, p.cursor, p.positions, p.lag);
+            let job = owned_by(&p.principal, &p.job, &status.principal);
+            println!("{job:<32} {:>10} {:>10} {:>6}", p.cursor, p.positions, p.lag);
         }
     }
     Ok(())
+}
+
+/// A job's name as a status table shows it: with its principal when that is not the
+/// caller (an operator sees every principal's jobs).
+fn owned_by(principal: &str, job: &str, caller: &str) -> String {
+    if principal == caller || principal.is_empty() { job.to_owned() } else { format!("{principal}:{job}") }
 }
 
 pub async fn warm(server: &Server, dataset: &str, shards: &[String], parallelism: u32) -> anyhow::Result<()> {
