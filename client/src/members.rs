@@ -76,12 +76,30 @@ impl MemberSpec {
 
 /// URLs separated by commas, spaces or lines, `#` to the end of a line a comment.
 pub fn parse_list(text: &str) -> Result<Vec<MemberSpec>, String> {
+    entries(text).map(|(_, entry)| MemberSpec::parse(entry)).collect()
+}
+
+/// Each entry of a list with its line number (from 1).
+fn entries(text: &str) -> impl Iterator<Item = (usize, &str)> {
     text.lines()
-        .map(|line| line.split('#').next().unwrap_or_default())
-        .flat_map(|line| line.split([',', ' ', '\t']))
-        .filter(|entry| !entry.is_empty())
-        .map(MemberSpec::parse)
-        .collect()
+        .enumerate()
+        .map(|(number, line)| (number + 1, line.split('#').next().unwrap_or_default()))
+        .flat_map(|(number, line)| line.split([',', ' ', '\t']).map(move |entry| (number, entry)))
+        .filter(|(_, entry)| !entry.is_empty())
+}
+
+/// A group file's members, the entries that parse; each one that does not is a
+/// warning naming its line. A file edited by hand or by a script keeps its group when
+/// one line is wrong: the members it does name are not dropped for it.
+pub fn parse_file(text: &str, path: &std::path::Path) -> (Vec<MemberSpec>, Vec<String>) {
+    let (mut members, mut bad) = (Vec::new(), Vec::new());
+    for (number, entry) in entries(text) {
+        match MemberSpec::parse(entry) {
+            Ok(member) => members.push(member),
+            Err(e) => bad.push(format!("{}:{number}: {e}; the line is left out", path.display())),
+        }
+    }
+    (members, bad)
 }
 
 /// Where a group's members come from.
@@ -137,7 +155,11 @@ impl Source {
                 let text = tokio::fs::read_to_string(path)
                     .await
                     .map_err(|e| format!("group file {}: {e}", path.display()))?;
-                parse_list(&text).map_err(|e| format!("group file {}: {e}", path.display()))
+                let (members, bad) = parse_file(&text, path);
+                for line in bad {
+                    tracing::warn!(problem = line, "a line of the group file is not a member URL");
+                }
+                Ok(members)
             }
             Self::Dns { scheme, host, port } => {
                 let addresses = tokio::net::lookup_host((host.as_str(), *port))
@@ -200,6 +222,11 @@ impl<T> Members<T> {
         let members = Self { list: RwLock::new(Arc::new(Vec::new())) };
         members.replace(specs, make)?;
         Ok(members)
+    }
+
+    /// Whether `url` is a member now.
+    pub fn has(&self, url: &str) -> bool {
+        self.current().iter().any(|slot| slot.url == url)
     }
 
     /// The list in use: one call works on one list, whatever changes meanwhile.
@@ -300,6 +327,21 @@ pub fn watch<T: Send + Sync + 'static>(
                     if let Some(me) = me.as_deref() {
                         with_member(&mut specs, me);
                     }
+                    // A member that cannot be connected is left out (a warning names it),
+                    // not the whole new list.
+                    specs.retain(|spec| {
+                        members.has(&spec.url)
+                            || make(&spec.url)
+                                .map_err(|e| {
+                                    tracing::warn!(
+                                        group = what,
+                                        member = spec.url,
+                                        error = e,
+                                        "a member cannot be used; left out"
+                                    )
+                                })
+                                .is_ok()
+                    });
                     match members.replace(&specs, &make) {
                         Ok(true) => tracing::info!(
                             group = what,
@@ -430,5 +472,43 @@ mod tests {
             members.replace(&parse_list("http://b:2,http://c:3").unwrap(), |_| Err("unused")),
             Ok(false)
         );
+    }
+
+    #[tokio::test]
+    async fn a_group_file_with_a_bad_line_keeps_its_good_members_and_follows_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spokes");
+        // A weight that does not parse, and a URL no channel can be made for.
+        std::fs::write(&path, "http://a:1\nhttp://b:2?weight=0\nnot-a-url\nhttp://c:3\n").unwrap();
+        let (members, bad) = parse_file(&std::fs::read_to_string(&path).unwrap(), &path);
+        assert_eq!(members.len(), 3, "{members:?}");
+        assert!(bad.len() == 1 && bad[0].contains("spokes:2") && bad[0].contains("?weight=N"), "{bad:?}");
+        let make = |url: &str| {
+            if url.contains("://") { Ok(url.to_owned()) } else { Err(format!("{url}: no scheme")) }
+        };
+        let group = Arc::new(Members::new(&[MemberSpec::new("http://old:1")], make).unwrap());
+        watch(&group, Source::File(path.clone()), "test".into(), make, true, None);
+        let urls =
+            |group: &Members<String>| group.current().iter().map(|s| s.url.clone()).collect::<Vec<_>>();
+        let mut seen = Vec::new();
+        for _ in 0..100 {
+            seen = urls(&group);
+            if seen != ["http://old:1"] {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(seen, ["http://a:1", "http://c:3"], "the good members, not the old list");
+        // And the next change is still followed.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        std::fs::write(&path, "http://c:3\nhttp://d:4\n").unwrap();
+        for _ in 0..300 {
+            seen = urls(&group);
+            if seen == ["http://c:3", "http://d:4"] {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(seen, ["http://c:3", "http://d:4"]);
     }
 }

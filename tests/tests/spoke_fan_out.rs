@@ -24,7 +24,7 @@ async fn a_batch_over_many_cold_shards_fetches_what_it_reads_and_a_bounded_share
 
     // One byte of each shard, in batches of the largest count a call takes.
     let ranges: Vec<Range> =
-        (0..SHARDS).map(|i| Range::new("wide", &format!("shard-{i:05}.bin"), 0, 1)).collect();
+        (0..SHARDS).map(|i| Range::new("wide", format!("shard-{i:05}.bin"), 0, 1)).collect();
     for batch in ranges.chunks(100) {
         let read = client.read_ranges(batch).await.unwrap();
         assert!(read.iter().all(|r| r.data.len() == 1));
