@@ -10,13 +10,19 @@
 //!
 //! An entry's chunk-write lock orders these: admissions share it, removals take it
 //! alone, so no chunk file is added after its shard was removed.
+//!
+//! A full or failing disk degrades the cache to pass-through, never a failed read:
+//! [`Admission::storing_failed`] lowers the capacity in effect to what the filesystem
+//! holds when storing failed for lack of space (the evictor then makes room), and a
+//! removal whose files cannot be deleted keeps their bytes counted until a later try
+//! deletes them ([`Admission::retry_deletions`]).
 
-use std::sync::{Arc, atomic::Ordering::Relaxed};
+use std::sync::{Arc, Mutex, atomic::Ordering::Relaxed};
 
 use shardcache_proto::checksum::Checked;
 
 use crate::{
-    Result,
+    Error, Result,
     capacity::Capacity,
     entry::Entry,
     index::Index,
@@ -31,11 +37,56 @@ pub struct Admission {
     index: Arc<Index>,
     capacity: Arc<Capacity>,
     metrics: Arc<Metrics>,
+    /// Removed shards whose pages could not be deleted: (store id, bytes), counted in
+    /// `used` until deleted.
+    undeleted: Mutex<Vec<(u64, u64)>>,
+}
+
+/// Bytes free on the filesystem holding `dir`, for an unprivileged writer.
+pub fn filesystem_available(dir: &std::path::Path) -> Option<u64> {
+    let stat = rustix::fs::statvfs(dir).ok()?;
+    Some(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 impl Admission {
     pub fn new(store: Arc<Store>, index: Arc<Index>, capacity: Arc<Capacity>, metrics: Arc<Metrics>) -> Self {
-        Self { store, index, capacity, metrics }
+        Self { store, index, capacity, metrics, undeleted: Mutex::default() }
+    }
+
+    /// Storing `what` failed with `error` (the read it was for is served anyway). For
+    /// lack of space, the capacity in effect comes down to what the filesystem holds
+    /// now (the bytes held and those still free), so the evictor makes room; counted
+    /// and logged either way.
+    pub fn storing_failed(&self, what: &str, error: &Error) {
+        self.metrics.store_write_failures.fetch_add(1, Relaxed);
+        if !error.is_no_space() {
+            tracing::error!(error = %error, "could not store {what}; the read was served without it");
+            return;
+        }
+        let holds = self.capacity.used() + filesystem_available(self.store.path()).unwrap_or(0);
+        if self.capacity.limit_to(holds) {
+            self.metrics.disk_full.fetch_add(1, Relaxed);
+            tracing::warn!(
+                dir = %self.store.path().display(),
+                capacity = self.capacity.configured(),
+                holds,
+                "the cache's filesystem is full before --capacity; storing at most what it holds (reads are \
+                 served meanwhile; give the cache its own disk or a --capacity that fits)"
+            );
+        }
+    }
+
+    /// Tries again to delete the pages of removed shards whose deletion failed; the
+    /// bytes of each one deleted leave `used`.
+    pub async fn retry_deletions(&self) {
+        let pending = std::mem::take(&mut *self.undeleted.lock().unwrap_or_else(|p| p.into_inner()));
+        for (id, bytes) in pending {
+            let store = self.store.clone();
+            match blocking(move || store.delete_shard(id, None)).await {
+                Ok(()) => self.capacity.removed(bytes),
+                Err(_) => self.undeleted.lock().unwrap_or_else(|p| p.into_inner()).push((id, bytes)),
+            }
+        }
     }
 
     /// Writes verified chunk `index` of `entry`, then makes it visible. Nothing when the
@@ -50,7 +101,10 @@ impl Admission {
         }
         let (store, id) = (self.store.clone(), entry.id);
         let (offset, length) = entry.chunk_range(index);
-        blocking(move || store.admit_chunk(id, offset, &chunk)).await?;
+        if let Err(e) = blocking(move || store.admit_chunk(id, offset, &chunk)).await {
+            self.storing_failed("a fetched chunk", &e);
+            return Err(e);
+        }
         entry.state().record.set_chunk(index, true);
         self.capacity.added(length);
         // Checked here, not in the task: below the threshold (most caches) no task is
@@ -132,16 +186,23 @@ impl Admission {
             state.record.cached_bytes()
         };
         self.index.remove(entry);
-        self.capacity.removed(bytes);
         let (store, id, dataset, shard) =
             (self.store.clone(), entry.id, entry.dataset.clone(), entry.shard.clone());
         let deleted = blocking(move || {
             store.delete_shard(id, with_record.then_some((dataset.as_str(), shard.as_str())))
         })
         .await;
-        if let Err(e) = deleted {
-            tracing::error!(error = %e, "could not delete an evicted shard's pages");
+        match deleted {
+            Ok(()) => {
+                self.capacity.removed(bytes);
+                bytes
+            }
+            Err(e) => {
+                // Its files are still on the disk: counted until a retry deletes them.
+                tracing::error!(error = %e, bytes, "could not delete a removed shard's pages; they stay counted until a retry deletes them");
+                self.undeleted.lock().unwrap_or_else(|p| p.into_inner()).push((entry.id, bytes));
+                0
+            }
         }
-        bytes
     }
 }

@@ -84,7 +84,13 @@ pub struct CacheConfig {
     pub plan_limits: PlanLimits,
     /// Jobs labelled by name in the metrics (`Metrics::labelled_jobs`).
     pub metric_jobs: std::collections::BTreeSet<String>,
+    /// Index entries that hold no bytes (a stat's, a plan's) kept at most; the least
+    /// recently used beyond it are removed (`lookup.rs`).
+    pub empty_entries_kept: usize,
 }
+
+/// [`CacheConfig::empty_entries_kept`] of a spoke: ~300 bytes of memory each.
+pub const EMPTY_ENTRIES_KEPT: usize = 1 << 16;
 
 /// The cache.
 #[derive(Debug)]
@@ -128,6 +134,7 @@ impl Cache {
             admission.clone(),
             metrics.clone(),
             config.chunk_size,
+            config.empty_entries_kept,
         ));
         let fetch = FetchOwner::new(
             chain,

@@ -1,5 +1,10 @@
 //! The bytes the cache holds against its capacity and watermarks: admissions add,
 //! removals subtract, and crossing the high watermark wakes the evictor (`evict.rs`).
+//!
+//! The capacity in effect is `--capacity` until the cache's filesystem proves smaller
+//! (another tenant of the disk, a wrong flag): when storing fails for lack of space, it
+//! is lowered to what the filesystem holds (`Capacity::limit_to`) and the watermarks
+//! with it, so the evictor makes room.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -8,11 +13,14 @@ use tokio::sync::Notify;
 /// The bytes the cache holds against its capacity and watermarks.
 #[derive(Debug)]
 pub struct Capacity {
-    capacity: u64,
-    /// Eviction starts above this...
-    high: u64,
-    /// ...and stops at or below this.
-    low: u64,
+    /// `--capacity`.
+    configured: u64,
+    /// The capacity in effect: `configured`, or less once the filesystem filled first.
+    capacity: AtomicU64,
+    /// Eviction starts above this fraction of the capacity in effect...
+    high_watermark: f64,
+    /// ...and stops at or below this one.
+    low_watermark: f64,
     used: AtomicU64,
     /// Evictions running (the evictor's pass, an `Evict` call).
     evicting: AtomicU64,
@@ -23,29 +31,49 @@ impl Capacity {
     /// `capacity` bytes, eviction from `high_watermark` x capacity down to
     /// `low_watermark` x capacity, with `used` bytes already held.
     pub fn new(capacity: u64, high_watermark: f64, low_watermark: f64, used: u64) -> Self {
-        let at = |fraction: f64| (capacity as f64 * fraction) as u64;
         Self {
-            capacity,
-            high: at(high_watermark),
-            low: at(low_watermark),
+            configured: capacity,
+            capacity: AtomicU64::new(capacity),
+            high_watermark,
+            low_watermark,
             used: AtomicU64::new(used),
             evicting: AtomicU64::new(0),
             wakeup: Notify::new(),
         }
     }
 
+    /// The capacity in effect.
     pub fn capacity(&self) -> u64 {
-        self.capacity
+        self.capacity.load(Relaxed)
+    }
+
+    /// `--capacity`.
+    pub fn configured(&self) -> u64 {
+        self.configured
+    }
+
+    /// Lowers the capacity in effect to `bytes` (what the filesystem holds) when that is
+    /// less, and wakes the evictor; whether it was lowered.
+    pub fn limit_to(&self, bytes: u64) -> bool {
+        let lowered = self.capacity.fetch_min(bytes, Relaxed) > bytes;
+        if lowered {
+            self.wakeup.notify_one();
+        }
+        lowered
+    }
+
+    fn at(&self, fraction: f64) -> u64 {
+        (self.capacity() as f64 * fraction) as u64
     }
 
     /// Bytes eviction stops at.
     pub fn low_watermark(&self) -> u64 {
-        self.low
+        self.at(self.low_watermark)
     }
 
     /// Bytes above which eviction starts.
     pub fn high_watermark(&self) -> u64 {
-        self.high
+        self.at(self.high_watermark)
     }
 
     pub fn used(&self) -> u64 {
@@ -54,7 +82,7 @@ impl Capacity {
 
     /// Above the low watermark: eviction has work.
     pub fn over_low(&self) -> bool {
-        self.used() > self.low
+        self.used() > self.low_watermark()
     }
 
     /// `bytes` were admitted.
@@ -70,7 +98,7 @@ impl Capacity {
 
     /// Wakes the evictor when over the high watermark.
     pub fn wake_if_over(&self) {
-        if self.used() > self.high {
+        if self.used() > self.high_watermark() {
             self.wakeup.notify_one();
         }
     }

@@ -312,6 +312,7 @@ impl SpokeArgs {
                 positions: self.max_plan_positions,
             },
             metric_jobs: self.metric_jobs.iter().filter(|j| !j.is_empty()).cloned().collect(),
+            empty_entries_kept: crate::cache::EMPTY_ENTRIES_KEPT,
         })
     }
 }

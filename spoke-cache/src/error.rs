@@ -62,6 +62,13 @@ impl Error {
         matches!(self, Error::Damaged { .. })
     }
 
+    /// Storage failed for lack of space (ENOSPC). By its message: RocksDB's Rust binding
+    /// gives the status code (IOError) but not its NoSpace subcode, and the message is
+    /// the OS's `strerror(ENOSPC)`.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::Store { message, .. } if message.contains("No space left on device"))
+    }
+
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
         match self {

@@ -48,6 +48,7 @@ impl Evictor {
     /// Evicts until the cache holds at most the low watermark; returns (shards, bytes).
     pub async fn to_low_watermark(&self) -> (u64, u64) {
         let _running = self.capacity.evicting();
+        self.admission.retry_deletions().await;
         let (mut shards, mut bytes) = (0, 0);
         while self.capacity.over_low() {
             let Some(victim) = self.victim() else {

@@ -106,12 +106,20 @@ impl Index {
     }
 
     /// The entry of the shard version `info` describes: the one cached, or a new one
-    /// (empty, with a new store id) that replaces any other version of it in the index.
-    pub async fn install(&self, key: ShardKey, info: &ShardInfo, chunk_size: u64) -> Result<Arc<Entry>> {
+    /// (empty, with a new store id) that replaces any other version of it in the index;
+    /// and whether its record was written. An entry whose record could not be written (a
+    /// full disk) is still served: chunks stored for it without a record are strays the
+    /// next start removes, never wrong bytes.
+    pub async fn install(
+        &self,
+        key: ShardKey,
+        info: &ShardInfo,
+        chunk_size: u64,
+    ) -> (Arc<Entry>, Result<()>) {
         let entry = {
             let mut entries = self.write();
             if let Some(existing) = entries.get(&key).filter(|e| e.version == info.version) {
-                return Ok(existing.clone());
+                return (existing.clone(), Ok(()));
             }
             let record = ShardRecord {
                 id: self.next_id.fetch_add(1, Relaxed),
@@ -128,8 +136,8 @@ impl Index {
             entries.insert(key, entry.clone());
             entry
         };
-        self.persist(&entry).await?;
-        Ok(entry)
+        let recorded = self.persist(&entry).await;
+        (entry, recorded)
     }
 
     /// The hub confirmed `entry`'s version just now.

@@ -43,6 +43,10 @@ pub struct Lookups {
     /// Room for [`STATS_IN_FLIGHT`] stats to the hubs: a batch naming thousands of cold
     /// shards asks them a few dozen at a time, not all at once.
     stats: tokio::sync::Semaphore,
+    /// Entries that hold no bytes kept at most (`CacheConfig::empty_entries_kept`).
+    empty_kept: usize,
+    /// Entries installed, to sweep the empty ones every `empty_kept / 8` installs.
+    installs: std::sync::atomic::AtomicUsize,
 }
 
 /// `StatShard`s to the hubs at once, over all requests: as many as chunk fetches
@@ -59,6 +63,7 @@ impl Lookups {
         admission: Arc<Admission>,
         metrics: Arc<Metrics>,
         chunk_size: u64,
+        empty_kept: usize,
     ) -> Self {
         Self {
             index,
@@ -69,6 +74,8 @@ impl Lookups {
             running: Mutex::default(),
             revalidation: Revalidation::default(),
             stats: tokio::sync::Semaphore::new(STATS_IN_FLIGHT),
+            empty_kept,
+            installs: Default::default(),
         }
     }
 
@@ -128,7 +135,7 @@ impl Lookups {
         }
         let Some(entry) = self.index.get(&key) else {
             let info = self.stat(dataset, shard).await?;
-            return self.index.install(key, &info, self.chunk_size).await;
+            return Ok(self.install(key, &info).await);
         };
         // Readers are served the cached version after REVALIDATION_WAIT; past it, the
         // hub counts as not answering (once per lookup, not once per waiting reader), so
@@ -152,13 +159,15 @@ impl Lookups {
         }
         match answer {
             Ok(info) if info.version == entry.version && info.size == entry.size => {
-                self.index.revalidated(&entry).await?;
+                if let Err(e) = self.index.revalidated(&entry).await {
+                    self.admission.storing_failed("a shard record", &e);
+                }
                 Ok(entry)
             }
             Ok(info) => {
                 tracing::info!(dataset = %dataset, shard = %shard, old = %entry.version, new = %info.version, "shard changed on the hub");
                 self.admission.remove(&entry, false).await;
-                self.index.install(key, &info, self.chunk_size).await
+                Ok(self.install(key, &info).await)
             }
             Err(e) if e.hub_cannot_answer() => {
                 // Whatever the trouble (down, hung, overloaded, refusing us, garbled),
@@ -172,6 +181,50 @@ impl Lookups {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The entry of the version `info` describes; one whose record cannot be written
+    /// (a full disk) is served all the same (`Index::install`).
+    async fn install(&self, key: ShardKey, info: &shardcache_proto::v1::ShardInfo) -> Arc<Entry> {
+        let (entry, recorded) = self.index.install(key, info, self.chunk_size).await;
+        if let Err(e) = recorded {
+            self.admission.storing_failed("a shard record", &e);
+        }
+        if self.installs.fetch_add(1, Relaxed).is_multiple_of((self.empty_kept / 8).max(1)) {
+            self.sweep_empty(&entry).await;
+        }
+        entry
+    }
+
+    /// Removes the least recently used entries that hold no bytes (made by a stat, a
+    /// plan's or a prefetch's lookups, never read) beyond `empty_kept`: eviction frees
+    /// bytes, and these hold none, so without this a client that stats every shard of
+    /// every dataset would grow the index (and its records) without bound. Pinned ones,
+    /// those a prefetch holds and `keep` (the entry just installed) stay.
+    async fn sweep_empty(&self, keep: &Arc<Entry>) {
+        let mut empty: Vec<(u64, Arc<Entry>)> = self
+            .index
+            .entries()
+            .into_iter()
+            .filter(|e| e.id != keep.id)
+            .filter_map(|e| {
+                let state = e.state();
+                let idle = !state.record.pinned && !state.evicted && state.prefetching == 0;
+                let last_access = state.last_access;
+                let empty = idle && state.record.cached_bytes() == 0;
+                drop(state);
+                empty.then_some((last_access, e))
+            })
+            .collect();
+        let over = empty.len().saturating_sub(self.empty_kept);
+        if over == 0 {
+            return;
+        }
+        empty.sort_by_key(|(last_access, _)| *last_access);
+        for (_, entry) in &empty[..over] {
+            self.admission.remove(entry, true).await;
+        }
+        tracing::debug!(removed = over, kept = self.empty_kept, "removed index entries that hold no bytes");
     }
 
     /// The hubs' `StatShard`, within [`STATS_IN_FLIGHT`].

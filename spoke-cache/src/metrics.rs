@@ -45,6 +45,11 @@ pub struct Metrics {
     pub checksum_failures: AtomicU64,
     /// Stored pages the disk could not read (I/O errors); each chunk was refetched.
     pub store_read_errors: AtomicU64,
+    /// Chunks and records the store could not write (the reads were served anyway).
+    pub store_write_failures: AtomicU64,
+    /// Times the filesystem filled before `--capacity` and the capacity in effect was
+    /// lowered.
+    pub disk_full: AtomicU64,
     pub evicted_shards: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub upstream_requests: AtomicU64,
@@ -67,6 +72,7 @@ pub struct Metrics {
 #[derive(Debug, Default, Clone)]
 pub struct Occupancy {
     pub capacity_bytes: u64,
+    pub configured_capacity_bytes: u64,
     pub used_bytes: u64,
     pub disk_bytes: u64,
     /// Per dataset: (cached shards, cached bytes, pinned shards).
@@ -148,6 +154,16 @@ impl Metrics {
                 "Stored pages the disk could not read (I/O errors, not damage); each chunk was forgotten and refetched",
                 &self.store_read_errors,
             ),
+            (
+                "shardcache_spoke_store_write_failures_total",
+                "Chunks and shard records the store could not write; their reads were served without storing",
+                &self.store_write_failures,
+            ),
+            (
+                "shardcache_spoke_disk_full_total",
+                "Times the cache's filesystem filled before --capacity and the capacity in effect was lowered",
+                &self.disk_full,
+            ),
             ("shardcache_spoke_evicted_shards_total", "Shards evicted", &self.evicted_shards),
             ("shardcache_spoke_evicted_bytes_total", "Bytes evicted", &self.evicted_bytes),
             (
@@ -186,7 +202,12 @@ impl Metrics {
 /// What the cache holds now, and its settings (gauges).
 fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
     let gauges = [
-        ("shardcache_spoke_capacity_bytes", "Configured cache capacity", occupancy.capacity_bytes),
+        (
+            "shardcache_spoke_capacity_bytes",
+            "Cache capacity in effect: --capacity, or less once the cache's filesystem filled first",
+            occupancy.capacity_bytes,
+        ),
+        ("shardcache_spoke_configured_capacity_bytes", "--capacity", occupancy.configured_capacity_bytes),
         ("shardcache_spoke_used_bytes", "Bytes of cached chunks", occupancy.used_bytes),
         ("shardcache_spoke_disk_bytes", "Bytes of live RocksDB files", occupancy.disk_bytes),
         (

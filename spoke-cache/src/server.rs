@@ -77,7 +77,7 @@ pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
         let store = Store::open(dir, &options.store)?;
         Cache::open(store, chain()?, options.cache.clone(), metrics.clone())
     };
-    match open() {
+    let opened = match open() {
         Err(e) if e.is_damage() => {
             // Only the store's own files go: --cache-dir is the user's directory and may
             // hold other things.
@@ -90,6 +90,26 @@ pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
             open()
         }
         other => other,
+    }?;
+    fit_filesystem(&opened, dir);
+    Ok(opened)
+}
+
+/// A `--capacity` larger than the cache's filesystem can hold (what the cache holds and
+/// what is free) is a warning, and the capacity in effect is what it can hold: the
+/// evictor then keeps the cache within the disk rather than storing until it fails.
+fn fit_filesystem(cache: &Cache, dir: &Path) {
+    let Some(available) = crate::admission::filesystem_available(dir) else { return };
+    let holds = cache.used_bytes() + available;
+    let capacity = cache.capacity();
+    if capacity.configured() > holds {
+        capacity.limit_to(holds);
+        tracing::warn!(
+            dir = %dir.display(),
+            capacity = capacity.configured(),
+            holds,
+            "--capacity is larger than the cache's filesystem can hold; storing at most what it holds"
+        );
     }
 }
 
@@ -176,6 +196,7 @@ const SHUTDOWN_STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(
 fn occupancy(cache: &Cache) -> Occupancy {
     let mut occupancy = Occupancy {
         capacity_bytes: cache.capacity().capacity(),
+        configured_capacity_bytes: cache.capacity().configured(),
         used_bytes: cache.used_bytes(),
         disk_bytes: cache.disk_bytes(),
         group_members: cache.chain().peers().map_or(0, |p| p.urls().len() as u64),

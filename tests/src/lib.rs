@@ -155,6 +155,7 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
             plan_window: PlanWindow::Blocks,
             plan_limits: Default::default(),
             metric_jobs: ["trainer".to_owned()].into(),
+            empty_entries_kept: spoke_cache::cache::EMPTY_ENTRIES_KEPT,
         },
         store: StoreOptions::default(),
         max_read: 1 << 20,

@@ -67,3 +67,32 @@ async fn read_cached_obeys_max_read() {
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     assert!(refused.message().contains("65536"), "names the limit: {refused:?}");
 }
+
+#[tokio::test]
+async fn entries_that_hold_no_bytes_are_bounded_and_cached_ones_stay() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 40, 64 << 10);
+    let hub = TestHub::start(root.path()).await;
+    let mut options = spoke_options(&hub.endpoint);
+    options.cache.empty_entries_kept = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(dir.path(), options).await;
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    // One shard read (it holds bytes), then a stat of every shard: each stat makes an
+    // entry with no bytes.
+    client.read_range(&Range::new("c4", "shard-00000.bin", 0, 10)).await.unwrap();
+    spoke.settled().await;
+    for i in 0..40 {
+        client.stat("c4", &format!("shard-{i:05}.bin")).await.unwrap();
+    }
+    let entries = spoke.cache.entries();
+    let empty = entries.iter().filter(|e| e.cached_bytes() == 0).count();
+    assert!(empty <= 8 + 1, "{empty} entries with no bytes kept (bound 8, and the newest)");
+    assert!(
+        entries.iter().any(|e| e.shard == "shard-00000.bin" && e.cached_bytes() > 0),
+        "the cached one stays"
+    );
+    // A swept shard is looked up again when read.
+    let read = client.read_range(&Range::new("c4", "shard-00001.bin", 0, 10)).await.unwrap();
+    assert_eq!(read.data.len(), 10);
+}

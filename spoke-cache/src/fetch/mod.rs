@@ -237,10 +237,9 @@ impl Inner {
             None => self.supply(&entry, offset, length, &row, &avoid).await,
         };
         let _ = readers.send(fetched.clone());
-        if let Err(e) = self.admission.admit(&entry, index, fetched?).await {
-            // Serving the verified bytes was still right; only caching them failed.
-            tracing::error!(error = %e, "could not store a fetched chunk");
-        }
+        // Serving the verified bytes was still right when caching them failed (counted
+        // and logged by the admission, which also acts on a full disk).
+        let _ = self.admission.admit(&entry, index, fetched?).await;
         Ok(length)
     }
 

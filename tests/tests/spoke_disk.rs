@@ -1,0 +1,107 @@
+//! A cache whose disk fills degrades to pass-through: on a small tmpfs (mounting one
+//! needs root: `make test` runs as root; elsewhere the test says it skipped), a
+//! `--capacity` larger than the filesystem is cut to what it holds at start, and when
+//! another tenant of the disk fills it, every read is still served with the right bytes
+//! while the spoke lowers its capacity in effect, says so in its metrics, and evicts to
+//! make room.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+use shardcache_client::Client;
+use shardcache_tests::{TestHub, TestSpoke, assert_dataset_reads_back, make_dataset, spoke_options};
+
+/// A tmpfs of `size` bytes mounted on a temporary directory, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status();
+        match status {
+            Ok(s) if s.success() => Some(Self { dir }),
+            other => {
+                eprintln!("SKIPPED: cannot mount a tmpfs (needs root): {other:?}");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+/// The value of metric `name` (no labels) on `page`.
+fn metric(page: &str, name: &str) -> u64 {
+    let line = page.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Fills the filesystem of `dir` with a file until `leave` bytes are free.
+fn fill(dir: &Path, leave: u64) -> PathBuf {
+    let path = dir.join("another-tenant");
+    let free = spoke_cache::admission::filesystem_available(dir).unwrap();
+    let mut file = std::fs::File::create(&path).unwrap();
+    let block = vec![7u8; 64 << 10];
+    let mut written = 0;
+    while written + block.len() as u64 + leave <= free {
+        if std::io::Write::write_all(&mut file, &block).is_err() {
+            break;
+        }
+        written += block.len() as u64;
+    }
+    path
+}
+
+#[tokio::test]
+async fn a_full_disk_degrades_to_pass_through_and_every_read_is_served() {
+    const FS: u64 = 24 << 20;
+    let Some(disk) = Tmpfs::mount(FS) else { return };
+    let root = tempfile::tempdir().unwrap();
+    let dataset = make_dataset(root.path(), "big", 40, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let options = spoke_options(&hub.endpoint);
+    let configured = options.cache.capacity;
+    assert!(configured > FS);
+    let spoke = TestSpoke::start(&disk.path().join("cache"), options).await;
+    let page = spoke.scrape().await;
+    let at_start = metric(&page, "shardcache_spoke_capacity_bytes");
+    assert!(at_start <= FS, "--capacity past the filesystem is cut to what it holds: {at_start}");
+    assert_eq!(metric(&page, "shardcache_spoke_configured_capacity_bytes"), configured);
+
+    // 40 MiB through a 24 MiB disk: evicted as it goes, every byte right.
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    assert_dataset_reads_back(&client, "big", &dataset).await;
+    spoke.settled().await;
+
+    // Another tenant of the disk takes all but 1 MiB: reads go on, served from the hub
+    // where storing fails, and the spoke comes down to what the disk holds.
+    let tenant = fill(disk.path(), 1 << 20);
+    for _ in 0..2 {
+        assert_dataset_reads_back(&client, "big", &dataset).await;
+    }
+    spoke.settled().await;
+    let page = spoke.scrape().await;
+    let lowered = metric(&page, "shardcache_spoke_capacity_bytes");
+    assert!(metric(&page, "shardcache_spoke_disk_full_total") >= 1, "{page}");
+    assert!(lowered < at_start, "the capacity in effect came down: {lowered} of {at_start}");
+    assert!(spoke.cache.used_bytes() <= lowered, "{} of {lowered}", spoke.cache.used_bytes());
+    let status = spoke.control().await.status().await.unwrap();
+    assert_eq!(status.capacity_bytes, lowered, "status shows the capacity in effect");
+
+    // When the other tenant leaves, what is cached still reads right.
+    std::fs::remove_file(tenant).unwrap();
+    assert_dataset_reads_back(&client, "big", &dataset).await;
+}
