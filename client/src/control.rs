@@ -232,6 +232,9 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
             sum.hub_bytes += j.hub_bytes;
         }
         merged.plans.extend(answer.plans);
+        // Each member's view of the group, as it sees it.
+        merged.members.extend(answer.members);
+        merged.peer_refusals += answer.peer_refusals;
     }
     merged.datasets = datasets.into_values().collect();
     merged.jobs = jobs.into_values().collect();

@@ -55,6 +55,14 @@ peers = spoke_env.get("SPOKE_PEERS", {}).get("value")
 check(peers == f"dns+https://{service}:7071", f"SPOKE_PEERS discovers the headless Service {service}: {peers}")
 check(spoke_env.get("SPOKE_PEER_SELF", {}).get("value") == "https://$(POD_IP):7071", "SPOKE_PEER_SELF from the pod's IP")
 check(spoke_env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP", "POD_IP from the downward API")
+# A secured group is a group: members asked for tokens must be able to prove who they
+# are to each other (their spoke-client certificate against the CA), or every peer read
+# is refused and each member fetches every shard from the hub.
+if spoke_env.get("SPOKE_TOKEN_FILE"):
+    check(spoke_env.get("SPOKE_CLIENT_CA", {}).get("value") == "/tls/ca.pem",
+          "spokes with tokens verify their peers' spoke-client certificates (SPOKE_CLIENT_CA)")
+    check(spoke_env.get("SPOKE_HUB_CERT", {}).get("value", "").endswith("spoke-client.pem"),
+          "spokes present their spoke-client certificate (to hubs and peers)")
 budgets = [b for b in by_kind.get("PodDisruptionBudget", []) if b["spec"]["selector"]["matchLabels"] == spoke["spec"]["selector"]["matchLabels"]]
 check(len(budgets) == 1 and budgets[0]["spec"].get("maxUnavailable") == 1, "a disruption budget of one spoke at a time")
 hub = next(w for w in workloads if w["metadata"]["name"] == "shardcache-hub")

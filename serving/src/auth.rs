@@ -353,6 +353,11 @@ impl Authenticator {
         Self { tokens: Some(Reloading::fixed(book)) }
     }
 
+    /// Whether requests need credentials (a token file is in use).
+    pub fn requires_credentials(&self) -> bool {
+        self.tokens.is_some()
+    }
+
     /// Why the token file no longer loads (tokens are refused meanwhile), or `None`.
     pub fn token_file_failure(&self) -> Option<String> {
         self.tokens.as_ref().and_then(Reloading::failure)

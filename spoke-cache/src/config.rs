@@ -189,6 +189,12 @@ pub struct SpokeArgs {
     #[arg(long)]
     pub hub_token_file: Option<PathBuf>,
 
+    /// File holding the bearer token the spoke presents to its peers (their token files
+    /// hold its line). Without it, peers know the spoke by its --hub-cert certificate
+    /// (verified against their --client-ca); the hub token is never sent to peers.
+    #[arg(long)]
+    pub peer_token_file: Option<PathBuf>,
+
     #[command(flatten)]
     pub serving: ServingFlags,
 }
@@ -255,7 +261,19 @@ impl SpokeArgs {
             self.peers.iter().map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect();
         let group = match (&self.peer_self, peers.is_empty()) {
             (_, true) => None,
-            (Some(me), false) => Some(PeerGroup { spec: peers.join(","), me: me.clone() }),
+            (Some(me), false) => Some(PeerGroup {
+                spec: peers.join(","),
+                me: me.clone(),
+                credentials: ConnectOptions {
+                    tls: hub_credentials.tls.clone(),
+                    token: self
+                        .peer_token_file
+                        .as_deref()
+                        .map(read_token_file)
+                        .transpose()
+                        .map_err(Error::Config)?,
+                },
+            }),
             (None, false) => {
                 return Err(Error::Config(
                     "--peers needs --peer-self: this spoke's URL as the list has it".into(),

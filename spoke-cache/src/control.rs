@@ -10,9 +10,9 @@ use futures::stream::{self, StreamExt};
 use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::{
-        Chunk, DatasetStatus, EvictRequest, EvictResponse, JobStatus, PinRequest, PinResponse, PlanRequest,
-        PlanResponse, PlanStatus, PrefetchProgress, PrefetchRequest, ReadRangeRequest, StatusRequest,
-        StatusResponse, cache_control_server::CacheControl,
+        Chunk, DatasetStatus, EvictRequest, EvictResponse, JobStatus, MemberStatus, PinRequest, PinResponse,
+        PlanRequest, PlanResponse, PlanStatus, PrefetchProgress, PrefetchRequest, ReadRangeRequest,
+        StatusRequest, StatusResponse, cache_control_server::CacheControl,
     },
 };
 use shardcache_serving::auth::Grant;
@@ -202,11 +202,25 @@ impl CacheControl for Control {
             .map(|(dataset, status)| DatasetStatus { dataset, ..status })
             .collect();
         let whose = |principal: &str| grant.is_operator() || principal == grant.principal();
+        let (members, peer_refusals) = match cache.chain().peers() {
+            Some(peers) => {
+                let me = peers.me().to_owned();
+                let members = peers
+                    .states()
+                    .into_iter()
+                    .map(|m| MemberStatus { url: m.url, state: m.state.to_owned(), seen_by: me.clone() })
+                    .collect();
+                (members, peers.refusals().total())
+            }
+            None => (Vec::new(), 0),
+        };
         let mut status = StatusResponse {
             datasets,
             jobs: job_statuses(cache).into_iter().filter(|j| whose(&j.principal)).collect(),
             plans: plan_statuses(cache).into_iter().filter(|p| whose(&p.principal)).collect(),
             principal: grant.principal().to_owned(),
+            members,
+            peer_refusals,
             ..Default::default()
         };
         if grant.may_control() {

@@ -81,6 +81,10 @@ pub struct Occupancy {
     pub token_file_broken: bool,
     /// Members of the spoke's group as it sees them now (itself included); 0 alone.
     pub group_members: u64,
+    /// Times a member refused this spoke's credentials (a counter).
+    pub peer_refusals: u64,
+    /// Members that refused this spoke's credentials within the last minute.
+    pub members_refusing: u64,
 }
 
 impl Metrics {
@@ -216,6 +220,11 @@ fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
             occupancy.group_members,
         ),
         (
+            "shardcache_spoke_group_members_refusing",
+            "Members of the group that refused this spoke's credentials within the last minute (the group then holds more than one copy)",
+            occupancy.members_refusing,
+        ),
+        (
             "shardcache_spoke_token_file_broken",
             "1 while --token-file cannot be read or parsed: requests with tokens are refused",
             u64::from(occupancy.token_file_broken),
@@ -224,6 +233,13 @@ fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
     for (name, help, value) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
     }
+    let name = "shardcache_spoke_peer_refusals_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Times a member of the group refused this spoke's credentials (UNAUTHENTICATED, \
+         PERMISSION_DENIED): the chunk came from the hub instead\n# TYPE {name} counter\n{name} {}",
+        occupancy.peer_refusals
+    );
     let name = "shardcache_spoke_cached_bytes";
     let _ = writeln!(out, "# HELP {name} Cached bytes per dataset\n# TYPE {name} gauge");
     for (dataset, (_, bytes, _)) in &occupancy.datasets {

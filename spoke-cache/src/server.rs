@@ -49,10 +49,13 @@ pub struct SpokeOptions {
 
 /// A spoke's group: its members (`URL1,URL2,...`, `file:PATH` or
 /// `dns+http://NAME:PORT`: `shardcache_client::members`), and this spoke's URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct PeerGroup {
     pub spec: String,
     pub me: String,
+    /// What this spoke presents to its peers: the TLS files it presents to its hubs and
+    /// its `--peer-token-file` (never its hub token; `Debug` redacts the token).
+    pub credentials: ConnectOptions,
 }
 
 /// Opens the cache in `dir`. A cache whose files are damaged (RocksDB's `Corruption`
@@ -61,7 +64,7 @@ pub struct PeerGroup {
 /// start, and its damaged files do not keep taking the disk. Only the store's own files
 /// are removed; any other error (a bad option, a permission) stops the start instead.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
-    let group = options.group.as_ref().map(|g| (g.spec.as_str(), g.me.as_str()));
+    let group = options.group.as_ref().map(|g| (g.spec.as_str(), g.me.as_str(), &g.credentials));
     let metrics = Arc::new(Metrics::labelling(options.cache.metric_jobs.clone()));
     let chain = || {
         let (hubs, transport, credentials) =
@@ -113,6 +116,36 @@ fn fit_filesystem(cache: &Cache, dir: &Path) {
     }
 }
 
+/// Says at start, once, what a group's security means: an open group trusts whoever
+/// reaches its ports, and a secured one whose members cannot prove who they are to each
+/// other fetches one copy per member (every peer read refused).
+fn warn_about_the_group(group: &PeerGroup, security: &Security) {
+    let verifies_certificates = security.tls.as_ref().is_some_and(|tls| tls.verifies_client_certs());
+    let secured = security.auth.requires_credentials() || verifies_certificates;
+    if !secured {
+        tracing::warn!(
+            "this spoke's group is open: its members are trusted without proof (bytes from any server at a \
+             member's address are taken), and anyone who reaches a member's port reads through it; secure it \
+             with TLS, --client-ca and tokens (README: Running securely)"
+        );
+    } else if group.spec.split([',', ' ']).any(|member| member.trim().starts_with("http://")) {
+        tracing::warn!(
+            peers = group.spec,
+            "this spoke is secured but its --peers are plaintext (http://): members cannot prove who they are; \
+             list them as https:// URLs"
+        );
+    } else if security.auth.requires_credentials()
+        && !verifies_certificates
+        && group.credentials.token.is_none()
+    {
+        tracing::warn!(
+            "this spoke asks every request for a token but its members present none to each other (no \
+             --client-ca to see their --hub-cert certificates, no --peer-token-file): every peer read will be \
+             refused and each member will fetch every shard from the hub"
+        );
+    }
+}
+
 /// Serves `cache` on `listener` (gRPC) and `metrics_listener` (Prometheus) until
 /// `shutdown` resolves; in-flight requests finish first.
 pub async fn serve(
@@ -129,6 +162,9 @@ pub async fn serve(
             let _ = rx.wait_for(|stop| *stop).await;
         }
     };
+    if let Some(group) = &options.group {
+        warn_about_the_group(group, &options.security);
+    }
     let evictor = tokio::spawn(cache.evictor().run(stopped()));
     let plan_fetcher = tokio::spawn(cache.plan_fetcher().run(stopped()));
     let scraped = cache.clone();
@@ -200,6 +236,11 @@ fn occupancy(cache: &Cache) -> Occupancy {
         used_bytes: cache.used_bytes(),
         disk_bytes: cache.disk_bytes(),
         group_members: cache.chain().peers().map_or(0, |p| p.urls().len() as u64),
+        peer_refusals: cache.chain().peers().map_or(0, |p| p.refusals().total()),
+        members_refusing: cache
+            .chain()
+            .peers()
+            .map_or(0, |p| p.states().iter().filter(|m| m.state == "refusing this spoke").count() as u64),
         ..Default::default()
     };
     for entry in cache.entries() {

@@ -207,7 +207,8 @@ async fn a_group_of_spokes_mounts_as_one_tree_and_fetches_once() {
     let mut spokes = Vec::new();
     for ((listener, url), dir) in listeners.into_iter().zip(&urls).zip(&dirs) {
         let mut options = spoke_options(&hub.endpoint);
-        options.group = Some(PeerGroup { spec: urls.join(","), me: url.clone() });
+        options.group =
+            Some(PeerGroup { spec: urls.join(","), me: url.clone(), credentials: Default::default() });
         spokes.push(TestSpoke::start_on(listener, dir.path(), options).await);
     }
     let mnt = tempfile::tempdir().unwrap();

@@ -76,7 +76,11 @@ impl Group {
 
     async fn start_member(&self, i: usize, listener: TcpListener) -> TestSpoke {
         let mut options = spoke_options(&self.hub);
-        options.group = Some(PeerGroup { spec: self.urls.join(","), me: self.urls[i].clone() });
+        options.group = Some(PeerGroup {
+            spec: self.urls.join(","),
+            me: self.urls[i].clone(),
+            credentials: Default::default(),
+        });
         TestSpoke::start_on(listener, self.dirs[i].path(), options).await
     }
 

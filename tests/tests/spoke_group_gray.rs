@@ -85,7 +85,8 @@ async fn a_member_whose_hub_link_hangs_costs_a_hedge_delay_not_a_timeout() {
     for (i, listener) in listeners.into_iter().enumerate() {
         let upstream = if i == gray { gray_link.endpoint() } else { hub.endpoint.clone() };
         let mut options = spoke_options(&upstream);
-        options.group = Some(PeerGroup { spec: urls.join(","), me: urls[i].clone() });
+        options.group =
+            Some(PeerGroup { spec: urls.join(","), me: urls[i].clone(), credentials: Default::default() });
         spokes.push(TestSpoke::start_on(listener, dirs[i].path(), options).await);
     }
     gray_link.set_fault(Fault::Stall);

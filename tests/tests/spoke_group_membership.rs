@@ -58,7 +58,8 @@ async fn a_member_joins(spec: &str, listeners: Vec<TcpListener>, urls: &[String]
     for ((listener, url), dir) in listeners.into_iter().zip(urls).zip(&dirs) {
         let mut options = spoke_options(&hub.endpoint);
         (options.cache.chunk_size, options.max_read) = (SHARD, SHARD);
-        options.group = Some(PeerGroup { spec: spec.to_owned(), me: url.clone() });
+        options.group =
+            Some(PeerGroup { spec: spec.to_owned(), me: url.clone(), credentials: Default::default() });
         spokes.push(TestSpoke::start_on(listener, dir.path(), options).await);
     }
     let client = Client::connect(spec).await.unwrap();

@@ -367,6 +367,16 @@ impl Client {
             plans.append(item)?;
         }
         d.set_item("plans", plans)?;
+        let members = PyList::empty(py);
+        for m in status.members {
+            let item = PyDict::new(py);
+            item.set_item("url", m.url)?;
+            item.set_item("state", m.state)?;
+            item.set_item("seen_by", m.seen_by)?;
+            members.append(item)?;
+        }
+        d.set_item("members", members)?;
+        d.set_item("peer_refusals", status.peer_refusals)?;
         Ok(d)
     }
 

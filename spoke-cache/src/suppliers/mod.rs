@@ -122,12 +122,13 @@ impl Chain {
         urls: &[String],
         transport: &HubTransport,
         credentials: &ConnectOptions,
-        peers: Option<(&str, &str)>,
+        peers: Option<(&str, &str, &ConnectOptions)>,
         counters: Arc<HedgeCounters>,
     ) -> Result<Self> {
         let hubs = Hubs::new(urls, transport, credentials, counters.clone())?;
-        let peers =
-            peers.map(|(spec, me)| Peers::new(spec, me, credentials, counters.clone())).transpose()?;
+        let peers = peers
+            .map(|(spec, me, credentials)| Peers::new(spec, me, credentials, counters.clone()))
+            .transpose()?;
         Ok(Self { peers, hubs, counters })
     }
 

@@ -19,8 +19,23 @@
 //! Planned prefetch fetches only the shards a spoke owns ([`Peers::owns`]); a member that
 //! is down (or demoted for losing its hedges) is skipped by the others for a while, so
 //! its shards pass to the next member and come back when it answers again.
+//!
+//! Members authenticate to each other with their own identity: the client certificate
+//! of `--hub-cert` (a `spoke-client` certificate, granted by a `cert:` line in the
+//! members' token files, verified against their `--client-ca`) or the token of
+//! `--peer-token-file`; never the token the spoke presents to its hubs. A member that
+//! refuses this spoke's credentials makes the group quietly fetch N copies over the long
+//! link, so a refusal is loud ([`Refusals`]): a warning naming the member and the fix, a
+//! counter, and the member's state in `Status`.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::{Duration, Instant},
+};
 
 use shardcache_client::{
     Client, ConnectOptions, Range,
@@ -43,6 +58,70 @@ pub struct Peer {
     client: Client,
     control: CacheControlClient<AuthChannel>,
     health: members::HealthClient,
+    refusals: Arc<Refusals>,
+}
+
+/// How long a member that refused this spoke's credentials shows as refusing, and how
+/// often the warning about it is repeated.
+pub const REFUSAL_MEMORY: Duration = Duration::from_secs(60);
+
+/// Members that refused this spoke's credentials (UNAUTHENTICATED, PERMISSION_DENIED).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    total: AtomicU64,
+    /// Per member: when it last refused, and when that was last logged.
+    last: Mutex<HashMap<String, (Instant, Instant)>>,
+}
+
+impl Refusals {
+    /// `url` refused this spoke: counted, and logged as a warning at most once per
+    /// [`REFUSAL_MEMORY`] per member.
+    fn refused(&self, url: &str, status: &tonic::Status) {
+        self.total.fetch_add(1, Relaxed);
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let warn = last.get(url).is_none_or(|&(_, logged)| now.duration_since(logged) >= REFUSAL_MEMORY);
+        let logged = if warn { now } else { last.get(url).map_or(now, |&(_, logged)| logged) };
+        last.insert(url.to_owned(), (now, logged));
+        drop(last);
+        if warn {
+            tracing::warn!(
+                peer = url,
+                code = ?status.code(),
+                message = status.message(),
+                "a member of the group refused this spoke's credentials, so the group is not sharing one copy: \
+                 each member fetches from the hub. Give the members --client-ca (this spoke presents its \
+                 --hub-cert) and a line `peers cert:<its DNS name> DATASETS` in their token files, or give \
+                 this spoke --peer-token-file with a token their token files hold"
+            );
+        }
+    }
+
+    /// Refusals since start.
+    pub fn total(&self) -> u64 {
+        self.total.load(Relaxed)
+    }
+
+    /// Whether `url` refused within the last [`REFUSAL_MEMORY`].
+    pub fn recent(&self, url: &str) -> bool {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.get(url).is_some_and(|&(at, _)| at.elapsed() < REFUSAL_MEMORY)
+    }
+
+    fn check(&self, url: &str, status: &tonic::Status) {
+        if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) {
+            self.refused(url, status);
+        }
+    }
+}
+
+/// A member's state as this spoke sees it (`Status.members`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberState {
+    pub url: String,
+    /// `self`, `serving`, `unwell` (failed or demoted: skipped for a while) or
+    /// `refusing this spoke` (refused its credentials lately).
+    pub state: &'static str,
 }
 
 /// A member of the group: `None` for this spoke.
@@ -54,6 +133,7 @@ pub struct Peers {
     router: Router<Option<Peer>>,
     /// This spoke's URL as the group lists it (normalised).
     me: String,
+    refusals: Arc<Refusals>,
 }
 
 /// Deadline of a call to a peer: a chunk over a local network takes milliseconds; a
@@ -68,9 +148,10 @@ pub const PROBED_BEHIND: usize = 2;
 
 impl Peers {
     /// The group `spec` with this spoke as `me`, connecting lazily with `credentials`
-    /// (the ones the spoke presents to its hubs); hedging is counted in `counters`. A
-    /// fixed list must name `me`; a file or DNS group is read in the background, and
-    /// this spoke counts as a member whether or not the source lists it yet.
+    /// (the TLS files the spoke presents to its hubs, and its `--peer-token-file`, never
+    /// its hub token); hedging is counted in `counters`. A fixed list must name `me`; a
+    /// file or DNS group is read in the background, and this spoke counts as a member
+    /// whether or not the source lists it yet.
     pub fn new(
         spec: &str,
         me: &str,
@@ -79,9 +160,11 @@ impl Peers {
     ) -> Result<Self> {
         let source = Source::parse(spec).map_err(|e| Error::Config(format!("--peers: {e}")))?;
         let token = shardcache_client::Credentials::token(credentials.token.as_deref())
-            .map_err(|e| Error::Config(format!("--hub-token-file: {e}")))?;
+            .map_err(|e| Error::Config(format!("--peer-token-file: {e}")))?;
         let me = normalize_url(me);
         let (me_owned, credentials) = (me.clone(), source.connect_options(credentials));
+        let refusals = Arc::new(Refusals::default());
+        let shared = refusals.clone();
         let make = move |url: &str| -> std::result::Result<Option<Peer>, String> {
             if url == me_owned {
                 return Ok(None);
@@ -95,6 +178,7 @@ impl Peers {
                 control: CacheControlClient::with_interceptor(channel.clone(), token.clone())
                     .max_decoding_message_size(shardcache_client::client::MAX_RESPONSE_BYTES),
                 health: members::HealthClient::new(channel),
+                refusals: shared.clone(),
             }))
         };
         let initial = match &source {
@@ -116,7 +200,34 @@ impl Peers {
             Some(peer) => members::serving(&peer.health),
             None => Box::pin(async { true }),
         });
-        Ok(Self { router: Router::new(members, HedgePolicy::UPSTREAM, counters), me })
+        Ok(Self { router: Router::new(members, HedgePolicy::UPSTREAM, counters), me, refusals })
+    }
+
+    /// This spoke's URL as the group lists it.
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// Members that refused this spoke's credentials.
+    pub fn refusals(&self) -> &Refusals {
+        &self.refusals
+    }
+
+    /// Every member's state as this spoke sees it, in the group's order.
+    pub fn states(&self) -> Vec<MemberState> {
+        let members = self.router.members().current();
+        members
+            .iter()
+            .map(|m| {
+                let state = match &m.conn {
+                    None => "self",
+                    Some(_) if self.refusals.recent(&m.url) => "refusing this spoke",
+                    Some(_) if m.health.is_live() => "serving",
+                    Some(_) => "unwell",
+                };
+                MemberState { url: m.url.clone(), state }
+            })
+            .collect()
     }
 
     /// The members now ranked for `dataset/shard`: the live ones before this spoke, and
@@ -161,6 +272,9 @@ impl Peers {
             Ok(Ok(read)) => Ok(Checked { data: read.data, crc32c: read.crc32c }),
             Ok(Err(e)) => {
                 tracing::debug!(peer = member.url, error = %e, "peer could not serve a chunk");
+                if let shardcache_client::Error::Status { status, .. } = &e {
+                    peer.refusals.check(&member.url, status);
+                }
                 let verdict = routing::Judged::verdict(&e);
                 let error = Error::Peer { peer: member.url.clone(), message: e.to_string() };
                 Err(if verdict == Verdict::Unwell { Failed::unwell(error) } else { Failed::not_here(error) })
@@ -216,6 +330,7 @@ impl Peers {
             // Not held there (FAILED_PRECONDITION) or at another version: the next one.
             Ok(Err(status)) => {
                 tracing::debug!(peer = member.url, %status, "peer does not hold a chunk");
+                peer.refusals.check(&member.url, &status);
                 let error = peer_error(format!("{:?}: {}", status.code(), status.message()));
                 Err(match routing::of_code(status.code()) {
                     Verdict::Unwell => Failed::unwell(error),

@@ -278,7 +278,7 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
         "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14}",
         "DATASET", "SHARDS", "CACHED", "PINNED", "HITS", "MISSES", "HIT%", "UPSTREAM"
     );
-    for d in status.datasets {
+    for d in &status.datasets {
         let total = d.hit_requests + d.miss_requests;
         let hit = if total == 0 {
             "-".to_owned()
@@ -316,6 +316,7 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             println!("{job:<32} {:>6} {:>10} {hit:>8} {:>14} {:>14}", j.epoch, j.reads, j.bytes, j.hub_bytes);
         }
     }
+    print_group(&status);
     if !status.plans.is_empty() {
         println!();
         println!("{:<32} {:>10} {:>10} {:>6}", "PLAN", "CURSOR", "POSITIONS", "LAG");
@@ -325,6 +326,26 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Each member's view of the group: a member refusing another's credentials means the
+/// group fetches more than one copy over the long link.
+fn print_group(status: &shardcache_proto::v1::StatusResponse) {
+    if status.members.is_empty() {
+        return;
+    }
+    println!();
+    println!("{:<32} {:<24} SEEN BY", "MEMBER", "STATE");
+    for m in &status.members {
+        println!("{:<32} {:<24} {}", m.url, m.state, m.seen_by);
+    }
+    if status.peer_refusals > 0 {
+        println!(
+            "members refused each other's credentials {} times: the group is not sharing one copy (see the \
+             spokes' logs for the fix)",
+            status.peer_refusals
+        );
+    }
 }
 
 /// A job's name as a status table shows it: with its principal when that is not the
