@@ -210,7 +210,7 @@ impl CacheControl for Control {
                     .into_iter()
                     .map(|m| MemberStatus { url: m.url, state: m.state.to_owned(), seen_by: me.clone() })
                     .collect();
-                (members, peers.refusals().total())
+                (members, peers.reports().refusals())
             }
             None => (Vec::new(), 0),
         };

@@ -83,6 +83,8 @@ pub struct Occupancy {
     pub group_members: u64,
     /// Times a member refused this spoke's credentials (a counter).
     pub peer_refusals: u64,
+    /// Chunks from members that failed verification (a counter).
+    pub peer_bad_chunks: u64,
     /// Members that refused this spoke's credentials within the last minute.
     pub members_refusing: u64,
 }
@@ -239,6 +241,14 @@ fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
         "# HELP {name} Times a member of the group refused this spoke's credentials (UNAUTHENTICATED, \
          PERMISSION_DENIED): the chunk came from the hub instead\n# TYPE {name} counter\n{name} {}",
         occupancy.peer_refusals
+    );
+    let name = "shardcache_spoke_peer_bad_chunks_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Chunks from members of the group that failed verification (checksum, protocol, \
+         range or version): the member was skipped for a while and the chunk came from the hub\n\
+         # TYPE {name} counter\n{name} {}",
+        occupancy.peer_bad_chunks
     );
     let name = "shardcache_spoke_cached_bytes";
     let _ = writeln!(out, "# HELP {name} Cached bytes per dataset\n# TYPE {name} gauge");

@@ -236,7 +236,8 @@ fn occupancy(cache: &Cache) -> Occupancy {
         used_bytes: cache.used_bytes(),
         disk_bytes: cache.disk_bytes(),
         group_members: cache.chain().peers().map_or(0, |p| p.urls().len() as u64),
-        peer_refusals: cache.chain().peers().map_or(0, |p| p.refusals().total()),
+        peer_refusals: cache.chain().peers().map_or(0, |p| p.reports().refusals()),
+        peer_bad_chunks: cache.chain().peers().map_or(0, |p| p.reports().bad_chunks()),
         members_refusing: cache
             .chain()
             .peers()

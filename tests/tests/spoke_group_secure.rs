@@ -134,7 +134,7 @@ async fn the_readme_secure_group_fetches_one_copy_over_the_long_link() {
     let served = group.hub.stats.snapshot().bytes_served;
     assert_eq!(served, SHARDS as u64 * SHARD, "one copy over the long link");
     for spoke in &group.spokes {
-        assert_eq!(spoke.cache.chain().peers().unwrap().refusals().total(), 0, "no member refused another");
+        assert_eq!(spoke.cache.chain().peers().unwrap().reports().refusals(), 0, "no member refused another");
     }
     // Status shows the group healthy as each member sees it.
     let control =
@@ -155,7 +155,7 @@ async fn a_secured_group_whose_members_refuse_each_other_says_so() {
     let served = group.hub.stats.snapshot().bytes_served;
     assert!(served > SHARDS as u64 * SHARD, "refused peers cost more than one copy: {served}");
     let refusals: u64 =
-        group.spokes.iter().map(|s| s.cache.chain().peers().unwrap().refusals().total()).sum();
+        group.spokes.iter().map(|s| s.cache.chain().peers().unwrap().reports().refusals()).sum();
     assert!(refusals > 0, "refusals are counted (shardcache_spoke_peer_refusals_total)");
     let control =
         CacheClient::connect_with(&group.spokes[0].endpoint, &group.trainer_options()).await.unwrap();

@@ -25,7 +25,7 @@
 //! members' token files, verified against their `--client-ca`) or the token of
 //! `--peer-token-file`; never the token the spoke presents to its hubs. A member that
 //! refuses this spoke's credentials makes the group quietly fetch N copies over the long
-//! link, so a refusal is loud ([`Refusals`]): a warning naming the member and the fix, a
+//! link, so a refusal is loud ([`PeerReports`]): a warning naming the member and the fix, a
 //! counter, and the member's state in `Status`.
 
 use std::{
@@ -58,22 +58,24 @@ pub struct Peer {
     client: Client,
     control: CacheControlClient<AuthChannel>,
     health: members::HealthClient,
-    refusals: Arc<Refusals>,
+    reports: Arc<PeerReports>,
 }
 
 /// How long a member that refused this spoke's credentials shows as refusing, and how
 /// often the warning about it is repeated.
 pub const REFUSAL_MEMORY: Duration = Duration::from_secs(60);
 
-/// Members that refused this spoke's credentials (UNAUTHENTICATED, PERMISSION_DENIED).
+/// What this spoke has seen its members do wrong: refuse its credentials
+/// (UNAUTHENTICATED, PERMISSION_DENIED), or send bytes that failed verification.
 #[derive(Debug, Default)]
-pub struct Refusals {
+pub struct PeerReports {
     total: AtomicU64,
+    bad_chunks: AtomicU64,
     /// Per member: when it last refused, and when that was last logged.
     last: Mutex<HashMap<String, (Instant, Instant)>>,
 }
 
-impl Refusals {
+impl PeerReports {
     /// `url` refused this spoke: counted, and logged as a warning at most once per
     /// [`REFUSAL_MEMORY`] per member.
     fn refused(&self, url: &str, status: &tonic::Status) {
@@ -98,8 +100,20 @@ impl Refusals {
     }
 
     /// Refusals since start.
-    pub fn total(&self) -> u64 {
+    pub fn refusals(&self) -> u64 {
         self.total.load(Relaxed)
+    }
+
+    /// Chunks from members that failed verification since start.
+    pub fn bad_chunks(&self) -> u64 {
+        self.bad_chunks.load(Relaxed)
+    }
+
+    /// `url` sent bytes that failed verification (`why`): counted and logged with its
+    /// URL; the caller skips it for a backoff and takes the chunk from the hub.
+    fn bad_chunk(&self, url: &str, why: &dyn std::fmt::Display) {
+        self.bad_chunks.fetch_add(1, Relaxed);
+        tracing::warn!(peer = url, error = %why, "a member sent bytes that failed verification; skipping it for a while and fetching from the hub");
     }
 
     /// Whether `url` refused within the last [`REFUSAL_MEMORY`].
@@ -133,7 +147,7 @@ pub struct Peers {
     router: Router<Option<Peer>>,
     /// This spoke's URL as the group lists it (normalised).
     me: String,
-    refusals: Arc<Refusals>,
+    reports: Arc<PeerReports>,
 }
 
 /// Deadline of a call to a peer: a chunk over a local network takes milliseconds; a
@@ -163,8 +177,8 @@ impl Peers {
             .map_err(|e| Error::Config(format!("--peer-token-file: {e}")))?;
         let me = normalize_url(me);
         let (me_owned, credentials) = (me.clone(), source.connect_options(credentials));
-        let refusals = Arc::new(Refusals::default());
-        let shared = refusals.clone();
+        let reports = Arc::new(PeerReports::default());
+        let shared = reports.clone();
         let make = move |url: &str| -> std::result::Result<Option<Peer>, String> {
             if url == me_owned {
                 return Ok(None);
@@ -178,7 +192,7 @@ impl Peers {
                 control: CacheControlClient::with_interceptor(channel.clone(), token.clone())
                     .max_decoding_message_size(shardcache_client::client::MAX_RESPONSE_BYTES),
                 health: members::HealthClient::new(channel),
-                refusals: shared.clone(),
+                reports: shared.clone(),
             }))
         };
         let initial = match &source {
@@ -200,7 +214,7 @@ impl Peers {
             Some(peer) => members::serving(&peer.health),
             None => Box::pin(async { true }),
         });
-        Ok(Self { router: Router::new(members, HedgePolicy::UPSTREAM, counters), me, refusals })
+        Ok(Self { router: Router::new(members, HedgePolicy::UPSTREAM, counters), me, reports })
     }
 
     /// This spoke's URL as the group lists it.
@@ -208,9 +222,9 @@ impl Peers {
         &self.me
     }
 
-    /// Members that refused this spoke's credentials.
-    pub fn refusals(&self) -> &Refusals {
-        &self.refusals
+    /// What this spoke has seen its members do wrong.
+    pub fn reports(&self) -> &PeerReports {
+        &self.reports
     }
 
     /// Every member's state as this spoke sees it, in the group's order.
@@ -221,7 +235,7 @@ impl Peers {
             .map(|m| {
                 let state = match &m.conn {
                     None => "self",
-                    Some(_) if self.refusals.recent(&m.url) => "refusing this spoke",
+                    Some(_) if self.reports.recent(&m.url) => "refusing this spoke",
                     Some(_) if m.health.is_live() => "serving",
                     Some(_) => "unwell",
                 };
@@ -272,8 +286,14 @@ impl Peers {
             Ok(Ok(read)) => Ok(Checked { data: read.data, crc32c: read.crc32c }),
             Ok(Err(e)) => {
                 tracing::debug!(peer = member.url, error = %e, "peer could not serve a chunk");
-                if let shardcache_client::Error::Status { status, .. } = &e {
-                    peer.refusals.check(&member.url, status);
+                match &e {
+                    shardcache_client::Error::Status { status, .. } => {
+                        peer.reports.check(&member.url, status)
+                    }
+                    shardcache_client::Error::Checksum { .. } | shardcache_client::Error::Protocol { .. } => {
+                        peer.reports.bad_chunk(&member.url, &e)
+                    }
+                    _ => {}
                 }
                 let verdict = routing::Judged::verdict(&e);
                 let error = Error::Peer { peer: member.url.clone(), message: e.to_string() };
@@ -324,13 +344,14 @@ impl Peers {
                 {
                     return Ok((Checked { data: chunk.data, crc32c: chunk.crc32c }, chunk.version));
                 }
-                tracing::warn!(peer = member.url, "a peer's cached chunk failed its check; not used");
-                Err(Failed::unwell(peer_error("sent a chunk that failed its check".into())))
+                let why = "a cached chunk that is not the one asked for, or fails its checksum";
+                peer.reports.bad_chunk(&member.url, &why);
+                Err(Failed::unwell(peer_error(format!("sent {why}"))))
             }
             // Not held there (FAILED_PRECONDITION) or at another version: the next one.
             Ok(Err(status)) => {
                 tracing::debug!(peer = member.url, %status, "peer does not hold a chunk");
-                peer.refusals.check(&member.url, &status);
+                peer.reports.check(&member.url, &status);
                 let error = peer_error(format!("{:?}: {}", status.code(), status.message()));
                 Err(match routing::of_code(status.code()) {
                     Verdict::Unwell => Failed::unwell(error),

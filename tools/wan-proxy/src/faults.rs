@@ -28,6 +28,10 @@ pub enum Fault {
     Hold(Toward),
     /// Each direction of each connection moves at most this many bits per second.
     Throttle(u64),
+    /// Every Nth byte toward the client (answers) is flipped: bad memory, a bad NIC, a
+    /// garbling middlebox. Over TLS that breaks the record (a failed connection); in
+    /// plaintext the client's checksums must catch it.
+    Corrupt(u64),
 }
 
 /// A direction of the link.
@@ -49,6 +53,7 @@ impl std::fmt::Display for Fault {
             Fault::Hold(Toward::Upstream) => f.write_str("hold-requests"),
             Fault::Hold(Toward::Client) => f.write_str("hold-answers"),
             Fault::Throttle(bps) => write!(f, "throttle={bps}bit"),
+            Fault::Corrupt(every) => write!(f, "corrupt-every={every}"),
         }
     }
 }
@@ -57,7 +62,7 @@ impl std::str::FromStr for Fault {
     type Err = String;
 
     /// `none`, `stall`, `down`, `stall-after=BYTES`, `hold-requests`, `hold-answers`,
-    /// `throttle=RATE` (e.g. `throttle=20Mbit`).
+    /// `throttle=RATE` (e.g. `throttle=20Mbit`), `corrupt-every=BYTES`.
     fn from_str(text: &str) -> Result<Self, String> {
         let (name, value) = text.split_once('=').map_or((text, None), |(n, v)| (n, Some(v)));
         match (name, value) {
@@ -71,9 +76,15 @@ impl std::str::FromStr for Fault {
                 .map(Fault::StallAfter)
                 .map_err(|_| format!("stall-after={bytes}: bytes as a number")),
             ("throttle", Some(rate)) => crate::parse_rate(rate).map(Fault::Throttle),
+            ("corrupt-every", Some(bytes)) => bytes
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .map(Fault::Corrupt)
+                .ok_or_else(|| format!("corrupt-every={bytes}: a positive number of bytes")),
             _ => Err(format!(
                 "unknown fault {text:?}: none, stall, down, stall-after=BYTES, hold-requests, hold-answers, \
-                 throttle=RATE"
+                 throttle=RATE, corrupt-every=BYTES"
             )),
         }
     }
@@ -112,13 +123,14 @@ pub async fn run_schedule(link: watch::Sender<Fault>, schedule: Schedule, on_cha
 
 /// Waits until a piece of `len` bytes may be delivered `toward` one side, by a
 /// connection direction that has delivered `written` bytes: held while a fault holds
-/// it, then slowed by a throttle. `Err` when no one is left to change the fault.
+/// it, then slowed by a throttle. Returns the fault in force (the caller garbles the
+/// piece under `Corrupt`); `Err` when no one is left to change the fault.
 pub(crate) async fn pass(
     faults: &mut watch::Receiver<Fault>,
     toward: Toward,
     written: u64,
     len: usize,
-) -> Result<(), ()> {
+) -> Result<Fault, ()> {
     let held = |fault: &Fault| match *fault {
         Fault::Stall => true,
         Fault::StallAfter(bytes) => written >= bytes,
@@ -132,7 +144,19 @@ pub(crate) async fn pass(
     if let Fault::Throttle(bps) = fault {
         tokio::time::sleep(Duration::from_secs_f64(len as f64 * 8.0 / bps as f64)).await;
     }
-    Ok(())
+    Ok(fault)
+}
+
+/// `piece`, the bytes from `written` on of one direction, with every `every`th byte of
+/// the direction flipped.
+pub(crate) fn corrupt(piece: bytes::Bytes, written: u64, every: u64) -> bytes::Bytes {
+    let mut garbled = piece.to_vec();
+    for (i, byte) in garbled.iter_mut().enumerate() {
+        if (written + i as u64 + 1).is_multiple_of(every) {
+            *byte ^= 0xff;
+        }
+    }
+    garbled.into()
 }
 
 #[cfg(test)]
@@ -142,10 +166,13 @@ mod tests {
     #[test]
     fn schedules_parse_and_bad_ones_say_why() {
         let schedule = parse_schedule(
-            "none:5s,stall:2s,down:1s,stall-after=65536:3s,hold-answers:1s,throttle=20Mbit:2s",
+            "none:5s,stall:2s,down:1s,stall-after=65536:3s,hold-answers:1s,throttle=20Mbit:2s,corrupt-every=4:1s",
         )
         .expect("parses");
-        assert_eq!(schedule.len(), 6);
+        assert_eq!(schedule.len(), 7);
+        assert_eq!(schedule[6].0, Fault::Corrupt(4));
+        assert_eq!(&corrupt(bytes::Bytes::from_static(&[0; 6]), 2, 4)[..], [0, 0xff, 0, 0, 0, 0]);
+        assert!(parse_schedule("corrupt-every=0:1s").unwrap_err().contains("positive"));
         assert_eq!(schedule[3], (Fault::StallAfter(65536), Duration::from_secs(3)));
         assert_eq!(schedule[4].0, Fault::Hold(Toward::Client));
         assert_eq!(schedule[5].0, Fault::Throttle(20_000_000));

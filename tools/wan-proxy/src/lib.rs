@@ -312,9 +312,13 @@ async fn delay_line(
             // A fault may hold what the link has (the reader stops once its budget is
             // full) or slow it down.
             let len = piece.as_ref().map_or(0, Bytes::len);
-            if faults::pass(&mut faults, toward, written, len).await.is_err() {
-                return;
-            }
+            let Ok(fault) = faults::pass(&mut faults, toward, written, len).await else { return };
+            let piece = match (fault, piece) {
+                (faults::Fault::Corrupt(every), Some(bytes)) if toward == Toward::Client => {
+                    Some(faults::corrupt(bytes, written, every))
+                }
+                (_, piece) => piece,
+            };
             match piece {
                 Some(bytes) => {
                     if to.write_all(&bytes).await.is_err() {

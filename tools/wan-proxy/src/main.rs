@@ -31,7 +31,7 @@ struct Args {
     #[arg(long, default_value = "0ms", value_parser = humantime::parse_duration)]
     jitter: std::time::Duration,
     /// Faults to cycle through, each for its time: FAULT:DURATION,... with FAULT one of
-    /// none, stall, down, stall-after=BYTES, hold-requests, hold-answers, throttle=RATE
+    /// none, stall, down, stall-after=BYTES, hold-requests, hold-answers, throttle=RATE, corrupt-every=BYTES
     /// (e.g. none:10s,stall:3s,down:1s,throttle=20Mbit:5s). Each change is printed.
     #[arg(long, value_parser = wan::parse_schedule)]
     faults: Option<wan::Schedule>,
