@@ -139,6 +139,55 @@ async fn a_shard_that_changes_while_open_fails_with_eio_and_a_log_line_never_mix
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_each_read_the_version_they_opened_and_pages_never_mix() {
+    skip_without_fuse!();
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("ds/big.bin");
+    let old = write_pattern(&path, (8 * MIB) as usize, 1);
+    let hub = TestHub::start(root.path()).await;
+    let mnt = tempfile::tempdir().unwrap();
+    let _mount = MountProcess::start(&hub.endpoint, mnt.path(), &[], &root.path().join("mount.log"));
+    let through = mnt.path().join("ds/big.bin");
+
+    // Process A (this one) opens the shard at version 1 and reads its head.
+    let mut a = std::fs::File::open(&through).unwrap();
+    let mut head = vec![0; 4096];
+    a.read_exact(&mut head).unwrap();
+    assert!(head == old[..4096]);
+    // The shard changes; process B opens it at once (through the name the kernel has
+    // cached) and reads it whole: the new version, whole.
+    let new = write_pattern(&root.path().join("ds/big.next"), (8 * MIB) as usize, 2);
+    std::fs::rename(root.path().join("ds/big.next"), &path).unwrap();
+    let copy = root.path().join("b.out");
+    let b = Command::new("dd")
+        .arg(format!("if={}", through.display()))
+        .arg(format!("of={}", copy.display()))
+        .arg("bs=1M")
+        .output()
+        .unwrap();
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    assert!(std::fs::read(&copy).unwrap() == new, "process B reads the new version");
+    // A reads on: every byte it gets is version 1's (what the kernel cached for it), or
+    // EIO; never a page of version 2 that B's reads brought in.
+    let mut served = 0;
+    for offset in (0..8 * MIB).step_by(MIB as usize) {
+        a.seek(SeekFrom::Start(offset)).unwrap();
+        let mut page = vec![0; 4096];
+        match a.read_exact(&mut page) {
+            Ok(()) => {
+                assert!(page == old[offset as usize..][..4096], "A got another version's bytes at {offset}");
+                served += 1;
+            }
+            Err(e) => assert_eq!(e.raw_os_error(), Some(5), "EIO: {e}"),
+        }
+    }
+    assert!(served >= 1, "A's head is cached at its version");
+    // Opened again (after B), A's name leads to the new version.
+    drop(a);
+    assert!(std::fs::read(&through).unwrap() == new);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_stops_mid_read_is_eio_not_a_hung_reader() {
     skip_without_fuse!();
     let root = tempfile::tempdir().unwrap();

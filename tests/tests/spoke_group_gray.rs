@@ -80,7 +80,14 @@ async fn a_member_whose_hub_link_hangs_costs_a_hedge_delay_not_a_timeout() {
     }
     let urls: Vec<String> = listeners.iter().map(|l| format!("http://{}", l.local_addr().unwrap())).collect();
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let gray = 2;
+    // The gray member: one that owns shards of both datasets (ownership hashes the
+    // URLs, which the ports make different each run; a member owning none of a dataset
+    // would prove nothing). The group client connects lazily: nothing is up yet.
+    let ranking = Client::connect(&urls.join(",")).await.unwrap();
+    let owns = |member: usize, dataset: &str| {
+        names().iter().filter(|n| ranking.owners(dataset, n)[0] == urls[member]).count()
+    };
+    let gray = (0..3).rev().find(|&m| owns(m, "one") > 0 && owns(m, "two") > 0 && m != 0).unwrap_or(2);
     let mut spokes = Vec::new();
     for (i, listener) in listeners.into_iter().enumerate() {
         let upstream = if i == gray { gray_link.endpoint() } else { hub.endpoint.clone() };

@@ -12,7 +12,7 @@ use shardcache_wan::{Fault, LinkConfig, WanProxy};
 use spoke_cache::PeerGroup;
 use tokio::net::TcpListener;
 
-const SHARDS: u32 = 8;
+const SHARDS: u32 = 16;
 const SHARD: u64 = 1 << 20;
 
 #[tokio::test]

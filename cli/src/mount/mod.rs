@@ -4,9 +4,15 @@
 //!
 //! - Every byte comes through the SDK: CRC32C, offset, length and the shard's version are
 //!   checked. A file opened at one version is read at that version only: a shard that
-//!   changes while open makes the next read fail with EIO (and a log line), never a mix.
-//! - The kernel caches: pages stay cached across opens while the shard's version is
-//!   unchanged (`FOPEN_KEEP_CACHE`), requests go up to [`MAX_READ`] with
+//!   changes while open makes the next read the kernel has not cached fail with EIO (and
+//!   a log line), never a mix.
+//! - Each shard version is its own inode (`tree.rs`), so the kernel's page cache never
+//!   holds pages of two versions in one file: a process that opens the new version (a
+//!   new inode) cannot fill the pages of one still reading the old. An open through a
+//!   name the kernel resolved before the change is answered ESTALE, and the kernel looks
+//!   the name up again (its one retry) and opens the new inode.
+//! - The kernel caches: pages stay cached across opens (`FOPEN_KEEP_CACHE`: an inode's
+//!   pages are of its one version), requests go up to [`MAX_READ`] with
 //!   [`READ_AHEAD_KB`] of read-ahead (several requests in flight), and a larger request
 //!   would be read as [`PART`]-sized ranges at once. Attributes are cached for
 //!   [`ATTR_TTL`], listings for [`tree::LISTING_TTL`].
@@ -81,9 +87,6 @@ struct ShardFs {
     tree: Tree,
     handles: HashMap<u64, Handle>,
     next_handle: u64,
-    /// The version each shard was last opened at: reopened at the same one, the kernel
-    /// keeps its cached pages.
-    opened: HashMap<u64, String>,
     /// Owner of every file: who mounted it.
     uid: u32,
     gid: u32,
@@ -136,8 +139,9 @@ impl ShardFs {
         }
         let (client, name) = (self.client.clone(), dataset.to_owned());
         let listed = self.wait(async move { client.list_shards(&name).await })?;
-        let shards: Vec<(String, u64)> = listed.into_iter().map(|s| (s.shard, s.size)).collect();
-        let names = shards.iter().map(|(n, _)| n.clone()).collect();
+        let shards: Vec<(String, u64, String)> =
+            listed.into_iter().map(|s| (s.shard, s.size, s.version)).collect();
+        let names = shards.iter().map(|(n, ..)| n.clone()).collect();
         self.tree.set_shards(dataset, shards);
         Ok(names)
     }
@@ -253,12 +257,23 @@ impl Filesystem for ShardFs {
             Ok(info) => info,
             Err(e) => return reply.error(e),
         };
-        self.tree.number(&dataset, Some((&shard, info.size)));
-        let keep = self.opened.insert(ino, info.version.clone()).as_deref() == Some(info.version.as_str());
+        let current = self.tree.number(&dataset, Some((&shard, info.size, Some(&info.version))));
+        if current != ino {
+            // The shard changed since the kernel resolved its name: this inode's pages
+            // are of the old version. The name now leads to a new inode; ESTALE makes
+            // the kernel look it up again and open that one.
+            tracing::info!(
+                dataset,
+                shard,
+                version = info.version,
+                "mount: opened after a change; the new version is a new file"
+            );
+            return reply.error(libc::ESTALE);
+        }
         let handle = self.next_handle;
         self.next_handle += 1;
         self.handles.insert(handle, Handle { dataset, shard, version: info.version, size: info.size });
-        reply.opened(handle, if keep { FOPEN_KEEP_CACHE } else { 0 });
+        reply.opened(handle, FOPEN_KEEP_CACHE);
     }
 
     fn read(
@@ -374,7 +389,6 @@ pub async fn serve(
         tree: Tree::new(),
         handles: HashMap::new(),
         next_handle: 1,
-        opened: HashMap::new(),
         uid: owner.uid(),
         gid: owner.gid(),
         mounted_at: SystemTime::now(),

@@ -171,7 +171,11 @@ mod tests {
         .expect("parses");
         assert_eq!(schedule.len(), 7);
         assert_eq!(schedule[6].0, Fault::Corrupt(4));
-        assert_eq!(&corrupt(bytes::Bytes::from_static(&[0; 6]), 2, 4)[..], [0, 0xff, 0, 0, 0, 0]);
+        assert_eq!(
+            &corrupt(bytes::Bytes::from_static(&[0; 6]), 2, 4)[..],
+            [0, 0xff, 0, 0, 0, 0xff],
+            "the 4th and 8th bytes of the direction"
+        );
         assert!(parse_schedule("corrupt-every=0:1s").unwrap_err().contains("positive"));
         assert_eq!(schedule[3], (Fault::StallAfter(65536), Duration::from_secs(3)));
         assert_eq!(schedule[4].0, Fault::Hold(Toward::Client));
