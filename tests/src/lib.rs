@@ -8,6 +8,8 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed setup should fail the test loudly
 
+pub mod chaos;
+pub mod disk;
 pub mod pki;
 pub mod process;
 pub mod s3;

@@ -6,63 +6,17 @@
 //! make room.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-
 use shardcache_client::Client;
-use shardcache_tests::{TestHub, TestSpoke, assert_dataset_reads_back, make_dataset, spoke_options};
-
-/// A tmpfs of `size` bytes mounted on a temporary directory, unmounted when dropped.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: u64) -> Option<Self> {
-        let dir = tempfile::tempdir().unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status();
-        match status {
-            Ok(s) if s.success() => Some(Self { dir }),
-            other => {
-                eprintln!("SKIPPED: cannot mount a tmpfs (needs root): {other:?}");
-                None
-            }
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
-    }
-}
+use shardcache_tests::{
+    TestHub, TestSpoke, assert_dataset_reads_back,
+    disk::{Tmpfs, fill},
+    make_dataset, spoke_options,
+};
 
 /// The value of metric `name` (no labels) on `page`.
 fn metric(page: &str, name: &str) -> u64 {
     let line = page.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
     line.rsplit(' ').next().unwrap().parse().unwrap()
-}
-
-/// Fills the filesystem of `dir` with a file until `leave` bytes are free.
-fn fill(dir: &Path, leave: u64) -> PathBuf {
-    let path = dir.join("another-tenant");
-    let free = spoke_cache::admission::filesystem_available(dir).unwrap();
-    let mut file = std::fs::File::create(&path).unwrap();
-    let block = vec![7u8; 64 << 10];
-    let mut written = 0;
-    while written + block.len() as u64 + leave <= free {
-        if std::io::Write::write_all(&mut file, &block).is_err() {
-            break;
-        }
-        written += block.len() as u64;
-    }
-    path
 }
 
 #[tokio::test]
