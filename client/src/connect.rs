@@ -101,12 +101,12 @@ pub fn client_tls(endpoint: &str, files: Option<&ClientTlsFiles>) -> Result<Opti
 pub async fn connect_channel(endpoint: &str, options: &ConnectOptions) -> Result<Channel> {
     let tls = client_tls(endpoint, options.tls.as_ref())?;
     let parsed = Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?;
+        .map_err(|cause| Error::Endpoint { endpoint: endpoint.to_owned(), cause })?;
     Http2Settings::TUNED
         .endpoint(parsed)
         .connect_with_connector(Http2Settings::TUNED.connector(tls))
         .await
-        .map_err(|source| Error::Connect { endpoint: endpoint.to_owned(), source })
+        .map_err(|cause| Error::Connect { endpoint: endpoint.to_owned(), cause })
 }
 
 /// [`connect_channel`] that connects on first use (and again after a failure): a member
@@ -114,6 +114,6 @@ pub async fn connect_channel(endpoint: &str, options: &ConnectOptions) -> Result
 pub fn connect_channel_lazy(endpoint: &str, options: &ConnectOptions) -> Result<Channel> {
     let tls = client_tls(endpoint, options.tls.as_ref())?;
     let parsed = Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?;
+        .map_err(|cause| Error::Endpoint { endpoint: endpoint.to_owned(), cause })?;
     Ok(Http2Settings::TUNED.endpoint(parsed).connect_with_connector_lazy(Http2Settings::TUNED.connector(tls)))
 }

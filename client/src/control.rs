@@ -234,6 +234,10 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
         merged.plans.extend(answer.plans);
         // Each member's view of the group, as it sees it.
         merged.members.extend(answer.members);
+        if merged.hub_trouble.is_empty() && !answer.hub_trouble.is_empty() {
+            merged.hub_trouble = answer.hub_trouble;
+            merged.hub_trouble_age_s = answer.hub_trouble_age_s;
+        }
         merged.peer_refusals += answer.peer_refusals;
     }
     merged.datasets = datasets.into_values().collect();

@@ -8,21 +8,17 @@ pub enum Error {
     /// Settings that cannot work (TLS files, a token), with what to change.
     #[error("{0}")]
     Config(String),
-    #[error("invalid endpoint {endpoint:?}: {source}")]
-    Endpoint {
-        endpoint: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
-    #[error("cannot connect to {endpoint}: {source}")]
-    Connect {
-        endpoint: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    /// An endpoint that is not a URL. The cause is in the message (not a `source`): a
+    /// caller printing the chain would print it twice.
+    #[error("invalid endpoint {endpoint:?}: {}", chain(cause))]
+    Endpoint { endpoint: String, cause: tonic::transport::Error },
+    /// No connection: the innermost cause (refused, a TLS alert), then what to do.
+    #[error("cannot connect to {endpoint}: {}{}", chain(cause), advice(endpoint, &chain(cause)))]
+    Connect { endpoint: String, cause: tonic::transport::Error },
     /// The server's status, or tonic's for a connection that failed under a request
-    /// (then the cause, e.g. a TLS alert or a reset, follows in parentheses).
-    #[error("{endpoint} answered {:?}: {}{}", status.code(), status.message(), causes(status))]
+    /// (then the cause, e.g. a TLS alert or a reset, follows in parentheses, and what to
+    /// do about it).
+    #[error("{}", describe(endpoint, status))]
     Status { endpoint: String, status: tonic::Status },
     /// The bytes do not match their CRC32C: corrupted on the way. Never returned as data.
     #[error("corrupt data from {endpoint}: {source}")]
@@ -40,15 +36,106 @@ pub enum Error {
     VersionChanged { shard: String, expected: String, found: String },
 }
 
+/// `error` and its sources as one line, each message once: tonic and hyper wrap one
+/// cause in several layers that repeat it ("transport error: transport error: Connection
+/// refused (os error 111): Connection refused (os error 111)" says it once).
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string();
+        // A layer that only repeats what a deeper one says adds nothing.
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text) || text.contains(p.as_str())) {
+            parts.push(text);
+        } else if let Some(last) = parts.last_mut()
+            && text.contains(last.as_str())
+        {
+            *last = text;
+        }
+        next = e.source();
+    }
+    // The generic outer words go when a precise cause follows.
+    if parts.len() > 1 {
+        parts.retain(|p| p != "transport error" && p != "error trying to connect");
+    }
+    parts.join(": ")
+}
+
+/// `ENDPOINT answered CODE: MESSAGE (CAUSES); ADVICE`, the parts a status has.
+fn describe(endpoint: &str, status: &tonic::Status) -> String {
+    let message = match status.message() {
+        "" => String::new(),
+        message => format!(": {message}"),
+    };
+    format!(
+        "{endpoint} answered {:?}{message}{}{}",
+        status.code(),
+        causes(status),
+        status_advice(endpoint, status)
+    )
+}
+
 /// The source chain of a status (set for transport failures), as ` (a: b)`.
 fn causes(status: &tonic::Status) -> String {
-    let mut chain = Vec::new();
-    let mut source = std::error::Error::source(status);
-    while let Some(cause) = source {
-        chain.push(cause.to_string());
-        source = cause.source();
+    match std::error::Error::source(status) {
+        Some(cause) => format!(" ({})", chain(cause)),
+        None => String::new(),
     }
-    if chain.is_empty() { String::new() } else { format!(" ({})", chain.join(": ")) }
+}
+
+/// What to do about a connection that failed with `cause` (its words), as `; ADVICE`;
+/// empty when the words are not ones we know.
+pub fn advice(endpoint: &str, cause: &str) -> String {
+    let plain = endpoint.trim_start().starts_with("http://");
+    let lower = cause.to_ascii_lowercase();
+    let advice = if cause.contains("Connection refused") {
+        "nothing is listening there: is the server running, and is this its address and port? (a hub \
+         listens on 7070 and a spoke on 7071 by default)"
+    } else if cause.contains("InvalidContentType") || cause.contains("corrupt message") {
+        "the server does not speak TLS: use http:// for it"
+    } else if cause.contains("UnknownIssuer") {
+        "the server's certificate is signed by a CA this client does not trust: give the CA certificate \
+         with --ca (SHARDCACHE_CA; Python: Client(ca=...))"
+    } else if cause.contains("NotValidForName") {
+        "the server's certificate does not name this host: connect by a name it holds, or give that name \
+         with --tls-domain"
+    } else if cause.contains("CertificateRequired") {
+        "the server requires a client certificate: give --cert and --key (SHARDCACHE_CERT, SHARDCACHE_KEY)"
+    } else if cause.contains("Expired") {
+        "a certificate has expired: renew it (the server re-reads its files; restart a client)"
+    } else if plain
+        && [
+            "broken pipe",
+            "connection reset",
+            "frame with invalid size",
+            "invalid http version",
+            "connection closed",
+        ]
+        .iter()
+        .any(|words| lower.contains(words))
+    {
+        "if the server serves TLS, use https:// (and --ca with its CA)"
+    } else if cause.contains("dns error") || cause.contains("failed to lookup address") {
+        "the host name does not resolve: check the endpoint's host"
+    } else {
+        return String::new();
+    };
+    format!("; {advice}")
+}
+
+/// What to do about `status` from `endpoint`, as `; ADVICE`, for the statuses a
+/// misconfiguration gives: a transport failure under a request, a service the server
+/// does not have.
+fn status_advice(endpoint: &str, status: &tonic::Status) -> String {
+    if status.code() == tonic::Code::Unimplemented && status.message().is_empty() {
+        return "; the server does not serve this call: cache commands (status, warm, evict, pin, plans) need a \
+                spoke, not a hub"
+            .into();
+    }
+    match std::error::Error::source(status) {
+        Some(cause) => advice(endpoint, &chain(cause)),
+        None => String::new(),
+    }
 }
 
 impl Error {

@@ -231,6 +231,8 @@ impl CacheControl for Control {
                 evicted_bytes: cache.metrics().evicted_bytes.load(Relaxed),
                 checksum_failures: cache.metrics().checksum_failures.load(Relaxed),
                 hubs: cache.hubs().urls(),
+                hub_trouble: cache.hubs().trouble().map(|(why, _)| why).unwrap_or_default(),
+                hub_trouble_age_s: cache.hubs().trouble().map_or(0, |(_, age)| age.as_secs()),
                 server_view: true,
                 ..status
             };

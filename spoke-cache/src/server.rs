@@ -165,6 +165,17 @@ pub async fn serve(
     if let Some(group) = &options.group {
         warn_about_the_group(group, &options.security);
     }
+    // The hubs at start: a spoke that cannot use them serves only what it has cached,
+    // and says so now rather than on the first miss.
+    let checked = cache.clone();
+    tokio::spawn(async move {
+        for problem in checked.hubs().check().await {
+            tracing::error!(
+                %problem,
+                "the spoke serves what it has cached; misses fail until a hub answers"
+            );
+        }
+    });
     let evictor = tokio::spawn(cache.evictor().run(stopped()));
     let plan_fetcher = tokio::spawn(cache.plan_fetcher().run(stopped()));
     let scraped = cache.clone();

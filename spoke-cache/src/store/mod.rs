@@ -313,7 +313,17 @@ impl Store {
         if legacy {
             cfs.push(ColumnFamilyDescriptor::new(CF_LEGACY_PAGES, Options::default()));
         }
-        let mut db = DB::open_cf_descriptors(&db_options, dir, cfs).map_err(db_error("opening the cache"))?;
+        let mut db = DB::open_cf_descriptors(&db_options, dir, cfs).map_err(|e| {
+            // RocksDB's LOCK file: another process has this cache open.
+            if e.as_ref().contains("LOCK") && e.as_ref().contains("Resource temporarily unavailable") {
+                return Error::Config(format!(
+                    "--cache-dir {} is in use by another spoke (or another process holds its RocksDB lock): \
+                     give each spoke its own directory",
+                    dir.display()
+                ));
+            }
+            db_error("opening the cache")(e)
+        })?;
         if legacy {
             // Pages of the memtable layout (before ingestion): their presence was kept in
             // the records, which this layout does not read. A cache refills; it must

@@ -114,6 +114,9 @@ impl Hub {
 pub struct Hubs {
     router: Router<Hub>,
     timeout: Duration,
+    /// The last time a hub could not be reached or refused the spoke, and why; cleared
+    /// when a hub answers. `Status` and the start check say it.
+    trouble: std::sync::Mutex<Option<(String, std::time::Instant)>>,
 }
 
 impl Hubs {
@@ -131,7 +134,11 @@ impl Hubs {
         let members = Arc::new(Members::new(&specs, |url| Hub::connect_lazy(url, transport, credentials))?);
         // A hub that failed is used again as soon as its health check says SERVING.
         members::probe_failed(&members, |hub: &Hub| members::serving(&hub.health));
-        Ok(Self { router: Router::new(members, HedgePolicy::UPSTREAM, counters), timeout: transport.timeout })
+        Ok(Self {
+            router: Router::new(members, HedgePolicy::UPSTREAM, counters),
+            timeout: transport.timeout,
+            trouble: Default::default(),
+        })
     }
 
     pub fn urls(&self) -> Vec<String> {
@@ -150,7 +157,7 @@ impl Hubs {
         F: FnOnce(Client) -> Fut,
         Fut: std::future::Future<Output = shardcache_client::Result<T>>,
     {
-        match tokio::time::timeout(self.timeout, call(hub.conn.client())).await {
+        let answer = match tokio::time::timeout(self.timeout, call(hub.conn.client())).await {
             Ok(answer) => answer.map_err(|e| classify(&hub.url, e)),
             // A hung hub: the call is dropped (its stream reset) and counts as
             // unreachable, so the next hub is tried and cached data is served.
@@ -160,7 +167,52 @@ impl Hubs {
                 tracing::warn!(hub = hub.url, %message, "hub timed out");
                 Err(Error::HubUnavailable { hub: hub.url.clone(), message })
             }
+        };
+        let mut trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
+        match &answer {
+            Err(e @ (Error::HubUnavailable { .. } | Error::HubRefused { .. })) => {
+                *trouble = Some((e.to_string(), std::time::Instant::now()));
+            }
+            _ => *trouble = None,
         }
+        drop(trouble);
+        answer
+    }
+
+    /// Why the hubs could not be used, when the last call to one failed that way: what
+    /// `Status` and `shardcache status` show (a spoke stays SERVING through a hub outage:
+    /// its cache serves).
+    pub fn trouble(&self) -> Option<(String, Duration)> {
+        let trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
+        trouble.as_ref().map(|(why, at)| (why.clone(), at.elapsed()))
+    }
+
+    /// Asks each hub's health service once (at start; it needs no token and reads
+    /// nothing): the hubs that cannot be used, each with why and what to do (unreachable,
+    /// the other scheme, a CA this spoke does not trust), as `Status` would say it.
+    pub async fn check(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for hub in self.router.members().current().iter() {
+            let mut health = hub.conn.health.clone();
+            let service = shardcache_proto::v1::shard_reader_server::SERVICE_NAME.into();
+            let request = tonic_health::pb::HealthCheckRequest { service };
+            let why = match tokio::time::timeout(self.timeout, health.check(request)).await {
+                Ok(Ok(_)) => continue,
+                Ok(Err(status)) => {
+                    let cause = match std::error::Error::source(&status) {
+                        Some(cause) => shardcache_client::error::chain(cause),
+                        None => format!("{:?}: {}", status.code(), status.message()),
+                    };
+                    format!("{cause}{}", shardcache_client::error::advice(&hub.url, &cause))
+                }
+                Err(_) => format!("no answer within --hub-timeout {}", humantime::format_duration(self.timeout)),
+            };
+            let problem = format!("hub {} cannot be used: {why}", hub.url);
+            *self.trouble.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((problem.clone(), std::time::Instant::now()));
+            problems.push(problem);
+        }
+        problems
     }
 
     /// Runs `call` on the hubs for `shard` (hedged) until one answers; an answer that
@@ -219,8 +271,21 @@ fn classify(hub: &str, err: shardcache_client::Error) -> Error {
         {
             // (A status with a source was made here, from a transport failure: tonic
             // calls a connection reset mid-call "Unknown: transport error". A status the
-            // hub sent has no source.)
-            Error::HubUnavailable { hub, message: status.message().to_owned() }
+            // hub sent has no source.) The cause and what to do, not tonic's outer words.
+            let message = match std::error::Error::source(&status) {
+                Some(cause) => {
+                    let cause = shardcache_client::error::chain(cause);
+                    format!("{cause}{}", shardcache_client::error::advice(&hub, &cause))
+                }
+                // tonic's own status for a failed connection carries the cause in its
+                // message.
+                None => format!(
+                    "{}{}",
+                    status.message(),
+                    shardcache_client::error::advice(&hub, status.message())
+                ),
+            };
+            Error::HubUnavailable { hub, message }
         }
         E::Status { status, .. }
             if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) =>
@@ -230,8 +295,11 @@ fn classify(hub: &str, err: shardcache_client::Error) -> Error {
         E::Status { status, .. } => {
             Error::Hub { hub, code: status.code(), message: status.message().to_owned() }
         }
-        E::Endpoint { source, .. } | E::Connect { source, .. } => {
-            Error::HubUnavailable { hub, message: source.to_string() }
+        E::Endpoint { cause, .. } | E::Connect { cause, .. } => {
+            // The precise cause and what to do (nothing listening, TLS the other way).
+            let cause = shardcache_client::error::chain(&cause);
+            let advice = shardcache_client::error::advice(&hub, &cause);
+            Error::HubUnavailable { hub, message: format!("{cause}{advice}") }
         }
         E::Config(message) => Error::Config(message),
         e @ (E::Checksum { .. } | E::Protocol { .. } | E::VersionChanged { .. }) => {

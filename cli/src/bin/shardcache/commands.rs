@@ -267,6 +267,12 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             status.checksum_failures,
             status.hubs.join(",")
         );
+        if !status.hub_trouble.is_empty() {
+            println!(
+                "hubs: UNREACHABLE {} s ago: {} (the cache serves what it holds; misses fail until a hub answers)",
+                status.hub_trouble_age_s, status.hub_trouble
+            );
+        }
     } else {
         println!(
             "cache: as {:?}: your datasets, jobs and plans (capacity, hubs and global counters need a token with \

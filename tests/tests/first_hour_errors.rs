@@ -1,0 +1,133 @@
+//! Errors a new user meets in the first hour say what to do, through the `shardcache`
+//! CLI as they would run it: nothing listening, TLS one way and plaintext the other, a
+//! CA the client does not trust, a cache command sent to a hub, a token given where its
+//! file is asked for (never echoed), and two spokes on one cache directory. Each message
+//! names the cause once (not the transport's layers repeating it) and the fix.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+use shardcache_tests::{
+    TestHub, make_dataset,
+    pki::Pki,
+    process::{SpokeProcess, binary},
+};
+
+/// `shardcache ARGS` (endpoint and flags in ARGS): its exit status and stderr.
+fn shardcache(args: &[&str]) -> (bool, String) {
+    let out = Command::new(binary("shardcache")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The message a command failed with, which must say `words` once each, and not repeat
+/// the transport's layers.
+fn fails_saying(args: &[&str], words: &[&str]) -> String {
+    let (ok, stderr) = shardcache(args);
+    assert!(!ok, "{args:?} succeeded");
+    for w in words {
+        assert!(stderr.contains(w), "{args:?}: {w:?} missing from: {stderr}");
+    }
+    assert!(!stderr.contains("transport error: transport error"), "layers repeated: {stderr}");
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_errors_name_the_cause_once_and_the_fix() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 1, 16384);
+    let hub = TestHub::start(root.path()).await;
+
+    // Port 1 on loopback: nothing listens there.
+    let refused =
+        fails_saying(&["--endpoint", "http://127.0.0.1:1", "ls"], &["nothing is listening", "7071"]);
+    assert_eq!(refused.matches("Connection refused").count(), 1, "said once: {refused}");
+    // https:// to a plaintext server.
+    let https = hub.endpoint.replace("http://", "https://");
+    fails_saying(&["--endpoint", &https, "ls"], &["does not speak TLS", "use http://"]);
+    // A cache command to a hub.
+    fails_saying(&["--endpoint", &hub.endpoint, "status"], &["need a", "spoke, not a hub"]);
+
+    // A TLS hub: plaintext to it, and TLS without its CA.
+    let pki = Pki::new("first-hour");
+    let files = pki.server("hub", None);
+    let tls_hub = TestHub::start_with(
+        root.path(),
+        hub_server::ServeOptions {
+            security: shardcache_serving::server::Security {
+                tls: Some(shardcache_serving::tls::ServerTls::load(&files).unwrap()),
+                auth: shardcache_serving::auth::Authenticator::open(),
+            },
+            ..shardcache_tests::test_options()
+        },
+    )
+    .await;
+    let plain = tls_hub.endpoint.replace("https://", "http://");
+    fails_saying(&["--endpoint", &plain, "ls"], &["use https://"]);
+    fails_saying(&["--endpoint", &tls_hub.endpoint, "ls"], &["UnknownIssuer", "--ca"]);
+    let ca = pki.ca();
+    let (ok, stderr) = shardcache(&["--endpoint", &tls_hub.endpoint, "--ca", ca.to_str().unwrap(), "ls"]);
+    assert!(ok, "with its CA it works: {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_for_its_file_is_not_echoed_and_a_cache_dir_in_use_is_named() {
+    let token = shardcache_serving::auth::new_token().unwrap();
+    let stderr = fails_saying(
+        &["--endpoint", "http://127.0.0.1:1", "--token-file", &token, "ls"],
+        &["looks like a token"],
+    );
+    assert!(!stderr.contains(&token[4..]), "the secret is never echoed: {stderr}");
+
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 1, 16384);
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let _first = SpokeProcess::start(&hub.endpoint, cache.path(), &[]);
+    let second = Command::new(binary("spoke-cache"))
+        .args(["--hub", &hub.endpoint, "--cache-dir", cache.path().to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("is in use by another spoke") && stderr.contains("its own directory"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoke_pointed_at_the_wrong_scheme_of_its_hub_says_so_in_reads_and_status() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 1, 16384);
+    let pki = Pki::new("scheme");
+    let tls_hub = TestHub::start_with(
+        root.path(),
+        hub_server::ServeOptions {
+            security: shardcache_serving::server::Security {
+                tls: Some(shardcache_serving::tls::ServerTls::load(&pki.server("hub", None)).unwrap()),
+                auth: shardcache_serving::auth::Authenticator::open(),
+            },
+            ..shardcache_tests::test_options()
+        },
+    )
+    .await;
+    // The README's mistake: http:// for a hub that serves TLS.
+    let plain = tls_hub.endpoint.replace("https://", "http://");
+    let cache = tempfile::tempdir().unwrap();
+    let spoke =
+        shardcache_tests::TestSpoke::start(cache.path(), shardcache_tests::spoke_options(&plain)).await;
+    let client = spoke.client().await;
+    let err =
+        client.read_range(&shardcache_client::Range::new("c4", "shard-00000.bin", 0, 10)).await.unwrap_err();
+    assert!(err.to_string().contains("use https://"), "the read says what to change: {err}");
+    let status = spoke.control().await.status().await.unwrap();
+    assert!(status.hub_trouble.contains("use https://"), "status says it too: {status:?}");
+    // `shardcache status` prints it.
+    let (ok, _) = shardcache(&["--endpoint", &spoke.endpoint, "status"]);
+    assert!(ok);
+    let out =
+        Command::new(binary("shardcache")).args(["--endpoint", &spoke.endpoint, "status"]).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains("hubs: UNREACHABLE") && printed.contains("use https://"), "{printed}");
+}
