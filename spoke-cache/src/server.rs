@@ -116,6 +116,46 @@ fn fit_filesystem(cache: &Cache, dir: &Path) {
     }
 }
 
+/// What a user would otherwise find out later, said at start: a group that is open or
+/// cannot authenticate its members, a `--peer-self` that names another port than the
+/// one listened on, and (in the background) hubs that cannot be used.
+fn say_what_is_wrong_at_start(
+    cache: &Arc<Cache>,
+    options: &SpokeOptions,
+    listening: Option<std::net::SocketAddr>,
+) {
+    if let Some(group) = &options.group {
+        warn_about_the_group(group, &options.security);
+        if let (Some(named), Some(listening)) = (url_port(&group.me), listening)
+            && named != listening.port()
+        {
+            tracing::warn!(
+                peer_self = group.me,
+                listening = %listening,
+                "--peer-self names port {named} but this spoke listens on {}: its members know it by a URL that \
+                 is not its own (shards it should own go unfetched or twice); make --peer-self this spoke's \
+                 address as the group lists it",
+                listening.port()
+            );
+        }
+    }
+    // The hubs at start: a spoke that cannot use them serves only what it has cached,
+    // and says so now rather than on the first miss.
+    let checked = cache.clone();
+    tokio::spawn(async move {
+        for problem in checked.hubs().check().await {
+            tracing::error!(%problem, "the spoke serves what it has cached; misses fail until a hub answers");
+        }
+    });
+}
+
+/// The port `url` names (`http://HOST:PORT/...`), if it names one.
+fn url_port(url: &str) -> Option<u16> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next()?;
+    authority.rsplit_once(':')?.1.trim_end_matches(']').parse().ok()
+}
+
 /// Says at start, once, what a group's security means: an open group trusts whoever
 /// reaches its ports, and a secured one whose members cannot prove who they are to each
 /// other fetches one copy per member (every peer read refused).
@@ -162,20 +202,7 @@ pub async fn serve(
             let _ = rx.wait_for(|stop| *stop).await;
         }
     };
-    if let Some(group) = &options.group {
-        warn_about_the_group(group, &options.security);
-    }
-    // The hubs at start: a spoke that cannot use them serves only what it has cached,
-    // and says so now rather than on the first miss.
-    let checked = cache.clone();
-    tokio::spawn(async move {
-        for problem in checked.hubs().check().await {
-            tracing::error!(
-                %problem,
-                "the spoke serves what it has cached; misses fail until a hub answers"
-            );
-        }
-    });
+    say_what_is_wrong_at_start(&cache, options, listener.local_addr().ok());
     let evictor = tokio::spawn(cache.evictor().run(stopped()));
     let plan_fetcher = tokio::spawn(cache.plan_fetcher().run(stopped()));
     let scraped = cache.clone();

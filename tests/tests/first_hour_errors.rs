@@ -131,3 +131,50 @@ async fn a_spoke_pointed_at_the_wrong_scheme_of_its_hub_says_so_in_reads_and_sta
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(printed.contains("hubs: UNREACHABLE") && printed.contains("use https://"), "{printed}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_that_is_a_dataset_and_a_peer_self_on_another_port_are_warned_about_at_start() {
+    use shardcache_tests::process::HubProcess;
+    let root = tempfile::tempdir().unwrap();
+    let dataset = make_dataset(root.path(), "c4", 2, 16384);
+    // `--root data/c4`: the dataset instead of its parent.
+    let log = root.path().join("hub.log");
+    let hub = HubProcess::start_logged(&dataset, &[], std::fs::File::create(&log).unwrap(), "warn");
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("no dataset folder") && said.contains("give its parent"), "{said}");
+    drop(hub);
+    let hub = HubProcess::start(root.path(), &[]);
+
+    // --peer-self on another port than --listen.
+    let cache = tempfile::tempdir().unwrap();
+    let spoke_log = root.path().join("spoke.log");
+    let mut spoke = Command::new(binary("spoke-cache"))
+        .args(["--hub", &hub.endpoint, "--cache-dir", cache.path().to_str().unwrap()])
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--peers", "http://127.0.0.1:1,http://127.0.0.1:2", "--peer-self", "http://127.0.0.1:2"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&spoke_log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(spoke.stdout.take().unwrap()), &mut line)
+        .unwrap();
+    assert!(line.starts_with("spoke-cache listening on"), "{line}");
+    let port = line.split_whitespace().nth(3).and_then(|addr| addr.rsplit(':').next()).unwrap().to_owned();
+    // The warning follows the listening line (bounded wait).
+    let mut said = String::new();
+    for _ in 0..100 {
+        said = std::fs::read_to_string(&spoke_log).unwrap();
+        if said.contains("--peer-self names port") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = spoke.kill();
+    let _ = spoke.wait();
+    assert!(
+        said.contains("--peer-self names port 2") && said.contains(&format!("listens on {port}")),
+        "{said}"
+    );
+}

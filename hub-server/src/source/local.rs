@@ -89,13 +89,36 @@ impl LocalSource {
         if !canonical.is_dir() {
             return Err(Error::Internal(format!("--root {} is not a directory", root.display())));
         }
+        if let Some(warning) = looks_like_a_dataset(&canonical) {
+            tracing::warn!("{warning}");
+        }
         Ok(Self { root: canonical, open_files: Mutex::default() })
     }
 
     pub fn root(&self) -> &Path {
         &self.root
     }
+}
 
+/// Why `root` looks like one dataset rather than the folder of datasets the hub serves
+/// (`ROOT/DATASET/SHARD`): it holds files and no folder, so the hub would serve nothing.
+pub fn looks_like_a_dataset(root: &Path) -> Option<String> {
+    let entries: Vec<_> = std::fs::read_dir(root).ok()?.flatten().collect();
+    let visible = |e: &&std::fs::DirEntry| !e.file_name().to_string_lossy().starts_with('.');
+    let folders = entries.iter().filter(visible).filter(|e| e.path().is_dir()).count();
+    let files = entries.iter().filter(visible).filter(|e| e.path().is_file()).count();
+    (folders == 0 && files > 0).then(|| {
+        format!(
+            "--root {} holds {files} files and no dataset folder, so the hub serves no dataset: give its parent \
+             ({}), which serves it as dataset {:?}",
+            root.display(),
+            root.parent().map_or_else(|| "/".into(), |p| p.display().to_string()),
+            root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        )
+    })
+}
+
+impl LocalSource {
     /// Canonical path of `dataset`, which must be a real folder of the root: a symlink
     /// there would let a grant for its name read the dataset it points to.
     fn dataset_dir(&self, dataset: &DatasetName) -> Result<PathBuf> {

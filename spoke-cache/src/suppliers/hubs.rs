@@ -205,7 +205,9 @@ impl Hubs {
                     };
                     format!("{cause}{}", shardcache_client::error::advice(&hub.url, &cause))
                 }
-                Err(_) => format!("no answer within --hub-timeout {}", humantime::format_duration(self.timeout)),
+                Err(_) => {
+                    format!("no answer within --hub-timeout {}", humantime::format_duration(self.timeout))
+                }
             };
             let problem = format!("hub {} cannot be used: {why}", hub.url);
             *self.trouble.lock().unwrap_or_else(|p| p.into_inner()) =
