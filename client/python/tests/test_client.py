@@ -49,6 +49,13 @@ def test_errors_carry_the_grpc_code_and_message(spoke):
     with pytest.raises(shardcache.ShardcacheError) as down:
         shardcache.Client("http://127.0.0.1:1").ls()
     assert down.value.code == "UNAVAILABLE"
+    # The cause and what to do, not just "transport error".
+    assert "Connection refused" in down.value.message, down.value.message
+    assert "nothing is listening" in down.value.message, down.value.message
+    # https:// to the plaintext spoke: the scheme to use.
+    with pytest.raises(shardcache.ShardcacheError) as scheme:
+        shardcache.Client(spoke.replace("http://", "https://")).ls()
+    assert "use http://" in scheme.value.message, scheme.value.message
 
 
 def _read_in_child(client, queue):

@@ -74,17 +74,20 @@ pub async fn ls(server: &Server, dataset: Option<&str>) -> anyhow::Result<()> {
     let client = server.client().await?;
     let mut out = std::io::stdout().lock();
     match dataset {
+        // Asked before the header is printed: a failure prints no half table.
         None => {
+            let datasets = client.list_datasets().await?;
             writeln!(out, "{:<32} {:>8} {:>16} {:>12}", "DATASET", "SHARDS", "BYTES", "RECORD")?;
-            for d in client.list_datasets().await? {
+            for d in datasets {
                 let record =
                     if d.record_size == 0 { "-".into() } else { ByteSize(d.record_size.into()).to_string() };
                 writeln!(out, "{:<32} {:>8} {:>16} {:>12}", d.name, d.shard_count, d.total_bytes, record)?;
             }
         }
         Some(dataset) => {
+            let shards = client.list_shards(dataset).await?;
             writeln!(out, "{:<40} {:>14}  VERSION", "SHARD", "BYTES")?;
-            for s in client.list_shards(dataset).await? {
+            for s in shards {
                 writeln!(out, "{:<40} {:>14}  {}", s.shard, s.size, s.version)?;
             }
         }
