@@ -158,28 +158,57 @@ fn shard_dict<'py>(py: Python<'py>, s: &shardcache_proto::v1::ShardInfo) -> PyRe
 
 #[pymethods]
 impl Client {
+    /// Each argument left out falls back to the CLI's environment variable
+    /// (`SHARDCACHE_ENDPOINT`, `SHARDCACHE_TOKEN_FILE`, `SHARDCACHE_CA`, `SHARDCACHE_CERT`,
+    /// `SHARDCACHE_KEY`, `SHARDCACHE_TLS_DOMAIN`), so a script and the CLI take the same
+    /// settings. `token_file` is read as the CLI reads it (its trailing newline is fine; a
+    /// file every user can read is refused); `token` takes the secret itself.
     #[new]
-    #[pyo3(signature = (endpoint, token=None, ca=None, cert=None, key=None, tls_domain=None))]
+    #[pyo3(signature = (endpoint=None, token=None, ca=None, cert=None, key=None, tls_domain=None, token_file=None))]
     fn new(
-        endpoint: String,
+        endpoint: Option<String>,
         token: Option<String>,
         ca: Option<String>,
         cert: Option<String>,
         key: Option<String>,
         tls_domain: Option<String>,
-    ) -> Self {
+        token_file: Option<String>,
+    ) -> PyResult<Self> {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let endpoint = endpoint.or_else(|| env("SHARDCACHE_ENDPOINT")).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(
+                "no endpoint: pass Client(\"http://HOST:7071\") or set SHARDCACHE_ENDPOINT",
+            )
+        })?;
+        let token = match (token, token_file.or_else(|| env("SHARDCACHE_TOKEN_FILE"))) {
+            (Some(_), Some(_)) => {
+                return Err(pyo3::exceptions::PyValueError::new_err("pass token or token_file, not both"));
+            }
+            (Some(token), None) => Some(token),
+            (None, Some(file)) => Some(
+                shardcache_serving::auth::read_token_file(std::path::Path::new(&file))
+                    .map_err(pyo3::exceptions::PyValueError::new_err)?,
+            ),
+            (None, None) => None,
+        };
+        let (ca, cert, key, tls_domain) = (
+            ca.or_else(|| env("SHARDCACHE_CA")),
+            cert.or_else(|| env("SHARDCACHE_CERT")),
+            key.or_else(|| env("SHARDCACHE_KEY")),
+            tls_domain.or_else(|| env("SHARDCACHE_TLS_DOMAIN")),
+        );
         let tls = (ca.is_some() || cert.is_some() || tls_domain.is_some()).then(|| ClientTlsFiles {
             ca: ca.map(Into::into),
             cert: cert.map(Into::into),
             key: key.map(Into::into),
             domain: tls_domain,
         });
-        Self {
+        Ok(Self {
             endpoint,
             options: ConnectOptions { tls, token },
             connected: Mutex::new(None),
             job: Mutex::new(None),
-        }
+        })
     }
 
     /// Reads from now on say they are for ``job``'s ``epoch`` (a spoke reports reads,

@@ -16,8 +16,11 @@ def test_map_dataset_reads_every_record(spoke, records):
     for i in (0, 1, RECORDS_PER_SHARD - 1, RECORDS_PER_SHARD, TOTAL - 1, -1):
         expected = np.frombuffer(records[i], dtype=np.uint32)
         assert np.array_equal(ds[i], expected), i
-    assert ds[5].dtype == np.uint32 and ds[5].shape == (RECORD // 4,)
-    batch = ds.get_batch([3, 40, 17])
+    # Token ids as int64 (what nn.Embedding takes), writable.
+    assert ds[5].dtype == np.int64 and ds[5].shape == (RECORD // 4,) and ds[5].flags.writeable
+    stored = shardcache.ShardDataset(spoke, "c4", tensor_dtype=None)
+    assert stored[5].dtype == np.uint32 and stored[5].flags.writeable
+    batch = stored.get_batch([3, 40, 17])
     assert [bytes(a) for a in batch] == [records[3], records[40], records[17]]
     raw = shardcache.ShardDataset(spoke, "c4", dtype=None)
     assert raw[7] == records[7]
@@ -95,7 +98,7 @@ def test_resuming_mid_epoch_neither_repeats_nor_skips(spoke, done_batches):
 def test_iterating_yields_the_records_in_order(spoke, records):
     ds = shardcache.StreamingShardDataset(spoke, "c4", batch_size=4, seed=5, rank=0, world_size=1)
     ds.set_epoch(1)
-    got = [bytes(a) for a in ds]
+    got = [a.astype(np.uint32).tobytes() for a in ds]
     expected = [records[s * RECORDS_PER_SHARD + r] for s, r in ds.epoch_order()]
     assert got == expected
 
@@ -133,3 +136,42 @@ def test_iteration_sends_the_plan_to_a_spoke_and_a_hub_ignores_it(spoke, hub, re
     # The worker's plan, read to its end of this epoch (this epoch's shards, then the next's).
     plan = [p for p in status["plans"] if p["job"] == "plan-test/rank0/worker0"]
     assert len(plan) == 1 and plan[0]["positions"] == 2 * SHARDS and plan[0]["cursor"] == SHARDS - 1, plan
+
+
+def test_a_dtype_that_does_not_divide_the_record_is_refused(spoke):
+    with pytest.raises(ValueError, match="not a multiple of uint32's 4 bytes"):
+        shardcache.ShardDataset(spoke, "c4", record_size=RECORD - 2)
+
+
+def test_batches_are_int64_tensors_an_embedding_takes_without_warnings(spoke):
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    ds = shardcache.StreamingShardDataset(spoke, "c4", batch_size=4, seed=2, rank=0, world_size=1, plan=False)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PyTorch's non-writable-array warning would fail this
+        batch = next(iter(loader))
+    assert batch.dtype == torch.int64 and batch.shape == (4, RECORD // 4)
+    # An embedding over the generator's vocabulary (LLaMA 3's 128,256 ids) takes them.
+    table = torch.nn.Embedding(128_256, 2)
+    assert table(batch).shape == (4, RECORD // 4, 2)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_epochs_advance_by_themselves_under_persistent_workers(spoke):
+    torch = pytest.importorskip("torch")
+    ds = shardcache.StreamingShardDataset(spoke, "c4", batch_size=4, seed=3, rank=0, world_size=1, plan=False)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    epochs = []
+    for _ in range(2):
+        # set_epoch on the main process's copy cannot reach persistent workers.
+        epochs.append([tuple(row[:4].tolist()) for batch in loader for row in batch])
+    assert len(epochs[0]) == len(epochs[1]) == TOTAL
+    assert sorted(epochs[0]) == sorted(epochs[1]), "each epoch reads every record once"
+    assert epochs[0] != epochs[1], "the second epoch is not the first one's order again"
+    # With the dataset iterated directly, set_epoch still chooses the epoch.
+    ds.set_epoch(0)
+    first = [tuple(a[:4].tolist()) for a in ds]
+    ds.set_epoch(0)
+    assert [tuple(a[:4].tolist()) for a in ds] == first

@@ -16,15 +16,22 @@ class Client:
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: Optional[str] = None,
         token: Optional[str] = None,
         ca: Optional[str] = None,
         cert: Optional[str] = None,
         key: Optional[str] = None,
         tls_domain: Optional[str] = None,
-    ) -> None: ...
+        token_file: Optional[str] = None,
+    ) -> None:
+        """Each argument left out falls back to the CLI's environment variable
+        (``SHARDCACHE_ENDPOINT``, ``SHARDCACHE_TOKEN_FILE``, ``SHARDCACHE_CA``,
+        ``SHARDCACHE_CERT``, ``SHARDCACHE_KEY``, ``SHARDCACHE_TLS_DOMAIN``).
+        ``token_file`` is read as the CLI reads it; ``token`` is the secret itself."""
     @property
     def endpoint(self) -> str: ...
+    def set_job(self, job: Optional[str], epoch: int = 0) -> None:
+        """Reads from now on say they are for ``job``'s ``epoch``; ``None`` stops."""
     def ls(self, dataset: Optional[str] = None) -> List[Dict[str, Union[str, int]]]:
         """Datasets (``name``, ``shard_count``, ``total_bytes``, ``record_size``), or the
         shards of ``dataset`` (``shard``, ``size``, ``version``, ``message_size``, ...)."""
@@ -42,8 +49,16 @@ class Client:
     ) -> Optional[Dict[str, int]]:
         """Has a spoke fetch ``shards`` (all when None) in this order; with ``wait``, the
         final progress, else ``None`` at once."""
-    def set_plan(self, job: str, epoch: int, dataset: str, epochs: List[List[str]]) -> int:
+    def set_plan(
+        self,
+        job: str,
+        epoch: int,
+        dataset: str,
+        epochs: List[List[str]],
+        until: Optional[List[List[int]]] = None,
+    ) -> int:
         """Tells a spoke the shard order of ``job`` (one list per epoch from ``epoch``
-        on), so it evicts what is read again furthest away; returns the distinct shards."""
+        on, and for each shard the last shard first read before its own last read), so it
+        evicts what is read again furthest away; returns the distinct shards."""
     def status(self) -> Dict[str, object]: ...
     def _bench_read_many(self, ranges: List[Tuple[str, str, int, int]], rounds: int) -> float: ...

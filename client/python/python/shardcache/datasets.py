@@ -1,8 +1,11 @@
 """PyTorch-ready datasets over fixed-size records (the seed's 16 KiB token windows).
 
 Both work with ``torch.utils.data.DataLoader`` when torch is installed and as plain
-Python objects without it. Records come back as numpy arrays of ``dtype`` (the tokens)
-when numpy is installed and ``dtype`` is set, else as ``bytes``.
+Python objects without it. With numpy, a record is read as values of ``dtype`` (how the
+dataset stores them: the seed's tokens are ``uint32``) and handed out as a writable array
+of ``tensor_dtype`` (``int64`` by default: what ``nn.Embedding`` takes; ``None`` keeps
+``dtype``), so the DataLoader makes tensors of it without PyTorch's warning about
+read-only arrays. ``dtype=None`` (or no numpy) hands out ``bytes``.
 
 How :class:`StreamingShardDataset` orders and splits an epoch:
 
@@ -75,7 +78,15 @@ def _rank_and_world() -> Tuple[int, int]:
 class _Records:
     """The records of one dataset: shard names, records per shard, lazy client."""
 
-    def __init__(self, endpoint: str, dataset: str, record_size: Optional[int], dtype: Optional[str], client_args: Dict[str, Any]):
+    def __init__(
+        self,
+        endpoint: str,
+        dataset: str,
+        record_size: Optional[int],
+        dtype: Optional[str],
+        client_args: Dict[str, Any],
+        tensor_dtype: Optional[str] = "int64",
+    ):
         self.endpoint = endpoint
         self.dataset = dataset
         self.client_args = client_args
@@ -97,6 +108,15 @@ class _Records:
             total += count
         self.total = total
         self.dtype = dtype if _np is not None else None
+        self.tensor_dtype = tensor_dtype
+        if self.dtype is not None:
+            size = _np.dtype(self.dtype).itemsize
+            if record_size % size:
+                raise ValueError(
+                    f"record_size {record_size} is not a multiple of {self.dtype}'s {size} bytes: each record "
+                    f"would end mid-value; dtype is how the dataset stores its values (e.g. uint32 for the "
+                    f"seed's tokens), tensor_dtype what you get"
+                )
 
     @property
     def client(self) -> Client:
@@ -121,7 +141,11 @@ class _Records:
         return (self.dataset, self.shards[shard], record * self.record_size, self.record_size)
 
     def decode(self, data: bytes) -> Any:
-        return _np.frombuffer(data, dtype=self.dtype) if self.dtype is not None else data
+        if self.dtype is None:
+            return data
+        values = _np.frombuffer(data, dtype=self.dtype)
+        # A copy either way: frombuffer's array is read-only, and torch warns of it.
+        return values.astype(self.tensor_dtype or self.dtype)
 
 
 class ShardDataset(_MapBase):
@@ -137,9 +161,10 @@ class ShardDataset(_MapBase):
         dataset: str,
         record_size: Optional[int] = None,
         dtype: Optional[str] = "uint32",
+        tensor_dtype: Optional[str] = "int64",
         **client_args: Any,
     ):
-        self._records = _Records(endpoint, dataset, record_size, dtype, client_args)
+        self._records = _Records(endpoint, dataset, record_size, dtype, client_args, tensor_dtype)
 
     def __len__(self) -> int:
         return self._records.total
@@ -193,6 +218,7 @@ class StreamingShardDataset(_IterableBase):
         plan: bool = True,
         job: Optional[str] = None,
         shard_block: int = 4,
+        tensor_dtype: Optional[str] = "int64",
         **client_args: Any,
     ):
         if batch_size <= 0:
@@ -202,7 +228,7 @@ class StreamingShardDataset(_IterableBase):
         self.shard_block = shard_block
         self.plan = plan
         self.job = job
-        self._records = _Records(endpoint, dataset, record_size, dtype, client_args)
+        self._records = _Records(endpoint, dataset, record_size, dtype, client_args, tensor_dtype)
         default_rank, default_world = _rank_and_world()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
@@ -215,11 +241,20 @@ class StreamingShardDataset(_IterableBase):
         self.read_batch = read_batch
         self.epoch = 0
         self.consumed = 0
+        # Epochs advance by themselves: a copy that has run an epoch runs the next one
+        # when iterated again, unless set_epoch (or load_state_dict) chose one meanwhile.
+        # With persistent_workers each worker keeps its copy and never sees the main
+        # process's set_epoch, so without this every epoch would repeat epoch 0's order.
+        self._iterated = False
+        self._chosen = False
 
     def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch (its order); starts it from the beginning."""
+        """Selects the epoch (its order); starts it from the beginning. Optional where
+        the dataset object itself is iterated (``num_workers=0``, ``persistent_workers``):
+        each iteration after the first runs the next epoch."""
         self.epoch = epoch
         self.consumed = 0
+        self._chosen = True
 
     def state_dict(self, consumed: Optional[int] = None) -> Dict[str, int]:
         """Where this rank is: ``consumed`` records of its epoch sequence (the trainer's
@@ -237,6 +272,7 @@ class StreamingShardDataset(_IterableBase):
         self.seed = state["seed"]
         self.epoch = state["epoch"]
         self.consumed = state["consumed"]
+        self._chosen = True
 
     def __len__(self) -> int:
         """Records this rank reads in an epoch (from the start)."""
@@ -321,6 +357,10 @@ class StreamingShardDataset(_IterableBase):
         ]
 
     def __iter__(self) -> Iterator[Any]:
+        if self._iterated and not self._chosen:
+            self.epoch += 1
+            self.consumed = 0
+        self._iterated, self._chosen = True, False
         worker_id, num_workers = _worker()
         todo = self.indices(worker_id, num_workers)
         records = self._records
