@@ -101,3 +101,31 @@ def test_access_plans_are_taken_by_a_spoke_and_checked(spoke):
         client.set_plan("trainer", 0, "c4", [["no-such-shard.bin"]])
     assert refused.value.code == "INVALID_ARGUMENT"
     assert client.set_plan("trainer", 0, "c4", []) == 0
+
+
+def test_settings_come_from_arguments_or_the_clis_environment(spoke, tmp_path, monkeypatch):
+    # No endpoint given: SHARDCACHE_ENDPOINT, as for the CLI.
+    monkeypatch.setenv("SHARDCACHE_ENDPOINT", spoke)
+    assert shardcache.Client().endpoint == spoke
+    assert [d["name"] for d in shardcache.Client().ls()] == ["c4"]
+    monkeypatch.delenv("SHARDCACHE_ENDPOINT")
+    with pytest.raises(ValueError, match="SHARDCACHE_ENDPOINT"):
+        shardcache.Client()
+    # A token file as the CLI reads it: its trailing newline is fine, a file every user
+    # can read is refused, and a token given where the file is asked for is not echoed.
+    token = tmp_path / "token"
+    token.write_text("sct_" + "ab" * 32 + "\n")
+    token.chmod(0o600)
+    assert shardcache.Client(spoke, token_file=str(token)).ls()
+    token.chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        shardcache.Client(spoke, token_file=str(token))
+    secret = "sct_" + "cd" * 32
+    with pytest.raises(ValueError) as echoed:
+        shardcache.Client(spoke, token_file=secret)
+    assert "cd" * 32 not in str(echoed.value)
+    monkeypatch.setenv("SHARDCACHE_TOKEN_FILE", str(token))
+    with pytest.raises(ValueError, match="chmod 600"):
+        shardcache.Client(spoke)
+    with pytest.raises(ValueError, match="not both"):
+        shardcache.Client(spoke, token="x", token_file=str(token))
