@@ -61,6 +61,16 @@ impl MountProcess {
         Self { child, mountpoint: mountpoint.to_owned() }
     }
 
+    /// [`MountProcess::start`] as `shardcache mount MOUNTPOINT` with the endpoint in
+    /// `SHARDCACHE_ENDPOINT`, as every other command takes it.
+    pub fn start_from_env(endpoint: &str, mountpoint: &Path, log: &Path) -> Self {
+        let mut command = Command::new(binary("shardcache"));
+        command.args(["mount", mountpoint.to_str().unwrap()]).env("SHARDCACHE_ENDPOINT", endpoint);
+        command.stderr(std::fs::File::create(log).unwrap());
+        let (child, _) = spawn_and_wait_for(command, "shardcache mounted ");
+        Self { child, mountpoint: mountpoint.to_owned() }
+    }
+
     /// Whether `path` is a mount point now (in /proc/self/mounts).
     pub fn is_mounted(path: &Path) -> bool {
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();

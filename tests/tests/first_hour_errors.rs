@@ -178,3 +178,39 @@ async fn a_root_that_is_a_dataset_and_a_peer_self_on_another_port_are_warned_abo
         "{said}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_writes_to_the_shards_name_and_cat_keeps_binary_off_a_terminal() {
+    let root = tempfile::tempdir().unwrap();
+    let files = make_dataset(root.path(), "c4", 1, 65536);
+    let hub = TestHub::start(root.path()).await;
+    let here = tempfile::tempdir().unwrap();
+    let get = Command::new(binary("shardcache"))
+        .args(["--endpoint", &hub.endpoint, "get", "c4", "shard-00000.bin"])
+        .current_dir(here.path())
+        .output()
+        .unwrap();
+    assert!(get.status.success(), "{}", String::from_utf8_lossy(&get.stderr));
+    let want = std::fs::read(files.join("shard-00000.bin")).unwrap();
+    assert!(std::fs::read(here.path().join("shard-00000.bin")).unwrap() == want, "written to its name");
+    // On a terminal (script(1) gives the command one), cat wants --length.
+    let on_terminal = |args: &str| {
+        let command = format!(
+            "{} --endpoint {} cat c4 shard-00000.bin {args}",
+            binary("shardcache").display(),
+            hub.endpoint
+        );
+        Command::new("script").args(["-qec", &command, "/dev/null"]).output().unwrap()
+    };
+    let whole = on_terminal("");
+    assert!(!whole.status.success());
+    let said = String::from_utf8_lossy(&whole.stdout);
+    assert!(said.contains("give --length N"), "{said}");
+    assert!(on_terminal("--length 4").status.success());
+    // Piped, it writes the whole shard.
+    let piped = Command::new(binary("shardcache"))
+        .args(["--endpoint", &hub.endpoint, "cat", "c4", "shard-00000.bin"])
+        .output()
+        .unwrap();
+    assert!(piped.status.success() && piped.stdout == want);
+}

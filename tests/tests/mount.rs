@@ -188,6 +188,18 @@ async fn two_processes_each_read_the_version_they_opened_and_pages_never_mix() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_takes_the_endpoint_from_the_environment_like_every_command() {
+    skip_without_fuse!();
+    let root = tempfile::tempdir().unwrap();
+    let files = make_dataset(root.path(), "c4", 1, MIB);
+    let hub = TestHub::start(root.path()).await;
+    let mnt = tempfile::tempdir().unwrap();
+    let _mount = MountProcess::start_from_env(&hub.endpoint, mnt.path(), &root.path().join("mount.log"));
+    let got = std::fs::read(mnt.path().join("c4/shard-00000.bin")).unwrap();
+    assert!(got == std::fs::read(files.join("shard-00000.bin")).unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_stops_mid_read_is_eio_not_a_hung_reader() {
     skip_without_fuse!();
     let root = tempfile::tempdir().unwrap();

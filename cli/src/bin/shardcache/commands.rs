@@ -233,6 +233,12 @@ pub async fn cat(
     offset: u64,
     length: Option<u64>,
 ) -> anyhow::Result<()> {
+    // A shard is binary and large (64 MiB in the seed): not for a terminal, unasked.
+    anyhow::ensure!(
+        length.is_some() || !std::io::stdout().is_terminal(),
+        "cat would write all of {dataset}/{shard} (binary) to the terminal: give --length N, or redirect or pipe \
+         the output (`| od -t u4 | head`), or use `get` to write it to a file"
+    );
     let client = server.client().await?;
     let mut stream = client.stream_shard(dataset, shard, offset, length).await?;
     let mut out = tokio::io::stdout();

@@ -54,10 +54,11 @@ enum Command {
     Get {
         dataset: String,
         shard: String,
-        /// Where to write it: `-` for standard output; a regular file is written to a
-        /// temporary file and renamed when complete; a device or FIFO is written in place.
+        /// Where to write it (default: the shard's name in the current directory): `-` for
+        /// standard output; a regular file is written to a temporary file and renamed when
+        /// complete; a device or FIFO is written in place.
         #[arg(short, long)]
-        output: PathBuf,
+        output: Option<PathBuf>,
     },
     /// Print a range of a shard to stdout.
     Cat {
@@ -65,7 +66,8 @@ enum Command {
         shard: String,
         #[arg(long, default_value_t = 0)]
         offset: u64,
-        /// Bytes to print; to the end of the shard when absent.
+        /// Bytes to print; to the end of the shard when absent (refused on a terminal:
+        /// shards are binary and large; give --length, or redirect the output).
         #[arg(long)]
         length: Option<u64>,
     },
@@ -132,10 +134,10 @@ enum Command {
     /// any program can open; every byte verified. Runs until SIGTERM/SIGINT (then
     /// unmounts) or `fusermount3 -u MOUNTPOINT`.
     Mount {
-        /// A hub, a spoke or a group of spokes (as --endpoint takes them).
-        endpoint: String,
-        /// An existing directory.
-        mountpoint: PathBuf,
+        /// `[ENDPOINT] MOUNTPOINT`: the mount point (an existing directory), after the
+        /// endpoint when it is not --endpoint's (a hub, a spoke or a group of spokes).
+        #[arg(num_args = 1..=2, required = true, value_names = ["ENDPOINT", "MOUNTPOINT"])]
+        places: Vec<String>,
         /// Seconds any one call to the server may take; past it the read fails with EIO.
         #[arg(long, default_value_t = 30)]
         timeout: u64,
@@ -210,13 +212,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Gen { dir, dataset, shards, shard_size, record_size, seed } => {
             commands::generate(dir, dataset, shards, shard_size, record_size, seed)
         }
-        Command::Mount { endpoint, mountpoint, timeout } => {
+        Command::Mount { mut places, timeout } => {
+            // One place: the mount point, over --endpoint (SHARDCACHE_ENDPOINT) as every
+            // other command; two: an endpoint, then the mount point.
+            let mountpoint = PathBuf::from(places.pop().unwrap_or_default());
+            let endpoint = places.pop().unwrap_or_else(|| server.endpoint.clone());
             let server = commands::Server { endpoint, options: server.options.clone() };
             commands::mount(&server, &mountpoint, std::time::Duration::from_secs(timeout)).await
         }
         Command::Ls { dataset } => commands::ls(server, dataset.as_deref()).await,
         Command::Stat { dataset, shard } => commands::stat(server, &dataset, &shard).await,
-        Command::Get { dataset, shard, output } => commands::get(server, &dataset, &shard, &output).await,
+        Command::Get { dataset, shard, output } => {
+            let output = output.unwrap_or_else(|| PathBuf::from(&shard));
+            commands::get(server, &dataset, &shard, &output).await
+        }
         Command::Cat { dataset, shard, offset, length } => {
             commands::cat(server, &dataset, &shard, offset, length).await
         }
