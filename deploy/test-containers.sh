@@ -232,15 +232,20 @@ spoke_serves
 cmp "$STATE/data/c4-synthetic/$first" "$STATE/out/again" || fail "$first differs after the spoke restarted"
 "${cli[@]}" status > "$STATE/out/status-after.txt"
 # `shardcache status` prints a row per dataset: DATASET SHARDS CACHED PINNED HITS MISSES
-# HIT% UPSTREAM; its counters are the process's (they start at 0 after the restart).
+# HIT% UPSTREAM (sizes for people: 16MiB, 1.5GiB, 0B); its counters are the process's
+# (they start at 0 after the restart).
 python3 - "$STATE/out/status-before.txt" "$STATE/out/status-after.txt" <<'EOF'
-import sys
+import re, sys
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+def size(text):
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]+)", text).groups()
+    return float(number) * UNITS[unit]
 def row(path):
     text = open(path).read()
     for line in text.splitlines():
         fields = line.split()
         if fields and fields[0] == "c4-synthetic":
-            return int(fields[4]), int(fields[7])
+            return int(fields[4]), size(fields[7])
     sys.exit(f"no c4-synthetic row in `shardcache status`:\n{text}")
 (hits0, up0), (hits1, up1) = row(sys.argv[1]), row(sys.argv[2])
 if up0 == 0:

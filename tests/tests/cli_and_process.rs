@@ -39,7 +39,7 @@ fn cli_get_writes_the_shard_and_cat_prints_the_range() {
     let ls = shardcache(&hub.endpoint, &["ls"]);
     let listing = String::from_utf8_lossy(&ls.stdout);
     assert!(
-        listing.lines().any(|l| l.starts_with("c4") && l.contains("2097152") && l.contains("16KiB")),
+        listing.lines().any(|l| l.starts_with("c4") && l.contains("2MiB") && l.contains("16KiB")),
         "{listing}"
     );
     let stat = shardcache(&hub.endpoint, &["stat", "c4", "shard-00000.bin"]);

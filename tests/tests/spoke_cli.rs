@@ -32,10 +32,10 @@ fn warm_status_pin_evict_and_get_through_the_spoke() {
     assert!(ok);
     let line = out.lines().find(|l| l.starts_with("c4")).unwrap_or_else(|| panic!("{out}"));
     let columns: Vec<_> = line.split_whitespace().collect();
-    assert_eq!(&columns[1..3], ["3", "3145728"], "{out}");
+    assert_eq!(&columns[1..3], ["3", "3MiB"], "sizes for people: {out}");
     // The warm-up's fetches count under the untagged job row.
     let jobs = out.lines().find(|l| l.starts_with("(untagged)")).unwrap_or_else(|| panic!("{out}"));
-    assert_eq!(jobs.split_whitespace().last(), Some("3145728"), "{out}");
+    assert_eq!(jobs.split_whitespace().last(), Some("3MiB"), "{out}");
 
     let (ok, out, _) = shardcache(&spoke.endpoint, &["pin", "c4"]);
     assert!(ok && out.contains("pinned 3 shards"), "{out}");

@@ -81,14 +81,15 @@ pub async fn ls(server: &Server, dataset: Option<&str>) -> anyhow::Result<()> {
             for d in datasets {
                 let record =
                     if d.record_size == 0 { "-".into() } else { ByteSize(d.record_size.into()).to_string() };
-                writeln!(out, "{:<32} {:>8} {:>16} {:>12}", d.name, d.shard_count, d.total_bytes, record)?;
+                let bytes = ByteSize(d.total_bytes).human();
+                writeln!(out, "{:<32} {:>8} {:>16} {:>12}", d.name, d.shard_count, bytes, record)?;
             }
         }
         Some(dataset) => {
             let shards = client.list_shards(dataset).await?;
             writeln!(out, "{:<40} {:>14}  VERSION", "SHARD", "BYTES")?;
             for s in shards {
-                writeln!(out, "{:<40} {:>14}  {}", s.shard, s.size, s.version)?;
+                writeln!(out, "{:<40} {:>14}  {}", s.shard, ByteSize(s.size).human(), s.version)?;
             }
         }
     }
@@ -268,11 +269,11 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
     if status.server_view {
         let percent = status.used_bytes as f64 * 100.0 / status.capacity_bytes.max(1) as f64;
         println!(
-            "cache: {} of {} used ({percent:.1}%), {} shards evicted ({} bytes), {} checksum failures, hubs {}",
-            status.used_bytes,
-            status.capacity_bytes,
+            "cache: {} of {} used ({percent:.1}%), {} shards evicted ({}), {} checksum failures, hubs {}",
+            ByteSize(status.used_bytes).human(),
+            ByteSize(status.capacity_bytes).human(),
             status.evicted_shards,
-            status.evicted_bytes,
+            ByteSize(status.evicted_bytes).human(),
             status.checksum_failures,
             status.hubs.join(",")
         );
@@ -304,12 +305,12 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14}",
             d.dataset,
             d.cached_shards,
-            d.cached_bytes,
+            ByteSize(d.cached_bytes).human(),
             d.pinned_shards,
             d.hit_requests,
             d.miss_requests,
             hit,
-            d.upstream_bytes
+            ByteSize(d.upstream_bytes).human()
         );
     }
     if !status.jobs.is_empty() {
@@ -328,7 +329,8 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             };
             let job = if j.job.is_empty() { "(untagged)" } else { j.job.as_str() };
             let job = owned_by(&j.principal, job, &status.principal);
-            println!("{job:<32} {:>6} {:>10} {hit:>8} {:>14} {:>14}", j.epoch, j.reads, j.bytes, j.hub_bytes);
+            let (bytes, hub_bytes) = (ByteSize(j.bytes).human(), ByteSize(j.hub_bytes).human());
+            println!("{job:<32} {:>6} {:>10} {hit:>8} {bytes:>14} {hub_bytes:>14}", j.epoch, j.reads);
         }
     }
     print_group(&status);
