@@ -62,6 +62,13 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
     // at most the member's share crossed again, and back on its cache it refetched
     // nothing (the demo checked the nodes saw it serving again).
     let losing = "2 nodes, a group of 3, one killed mid-epoch 1";
-    assert!(link(losing, 1) <= 1.0 + 1.0 / 3.0 + 0.05, "lost a third: {} x the dataset", link(losing, 1));
+    // The killed member's share of a few shards hashed over three random ports is about
+    // a third, not exactly (2 of 5 is 0.4): the bound is its own share.
+    let share = group.iter().find(|r| r["setup"] == losing).unwrap()["killed_share"].as_f64().unwrap();
+    assert!(
+        link(losing, 1) <= 1.0 + share + 0.05,
+        "lost its share ({share}): {} x the dataset",
+        link(losing, 1)
+    );
     assert_eq!(link(losing, 2), 0.0, "the restarted member served its cache");
 }

@@ -32,6 +32,10 @@ pub struct GroupRow {
     pub epoch: u64,
     /// Bytes the hub sent over the link, per byte of the dataset.
     pub link_bytes_per_dataset: f64,
+    /// The share of the dataset's shards the killed member owned (what its death may
+    /// cost again over the link: rendezvous hashing gives a member about a third of a
+    /// few shards, not exactly); 0 where no member is killed.
+    pub killed_share: f64,
     pub wall_s: f64,
     pub gpu_util_pct: f64,
     pub samples_per_s: f64,
@@ -115,6 +119,12 @@ impl Groups<'_> {
             u64::from(self.job.layout.shards) * self.job.layout.samples_per_shard * self.job.sample_bytes;
         let global = self.job.shape.ranks * self.job.shape.batch_per_rank;
         let mut rows = Vec::new();
+        let killed_share = if spokes == Spokes::GroupLosingOne {
+            let member = format!("http://{}", started.lock().unwrap_or_else(|p| p.into_inner()).addrs[1]);
+            self.share_of(&clients[0], &member)
+        } else {
+            0.0
+        };
         let mut sent_before = self.hub_sent().await?;
         for epoch in 0..2 {
             let order = epoch_order(self.job.layout, self.job.block_shards, 21 + epoch);
@@ -140,6 +150,7 @@ impl Groups<'_> {
                 setup: setup.to_owned(),
                 epoch: epoch + 1,
                 link_bytes_per_dataset: (sent - sent_before) / dataset_bytes as f64,
+                killed_share,
                 wall_s: wall,
                 gpu_util_pct: row.gpu_util_pct,
                 samples_per_s: row.samples_per_s,
@@ -166,6 +177,12 @@ impl Groups<'_> {
             }
         }
         Ok(rows)
+    }
+
+    /// The share of the dataset's shards `member` owns, as `client` routes them.
+    fn share_of(&self, client: &Client, member: &str) -> f64 {
+        let owned = self.job.names.iter().filter(|n| client.owners(self.job.dataset, n)[0] == member).count();
+        owned as f64 / self.job.names.len().max(1) as f64
     }
 
     /// Data bytes the hub has sent.
