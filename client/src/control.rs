@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use futures::{StreamExt, stream::BoxStream};
 use shardcache_proto::v1::{
-    DatasetStatus, EpochPlan, EvictRequest, EvictResponse, JobStatus, PinRequest, PlanRequest,
+    DatasetStatus, EpochPlan, EvictRequest, EvictResponse, JobStatus, MemberStatus, PinRequest, PlanRequest,
     PrefetchProgress, PrefetchRequest, ShardRef, StatusRequest, StatusResponse,
     cache_control_client::CacheControlClient,
 };
@@ -65,22 +65,58 @@ impl CacheClient {
         F: Fn(CacheControlClient<AuthChannel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        Self::on_each(list, call).await.into_iter().map(|(_, answer)| answer).collect()
+    }
+
+    /// Runs `call` on every member of `list` at once; each member's URL and answer.
+    async fn on_each<T, F, Fut>(
+        list: &List<CacheControlClient<AuthChannel>>,
+        call: F,
+    ) -> Vec<(String, Result<T>)>
+    where
+        F: Fn(CacheControlClient<AuthChannel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let calls = list.iter().map(|member| {
             let call = call(member.conn.clone());
             async move {
-                call.await
+                let answer = call
+                    .await
                     .map(tonic::Response::into_inner)
-                    .map_err(|status| Error::Status { endpoint: member.url.clone(), status })
+                    .map_err(|status| Error::Status { endpoint: member.url.clone(), status });
+                (member.url.clone(), answer)
             }
         });
-        futures::future::try_join_all(calls).await
+        futures::future::join_all(calls).await
     }
 
-    /// Occupancy and per-dataset counters (a group's added up, its per-job rows too).
+    /// Occupancy and per-dataset counters (a group's added up, its per-job rows too). A
+    /// member that does not answer does not fail a group's status: it is listed in
+    /// `members` as "not answering: WHY" (seen by "this client"); only a group none of
+    /// whose members answers is an error.
     pub async fn status(&self) -> Result<StatusResponse> {
-        let answers =
-            self.on_all(|mut control| async move { control.status(StatusRequest {}).await }).await?;
-        Ok(merge_status(answers))
+        let list = self.members.current();
+        let each =
+            Self::on_each(&list, |mut control| async move { control.status(StatusRequest {}).await }).await;
+        let (mut answers, mut silent) = (Vec::new(), Vec::new());
+        for (url, answer) in each {
+            match answer {
+                Ok(answer) => answers.push(answer),
+                Err(e) => silent.push((url, e)),
+            }
+        }
+        if answers.is_empty() {
+            return Err(silent
+                .into_iter()
+                .next()
+                .map_or_else(|| Error::Config("no members".into()), |(_, e)| e));
+        }
+        let mut merged = merge_status(answers);
+        for (url, e) in silent {
+            let state = format!("not answering: {e}");
+            merged.members.push(MemberStatus { url, state, seen_by: "this client".into() });
+        }
+        Ok(merged)
     }
 
     /// Starts fetching `shards` of `dataset` (all of them when empty) in order; the

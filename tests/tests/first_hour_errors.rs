@@ -214,3 +214,36 @@ async fn get_writes_to_the_shards_name_and_cat_keeps_binary_off_a_terminal() {
         .unwrap();
     assert!(piped.status.success() && piped.stdout == want);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_status_reports_a_member_that_does_not_answer_and_carries_on() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 2, 16384);
+    let hub = TestHub::start(root.path()).await;
+    let (a, b) = (
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    );
+    let urls = [format!("http://{}", a.local_addr().unwrap()), format!("http://{}", b.local_addr().unwrap())];
+    let mut spokes = Vec::new();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    for (i, listener) in [a, b].into_iter().enumerate() {
+        let mut options = shardcache_tests::spoke_options(&hub.endpoint);
+        options.group = Some(spoke_cache::PeerGroup {
+            spec: urls.join(","),
+            me: urls[i].clone(),
+            credentials: Default::default(),
+        });
+        spokes.push(shardcache_tests::TestSpoke::start_on(listener, dirs[i].path(), options).await);
+    }
+    spokes.pop().unwrap().stop().await;
+    let group = shardcache_client::CacheClient::connect(&urls.join(",")).await.unwrap();
+    let status = group.status().await.unwrap();
+    let down = status.members.iter().find(|m| m.url == urls[1] && m.seen_by == "this client");
+    assert!(down.is_some_and(|m| m.state.starts_with("not answering")), "{:?}", status.members);
+    // The CLI prints it, and succeeds.
+    let out =
+        Command::new(binary("shardcache")).args(["--endpoint", &urls.join(","), "status"]).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && printed.contains("not answering"), "{printed}");
+}
