@@ -116,6 +116,10 @@ pub struct SpokeArgs {
     #[arg(long, default_value_t = PlanLimits::default().positions)]
     pub max_plan_positions: usize,
 
+    /// A plan no read has met for this long is dropped (a finished job's; e.g. 30m, 2h).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub plan_idle_expiry: Duration,
+
     /// Jobs whose counters get their own `job_id` label in the metrics (comma-separated,
     /// e.g. llama-pretrain,eval); the others are summed under `job_id="other"`, since a
     /// client chooses its job's name. `Status` shows every job either way.
@@ -328,6 +332,7 @@ impl SpokeArgs {
                 positions_per_principal: self.max_plan_positions_per_principal,
                 plans: self.max_plans,
                 positions: self.max_plan_positions,
+                idle_expiry: self.plan_idle_expiry,
             },
             metric_jobs: self.metric_jobs.iter().filter(|j| !j.is_empty()).cloned().collect(),
             empty_entries_kept: crate::cache::EMPTY_ENTRIES_KEPT,

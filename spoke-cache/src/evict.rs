@@ -49,6 +49,7 @@ impl Evictor {
     pub async fn to_low_watermark(&self) -> (u64, u64) {
         let _running = self.capacity.evicting();
         self.admission.retry_deletions().await;
+        self.plans.expire();
         let (mut shards, mut bytes) = (0, 0);
         while self.capacity.over_low() {
             let Some(victim) = self.victim() else {

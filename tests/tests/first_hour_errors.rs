@@ -247,3 +247,35 @@ async fn a_groups_status_reports_a_member_that_does_not_answer_and_carries_on() 
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && printed.contains("not answering"), "{printed}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_of_a_finished_job_are_listed_and_dropped_with_the_cli() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 2, 16384);
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let spoke =
+        shardcache_tests::TestSpoke::start(cache.path(), shardcache_tests::spoke_options(&hub.endpoint))
+            .await;
+    let control = spoke.control().await;
+    let epoch = shardcache_client::PlannedEpoch { shards: vec!["shard-00000.bin".into()], until: Vec::new() };
+    for job in ["run7/rank0/worker0", "run7/rank0/worker1", "run8"] {
+        control.set_plan(job, 0, "c4", std::slice::from_ref(&epoch)).await.unwrap();
+    }
+    let listed =
+        Command::new(binary("shardcache")).args(["--endpoint", &spoke.endpoint, "plans"]).output().unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains("run7/rank0/worker1") && listed.contains("run8"), "{listed}");
+    let dropped = Command::new(binary("shardcache"))
+        .args(["--endpoint", &spoke.endpoint, "plans", "drop", "run7"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&dropped.stdout).contains("dropped 2 plans of job run7"));
+    let left: Vec<String> = control.status().await.unwrap().plans.into_iter().map(|p| p.job).collect();
+    assert_eq!(left, ["run8"]);
+    let none = Command::new(binary("shardcache"))
+        .args(["--endpoint", &spoke.endpoint, "plans", "drop", "run7"])
+        .output()
+        .unwrap();
+    assert!(!none.status.success() && String::from_utf8_lossy(&none.stderr).contains("no plan of job"));
+}

@@ -77,6 +77,9 @@ struct JobPlan {
     /// when the job sends its next plan): reported, so an operator sees how far apart
     /// the job's readers are.
     lag: usize,
+    /// When the plan was set or a read last met it: a plan idle for
+    /// [`PlanLimits::idle_expiry`] is a finished job's, and is dropped.
+    touched: std::time::Instant,
 }
 
 impl JobPlan {
@@ -91,7 +94,7 @@ impl JobPlan {
             }
             block_of.push(block_ends.len() - 1);
         }
-        Self { uses, order, block_of, block_ends, cursor: 0, lag }
+        Self { uses, order, block_of, block_ends, cursor: 0, lag, touched: std::time::Instant::now() }
     }
 
     /// The last position of the block that holds position `at`.
@@ -194,11 +197,20 @@ pub struct PlanLimits {
     pub positions_per_principal: usize,
     pub plans: usize,
     pub positions: usize,
+    /// A plan no read has met for this long is dropped (`--plan-idle-expiry`): its job
+    /// has finished or moved on, and its positions hold room in the bounds above.
+    pub idle_expiry: std::time::Duration,
 }
 
 impl Default for PlanLimits {
     fn default() -> Self {
-        Self { plans_per_principal: 256, positions_per_principal: 1 << 22, plans: 1024, positions: 1 << 23 }
+        Self {
+            plans_per_principal: 256,
+            positions_per_principal: 1 << 22,
+            plans: 1024,
+            positions: 1 << 23,
+            idle_expiry: std::time::Duration::from_secs(3600),
+        }
     }
 }
 
@@ -252,6 +264,24 @@ impl Book {
             self.by_shard.entry(key.clone()).or_default().push(owner.clone());
         }
         self.plans.insert(owner, plan);
+    }
+
+    /// Drops the plans idle for `expiry` or longer.
+    fn expire(&mut self, expiry: std::time::Duration) {
+        let idle: Vec<PlanKey> = self
+            .plans
+            .iter()
+            .filter(|(_, plan)| plan.touched.elapsed() >= expiry)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for owner in idle {
+            tracing::info!(
+                principal = owner.0,
+                job = owner.1,
+                "access plan expired (no read met it for --plan-idle-expiry)"
+            );
+            self.remove(&owner);
+        }
     }
 
     /// Refuses a plan of `positions` for `owner` that would cross a bound of `limits`
@@ -319,6 +349,7 @@ impl Plans {
     pub fn set(&self, principal: &str, job: &str, order: Vec<Planned>) -> Result<usize, PlanRefused> {
         let owner = (principal.to_owned(), job.to_owned());
         let mut book = self.book();
+        book.expire(self.limits.idle_expiry);
         let distinct = if order.is_empty() {
             book.remove(&owner);
             0
@@ -360,6 +391,7 @@ impl Plans {
         let Book { plans, by_shard } = &mut *book;
         for owner in by_shard.get(&key).into_iter().flatten() {
             let Some(plan) = plans.get_mut(owner) else { continue };
+            plan.touched = std::time::Instant::now();
             match plan.read(&key) {
                 Seen::Moved => moved = true,
                 Seen::Straggler => {
@@ -387,8 +419,17 @@ impl Plans {
         owners.iter().filter_map(|owner| book.plans.get(owner)?.next_use(key)).min()
     }
 
+    /// Drops the plans no read has met for `--plan-idle-expiry` (the evictor's pass and
+    /// every `SetPlan` and `Status` call this).
+    pub fn expire(&self) {
+        let mut book = self.book();
+        book.expire(self.limits.idle_expiry);
+        self.any.store(!book.plans.is_empty(), Relaxed);
+    }
+
     /// Each plan's progress, in (principal, job) order.
     pub fn progress(&self) -> Vec<Progress> {
+        self.expire();
         let mut out: Vec<_> = self
             .book()
             .plans

@@ -210,7 +210,13 @@ fn stragglers_are_told_apart_and_do_not_move_the_cursor() {
 
 #[test]
 fn plans_are_their_principals_own_and_bounded_per_principal_and_in_all() {
-    let limits = PlanLimits { plans_per_principal: 2, positions_per_principal: 6, plans: 3, positions: 10 };
+    let limits = PlanLimits {
+        plans_per_principal: 2,
+        positions_per_principal: 6,
+        plans: 3,
+        positions: 10,
+        ..PlanLimits::default()
+    };
     let plans = Plans::new(limits);
     plans.set("alice", "train", in_order(&[0, 1, 2])).expect("within the bounds");
     // Bob's "train" is his own: it neither replaces nor withdraws Alice's.
@@ -240,4 +246,17 @@ fn plans_are_their_principals_own_and_bounded_per_principal_and_in_all() {
     // A withdrawn plan leaves the index: no shard keeps a next use through it.
     plans.set("alice", "eval", Vec::new()).expect("withdrawn");
     assert_eq!(plans.next_use(&key(7)), None);
+}
+
+#[test]
+fn plans_no_read_meets_expire() {
+    let idle = Plans::new(PlanLimits { idle_expiry: std::time::Duration::ZERO, ..PlanLimits::default() });
+    idle.set("alice", "done", in_order(&[0, 1])).expect("within the bounds");
+    assert!(idle.progress().is_empty(), "a plan idle for the expiry is dropped");
+    assert_eq!(idle.next_use(&key(1)), None);
+    let kept = Plans::default();
+    kept.set("alice", "running", in_order(&[0, 1])).expect("within the bounds");
+    kept.read("ds", "s0", "alice", None);
+    kept.expire();
+    assert_eq!(kept.progress().len(), 1, "an hour has not passed");
 }

@@ -73,6 +73,13 @@ enum Command {
     },
     /// Show a spoke cache's occupancy and per-dataset hits, misses and upstream bytes.
     Status,
+    /// List the access plans your token (or certificate) has on a spoke, or drop a
+    /// finished job's: `shardcache plans drop JOB` withdraws JOB and its readers'
+    /// (`JOB/...`) plans. Plans also expire after --plan-idle-expiry without a read.
+    Plans {
+        #[command(subcommand)]
+        action: Option<PlansCommand>,
+    },
     /// Fetch a dataset (or the listed shards, in order) into a spoke cache.
     Warm {
         dataset: String,
@@ -145,6 +152,12 @@ enum Command {
     /// Make an access token (printed once) and add its hash to a token file, or revoke one.
     #[command(subcommand)]
     Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PlansCommand {
+    /// Withdraw JOB's plan and its readers' (JOB/...), e.g. a finished training run.
+    Drop { job: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -230,6 +243,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             commands::cat(server, &dataset, &shard, offset, length).await
         }
         Command::Status => commands::status(server).await,
+        Command::Plans { action: None } => commands::plans(server).await,
+        Command::Plans { action: Some(PlansCommand::Drop { job }) } => {
+            commands::drop_plans(server, &job).await
+        }
         Command::Warm { dataset, shards, parallelism } => {
             commands::warm(server, &dataset, &shards, parallelism).await
         }
