@@ -13,7 +13,7 @@ pub enum Error {
     #[error("invalid endpoint {endpoint:?}: {}", chain(cause))]
     Endpoint { endpoint: String, cause: tonic::transport::Error },
     /// No connection: the innermost cause (refused, a TLS alert), then what to do.
-    #[error("cannot connect to {endpoint}: {}{}", chain(cause), advice(endpoint, &chain(cause)))]
+    #[error("cannot connect to {endpoint}: {}", explained(endpoint, &chain(cause)))]
     Connect { endpoint: String, cause: tonic::transport::Error },
     /// The server's status, or tonic's for a connection that failed under a request
     /// (then the cause, e.g. a TLS alert or a reset, follows in parentheses, and what to
@@ -121,6 +121,20 @@ pub fn advice(endpoint: &str, cause: &str) -> String {
         return String::new();
     };
     format!("; {advice}")
+}
+
+/// `cause` and what to do about it (`CAUSE; ADVICE`), for `endpoint`.
+pub fn explained(endpoint: &str, cause: &str) -> String {
+    format!("{cause}{}", advice(endpoint, cause))
+}
+
+/// A status tonic made for a transport failure, explained: its source chain (or, where
+/// it has none, its message) and what to do.
+pub fn explained_status(endpoint: &str, status: &tonic::Status) -> String {
+    match std::error::Error::source(status) {
+        Some(cause) => explained(endpoint, &chain(cause)),
+        None => explained(endpoint, status.message()),
+    }
 }
 
 /// What to do about `status` from `endpoint`, as `; ADVICE`, for the statuses a

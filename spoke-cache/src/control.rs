@@ -224,6 +224,7 @@ impl CacheControl for Control {
             ..Default::default()
         };
         if grant.may_control() {
+            let (hub_trouble, age) = cache.hubs().trouble().unwrap_or_default();
             status = StatusResponse {
                 capacity_bytes: cache.capacity().capacity(),
                 used_bytes: cache.used_bytes(),
@@ -231,8 +232,8 @@ impl CacheControl for Control {
                 evicted_bytes: cache.metrics().evicted_bytes.load(Relaxed),
                 checksum_failures: cache.metrics().checksum_failures.load(Relaxed),
                 hubs: cache.hubs().urls(),
-                hub_trouble: cache.hubs().trouble().map(|(why, _)| why).unwrap_or_default(),
-                hub_trouble_age_s: cache.hubs().trouble().map_or(0, |(_, age)| age.as_secs()),
+                hub_trouble,
+                hub_trouble_age_s: age.as_secs(),
                 server_view: true,
                 ..status
             };

@@ -56,9 +56,7 @@ impl MountProcess {
     pub fn start(endpoint: &str, mountpoint: &Path, extra_args: &[&str], log: &Path) -> Self {
         let mut command = Command::new(binary("shardcache"));
         command.args(["mount", endpoint, mountpoint.to_str().unwrap()]).args(extra_args);
-        command.stderr(std::fs::File::create(log).unwrap());
-        let (child, _) = spawn_and_wait_for(command, "shardcache mounted ");
-        Self { child, mountpoint: mountpoint.to_owned() }
+        Self::spawn(command, mountpoint, log)
     }
 
     /// [`MountProcess::start`] as `shardcache mount MOUNTPOINT` with the endpoint in
@@ -66,6 +64,11 @@ impl MountProcess {
     pub fn start_from_env(endpoint: &str, mountpoint: &Path, log: &Path) -> Self {
         let mut command = Command::new(binary("shardcache"));
         command.args(["mount", mountpoint.to_str().unwrap()]).env("SHARDCACHE_ENDPOINT", endpoint);
+        Self::spawn(command, mountpoint, log)
+    }
+
+    /// Runs `command` (a mount of `mountpoint`), its log to `log`, until it is mounted.
+    fn spawn(mut command: Command, mountpoint: &Path, log: &Path) -> Self {
         command.stderr(std::fs::File::create(log).unwrap());
         let (child, _) = spawn_and_wait_for(command, "shardcache mounted ");
         Self { child, mountpoint: mountpoint.to_owned() }

@@ -106,26 +106,45 @@ async fn every_shard_reads_the_same_through_the_mount_and_the_tree_is_the_listin
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_that_changes_while_open_fails_with_eio_and_a_log_line_never_mixed_bytes() {
-    skip_without_fuse!();
+/// An 8 MiB shard mounted straight over a hub (the mount reads a hub as it reads a
+/// spoke), opened by this process at version 1 with its head read, then replaced by
+/// version 2 on the hub while the file stays open.
+struct ReplacedWhileOpen {
+    root: tempfile::TempDir,
+    _hub: TestHub,
+    _mnt: tempfile::TempDir,
+    _mount: MountProcess,
+    log: std::path::PathBuf,
+    through: std::path::PathBuf,
+    file: std::fs::File,
+    old: Vec<u8>,
+    new: Vec<u8>,
+}
+
+async fn replaced_while_open() -> ReplacedWhileOpen {
     let root = tempfile::tempdir().unwrap();
     let path = root.path().join("ds/big.bin");
     let old = write_pattern(&path, (8 * MIB) as usize, 1);
     let hub = TestHub::start(root.path()).await;
     let mnt = tempfile::tempdir().unwrap();
     let log = root.path().join("mount.log");
-    // Straight over the hub: the mount reads a hub as it reads a spoke.
-    let _mount = MountProcess::start(&hub.endpoint, mnt.path(), &[], &log);
-
+    let mount = MountProcess::start(&hub.endpoint, mnt.path(), &[], &log);
     let through = mnt.path().join("ds/big.bin");
     let mut file = std::fs::File::open(&through).unwrap();
     let mut head = vec![0; 4096];
     file.read_exact(&mut head).unwrap();
     assert!(head == old[..4096]);
-    // The shard is replaced (a new version) while the file is open.
     let new = write_pattern(&root.path().join("ds/big.next"), (8 * MIB) as usize, 2);
     std::fs::rename(root.path().join("ds/big.next"), &path).unwrap();
+    ReplacedWhileOpen { root, _hub: hub, _mnt: mnt, _mount: mount, log, through, file, old, new }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_changes_while_open_fails_with_eio_and_a_log_line_never_mixed_bytes() {
+    skip_without_fuse!();
+    // Every field bound (`_hub`, not `..`): the mount and the hub live as long as the test.
+    let ReplacedWhileOpen { root: _root, _hub, _mnt, _mount, log, through, mut file, old: _, new } =
+        replaced_while_open().await;
     // Past what read-ahead may have brought in: the read fails, it does not mix.
     file.seek(SeekFrom::Start(6 * MIB)).unwrap();
     let mut rest = vec![0; 4096];
@@ -141,23 +160,12 @@ async fn a_shard_that_changes_while_open_fails_with_eio_and_a_log_line_never_mix
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_each_read_the_version_they_opened_and_pages_never_mix() {
     skip_without_fuse!();
-    let root = tempfile::tempdir().unwrap();
-    let path = root.path().join("ds/big.bin");
-    let old = write_pattern(&path, (8 * MIB) as usize, 1);
-    let hub = TestHub::start(root.path()).await;
-    let mnt = tempfile::tempdir().unwrap();
-    let _mount = MountProcess::start(&hub.endpoint, mnt.path(), &[], &root.path().join("mount.log"));
-    let through = mnt.path().join("ds/big.bin");
-
-    // Process A (this one) opens the shard at version 1 and reads its head.
-    let mut a = std::fs::File::open(&through).unwrap();
-    let mut head = vec![0; 4096];
-    a.read_exact(&mut head).unwrap();
-    assert!(head == old[..4096]);
-    // The shard changes; process B opens it at once (through the name the kernel has
-    // cached) and reads it whole: the new version, whole.
-    let new = write_pattern(&root.path().join("ds/big.next"), (8 * MIB) as usize, 2);
-    std::fs::rename(root.path().join("ds/big.next"), &path).unwrap();
+    // Process A (this one) opened the shard at version 1 and read its head; the shard
+    // changed. Process B opens it at once (through the name the kernel has cached) and
+    // reads it whole: the new version, whole.
+    // Every field bound (`_hub`, not `..`): the mount and the hub live as long as the test.
+    let ReplacedWhileOpen { root, _hub, _mnt, _mount, log: _, through, file: mut a, old, new } =
+        replaced_while_open().await;
     let copy = root.path().join("b.out");
     let b = Command::new("dd")
         .arg(format!("if={}", through.display()))

@@ -13,12 +13,6 @@ use shardcache_tests::{
     make_dataset, spoke_options,
 };
 
-/// The value of metric `name` (no labels) on `page`.
-fn metric(page: &str, name: &str) -> u64 {
-    let line = page.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
-}
-
 #[tokio::test]
 async fn a_full_disk_degrades_to_pass_through_and_every_read_is_served() {
     const FS: u64 = 24 << 20;
@@ -30,10 +24,9 @@ async fn a_full_disk_degrades_to_pass_through_and_every_read_is_served() {
     let configured = options.cache.capacity;
     assert!(configured > FS);
     let spoke = TestSpoke::start(&disk.path().join("cache"), options).await;
-    let page = spoke.scrape().await;
-    let at_start = metric(&page, "shardcache_spoke_capacity_bytes");
+    let at_start = spoke.metric("shardcache_spoke_capacity_bytes").await as u64;
     assert!(at_start <= FS, "--capacity past the filesystem is cut to what it holds: {at_start}");
-    assert_eq!(metric(&page, "shardcache_spoke_configured_capacity_bytes"), configured);
+    assert_eq!(spoke.metric("shardcache_spoke_configured_capacity_bytes").await as u64, configured);
 
     // 40 MiB through a 24 MiB disk: evicted as it goes, every byte right.
     let client = Client::connect(&spoke.endpoint).await.unwrap();
@@ -47,9 +40,8 @@ async fn a_full_disk_degrades_to_pass_through_and_every_read_is_served() {
         assert_dataset_reads_back(&client, "big", &dataset).await;
     }
     spoke.settled().await;
-    let page = spoke.scrape().await;
-    let lowered = metric(&page, "shardcache_spoke_capacity_bytes");
-    assert!(metric(&page, "shardcache_spoke_disk_full_total") >= 1, "{page}");
+    let lowered = spoke.metric("shardcache_spoke_capacity_bytes").await as u64;
+    assert!(spoke.metric("shardcache_spoke_disk_full_total").await >= 1.0);
     assert!(lowered < at_start, "the capacity in effect came down: {lowered} of {at_start}");
     assert!(spoke.cache.used_bytes() <= lowered, "{} of {lowered}", spoke.cache.used_bytes());
     let status = spoke.control().await.status().await.unwrap();

@@ -34,7 +34,6 @@ async fn a_group_under_faults_serves_every_read_right_and_in_bounded_time() {
         "reads failed while a member or the hub could serve: {:?}",
         report.examples
     );
-    assert!(report.epochs >= plan.epochs, "every node read its epochs");
     // Every fault was met by reads.
     let met: Vec<&str> = report.phases.iter().filter(|p| p.calls > 0).map(|p| p.name.as_str()).collect();
     for fault in ["member 2's hub link stalled", "member 1 stopped", "hub stalled past --hub-timeout"] {

@@ -117,6 +117,8 @@ pub struct Hubs {
     /// The last time a hub could not be reached or refused the spoke, and why; cleared
     /// when a hub answers. `Status` and the start check say it.
     trouble: std::sync::Mutex<Option<(String, std::time::Instant)>>,
+    /// `trouble` is set.
+    troubled: std::sync::atomic::AtomicBool,
 }
 
 impl Hubs {
@@ -138,6 +140,7 @@ impl Hubs {
             router: Router::new(members, HedgePolicy::UPSTREAM, counters),
             timeout: transport.timeout,
             trouble: Default::default(),
+            troubled: Default::default(),
         })
     }
 
@@ -168,15 +171,22 @@ impl Hubs {
                 Err(Error::HubUnavailable { hub: hub.url.clone(), message })
             }
         };
-        let mut trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
         match &answer {
             Err(e @ (Error::HubUnavailable { .. } | Error::HubRefused { .. })) => {
-                *trouble = Some((e.to_string(), std::time::Instant::now()));
+                self.set_trouble(Some(e.to_string()))
             }
-            _ => *trouble = None,
+            // Every chunk fetch passes here: the lock only while there is trouble to clear.
+            _ if self.troubled.load(std::sync::atomic::Ordering::Relaxed) => self.set_trouble(None),
+            _ => {}
         }
-        drop(trouble);
         answer
+    }
+
+    /// Records why the hubs cannot be used (`None`: a hub answered).
+    fn set_trouble(&self, why: Option<String>) {
+        let mut trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
+        self.troubled.store(why.is_some(), std::sync::atomic::Ordering::Relaxed);
+        *trouble = why.map(|why| (why, std::time::Instant::now()));
     }
 
     /// Why the hubs could not be used, when the last call to one failed that way: what
@@ -198,20 +208,13 @@ impl Hubs {
             let request = tonic_health::pb::HealthCheckRequest { service };
             let why = match tokio::time::timeout(self.timeout, health.check(request)).await {
                 Ok(Ok(_)) => continue,
-                Ok(Err(status)) => {
-                    let cause = match std::error::Error::source(&status) {
-                        Some(cause) => shardcache_client::error::chain(cause),
-                        None => format!("{:?}: {}", status.code(), status.message()),
-                    };
-                    format!("{cause}{}", shardcache_client::error::advice(&hub.url, &cause))
-                }
+                Ok(Err(status)) => shardcache_client::error::explained_status(&hub.url, &status),
                 Err(_) => {
                     format!("no answer within --hub-timeout {}", humantime::format_duration(self.timeout))
                 }
             };
             let problem = format!("hub {} cannot be used: {why}", hub.url);
-            *self.trouble.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((problem.clone(), std::time::Instant::now()));
+            self.set_trouble(Some(problem.clone()));
             problems.push(problem);
         }
         problems
@@ -274,19 +277,8 @@ fn classify(hub: &str, err: shardcache_client::Error) -> Error {
             // (A status with a source was made here, from a transport failure: tonic
             // calls a connection reset mid-call "Unknown: transport error". A status the
             // hub sent has no source.) The cause and what to do, not tonic's outer words.
-            let message = match std::error::Error::source(&status) {
-                Some(cause) => {
-                    let cause = shardcache_client::error::chain(cause);
-                    format!("{cause}{}", shardcache_client::error::advice(&hub, &cause))
-                }
-                // tonic's own status for a failed connection carries the cause in its
-                // message.
-                None => format!(
-                    "{}{}",
-                    status.message(),
-                    shardcache_client::error::advice(&hub, status.message())
-                ),
-            };
+            // tonic's own status for a failed connection has the cause in its message.
+            let message = shardcache_client::error::explained_status(&hub, &status);
             Error::HubUnavailable { hub, message }
         }
         E::Status { status, .. }
@@ -299,9 +291,8 @@ fn classify(hub: &str, err: shardcache_client::Error) -> Error {
         }
         E::Endpoint { cause, .. } | E::Connect { cause, .. } => {
             // The precise cause and what to do (nothing listening, TLS the other way).
-            let cause = shardcache_client::error::chain(&cause);
-            let advice = shardcache_client::error::advice(&hub, &cause);
-            Error::HubUnavailable { hub, message: format!("{cause}{advice}") }
+            let message = shardcache_client::error::explained(&hub, &shardcache_client::error::chain(&cause));
+            Error::HubUnavailable { hub, message }
         }
         E::Config(message) => Error::Config(message),
         e @ (E::Checksum { .. } | E::Protocol { .. } | E::VersionChanged { .. }) => {
