@@ -50,6 +50,20 @@ pub struct Verified {
     pub crc32c: u32,
 }
 
+/// A listing, and whether it may be out of date or incomplete: a spoke answers from
+/// what it has cached when its hub cannot answer
+/// ([`STALE_METADATA`](shardcache_proto::STALE_METADATA)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed<T> {
+    pub items: Vec<T>,
+    pub stale: bool,
+}
+
+/// Whether the server marked `response` as answered from what it had seen.
+fn is_stale<T>(response: &tonic::Response<T>) -> bool {
+    response.metadata().get(shardcache_proto::STALE_METADATA).is_some()
+}
+
 /// One range of a [`Client::read_ranges`] batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Range {
@@ -220,9 +234,16 @@ impl Client {
 
     /// Every dataset the server has.
     pub async fn list_datasets(&self) -> Result<Vec<DatasetInfo>> {
+        Ok(self.list_datasets_marked().await?.items)
+    }
+
+    /// Every dataset the server has, and whether a spoke answered from its cache because
+    /// its hub could not answer ([`Listed::stale`]).
+    pub async fn list_datasets_marked(&self) -> Result<Listed<DatasetInfo>> {
         self.on_members(&self.router.route(None, &[]), |_, m| async move {
-            let response = m.reader().list_datasets(ListDatasetsRequest {}).await;
-            Ok(response.map_err(|s| m.status(s))?.into_inner().datasets)
+            let response = m.reader().list_datasets(ListDatasetsRequest {}).await.map_err(|s| m.status(s))?;
+            let stale = is_stale(&response);
+            Ok(Listed { items: response.into_inner().datasets, stale })
         })
         .await
     }
@@ -234,24 +255,45 @@ impl Client {
         page_size: u32,
         page_token: &str,
     ) -> Result<ListShardsResponse> {
+        Ok(self.list_shards_page_marked(dataset, page_size, page_token).await?.0)
+    }
+
+    /// [`Client::list_shards_page`], and whether the page is stale.
+    async fn list_shards_page_marked(
+        &self,
+        dataset: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<(ListShardsResponse, bool)> {
         let request =
             ListShardsRequest { dataset: dataset.to_owned(), page_size, page_token: page_token.to_owned() };
         self.on_members(&self.router.route(None, &[]), |_, m| {
             let request = request.clone();
-            async move { Ok(m.reader().list_shards(request).await.map_err(|s| m.status(s))?.into_inner()) }
+            async move {
+                let response = m.reader().list_shards(request).await.map_err(|s| m.status(s))?;
+                let stale = is_stale(&response);
+                Ok((response.into_inner(), stale))
+            }
         })
         .await
     }
 
     /// Every shard of `dataset`, following pages to the end.
     pub async fn list_shards(&self, dataset: &str) -> Result<Vec<ShardInfo>> {
-        let mut shards = Vec::new();
+        Ok(self.list_shards_marked(dataset).await?.items)
+    }
+
+    /// Every shard of `dataset`, and whether any page was answered from a spoke's cache
+    /// (then shards never read through that spoke are missing).
+    pub async fn list_shards_marked(&self, dataset: &str) -> Result<Listed<ShardInfo>> {
+        let mut listed = Listed { items: Vec::new(), stale: false };
         let mut page_token = String::new();
         loop {
-            let page = self.list_shards_page(dataset, 0, &page_token).await?;
-            shards.extend(page.shards);
+            let (page, stale) = self.list_shards_page_marked(dataset, 0, &page_token).await?;
+            listed.items.extend(page.shards);
+            listed.stale |= stale;
             if page.next_page_token.is_empty() {
-                return Ok(shards);
+                return Ok(listed);
             }
             page_token = page.next_page_token;
         }

@@ -120,7 +120,10 @@ impl CacheClient {
     }
 
     /// Starts fetching `shards` of `dataset` (all of them when empty) in order; the
-    /// stream reports progress after each shard (a group's, added up).
+    /// stream reports progress after each shard (a group's, added up). In a group, a
+    /// member that does not answer (at the start or later) is left out and named by
+    /// [`PrefetchStream::not_answering`] while the others go on; only a group none of
+    /// whose members answers is an error.
     pub async fn prefetch(
         &self,
         dataset: &str,
@@ -136,25 +139,43 @@ impl CacheClient {
             parallelism,
         };
         let list = self.members.current();
-        let streams = Self::on_list(&list, |mut control| {
+        let each = Self::on_each(&list, |mut control| {
             let request = request.clone();
             async move { control.prefetch(request).await }
         })
-        .await?;
-        let endpoints = list.iter().map(|m| m.url.clone());
-        let streams = streams.into_iter().zip(endpoints).enumerate().map(|(i, (stream, endpoint))| {
-            futures::stream::unfold((stream, endpoint), move |(mut stream, endpoint)| async move {
-                let next = stream.message().await;
-                let next = next
-                    .map_err(|status| Error::Status { endpoint: endpoint.clone(), status })
-                    .transpose()?;
-                Some(((i, next), (stream, endpoint)))
+        .await;
+        let (mut started, mut not_answering) = (Vec::new(), Vec::new());
+        for (url, answer) in each {
+            match answer {
+                Ok(stream) => started.push((stream, url)),
+                Err(e) if list.len() == 1 => return Err(e),
+                Err(e) => not_answering.push((url, e.to_string())),
+            }
+        }
+        if started.is_empty() {
+            let first = not_answering.into_iter().next().map(|(_, e)| e);
+            return Err(Error::Config(first.unwrap_or_else(|| "the group has no members".into())));
+        }
+        let started_urls: Vec<String> = started.iter().map(|(_, url)| url.clone()).collect();
+        let streams = started.into_iter().enumerate().map(|(i, (stream, endpoint))| {
+            futures::stream::unfold(Some((stream, endpoint)), move |state| async move {
+                let (mut stream, endpoint) = state?;
+                match stream.message().await {
+                    Ok(Some(progress)) => Some(((i, Ok(progress)), Some((stream, endpoint)))),
+                    Ok(None) => None,
+                    // A member's stream ends with its failure.
+                    Err(status) => Some(((i, Err(Error::Status { endpoint, status })), None)),
+                }
             })
             .boxed()
         });
         Ok(PrefetchStream {
             streams: futures::stream::select_all(streams),
-            latest: vec![PrefetchProgress::default(); list.len()],
+            latest: vec![PrefetchProgress::default(); started_urls.len()],
+            started: started_urls,
+            group: list.len() > 1,
+            failed: 0,
+            not_answering,
         })
     }
 
@@ -319,8 +340,16 @@ impl PlannedEpoch {
 /// Progress of a prefetch (a group's members' added up).
 pub struct PrefetchStream {
     streams: futures::stream::SelectAll<BoxStream<'static, (usize, Result<PrefetchProgress>)>>,
-    /// Each member's latest report.
+    /// Each started member's latest report.
     latest: Vec<PrefetchProgress>,
+    /// The URL of each started member.
+    started: Vec<String>,
+    /// More than one member (one spoke's failure is the prefetch's).
+    group: bool,
+    /// Started members whose stream failed.
+    failed: usize,
+    /// Members that did not answer or failed on the way, and why.
+    not_answering: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for PrefetchStream {
@@ -332,8 +361,22 @@ impl std::fmt::Debug for PrefetchStream {
 impl PrefetchStream {
     /// The next progress report; `Ok(None)` when the prefetch is complete.
     pub async fn next(&mut self) -> Result<Option<PrefetchProgress>> {
-        let Some((member, report)) = self.streams.next().await else { return Ok(None) };
-        self.latest[member] = report?;
+        let (member, report) = loop {
+            let Some((member, report)) = self.streams.next().await else { return Ok(None) };
+            match report {
+                Ok(report) => break (member, report),
+                // One spoke, or the last member of a group still going: the error is the answer.
+                Err(e) => {
+                    self.failed += 1;
+                    // One spoke's failure, or every member's, is the prefetch's.
+                    if !self.group || self.failed == self.started.len() {
+                        return Err(e);
+                    }
+                    self.not_answering.push((self.started[member].clone(), e.to_string()));
+                }
+            }
+        };
+        self.latest[member] = report;
         let mut sum = PrefetchProgress::default();
         for p in &self.latest {
             sum.shards_total += p.shards_total;
@@ -349,6 +392,13 @@ impl PrefetchStream {
             sum.last_shard.clone_from(&self.latest[0].last_shard);
         }
         Ok(Some(sum))
+    }
+
+    /// The members of a group that did not answer, or failed on the way, and why: the
+    /// shards they own were not fetched (their next reads fetch them, through the member
+    /// that owns them then).
+    pub fn not_answering(&self) -> &[(String, String)] {
+        &self.not_answering
     }
 
     /// Waits for the end; returns the last report.

@@ -36,30 +36,7 @@ pub enum Error {
     VersionChanged { shard: String, expected: String, found: String },
 }
 
-/// `error` and its sources as one line, each message once: tonic and hyper wrap one
-/// cause in several layers that repeat it ("transport error: transport error: Connection
-/// refused (os error 111): Connection refused (os error 111)" says it once).
-pub fn chain(error: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next: Option<&dyn std::error::Error> = Some(error);
-    while let Some(e) = next {
-        let text = e.to_string();
-        // A layer that only repeats what a deeper one says adds nothing.
-        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text) || text.contains(p.as_str())) {
-            parts.push(text);
-        } else if let Some(last) = parts.last_mut()
-            && text.contains(last.as_str())
-        {
-            *last = text;
-        }
-        next = e.source();
-    }
-    // The generic outer words go when a precise cause follows.
-    if parts.len() > 1 {
-        parts.retain(|p| p != "transport error" && p != "error trying to connect");
-    }
-    parts.join(": ")
-}
+pub use shardcache_serving::report::chain;
 
 /// `ENDPOINT answered CODE: MESSAGE (CAUSES); ADVICE`, the parts a status has.
 fn describe(endpoint: &str, status: &tonic::Status) -> String {
@@ -110,6 +87,7 @@ pub fn advice(endpoint: &str, cause: &str) -> String {
             "frame with invalid size",
             "invalid http version",
             "connection closed",
+            "connection was not ready",
         ]
         .iter()
         .any(|words| lower.contains(words))

@@ -26,7 +26,7 @@ pub mod members;
 pub mod routing;
 pub mod stream;
 
-pub use client::{Client, Range, ShardStream, Verified};
+pub use client::{Client, Listed, Range, ShardStream, Verified};
 pub use connect::{ConnectOptions, Credentials};
 pub use control::{CacheClient, PlannedEpoch, PrefetchStream};
 pub use error::{Error, Result};

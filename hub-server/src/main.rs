@@ -8,10 +8,15 @@ use hub_server::{
     source::{Storage, local::LocalSource, s3::S3Source},
     stats::HubStats,
 };
+use shardcache_proto::units::ByteSize;
 use shardcache_serving::scrape::serve_metrics;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    shardcache_serving::report::exit_status("hub-server", serve().await)
+}
+
+async fn serve() -> anyhow::Result<()> {
     shardcache_serving::server::init_tracing();
     let args: HubArgs = shardcache_serving::flags::parse(ENV_PREFIX);
     // Handlers first: a SIGTERM that arrives right after we report the address must
@@ -61,7 +66,22 @@ async fn run<S: Storage>(
         Some(metrics) => println!("hub-server listening on {addr} metrics on {}", metrics.local_addr()?),
         None => println!("hub-server listening on {addr}"),
     }
-    tracing::info!(%addr, source = what, ?options, "serving");
+    let limits = (ByteSize(options.limits.message_size.into()), ByteSize(options.limits.max_read));
+    tracing::info!(
+        %addr,
+        source = %what,
+        tls = %match &options.security.tls {
+            None => "off",
+            Some(tls) if tls.verifies_client_certs() => "on, client certificates required",
+            Some(_) => "on",
+        },
+        tokens = %if options.security.auth.requires_credentials() { "required" } else { "off" },
+        message_size = %limits.0,
+        max_read = %limits.1,
+        max_concurrency = options.server.max_concurrency,
+        request_timeout = %humantime::format_duration(options.server.request_timeout),
+        "serving"
+    );
     let stats = Arc::new(HubStats::default());
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     let metrics = match metrics_listener {
@@ -78,6 +98,12 @@ async fn run<S: Storage>(
         Some(metrics) => tokio::join!(serving, metrics).0?,
         None => serving.await?,
     }
-    tracing::info!(served = ?stats.snapshot(), "stopped");
+    let served = stats.snapshot();
+    tracing::info!(
+        stat_requests = served.stat_requests,
+        read_requests = served.read_requests,
+        bytes_served = %ByteSize(served.bytes_served).human(),
+        "stopped"
+    );
     Ok(())
 }

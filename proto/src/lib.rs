@@ -27,6 +27,11 @@ pub mod v1 {
     tonic::include_proto!("shardcache.v1");
 }
 
+/// Response metadata (a gRPC header) on a listing or stat that the server answered from
+/// what it had seen because its own source could not answer (a spoke whose hub is
+/// away): it may be out of date, and a listing may miss shards never read through it.
+pub const STALE_METADATA: &str = "shardcache-stale";
+
 /// Encoded `FileDescriptorSet` of `shardcache.v1`, for gRPC server reflection, so that
 /// grpcurl and ghz work against a server without the `.proto` files.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("shardcache_descriptor");

@@ -58,10 +58,9 @@ pub struct DatasetListing {
     pub stale: bool,
 }
 
-/// Response metadata (a gRPC header) on a listing or stat that the server answered from
-/// what it had seen because its own source could not answer (a spoke whose hub is
-/// away): it may be out of date, and a listing may miss shards never read through it.
-pub const STALE_METADATA: &str = "shardcache-stale";
+/// Response metadata on a listing or stat answered from what the server had seen
+/// (defined with the protocol, where clients read it too).
+pub use shardcache_proto::STALE_METADATA;
 
 /// Where a [`ReadService`](crate::ReadService) reads from.
 pub trait Source: Send + Sync + 'static {

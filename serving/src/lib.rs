@@ -10,6 +10,7 @@
 //! - [`transport`]: the HTTP/2 windows, frames and connections of the long link;
 //! - [`tls`], [`auth`] and [`reload`]: TLS on every connection, bearer tokens mapped to
 //!   datasets, and the rotation of both without a restart;
+//! - [`report`]: errors as one line for a person (the SDK's and the servers' exits);
 //! - [`scrape`] and [`prom`]: the metrics listener (`GET /metrics`) and the Prometheus
 //!   text helpers (histograms, label escaping) both servers render with.
 //!
@@ -19,6 +20,7 @@ pub mod auth;
 pub mod flags;
 pub mod prom;
 pub mod reload;
+pub mod report;
 pub mod scrape;
 pub mod server;
 pub mod shed;

@@ -188,12 +188,15 @@ pub fn reflection() -> Result<
     Ok((builder().build_v1()?, builder().build_v1alpha()?))
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`): the same for both servers.
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`, aws-config's only errors): the
+/// same for both servers.
 pub fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // aws-config warns once per provider it tries (IMDS off EC2), with raw
+                // HTTP responses; its failure reaches the hub's own error anyway.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,aws_config=error")),
         )
         .with_writer(std::io::stderr)
         // Colour codes only for a person at a terminal, not in files and container logs.

@@ -4,7 +4,11 @@ use anyhow::Context;
 use spoke_cache::config::{ENV_PREFIX, SpokeArgs};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    shardcache_serving::report::exit_status("spoke-cache", serve().await)
+}
+
+async fn serve() -> anyhow::Result<()> {
     shardcache_serving::server::init_tracing();
     let args: SpokeArgs = shardcache_serving::flags::parse(ENV_PREFIX);
     let shutdown = shardcache_serving::server::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
@@ -20,7 +24,15 @@ async fn main() -> anyhow::Result<()> {
     let (addr, metrics_addr) = (listener.local_addr()?, metrics_listener.local_addr()?);
     // The contract for scripts and tests that start us on port 0.
     println!("spoke-cache listening on {addr} metrics on {metrics_addr}");
-    tracing::info!(%addr, %metrics_addr, hubs = ?args.hubs, cache_dir = %args.cache_dir.display(), "serving");
+    tracing::info!(
+        %addr,
+        %metrics_addr,
+        hubs = %args.hubs.join(","),
+        cache_dir = %args.cache_dir.display(),
+        capacity = %args.capacity,
+        peers = %if args.peers.is_empty() { "none".to_owned() } else { args.peers.join(",") },
+        "serving"
+    );
     spoke_cache::serve(listener, metrics_listener, cache, &options, shutdown).await?;
     tracing::info!("stopped");
     Ok(())

@@ -129,6 +129,20 @@ async fn a_spoke_pointed_at_the_wrong_scheme_of_its_hub_says_so_in_reads_and_sta
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(printed.contains("hubs: UNREACHABLE") && printed.contains("use https://"), "{printed}");
+    // `health` stays SERVING (the cache serves what it holds) and says why misses fail.
+    let out =
+        Command::new(binary("shardcache")).args(["--endpoint", &spoke.endpoint, "health"]).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        printed.starts_with("SERVING\nhubs: UNREACHABLE") && printed.contains("use https://"),
+        "{printed}"
+    );
+    // `ls` lists the datasets the spoke has seen (none), and says that it is not the hub's
+    // list; a dataset it has not seen fails with the reason.
+    let (ok, stderr) = shardcache(&["--endpoint", &spoke.endpoint, "ls"]);
+    assert!(ok && stderr.contains("STALE LISTING") && stderr.contains("cannot reach its hub"), "{stderr}");
+    fails_saying(&["--endpoint", &spoke.endpoint, "ls", "c4"], &["unreachable", "use https://"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,7 +231,7 @@ async fn get_writes_to_the_shards_name_and_cat_keeps_binary_off_a_terminal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_groups_status_reports_a_member_that_does_not_answer_and_carries_on() {
     let root = tempfile::tempdir().unwrap();
-    make_dataset(root.path(), "c4", 2, 16384);
+    make_dataset(root.path(), "c4", 8, 16384);
     let hub = TestHub::start(root.path()).await;
     let (a, b) = (
         tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
@@ -245,6 +259,22 @@ async fn a_groups_status_reports_a_member_that_does_not_answer_and_carries_on() 
         Command::new(binary("shardcache")).args(["--endpoint", &urls.join(","), "status"]).output().unwrap();
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && printed.contains("not answering"), "{printed}");
+    // `warm` warms what the answering member owns, names the one that did not, and fails.
+    let out = Command::new(binary("shardcache"))
+        .args(["--endpoint", &urls.join(","), "warm", "c4"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("member {} did not warm its shards", urls[1])), "{stderr}");
+    assert!(stderr.contains("warmed c4"), "the answering member went on: {stderr}");
+    // At least the shards it owns in the whole group (all of them once it knows the
+    // other is down).
+    let client = shardcache_client::Client::connect(&urls.join(",")).await.unwrap();
+    let owned = (0..8).filter(|i| client.owners("c4", &format!("shard-{i:05}.bin"))[0] == urls[0]).count();
+    let cached = spokes[0].control().await.status().await.unwrap();
+    let c4 = cached.datasets.iter().find(|d| d.dataset == "c4");
+    assert!(c4.map_or(0, |d| d.cached_shards) >= owned as u64, "{owned} owned: {cached:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,4 +307,66 @@ async fn plans_of_a_finished_job_are_listed_and_dropped_with_the_cli() {
         .output()
         .unwrap();
     assert!(!none.status.success() && String::from_utf8_lossy(&none.stderr).contains("no plan of job"));
+}
+
+/// A server that cannot start says why in one line (`PROGRAM: what: why`), each cause
+/// once and no backtrace even with RUST_BACKTRACE set; S3 failures carry no raw HTTP;
+/// a hub's start log reads as words, not a Rust struct.
+#[test]
+fn a_server_that_cannot_start_says_why_in_one_line_and_its_start_log_reads_plainly() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let one_line = |program: &str, args: &[&str], envs: &[(&str, &str)], words: &[&str]| {
+        let mut command = Command::new(binary(program));
+        command.args(args).args(["--listen", "127.0.0.1:0"]).env("RUST_BACKTRACE", "1");
+        command.env("HOME", dir.path()).env("AWS_EC2_METADATA_DISABLED", "true");
+        for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"] {
+            command.env_remove(var);
+        }
+        let out = command.envs(envs.iter().copied()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} started");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.starts_with(&format!("{program}: ")), "{stderr}");
+        assert!(!stderr.contains("Caused by") && !stderr.contains("headers"), "{stderr}");
+        for w in words {
+            assert!(stderr.contains(w), "{w:?} missing from: {stderr}");
+        }
+        assert_eq!(stderr.matches("os error").count(), stderr.contains("os error") as usize, "{stderr}");
+    };
+    one_line("hub-server", &["--root", "/nonexistent"], &[], &["--root /nonexistent", "No such file"]);
+    let under_file = file.join("cache");
+    one_line(
+        "spoke-cache",
+        &["--hub", "http://127.0.0.1:1", "--cache-dir", under_file.to_str().unwrap()],
+        &[],
+        &["--cache-dir", "Not a directory"],
+    );
+    // S3 without credentials (none in the environment, no ~/.aws, no instance role).
+    let s3 = ["--source", "s3://bucket/prefix", "--s3-endpoint", "http://127.0.0.1:1"];
+    one_line("hub-server", &s3, &[("AWS_REGION", "us-east-1")], &["give the hub credentials"]);
+
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 1, 16384);
+    let log = dir.path().join("hub.log");
+    let hub = shardcache_tests::process::HubProcess::start_logged(
+        root.path(),
+        &[],
+        std::fs::File::create(&log).unwrap(),
+        "info",
+    );
+    // The line follows the address it printed: wait for it (bounded).
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("serving") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(hub);
+    let serving = text.lines().find(|l| l.contains("serving")).unwrap_or_else(|| panic!("{text}"));
+    assert!(serving.contains("tls=off tokens=off message_size=1MiB"), "{serving}");
+    assert!(!serving.contains('{'), "no Rust struct in the log: {serving}");
 }

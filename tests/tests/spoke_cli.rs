@@ -37,6 +37,12 @@ fn warm_status_pin_evict_and_get_through_the_spoke() {
     let jobs = out.lines().find(|l| l.starts_with("(untagged)")).unwrap_or_else(|| panic!("{out}"));
     assert_eq!(jobs.split_whitespace().last(), Some("3MiB"), "{out}");
 
+    // With its hub answering: the hub's listing, unmarked, and health says only SERVING.
+    let (ok, out, err) = shardcache(&spoke.endpoint, &["ls", "c4"]);
+    assert!(ok && out.lines().count() == 4 && !err.contains("STALE"), "{out}{err}");
+    let (ok, out, _) = shardcache(&spoke.endpoint, &["health"]);
+    assert!(ok && out == "SERVING\n", "{out}");
+
     let (ok, out, _) = shardcache(&spoke.endpoint, &["pin", "c4"]);
     assert!(ok && out.contains("pinned 3 shards"), "{out}");
     let (ok, out, _) = shardcache(&spoke.endpoint, &["evict", "c4", "shard-00002.bin"]);

@@ -26,7 +26,7 @@ use std::{
 use aws_sdk_s3::{
     Client,
     config::{BehaviorVersion, Credentials, Region, retry::RetryConfig, timeout::TimeoutConfig},
-    error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
+    error::{ProvideErrorMetadata, SdkError},
 };
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -174,7 +174,15 @@ impl S3Source {
             .max_keys(1)
             .send()
             .await
-            .map_err(|e| source.error(e, &source.location.url()))?;
+            .map_err(|e| {
+                let url = source.location.url();
+                classify(&source.location.bucket, e, &url, || Error::SourceUnavailable {
+                    store: url.clone(),
+                    message: "the endpoint answered 404 Not Found to a bucket listing: is it an S3 server \
+                              (--s3-endpoint), and does the bucket exist?"
+                        .into(),
+                })
+            })?;
         Ok(source)
     }
 
@@ -267,7 +275,13 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>
 ) -> Error {
     let status = err.raw_response().map(|r| r.status().as_u16());
     let code = err.code().unwrap_or_default().to_owned();
-    let detail = DisplayErrorContext(&err).to_string();
+    // Each cause's words, never the SDK's Debug output (raw HTTP headers and bodies).
+    let detail = shardcache_serving::report::chain(&err);
+    let advice = if detail.contains("credentials") {
+        ": give the hub credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a role)"
+    } else {
+        ""
+    };
     match (status, code.as_str()) {
         (_, "NoSuchBucket") => Error::SourceUnavailable {
             store: format!("s3://{bucket}"),
@@ -286,7 +300,7 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>
         }
         _ => Error::SourceUnavailable {
             store: format!("s3://{bucket}"),
-            message: format!("{what}: {detail} (after {MAX_ATTEMPTS} attempts)"),
+            message: format!("{what}: {detail} (after {MAX_ATTEMPTS} attempts){advice}"),
         },
     }
 }

@@ -41,7 +41,26 @@ pub async fn health(server: &Server, service: &str) -> anyhow::Result<()> {
     let status = response.into_inner().status();
     println!("{}", status.as_str_name());
     anyhow::ensure!(status == tonic_health::pb::health_check_response::ServingStatus::Serving, "not serving");
+    // A spoke stays SERVING through a hub outage (its cache still serves); say so, and
+    // why, when it tells this caller (a hub, or a token without `control`, does not).
+    if let Some(status) = hub_status(server).await.filter(|s| !s.hub_trouble.is_empty()) {
+        println!("{}", hubs_unreachable(status.hub_trouble_age_s, &status.hub_trouble));
+    }
     Ok(())
+}
+
+/// The spoke's status, when `server` is a spoke that shows it to this caller within
+/// two seconds.
+async fn hub_status(server: &Server) -> Option<shardcache_proto::v1::StatusResponse> {
+    let ask = async { server.cache().await.ok()?.status().await.ok() };
+    tokio::time::timeout(std::time::Duration::from_secs(2), ask).await.ok().flatten()
+}
+
+/// The line `status` and `health` print for a spoke that cannot reach its hubs.
+fn hubs_unreachable(age_s: u64, trouble: &str) -> String {
+    format!(
+        "hubs: UNREACHABLE {age_s} s ago: {trouble} (the cache serves what it holds; misses fail until a hub answers)"
+    )
 }
 
 pub fn generate(
@@ -76,9 +95,10 @@ pub async fn ls(server: &Server, dataset: Option<&str>) -> anyhow::Result<()> {
     match dataset {
         // Asked before the header is printed: a failure prints no half table.
         None => {
-            let datasets = client.list_datasets().await?;
+            let datasets = client.list_datasets_marked().await?;
+            warn_if_stale(datasets.stale);
             writeln!(out, "{:<32} {:>8} {:>16} {:>12}", "DATASET", "SHARDS", "BYTES", "RECORD")?;
-            for d in datasets {
+            for d in datasets.items {
                 let record =
                     if d.record_size == 0 { "-".into() } else { ByteSize(d.record_size.into()).to_string() };
                 let bytes = ByteSize(d.total_bytes).human();
@@ -86,14 +106,26 @@ pub async fn ls(server: &Server, dataset: Option<&str>) -> anyhow::Result<()> {
             }
         }
         Some(dataset) => {
-            let shards = client.list_shards(dataset).await?;
+            let shards = client.list_shards_marked(dataset).await?;
+            warn_if_stale(shards.stale);
             writeln!(out, "{:<40} {:>14}  VERSION", "SHARD", "BYTES")?;
-            for s in shards {
+            for s in shards.items {
                 writeln!(out, "{:<40} {:>14}  {}", s.shard, ByteSize(s.size).human(), s.version)?;
             }
         }
     }
     Ok(())
+}
+
+/// A listing a spoke answered from its cache says so on stderr (the table stays
+/// parseable on stdout; the exit status stays 0: it is what the spoke knows).
+fn warn_if_stale(stale: bool) {
+    if stale {
+        eprintln!(
+            "shardcache: STALE LISTING: the spoke cannot reach its hub and answered from its cache: it may be out of \
+             date, and shards never read through this spoke are missing (`shardcache status` says why)"
+        );
+    }
 }
 
 pub async fn stat(server: &Server, dataset: &str, shard: &str) -> anyhow::Result<()> {
@@ -278,10 +310,7 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             status.hubs.join(",")
         );
         if !status.hub_trouble.is_empty() {
-            println!(
-                "hubs: UNREACHABLE {} s ago: {} (the cache serves what it holds; misses fail until a hub answers)",
-                status.hub_trouble_age_s, status.hub_trouble
-            );
+            println!("{}", hubs_unreachable(status.hub_trouble_age_s, &status.hub_trouble));
         }
     } else {
         println!(
@@ -424,6 +453,17 @@ pub async fn warm(server: &Server, dataset: &str, shards: &[String], parallelism
         last.bytes_done,
         last.bytes_fetched,
         last.bytes_fetched as f64 / secs.max(1e-9) / 1e6
+    );
+    // A group's members that answered warmed their shards; the others are named, and
+    // the command fails: what was asked is not all cached.
+    let silent = stream.not_answering();
+    for (member, why) in silent {
+        eprintln!("member {member} did not warm its shards: {why}");
+    }
+    anyhow::ensure!(
+        silent.is_empty(),
+        "{} member(s) of the group did not answer; warm again once they serve (reads fetch their shards meanwhile)",
+        silent.len()
     );
     Ok(())
 }
