@@ -11,7 +11,8 @@ pub enum RangeError {
     PastEnd { offset: u64, length: u64, size: u64 },
     #[error(
         "read of {requested} bytes is over this server's limit of {limit} bytes per call (--max-read); \
-         split it into smaller reads or use StreamShard"
+         split it into smaller reads, or stream it (StreamShard: Rust Client::stream_shard, Python \
+         Client.stream, the CLI's get and cat)"
     )]
     TooLarge { requested: u64, limit: u64 },
     #[error("{count} ranges in one call is over the limit of {limit}; split the batch")]

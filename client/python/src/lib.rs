@@ -16,7 +16,9 @@ use pyo3::{
     prelude::*,
     types::{PyBytes, PyDict, PyList},
 };
-use shardcache_client::{CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, Range};
+use shardcache_client::{
+    CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, Range, ShardStream,
+};
 use shardcache_serving::tls::ClientTlsFiles;
 use tokio::runtime::Runtime;
 
@@ -275,6 +277,23 @@ impl Client {
         Ok(PyBytes::new(py, &data.data))
     }
 
+    /// `[offset, offset + length)` of a shard (to its end when `length` is None) as an
+    /// iterator of verified chunks of the server's message size: constant memory for a
+    /// range of any size, where `read` is bounded by the server's `--max-read`.
+    #[pyo3(signature = (dataset, shard, offset=0, length=None))]
+    fn stream(
+        &self,
+        py: Python<'_>,
+        dataset: String,
+        shard: String,
+        offset: u64,
+        length: Option<u64>,
+    ) -> PyResult<ShardReader> {
+        let stream =
+            self.run(py, |c| async move { c.stream_shard(&dataset, &shard, offset, length).await })?;
+        Ok(ShardReader { runtime: runtime()?, stream: Mutex::new(Some(stream)) })
+    }
+
     /// A batch of `(dataset, shard, offset, length)` ranges in one round trip; the
     /// results in the same order.
     fn read_many<'py>(
@@ -428,9 +447,40 @@ impl Client {
     }
 }
 
+/// What `Client.stream` returns: iterate it for the range's chunks (`bytes`), each
+/// verified; a failure mid-way resumes from the next byte on another connection or
+/// member, or raises `ShardcacheError`.
+#[pyclass(module = "shardcache._native", frozen)]
+struct ShardReader {
+    runtime: Arc<Runtime>,
+    /// `None` once the range has been read.
+    stream: Mutex<Option<ShardStream>>,
+}
+
+#[pymethods]
+impl ShardReader {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let mut slot = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(stream) = slot.as_mut() else { return Ok(None) };
+        let runtime = &self.runtime;
+        match py.detach(|| runtime.block_on(stream.next_chunk())).map_err(to_py)? {
+            Some(chunk) => Ok(Some(PyBytes::new(py, &chunk.data))),
+            None => {
+                *slot = None;
+                Ok(None)
+            }
+        }
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
+    m.add_class::<ShardReader>()?;
     m.add("ShardcacheError", m.py().get_type::<ShardcacheError>())?;
     Ok(())
 }

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 import shardcache
-from conftest import RECORD, binary
+from conftest import RECORD, binary, start
 
 
 def test_reads_equal_the_files_and_the_rust_sdk(spoke, hub, dataset_dir):
@@ -129,3 +129,23 @@ def test_settings_come_from_arguments_or_the_clis_environment(spoke, tmp_path, m
         shardcache.Client(spoke)
     with pytest.raises(ValueError, match="not both"):
         shardcache.Client(spoke, token="x", token_file=str(token))
+
+
+def test_a_range_over_the_servers_max_read_is_streamed(dataset_dir):
+    # A hub that answers at most 128 KiB per read call, in 64 KiB messages.
+    proc, addr = start([binary("hub-server"), "--root", str(dataset_dir), "--listen", "127.0.0.1:0",
+                        "--max-read", "128KiB", "--message-size", "64KiB"], "hub-server listening on ")
+    try:
+        client = shardcache.Client(f"http://{addr}")
+        whole = (dataset_dir / "c4" / "shard-00001.bin").read_bytes()
+        with pytest.raises(shardcache.ShardcacheError) as refused:
+            client.read("c4", "shard-00001.bin", 0, len(whole))
+        assert refused.value.code == "INVALID_ARGUMENT" and "Client.stream" in refused.value.message
+        chunks = list(client.stream("c4", "shard-00001.bin"))
+        assert len(chunks) == len(whole) // (64 * 1024) and b"".join(chunks) == whole
+        part = b"".join(client.stream("c4", "shard-00001.bin", offset=5000, length=100_000))
+        assert part == whole[5000:105_000]
+        assert list(client.stream("c4", "shard-00001.bin", offset=len(whole), length=0)) == []
+    finally:
+        proc.kill()
+        proc.wait()

@@ -175,3 +175,15 @@ def test_epochs_advance_by_themselves_under_persistent_workers(spoke):
     first = [tuple(a[:4].tolist()) for a in ds]
     ds.set_epoch(0)
     assert [tuple(a[:4].tolist()) for a in ds] == first
+
+
+def test_a_dataloader_with_another_batch_size_is_refused_with_the_fix(spoke):
+    torch = pytest.importorskip("torch")
+    for workers in (0, 2):
+        ds = streaming(spoke, batch_size=4)
+        loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=workers)
+        with pytest.raises(Exception, match="batch_size=8 is not the dataset's batch_size=4"):
+            next(iter(loader))
+    # The same batch size, or none (records one by one), is taken.
+    assert len(next(iter(torch.utils.data.DataLoader(streaming(spoke, batch_size=4), batch_size=4)))) == 4
+    assert next(iter(torch.utils.data.DataLoader(streaming(spoke, batch_size=4), batch_size=None))).shape == (4096,)

@@ -40,3 +40,10 @@ def test_the_stubs_match_the_module():
     assert not missing, f"methods of the module missing from {STUBS.name}: {missing}"
     for name, params in stubs.items():
         assert module_signature(name) == params, f"{name}: stub {params} != module {module_signature(name)}"
+
+
+def test_every_class_of_the_module_has_a_stub():
+    tree = ast.parse(STUBS.read_text())
+    stubbed = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    classes = {n for n in dir(_native) if not n.startswith("_") and isinstance(getattr(_native, n), type)}
+    assert classes <= stubbed, f"classes without a stub: {sorted(classes - stubbed)}"

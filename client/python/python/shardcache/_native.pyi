@@ -1,6 +1,6 @@
 """Type stubs of the Rust extension module (see src/lib.rs)."""
 
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 class ShardcacheError(Exception):
     """A failed call. ``code`` is the gRPC code name (``"NOT_FOUND"``, ``"UNAVAILABLE"``,
@@ -38,6 +38,12 @@ class Client:
     def stat(self, dataset: str, shard: str) -> Dict[str, Union[str, int]]: ...
     def read(self, dataset: str, shard: str, offset: int, length: int) -> bytes:
         """``length`` bytes from ``offset``, checksum-verified."""
+    def stream(
+        self, dataset: str, shard: str, offset: int = 0, length: Optional[int] = None
+    ) -> "ShardReader":
+        """``[offset, offset + length)`` (to the end when ``length`` is None) as verified
+        chunks: constant memory for a range of any size (``read`` is bounded by the
+        server's ``--max-read``)."""
     def read_many(self, ranges: List[Tuple[str, str, int, int]]) -> List[bytes]:
         """A batch of ``(dataset, shard, offset, length)`` in one round trip, in order."""
     def prefetch(
@@ -62,3 +68,9 @@ class Client:
         evicts what is read again furthest away; returns the distinct shards."""
     def status(self) -> Dict[str, object]: ...
     def _bench_read_many(self, ranges: List[Tuple[str, str, int, int]], rounds: int) -> float: ...
+
+class ShardReader(Iterator[bytes]):
+    """What ``Client.stream`` returns: an iterator of verified ``bytes`` chunks."""
+
+    def __iter__(self) -> "ShardReader": ...
+    def __next__(self) -> bytes: ...

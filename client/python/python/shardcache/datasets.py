@@ -29,6 +29,7 @@ How :class:`StreamingShardDataset` orders and splits an epoch:
 import bisect
 import os
 import random
+import sys
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -73,6 +74,21 @@ def _rank_and_world() -> Tuple[int, int]:
     except ImportError:
         pass
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _loader_batch_size() -> Optional[int]:
+    """The batch size of the DataLoader that pulls from the iterator calling this, read
+    from torch's fetcher (``_IterableDatasetFetcher.fetch`` asks ``next()`` once per
+    place of ``possibly_batched_index``); ``None`` outside a DataLoader, with
+    ``batch_size=None``, or where torch's fetcher is not what this reads."""
+    frame = sys._getframe(2)  # this function <- the iterator's body <- whoever called next()
+    fetcher = frame.f_locals.get("self") if frame.f_code.co_name == "fetch" else None
+    if not getattr(fetcher, "auto_collation", False) or not hasattr(fetcher, "dataset_iter"):
+        return None
+    try:
+        return len(frame.f_locals["possibly_batched_index"])
+    except (KeyError, TypeError):
+        return None
 
 
 class _Records:
@@ -185,8 +201,9 @@ class StreamingShardDataset(_IterableBase):
     """Iterable dataset: each record of an epoch exactly once across ranks and workers,
     in a deterministic shuffled order; see the module docs for how it is split.
 
-    ``batch_size`` must be the DataLoader's, for exact resumption. Call
-    :meth:`set_epoch` before each epoch.
+    ``batch_size`` must be the DataLoader's, for exact resumption (a DataLoader with
+    another is refused when iteration starts). Epochs advance by themselves each time
+    the dataset is iterated again; :meth:`set_epoch` chooses one.
 
     Reads say they are for job ``job`` (default: ``"DATASET:SEED"``) and the current
     epoch, so a spoke reports reads, hits and hub bytes per job and epoch
@@ -357,6 +374,13 @@ class StreamingShardDataset(_IterableBase):
         ]
 
     def __iter__(self) -> Iterator[Any]:
+        loader_batch = _loader_batch_size()
+        if loader_batch is not None and loader_batch != self.batch_size:
+            raise ValueError(
+                f"the DataLoader's batch_size={loader_batch} is not the dataset's batch_size="
+                f"{self.batch_size}: give both the same (workers hand out whole blocks of the "
+                f"dataset's batch_size, which exact resumption counts on)"
+            )
         if self._iterated and not self._chosen:
             self.epoch += 1
             self.consumed = 0
