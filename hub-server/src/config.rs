@@ -24,7 +24,13 @@ pub const ENV_PREFIX: &str = "HUB_";
 
 /// Serves dataset shards from a local directory or S3 over gRPC.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "hub-server", version, about)]
+#[command(
+    name = "hub-server",
+    version,
+    about,
+    after_help = "Examples:\n  hub-server --root /data --listen 0.0.0.0:7070          # serves /data/DATASET/SHARD\n  \
+                  hub-server --source s3://bucket/datasets --listen 0.0.0.0:7070"
+)]
 pub struct HubArgs {
     /// Directory to serve: each top-level folder is a dataset, each file below it a shard
     /// (short for --source file:///DIR).

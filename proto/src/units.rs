@@ -6,6 +6,10 @@
 
 use std::{fmt, str::FromStr};
 
+/// How sizes are written, for `--help` footers.
+pub const SIZE_SYNTAX: &str = "Sizes: 16KiB, 1.5GiB, 10G or 1048576 (bytes). K, M, G, T are KiB, MiB, GiB, TiB \
+                               (10G = 10 GiB); kB, MB, GB, TB are powers of ten (10GB = 10^10 bytes).";
+
 /// A number of bytes, parsed from `N[unit]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ByteSize(pub u64);

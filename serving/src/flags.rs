@@ -110,6 +110,9 @@ impl ServingFlags {
 /// `SPOKE_HUB_TIMEOUT`).
 pub fn command<T: CommandFactory>(prefix: &str) -> clap::Command {
     let mut command = T::command();
+    // The server's example, then how sizes are written.
+    let example = command.get_after_help().map(ToString::to_string).unwrap_or_default();
+    command = command.after_help(format!("{example}\n\n{}", shardcache_proto::units::SIZE_SYNTAX));
     let named: Vec<(clap::Id, String)> = command
         .get_arguments()
         .filter(|arg| arg.get_env().is_none())

@@ -23,7 +23,13 @@ use crate::{
 
 /// Read-through cache of hub shards in RocksDB on local disk.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "spoke-cache", version, about)]
+#[command(
+    name = "spoke-cache",
+    version,
+    about,
+    after_help = "Example:\n  spoke-cache --hub http://hub.example:7070 --cache-dir /nvme/shardcache --capacity 1.5TiB \\\n    \
+                  --listen 0.0.0.0:7071"
+)]
 pub struct SpokeArgs {
     /// Hub to fetch from; repeat (or separate with commas) for several hubs over one source.
     #[arg(long = "hub", value_delimiter = ',', required = true)]
