@@ -1,7 +1,7 @@
 //! The README's flag tables are what the servers take: every `--flag` row names the
 //! environment variable the flag really reads (the servers give each flag `HUB_` or
-//! `SPOKE_` and its name: `shardcache_serving::flags`), and every flag of either server
-//! has a row.
+//! `SPOKE_` and its name: `shardcache_serving::flags`) and the default `--help` shows,
+//! every flag of either server has a row, and `--help` describes every flag.
 
 #![allow(clippy::unwrap_used)]
 
@@ -20,6 +20,58 @@ fn flags(command: &clap::Command) -> BTreeMap<String, String> {
             Some((format!("--{}", a.get_long()?), env))
         })
         .collect()
+}
+
+/// `--flag` -> its default as the README's table gives it (the third cell).
+fn documented_defaults(readme: &str, prefix: &str) -> BTreeMap<String, String> {
+    let mut rows = BTreeMap::new();
+    for line in readme.lines().filter(|l| l.starts_with("| `--")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if !cells[2].starts_with(&format!("`{prefix}")) {
+            continue;
+        }
+        for flag in cells[1].split('`').skip(1).step_by(2).filter_map(|f| f.split(' ').next()) {
+            rows.insert(flag.to_owned(), cells[3].to_owned());
+        }
+    }
+    rows
+}
+
+/// What the README's default cell must say for `arg`: its `--help` default in
+/// backquotes, `off` for a switch, and for a flag without a default, anything but a
+/// lone value (a word: none, (required), system roots...).
+fn check_default(arg: &clap::Arg, cell: &str) {
+    let flag = format!("--{}", arg.get_long().unwrap_or_default());
+    let defaults: Vec<String> = arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+    if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+        assert_eq!(cell, "off", "{flag}: a switch is off by default");
+    } else if defaults.is_empty() || defaults == [""] {
+        assert!(!cell.starts_with('`'), "{flag}: the README gives a default ({cell}) that --help does not");
+    } else {
+        assert_eq!(cell, format!("`{}`", defaults.join(",")), "{flag}: the README's default is not --help's");
+    }
+}
+
+/// One default per flag: where the README's prose says "`--flag` (N)" of a flag of
+/// `command`, N is its default (sizes compared as sizes: `64 MiB` is `64MiB`).
+fn check_prose(readme: &str, command: &clap::Command) {
+    use shardcache_proto::units::ByteSize;
+    for (at, _) in readme.match_indices("`--") {
+        let rest = &readme[at + 1..];
+        let Some((flag, after)) = rest.split_once('`') else { continue };
+        let Some(said) = after.strip_prefix(" (").and_then(|a| a.split_once(')')).map(|(n, _)| n) else {
+            continue;
+        };
+        let arg = command.get_arguments().find(|a| a.get_long().is_some_and(|l| format!("--{l}") == flag));
+        let (Some(arg), true) = (arg, said.starts_with(|c: char| c.is_ascii_digit())) else { continue };
+        let default = arg.get_default_values().first().map(|v| v.to_string_lossy().into_owned());
+        let default = default.unwrap_or_else(|| panic!("{flag} ({said}): the flag has no default"));
+        let same = match (said.parse::<ByteSize>(), default.parse::<ByteSize>()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => said == default,
+        };
+        assert!(same, "the README says {flag} ({said}) where its default is {default}");
+    }
 }
 
 /// `--flag` -> environment variable, from the README rows of the server whose variables
@@ -56,5 +108,12 @@ fn the_readme_names_every_flag_and_its_environment_variable() {
     for (prefix, command) in servers {
         let (real, documented) = (flags(&command), documented(&readme, prefix));
         assert_eq!(documented, real, "the README's {prefix} table against the server's flags");
+        check_prose(&readme, &command);
+        let defaults = documented_defaults(&readme, prefix);
+        for arg in command.get_arguments().filter(|a| a.get_long().is_some_and(|l| l != "help" && l != "version")) {
+            let flag = format!("--{}", arg.get_long().unwrap_or_default());
+            assert!(arg.get_help().is_some(), "{flag} has no description in --help");
+            check_default(arg, &defaults[&flag]);
+        }
     }
 }
