@@ -2,7 +2,8 @@
 #   make demo   the seed experiment: hub, 60 ms WAN emulator, spoke, simulated trainer
 #   make test   formatting, lints and every test, exactly what CI runs
 #   make load   ghz load tests against a hub and a spoke (summary in target/load/)
-.PHONY: demo test load deps build lint
+#   make dist   what users install: release binaries, the Python wheel, container images
+.PHONY: demo test load dist deps build lint
 
 CARGO ?= cargo
 # RocksDB's C++ goes through ccache (installed by `make deps`): see scripts/ensure-deps.sh.
@@ -38,3 +39,8 @@ test: lint
 load: deps
 	$(CARGO) build --release --workspace --bins
 	@scripts/load.sh
+
+# Release binaries (and their archive), the Python wheel and the container images as
+# archives, in target/dist/: scripts/dist.sh.
+dist: deps
+	@scripts/dist.sh

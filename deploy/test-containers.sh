@@ -9,22 +9,14 @@
 # Run by `make test` (after the debug build); skipped, saying why, where podman cannot
 # run containers, or with SHARDCACHE_SKIP_CONTAINERS=1.
 #
-# This machine has no Docker engine and no registry:
-# - podman runs with the runc runtime (crun fails here) and lowered ulimits, set for
-#   every podman call of this script (podman-compose's too) through CONTAINERS_CONF;
-# - no base image can be pulled, so the one the Dockerfile names
-#   (docker.io/library/debian:bookworm-slim) is built with debootstrap (minbase) and
-#   imported; the tarball is cached under ~/.cache/shardcache;
-# - the images take the binaries `make test` built (BIN_DIR, stripped) through the
-#   Dockerfile's `prebuilt` stage instead of compiling RocksDB again in a Rust image.
+# The images take the binaries `make test` built (BIN_DIR, stripped) through the
+# Dockerfile's `prebuilt` stage; how podman runs on a machine without Docker or a
+# registry is deploy/images.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BIN_DIR="${BIN_DIR:-${CARGO_TARGET_DIR:-$PWD/target}/debug}"
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
-CACHE="$HOME/.cache/shardcache"
-BASE_IMAGE=docker.io/library/debian:bookworm-slim   # deploy/Dockerfile's RUNTIME_IMAGE
-BASE_TARBALL="$CACHE/debian-bookworm-minbase.tar"
 PROJECT=shardcache-test
 STATE="$PWD/deploy/.state"
 
@@ -33,74 +25,10 @@ fail() { echo "deploy/test-containers.sh: FAILED: $*" >&2; exit 1; }
 
 if [ "${SHARDCACHE_SKIP_CONTAINERS:-0}" = 1 ]; then skip "SHARDCACHE_SKIP_CONTAINERS=1"; fi
 
-# --- podman and everything it needs ---------------------------------------------------
-# Checked package by package, not by command: podman can be present while its network
-# backend's firewall tool is not. netavark sets up every container network with
-# iptables (its default firewall driver here); without it each RUN step of a build fails
-# with "netavark: No such file or directory".
-PODMAN_PACKAGES=(podman runc debootstrap uidmap slirp4netns netavark aardvark-dns fuse-overlayfs iptables)
-missing=()
-for pkg in "${PODMAN_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if ! command -v apt-get >/dev/null; then skip "not a Debian machine and missing: ${missing[*]}"; fi
-  if [ "$(id -u)" -eq 0 ]; then sudo=(); elif sudo -n true 2>/dev/null; then sudo=(sudo -n); else
-    skip "${missing[*]} are not installed and this user cannot install them"
-  fi
-  echo "installing ${missing[*]} (apt)" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-    || fail "apt-get could not install ${missing[*]}"
-fi
-if [ "$(id -u)" -ne 0 ]; then
-  # Rootless podman needs subuids and a user session; the images and the data volume's
-  # ownership (uid 10001) are written for rootful podman here and Docker elsewhere.
-  skip "runs as root only (rootful podman)"
-fi
-
-mkdir -p "$STATE"
-cat > "$STATE/containers.conf" <<'EOF'
-[containers]
-default_ulimits = ["nofile=10000:10000", "nproc=10000:10000"]
-[engine]
-runtime = "runc"
-EOF
-export CONTAINERS_CONF="$STATE/containers.conf"
-# HEALTHCHECK is kept only in Docker-format images (OCI has no field for it).
-export BUILDAH_FORMAT=docker
-
-if ! podman info >/dev/null 2> "$STATE/podman-info.err"; then
-  skip "podman cannot run here: $(tail -1 "$STATE/podman-info.err")"
-fi
-
-# --- the base image ----------------------------------------------------------------
-if ! podman image exists "$BASE_IMAGE"; then
-  if [ ! -s "$BASE_TARBALL" ]; then
-    echo "building $BASE_IMAGE with debootstrap --variant=minbase bookworm (about a minute)" >&2
-    rootfs="$(mktemp -d)"
-    debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian > "$STATE/debootstrap.log" 2>&1 \
-      || { rm -rf "$rootfs"; fail "debootstrap failed; see $STATE/debootstrap.log"; }
-    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-    mkdir -p "$CACHE"
-    tar -C "$rootfs" -cf "$BASE_TARBALL.partial" . && mv "$BASE_TARBALL.partial" "$BASE_TARBALL"
-    rm -rf "$rootfs"
-  fi
-  podman import --change 'CMD ["/bin/bash"]' "$BASE_TARBALL" "$BASE_IMAGE" >/dev/null
-fi
-
-# --- images --------------------------------------------------------------------------
-mkdir -p deploy/.bin
-for bin in hub-server spoke-cache shardcache wan-proxy; do
-  [ -x "$BIN_DIR/$bin" ] || fail "$BIN_DIR/$bin is missing: build first (cargo build --workspace --bins)"
-  strip -o "deploy/.bin/$bin" "$BIN_DIR/$bin"
-done
-for target in hub spoke wan-proxy; do
-  podman build -q -f deploy/Dockerfile --target "$target" --build-arg BINARIES=prebuilt \
-    -t "localhost/shardcache-$target:latest" . > /dev/null \
-    || fail "podman build --target $target"
-done
+# --- podman, the base image and the images (deploy/images.sh, shared with make dist) ---
+source deploy/images.sh
+podman_ready || skip "$PODMAN_UNAVAILABLE"
+build_images "$BIN_DIR" || fail "$IMAGES_FAILED"
 
 # --- the compose file ----------------------------------------------------------------
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

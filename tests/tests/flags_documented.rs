@@ -42,7 +42,8 @@ fn documented_defaults(readme: &str, prefix: &str) -> BTreeMap<String, String> {
 /// lone value (a word: none, (required), system roots...).
 fn check_default(arg: &clap::Arg, cell: &str) {
     let flag = format!("--{}", arg.get_long().unwrap_or_default());
-    let defaults: Vec<String> = arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+    let defaults: Vec<String> =
+        arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
     if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
         assert_eq!(cell, "off", "{flag}: a switch is off by default");
     } else if defaults.is_empty() || defaults == [""] {
@@ -110,7 +111,9 @@ fn the_readme_names_every_flag_and_its_environment_variable() {
         assert_eq!(documented, real, "the README's {prefix} table against the server's flags");
         check_prose(&readme, &command);
         let defaults = documented_defaults(&readme, prefix);
-        for arg in command.get_arguments().filter(|a| a.get_long().is_some_and(|l| l != "help" && l != "version")) {
+        for arg in
+            command.get_arguments().filter(|a| a.get_long().is_some_and(|l| l != "help" && l != "version"))
+        {
             let flag = format!("--{}", arg.get_long().unwrap_or_default());
             assert!(arg.get_help().is_some(), "{flag} has no description in --help");
             check_default(arg, &defaults[&flag]);
