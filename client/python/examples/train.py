@@ -33,7 +33,8 @@ def main() -> None:
         state = json.loads(checkpoint.read_text())
         ds.load_state_dict(state)
         start_epoch = state["epoch"]
-        print(f"resuming epoch {start_epoch} after {state['consumed']} samples")
+        done = state.get("sample_in_epoch", state["consumed"])
+        print(f"resuming epoch {start_epoch} after {done} samples (all ranks)")
 
     try:
         import torch
@@ -62,7 +63,7 @@ def main() -> None:
             n = len(batch)
             samples += n
             consumed += n
-            # ... forward/backward on `batch` (uint32 token windows) ...
+            # ... forward/backward on `batch` (int64 token windows) ...
             checkpoint.write_text(json.dumps(ds.state_dict(consumed=consumed)))
         secs = time.monotonic() - started
         print(f"epoch {epoch}: {samples} samples in {secs:.2f} s ({samples / max(secs, 1e-9):.0f} samples/s)")

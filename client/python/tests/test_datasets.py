@@ -95,6 +95,40 @@ def test_resuming_mid_epoch_neither_repeats_nor_skips(spoke, done_batches):
     assert consumed + rest == full
 
 
+def consumed_by(datasets, workers, batches):
+    """The records the first ``batches`` batches of each rank's DataLoader hold."""
+    return [item for ds in datasets for batch in dataloader_order(ds, workers)[:batches] for item in batch]
+
+
+def test_resuming_under_another_world_size_and_workers_sees_every_record_once(spoke):
+    everything = sorted((s, r) for s in range(SHARDS) for r in range(RECORDS_PER_SHARD))
+    # 4 ranks x 2 workers -> 3 x 3 -> 2 x 1 -> the end; and 2 x 1 -> 8 x 2.
+    for layouts, batches in ([(4, 2), (3, 3), (2, 1)], [1, 1]), ([(2, 1), (8, 2)], [2]):
+        state, seen = None, []
+        for (world, workers), done in zip(layouts, batches + [None]):
+            ranks = [streaming(spoke, rank=r, world_size=world, epoch=2) for r in range(world)]
+            for ds in ranks:
+                if state is not None:
+                    ds.load_state_dict(state)
+            if done is None:  # the last layout reads the rest of the epoch
+                seen += consumed_by(ranks, workers, 10**6)
+                break
+            seen += consumed_by(ranks, workers, done)
+            # Rank 0 saves (all ranks have taken as many batches).
+            consumed = sum(len(b) for b in dataloader_order(ranks[0], workers)[:done])
+            state = ranks[0].state_dict(consumed=consumed)
+            assert state["sample_in_epoch"] == len(seen), (layouts, state)
+        assert sorted(seen) == everything, layouts
+
+
+def test_a_state_saved_before_sample_in_epoch_still_resumes(spoke):
+    ds = streaming(spoke, rank=1, epoch=2)
+    full = [item for batch in dataloader_order(ds, 3) for item in batch]
+    resumed = streaming(spoke, rank=1, epoch=0)
+    resumed.load_state_dict({"seed": 11, "epoch": 2, "consumed": 8, "world_size": 2})
+    assert [item for batch in dataloader_order(resumed, 3) for item in batch] == full[8:]
+
+
 def test_iterating_yields_the_records_in_order(spoke, records):
     ds = shardcache.StreamingShardDataset(spoke, "c4", batch_size=4, seed=5, rank=0, world_size=1)
     ds.set_epoch(1)

@@ -17,8 +17,12 @@ How :class:`StreamingShardDataset` orders and splits an epoch:
    the same in every process that has the same ``(seed, epoch)``. ``shard_block=1``
    reads shard after shard.
 2. *Ranks*: record ``k`` of the epoch order goes to rank ``k % world_size``.
-3. *Resume*: a rank skips the first ``consumed`` records of its sequence
-   (:meth:`state_dict` / :meth:`load_state_dict`).
+3. *Resume*: a state records ``sample_in_epoch``, the records of the epoch order all
+   ranks have consumed together (each rank's count times the world size: with rank
+   ``r`` taking record ``k`` when ``k % world_size == r``, ranks that have each taken
+   ``n`` have taken exactly the first ``n * world_size``). A resumed run skips that
+   prefix and deals the rest to *its* ranks, so it may have another world size and
+   another number of workers (as MosaicML Streaming's ``sample_in_epoch``).
 4. *Workers*: the rest is cut into blocks of ``batch_size``; block ``b`` goes to
    DataLoader worker ``b % num_workers``. DataLoader takes batches from its workers in
    turn, so the batches a trainer has consumed are always a prefix of the rank's
@@ -257,6 +261,9 @@ class StreamingShardDataset(_IterableBase):
         self.prefetch = prefetch
         self.read_batch = read_batch
         self.epoch = 0
+        # Records of the epoch order consumed before this layout of ranks (a resumed
+        # state's sample_in_epoch), and this rank's records consumed since.
+        self.base = 0
         self.consumed = 0
         # Epochs advance by themselves: a copy that has run an epoch runs the next one
         # when iterated again, unless set_epoch (or load_state_dict) chose one meanwhile.
@@ -270,25 +277,35 @@ class StreamingShardDataset(_IterableBase):
         the dataset object itself is iterated (``num_workers=0``, ``persistent_workers``):
         each iteration after the first runs the next epoch."""
         self.epoch = epoch
-        self.consumed = 0
+        self.base, self.consumed = 0, 0
         self._chosen = True
 
     def state_dict(self, consumed: Optional[int] = None) -> Dict[str, int]:
-        """Where this rank is: ``consumed`` records of its epoch sequence (the trainer's
-        count, e.g. batches done x batch_size; default: what :meth:`load_state_dict` set)."""
+        """Where the job is: ``consumed`` records this rank has taken since the epoch
+        started, or since :meth:`load_state_dict` when it was resumed (the trainer's
+        count: batches done x batch_size; every rank has taken as many, as in
+        data-parallel training). ``sample_in_epoch`` is what every rank has taken, in
+        all; a state resumes under any world size and number of workers."""
+        consumed = self.consumed if consumed is None else consumed
         return {
             "seed": self.seed,
             "epoch": self.epoch,
-            "consumed": self.consumed if consumed is None else consumed,
+            "sample_in_epoch": self.base + consumed * self.world_size,
+            "consumed": consumed,
             "world_size": self.world_size,
         }
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
-        if state.get("world_size", self.world_size) != self.world_size:
-            raise ValueError("a state saved with another world size cannot be resumed exactly")
+        """Resumes where ``state`` was saved, whatever world size saved it; the next
+        iteration skips the records all ranks had consumed and deals the rest to this
+        run's ranks and workers."""
         self.seed = state["seed"]
         self.epoch = state["epoch"]
-        self.consumed = state["consumed"]
+        if "sample_in_epoch" in state:
+            self.base = state["sample_in_epoch"]
+        else:  # a state saved before sample_in_epoch: each rank's count
+            self.base = state["consumed"] * state.get("world_size", self.world_size)
+        self.consumed = 0
         self._chosen = True
 
     def __len__(self) -> int:
@@ -327,12 +344,12 @@ class StreamingShardDataset(_IterableBase):
     def _send_plan(self, todo: List[Tuple[int, int]], worker_id: int, num_workers: int) -> bool:
         """Sends this worker's plan for the rest of this epoch and the next; returns
         whether the spoke took it."""
-        epoch, consumed = self.epoch, self.consumed
+        epoch, base, consumed = self.epoch, self.base, self.consumed
         try:
-            self.epoch, self.consumed = epoch + 1, 0
+            self.epoch, self.base, self.consumed = epoch + 1, 0, 0
             after = self.indices(worker_id, num_workers)
         finally:
-            self.epoch, self.consumed = epoch, consumed
+            self.epoch, self.base, self.consumed = epoch, base, consumed
         records = self._records
         (now, now_until), (then, then_until) = self._plan_epoch(todo), self._plan_epoch(after)
         try:
@@ -364,7 +381,7 @@ class StreamingShardDataset(_IterableBase):
 
     def indices(self, worker_id: int = 0, num_workers: int = 1) -> List[Tuple[int, int]]:
         """The records worker ``worker_id`` of ``num_workers`` reads, in order."""
-        mine = self.epoch_order()[self.rank :: self.world_size][self.consumed :]
+        mine = self.epoch_order()[self.base :][self.rank :: self.world_size][self.consumed :]
         blocks = range(0, len(mine), self.batch_size)
         return [
             item
@@ -383,7 +400,7 @@ class StreamingShardDataset(_IterableBase):
             )
         if self._iterated and not self._chosen:
             self.epoch += 1
-            self.consumed = 0
+            self.base, self.consumed = 0, 0
         self._iterated, self._chosen = True, False
         worker_id, num_workers = _worker()
         todo = self.indices(worker_id, num_workers)
