@@ -8,10 +8,13 @@
 #   libraries: ~3 minutes and 6.3 GB on the first run, measured; cached after);
 # - kubernetes-validate: the offline schema check of deploy/k8s (deploy/k8s/validate.sh);
 # - podman-compose: runs deploy/compose.yaml in deploy/test-containers.sh;
+# - megatron-core: its IndexedDatasetBuilder writes, and its IndexedDataset reads, the
+#   Megatron datasets the SDK's format test checks against (0.16.1: the last release
+#   for Python 3.11; with torch already here it adds only itself);
 # and, from apt, Debian's nss_wrapper, fuse3 and prometheus (below).
 set -euo pipefail
 
-REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.4.6" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0")
+REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.4.6" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0" "megatron-core==0.16.1")
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
 STAMP="$VENV/.shardcache-requirements"
 

@@ -16,6 +16,8 @@
 //! - [`members`]: who is in a group (a list, a file, DNS) and keeping that current;
 //! - [`connect`]: TLS (`https://` URLs), client certificates and bearer tokens;
 //! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict, pin);
+//! - [`samples`]: datasets as samples of any size, indexed from their own format
+//!   (records, Megatron indexed datasets, token arrays);
 //! - [`error`]: what can go wrong, with the gRPC code where the server gave one.
 
 pub mod client;
@@ -24,6 +26,7 @@ pub mod control;
 pub mod error;
 pub mod members;
 pub mod routing;
+pub mod samples;
 pub mod stream;
 
 pub use client::{Client, Listed, Range, ShardStream, Verified};

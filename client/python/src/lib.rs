@@ -8,6 +8,8 @@
 //! - Errors are `ShardcacheError` with `.code` (the gRPC code, e.g. `"NOT_FOUND"`) and
 //!   `.message`; bytes handed out have passed the SDK's CRC32C, offset and version checks.
 
+mod samples;
+
 use std::sync::{Arc, Mutex};
 
 use pyo3::{
@@ -18,6 +20,7 @@ use pyo3::{
 };
 use shardcache_client::{
     CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, Range, ShardStream,
+    samples::SampleIndex,
 };
 use shardcache_serving::tls::ClientTlsFiles;
 use tokio::runtime::Runtime;
@@ -294,6 +297,25 @@ impl Client {
         Ok(ShardReader { runtime: runtime()?, stream: Mutex::new(Some(stream)) })
     }
 
+    /// `dataset` as samples of any size, indexed from its format: `"records"` (fixed
+    /// `record_size`), `"megatron"` (PREFIX.bin + PREFIX.idx: one sample per sequence) or
+    /// `"tokens"` (.npy files, or raw files of `dtype`: windows of `seq_len + 1` tokens
+    /// every `seq_len`).
+    #[pyo3(signature = (dataset, format="records", record_size=None, seq_len=None, dtype=None))]
+    fn samples(
+        slf: Bound<'_, Self>,
+        dataset: String,
+        format: &str,
+        record_size: Option<u64>,
+        seq_len: Option<u64>,
+        dtype: Option<String>,
+    ) -> PyResult<samples::Samples> {
+        let format = samples::format(format, record_size, seq_len, dtype)?;
+        let index =
+            slf.get().run(slf.py(), |c| async move { SampleIndex::open(&c, &dataset, &format).await })?;
+        Ok(samples::Samples { client: slf.unbind(), index: Arc::new(index) })
+    }
+
     /// A batch of `(dataset, shard, offset, length)` ranges in one round trip; the
     /// results in the same order.
     fn read_many<'py>(
@@ -481,6 +503,7 @@ impl ShardReader {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<ShardReader>()?;
+    m.add_class::<samples::Samples>()?;
     m.add("ShardcacheError", m.py().get_type::<ShardcacheError>())?;
     Ok(())
 }

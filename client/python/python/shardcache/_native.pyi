@@ -44,6 +44,18 @@ class Client:
         """``[offset, offset + length)`` (to the end when ``length`` is None) as verified
         chunks: constant memory for a range of any size (``read`` is bounded by the
         server's ``--max-read``)."""
+    def samples(
+        self,
+        dataset: str,
+        format: str = "records",
+        record_size: Optional[int] = None,
+        seq_len: Optional[int] = None,
+        dtype: Optional[str] = None,
+    ) -> "Samples":
+        """``dataset`` as samples of any size, indexed from its format: ``"records"``
+        (fixed ``record_size``), ``"megatron"`` (PREFIX.bin + PREFIX.idx, a sample per
+        sequence) or ``"tokens"`` (.npy files, or raw files of ``dtype``: windows of
+        ``seq_len + 1`` tokens every ``seq_len``)."""
     def read_many(self, ranges: List[Tuple[str, str, int, int]]) -> List[bytes]:
         """A batch of ``(dataset, shard, offset, length)`` in one round trip, in order."""
     def prefetch(
@@ -74,3 +86,17 @@ class ShardReader(Iterator[bytes]):
 
     def __iter__(self) -> "ShardReader": ...
     def __next__(self) -> bytes: ...
+
+class Samples:
+    """What ``Client.samples`` returns: samples per shard, and their bytes on request."""
+
+    @property
+    def shards(self) -> List[str]: ...
+    @property
+    def counts(self) -> List[int]: ...
+    @property
+    def dtype(self) -> Optional[str]:
+        """The values' numpy dtype, where the format says (tokens, Megatron)."""
+    def __len__(self) -> int: ...
+    def read(self, samples: List[Tuple[int, int]]) -> List[bytes]:
+        """The bytes of ``(shard number, sample number)`` pairs, in order, batched."""

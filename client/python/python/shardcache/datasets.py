@@ -96,7 +96,9 @@ def _loader_batch_size() -> Optional[int]:
 
 
 class _Records:
-    """The records of one dataset: shard names, records per shard, lazy client."""
+    """The samples of one dataset: shard names, samples per shard, the native index
+    (``Client.samples``: where each sample's bytes are, from the dataset's format) and a
+    lazy client, both made again in each DataLoader worker."""
 
     def __init__(
         self,
@@ -106,37 +108,56 @@ class _Records:
         dtype: Optional[str],
         client_args: Dict[str, Any],
         tensor_dtype: Optional[str] = "int64",
+        format: str = "records",
+        seq_len: Optional[int] = None,
     ):
         self.endpoint = endpoint
         self.dataset = dataset
         self.client_args = client_args
         self._client: Optional[Client] = None
-        listing = self.client.ls(dataset)
-        if record_size is None:
+        self._samples: Any = None
+        if format == "records" and record_size is None:
+            listing = self.client.ls(dataset)
             record_size = int(listing[0]["record_size"]) if listing else 0
-        if record_size <= 0:
-            raise ValueError(
-                f"dataset {dataset!r} has no record_size in its metadata; pass record_size="
-            )
+            if record_size <= 0:
+                raise ValueError(
+                    f"dataset {dataset!r} has no record_size in its metadata; pass record_size= "
+                    f'(or format="megatron" / "tokens" for those layouts)'
+                )
         self.record_size = record_size
-        self.shards: List[str] = [str(s["shard"]) for s in listing]
-        self.counts: List[int] = [int(s["size"]) // record_size for s in listing]
+        # Raw token files say nothing of their dtype: it is the format's option then.
+        raw_dtype = dtype if format == "tokens" and dtype not in (None, "auto") else None
+        self.format_args = dict(format=format, record_size=record_size, seq_len=seq_len, dtype=raw_dtype)
+        samples = self.samples
+        self.shards: List[str] = list(samples.shards)
+        self.counts: List[int] = list(samples.counts)
         self.starts: List[int] = []
         total = 0
         for count in self.counts:
             self.starts.append(total)
             total += count
         self.total = total
-        self.dtype = dtype if _np is not None else None
+        self.dtype = self._value_dtype(dtype, samples.dtype) if _np is not None else None
         self.tensor_dtype = tensor_dtype
-        if self.dtype is not None:
-            size = _np.dtype(self.dtype).itemsize
-            if record_size % size:
-                raise ValueError(
-                    f"record_size {record_size} is not a multiple of {self.dtype}'s {size} bytes: each record "
-                    f"would end mid-value; dtype is how the dataset stores its values (e.g. uint32 for the "
-                    f"seed's tokens), tensor_dtype what you get"
-                )
+
+    def _value_dtype(self, asked: Optional[str], format_dtype: Optional[str]) -> Optional[str]:
+        """How the values are stored: the format's dtype where it says (Megatron, .npy),
+        else ``asked`` ("auto": the seed's uint32 records)."""
+        if asked is None:
+            return None
+        if format_dtype is not None:
+            if asked not in ("auto", format_dtype):
+                raise ValueError(f"dtype={asked!r}, but the dataset's files say {format_dtype}")
+            return format_dtype
+        dtype = "uint32" if asked == "auto" else asked
+        size = _np.dtype(dtype).itemsize
+        if self.record_size and self.record_size % size:
+            raise ValueError(
+                f"record_size {self.record_size} is not a multiple of {dtype}'s {size} bytes: each record "
+                f"would end mid-value; dtype is how the dataset stores its values (e.g. uint32 for the "
+                f"seed's tokens), tensor_dtype what you get"
+            )
+        return dtype
 
     @property
     def client(self) -> Client:
@@ -145,20 +166,34 @@ class _Records:
             self._client = Client(self.endpoint, **self.client_args)
         return self._client
 
+    @property
+    def samples(self) -> Any:
+        if self._samples is None:
+            samples = self.client.samples(self.dataset, **self.format_args)
+            if hasattr(self, "counts") and (list(samples.shards), list(samples.counts)) != (self.shards, self.counts):
+                raise RuntimeError(
+                    f"dataset {self.dataset!r} changed after this dataset object was made (its shards or "
+                    f"their samples differ in this worker): make the dataset object again"
+                )
+            self._samples = samples
+        return self._samples
+
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_client"] = None
+        state["_samples"] = None
         return state
 
     def locate(self, index: int) -> Tuple[int, int]:
-        """(shard number, record number inside it) of a global record index."""
+        """(shard number, sample number inside it) of a global sample index."""
         if not 0 <= index < self.total:
             raise IndexError(f"record {index} is outside 0..{self.total}")
         shard = bisect.bisect_right(self.starts, index) - 1
         return shard, index - self.starts[shard]
 
-    def range(self, shard: int, record: int) -> Tuple[str, str, int, int]:
-        return (self.dataset, self.shards[shard], record * self.record_size, self.record_size)
+    def read(self, items: List[Tuple[int, int]]) -> List[bytes]:
+        """The bytes of ``items`` ((shard, sample) each), in batched calls."""
+        return self.samples.read(items)
 
     def decode(self, data: bytes) -> Any:
         if self.dtype is None:
@@ -180,11 +215,15 @@ class ShardDataset(_MapBase):
         endpoint: str,
         dataset: str,
         record_size: Optional[int] = None,
-        dtype: Optional[str] = "uint32",
+        dtype: Optional[str] = "auto",
         tensor_dtype: Optional[str] = "int64",
+        format: str = "records",
+        seq_len: Optional[int] = None,
         **client_args: Any,
     ):
-        self._records = _Records(endpoint, dataset, record_size, dtype, client_args, tensor_dtype)
+        self._records = _Records(
+            endpoint, dataset, record_size, dtype, client_args, tensor_dtype, format=format, seq_len=seq_len
+        )
 
     def __len__(self) -> int:
         return self._records.total
@@ -193,12 +232,11 @@ class ShardDataset(_MapBase):
         records = self._records
         if index < 0:
             index += records.total
-        return records.decode(records.client.read(*records.range(*records.locate(index))))
+        return records.decode(records.read([records.locate(index)])[0])
 
     def get_batch(self, indices: List[int]) -> List[Any]:
         records = self._records
-        ranges = [records.range(*records.locate(i)) for i in indices]
-        return [records.decode(data) for data in records.client.read_many(ranges)]
+        return [records.decode(data) for data in records.read([records.locate(i) for i in indices])]
 
 
 class StreamingShardDataset(_IterableBase):
@@ -233,13 +271,15 @@ class StreamingShardDataset(_IterableBase):
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         record_size: Optional[int] = None,
-        dtype: Optional[str] = "uint32",
+        dtype: Optional[str] = "auto",
         prefetch: bool = True,
         read_batch: int = 32,
         plan: bool = True,
         job: Optional[str] = None,
         shard_block: int = 4,
         tensor_dtype: Optional[str] = "int64",
+        format: str = "records",
+        seq_len: Optional[int] = None,
         **client_args: Any,
     ):
         if batch_size <= 0:
@@ -249,7 +289,9 @@ class StreamingShardDataset(_IterableBase):
         self.shard_block = shard_block
         self.plan = plan
         self.job = job
-        self._records = _Records(endpoint, dataset, record_size, dtype, client_args, tensor_dtype)
+        self._records = _Records(
+            endpoint, dataset, record_size, dtype, client_args, tensor_dtype, format=format, seq_len=seq_len
+        )
         default_rank, default_world = _rank_and_world()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
@@ -410,6 +452,5 @@ class StreamingShardDataset(_IterableBase):
         if self.prefetch and todo and not planned:
             records.client.prefetch(records.dataset, self._shard_order(todo), wait=False)
         for start in range(0, len(todo), self.read_batch):
-            ranges = [records.range(shard, record) for shard, record in todo[start : start + self.read_batch]]
-            for data in records.client.read_many(ranges):
+            for data in records.read(todo[start : start + self.read_batch]):
                 yield records.decode(data)

@@ -1,0 +1,165 @@
+//! Megatron-LM indexed datasets (`megatron/core/datasets/indexed_dataset.py`, what
+//! Megatron-LM, NeMo and GPT-NeoX pretrain from): `PREFIX.bin` holds the tokens of every
+//! sequence end to end, `PREFIX.idx` says where each starts:
+//!
+//! ```text
+//! "MMIDIDX\0\0"                 9 bytes
+//! version            u64 = 1
+//! dtype code         u8     1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
+//!                           7 float32, 8 uint16
+//! sequence count     u64    S
+//! document count     u64    D (entries of the document index: documents + 1)
+//! sequence lengths   i32 x S    (tokens)
+//! sequence pointers  i64 x S    (byte offsets into PREFIX.bin)
+//! document indices   i64 x D    (first sequence of each document, then S)
+//! ```
+//!
+//! all little-endian. A sample is one sequence: what `IndexedDataset[i]` returns (for
+//! text, one document).
+
+use shardcache_proto::v1::ShardInfo;
+
+use super::{Layout, SampleIndex, read_batched};
+use crate::{Client, Error, Range, Result};
+
+const MAGIC: &[u8] = b"MMIDIDX\x00\x00";
+const HEADER: usize = 9 + 8 + 1 + 8 + 8;
+
+/// The dtype of a Megatron dtype code, and its size.
+fn dtype(code: u8) -> Option<(&'static str, u64)> {
+    Some(match code {
+        1 => ("uint8", 1),
+        2 => ("int8", 1),
+        3 => ("int16", 2),
+        4 => ("int32", 4),
+        5 => ("int64", 8),
+        6 => ("float64", 8),
+        7 => ("float32", 4),
+        8 => ("uint16", 2),
+        _ => return None,
+    })
+}
+
+/// One `.idx` file, parsed: the dtype, and each sequence's byte bounds in the `.bin`
+/// (`bounds[i]..bounds[i + 1]`: the builder writes sequences end to end).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Idx {
+    pub dtype: &'static str,
+    pub bounds: Vec<u64>,
+}
+
+impl Idx {
+    pub fn parse(name: &str, bytes: &[u8]) -> Result<Self> {
+        let bad = |why: String| Error::Config(format!("{name} is not a Megatron .idx file: {why}"));
+        if bytes.len() < HEADER || !bytes.starts_with(MAGIC) {
+            return Err(bad("no MMIDIDX magic".into()));
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default());
+        let version = u64_at(9);
+        if version != 1 {
+            return Err(bad(format!("version {version}")));
+        }
+        let (dtype, item) = dtype(bytes[17]).ok_or_else(|| bad(format!("dtype code {}", bytes[17])))?;
+        let (sequences, documents) = (u64_at(18) as usize, u64_at(26) as usize);
+        let need = HEADER + sequences * 12 + documents * 8;
+        if bytes.len() < need {
+            return Err(bad(format!("{} bytes where its counts need {need}", bytes.len())));
+        }
+        let lengths = &bytes[HEADER..HEADER + sequences * 4];
+        let pointers = &bytes[HEADER + sequences * 4..HEADER + sequences * 12];
+        let mut bounds = Vec::with_capacity(sequences + 1);
+        let mut end = 0;
+        for i in 0..sequences {
+            let length =
+                u64::from(u32::from_le_bytes(lengths[i * 4..i * 4 + 4].try_into().unwrap_or_default()));
+            let pointer = u64::from_le_bytes(pointers[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+            if i > 0 && pointer != end {
+                return Err(bad(format!(
+                    "sequence {i} starts at byte {pointer}, not where the one before ends ({end})"
+                )));
+            }
+            bounds.push(pointer);
+            end = pointer + length * item;
+        }
+        bounds.push(end);
+        Ok(Self { dtype, bounds })
+    }
+}
+
+/// The sequences of every `PREFIX.bin` that has its `PREFIX.idx` in `listed`; the
+/// `.idx` files are read in one batch.
+pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
+    let names: std::collections::HashMap<&str, &ShardInfo> =
+        listed.iter().map(|s| (s.shard.as_str(), s)).collect();
+    let pairs: Vec<(&ShardInfo, &ShardInfo)> = listed
+        .iter()
+        .filter_map(|bin| {
+            let prefix = bin.shard.strip_suffix(".bin")?;
+            Some((bin, *names.get(format!("{prefix}.idx").as_str())?))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return Err(Error::Config(format!("dataset {dataset:?} has no PREFIX.bin with its PREFIX.idx")));
+    }
+    let reads = pairs.iter().map(|(_, idx)| Range::new(dataset, &idx.shard, 0, idx.size)).collect();
+    let (mut bounds, mut kind) = (Vec::new(), None);
+    for ((bin, idx), bytes) in pairs.iter().zip(read_batched(client, reads).await?) {
+        let parsed = Idx::parse(&idx.shard, &bytes)?;
+        if parsed.bounds.last().is_some_and(|&end| end > bin.size) {
+            return Err(Error::Config(format!(
+                "{} ends before {} says its sequences end",
+                bin.shard, idx.shard
+            )));
+        }
+        if kind.is_some_and(|k| k != parsed.dtype) {
+            return Err(Error::Config(format!(
+                "{}: dtype {} unlike the other files'",
+                idx.shard, parsed.dtype
+            )));
+        }
+        kind = Some(parsed.dtype);
+        bounds.push(parsed.bounds);
+    }
+    Ok(SampleIndex {
+        dataset: dataset.to_owned(),
+        shards: pairs.iter().map(|(bin, _)| bin.shard.clone()).collect(),
+        layout: Layout::Bounds(bounds),
+        dtype: kind.map(str::to_owned),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An .idx as Megatron's builder writes it: int32 tokens, three one-sequence documents.
+    fn idx(lengths: &[u32]) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&1u64.to_le_bytes());
+        out.push(4);
+        out.extend_from_slice(&(lengths.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(lengths.len() as u64 + 1).to_le_bytes());
+        for l in lengths {
+            out.extend_from_slice(&l.to_le_bytes());
+        }
+        let mut at = 0u64;
+        for l in lengths {
+            out.extend_from_slice(&at.to_le_bytes());
+            at += u64::from(*l) * 4;
+        }
+        for d in 0..=lengths.len() as u64 {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn an_idx_gives_each_sequences_bytes() {
+        let parsed = Idx::parse("x.idx", &idx(&[3, 1, 5])).unwrap();
+        assert_eq!(parsed, Idx { dtype: "int32", bounds: vec![0, 12, 16, 36] });
+        assert!(Idx::parse("x.idx", &idx(&[3, 1, 5])[..40]).is_err(), "short");
+        let mut other = idx(&[3]);
+        other[17] = 99;
+        assert!(Idx::parse("x.idx", &other).is_err(), "unknown dtype code");
+    }
+}

@@ -1,0 +1,297 @@
+//! Datasets as samples of any size: [`SampleIndex`] says where each sample's bytes are,
+//! and reads batches of samples with [`Client::read_ranges`] (a sample never costs a
+//! round trip of its own when it shares a batch).
+//!
+//! The index comes from the dataset's own format, read through the same server with
+//! ranged reads (a spoke caches those bytes like any others); nothing is converted:
+//!
+//! - [`Format::Records`]: fixed-size records in flat files (the seed's token windows);
+//! - [`Format::Megatron`]: Megatron-LM indexed datasets (`PREFIX.bin` + `PREFIX.idx`),
+//!   one sample per sequence (a document of any length) ([`megatron`]);
+//! - [`Format::Tokens`]: token arrays (`.npy`, or raw files of a given dtype) read as
+//!   windows of `seq_len + 1` tokens every `seq_len`, over the shards joined end to end
+//!   (a window may cross from one shard into the next, as nanoGPT's loader reads one
+//!   long array) ([`tokens`]).
+//!
+//! Samples are numbered per shard: a sample belongs to the shard its first byte is in,
+//! so a block shuffle over shards (the Python datasets') works for every format.
+
+pub mod megatron;
+pub mod tokens;
+
+use bytes::{Bytes, BytesMut};
+use shardcache_proto::{range::MAX_RANGES_PER_CALL, v1::ShardInfo};
+
+use crate::{Client, Error, Range, Result};
+
+pub use self::tokens::NpyHeader;
+
+/// Bytes one `ReadRanges` call of a sample batch asks for at most: under the servers'
+/// smallest default `--max-read` (16 MiB) with room to spare; a sample larger than it
+/// is streamed on its own.
+pub const BATCH_BYTES: u64 = 8 << 20;
+
+/// How a dataset's files hold its samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Format {
+    /// Every file is a shard of records of `record_size` bytes (a tail shorter than a
+    /// record is not a sample).
+    Records { record_size: u64 },
+    /// Megatron-LM indexed datasets: each `PREFIX.bin` with its `PREFIX.idx` is a shard
+    /// whose samples are its sequences.
+    Megatron,
+    /// Token arrays: every `.npy` file (its header gives the dtype), or, with `dtype`,
+    /// every file as raw tokens of that numpy dtype (`"uint16"`, `"int32"`...); samples are
+    /// windows of `seq_len + 1` tokens starting every `seq_len` tokens (inputs and their
+    /// next-token labels).
+    Tokens { seq_len: u64, dtype: Option<String> },
+}
+
+/// Where the bytes of one sample are: a range of one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub shard: usize,
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// How the samples of the shards are laid out.
+#[derive(Debug, Clone)]
+enum Layout {
+    /// Sample `k` of shard `s` is `[bounds[s][k], bounds[s][k + 1])`.
+    Bounds(Vec<Vec<u64>>),
+    /// Records of `size` bytes from `first[s]`, `counts[s]` of them in shard `s`.
+    Records { size: u64, first: Vec<u64>, counts: Vec<u64> },
+    /// Windows of `window` bytes every `step` bytes over the shards' data regions joined
+    /// end to end (`regions[s]` = (start, end) in shard `s`); `counts[s]` windows start
+    /// in shard `s`, the first `firsts[s]` bytes into its region.
+    Windows { regions: Vec<(u64, u64)>, step: u64, window: u64, counts: Vec<u64>, firsts: Vec<u64> },
+}
+
+/// The samples of a dataset: per shard, how many and where their bytes are.
+#[derive(Debug, Clone)]
+pub struct SampleIndex {
+    dataset: String,
+    shards: Vec<String>,
+    layout: Layout,
+    /// numpy dtype of the values (tokens), when the format says.
+    dtype: Option<String>,
+}
+
+impl SampleIndex {
+    /// Reads `dataset`'s index in `format` through `client`.
+    pub async fn open(client: &Client, dataset: &str, format: &Format) -> Result<Self> {
+        let listed = client.list_shards(dataset).await?;
+        match format {
+            Format::Records { record_size } => Ok(Self::records(dataset, &listed, *record_size)?),
+            Format::Megatron => megatron::open(client, dataset, &listed).await,
+            Format::Tokens { seq_len, dtype } => {
+                tokens::open(client, dataset, &listed, *seq_len, dtype).await
+            }
+        }
+    }
+
+    /// Windows of `window` bytes every `step` bytes over `regions` joined end to end,
+    /// each window whole (the last ones, which would run past the end, are not samples).
+    fn windows(
+        dataset: &str,
+        shards: Vec<String>,
+        regions: Vec<(u64, u64)>,
+        step: u64,
+        window: u64,
+        dtype: Option<String>,
+    ) -> Self {
+        let total: u64 = regions.iter().map(|(start, end)| end - start).sum();
+        let windows = if total >= window { (total - window) / step + 1 } else { 0 };
+        let (mut counts, mut firsts, mut at) = (Vec::new(), Vec::new(), 0u64);
+        for (start, end) in &regions {
+            // Windows starting in [at, at + len): indices ceil(at / step) .. ceil((at + len) / step).
+            let first = at.div_ceil(step).min(windows);
+            let last = (at + end - start).div_ceil(step).min(windows);
+            counts.push(last - first);
+            firsts.push((first * step).saturating_sub(at));
+            at += end - start;
+        }
+        let layout = Layout::Windows { regions, step, window, counts, firsts };
+        Self { dataset: dataset.to_owned(), shards, layout, dtype }
+    }
+
+    /// Fixed-size records in every listed file.
+    fn records(dataset: &str, listed: &[ShardInfo], size: u64) -> Result<Self> {
+        if size == 0 {
+            return Err(Error::Config(format!("dataset {dataset:?}: a record size of 0 bytes")));
+        }
+        Ok(Self {
+            dataset: dataset.to_owned(),
+            shards: listed.iter().map(|s| s.shard.clone()).collect(),
+            layout: Layout::Records {
+                size,
+                first: vec![0; listed.len()],
+                counts: listed.iter().map(|s| s.size / size).collect(),
+            },
+            dtype: None,
+        })
+    }
+
+    pub fn dataset(&self) -> &str {
+        &self.dataset
+    }
+
+    /// The shards, in the order samples are numbered.
+    pub fn shards(&self) -> &[String] {
+        &self.shards
+    }
+
+    /// The numpy dtype of the samples' values, when the format says (tokens, Megatron).
+    pub fn dtype(&self) -> Option<&str> {
+        self.dtype.as_deref()
+    }
+
+    /// Samples per shard.
+    pub fn counts(&self) -> Vec<u64> {
+        match &self.layout {
+            Layout::Bounds(bounds) => bounds.iter().map(|b| b.len().saturating_sub(1) as u64).collect(),
+            Layout::Records { counts, .. } | Layout::Windows { counts, .. } => counts.clone(),
+        }
+    }
+
+    /// Samples in all.
+    pub fn len(&self) -> u64 {
+        self.counts().iter().sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where sample `k` of shard `shard` is: one piece, or several when it crosses shards.
+    pub fn pieces(&self, shard: usize, k: u64) -> Result<Vec<Piece>> {
+        let outside = || Error::Config(format!("no sample {k} in shard {shard} of {:?}", self.dataset));
+        match &self.layout {
+            Layout::Bounds(bounds) => {
+                let b = bounds.get(shard).ok_or_else(outside)?;
+                let (start, end) = match (b.get(k as usize), b.get(k as usize + 1)) {
+                    (Some(&start), Some(&end)) => (start, end),
+                    _ => return Err(outside()),
+                };
+                Ok(vec![Piece { shard, offset: start, length: end - start }])
+            }
+            Layout::Records { size, first, counts } => {
+                if counts.get(shard).is_none_or(|&c| k >= c) {
+                    return Err(outside());
+                }
+                Ok(vec![Piece { shard, offset: first[shard] + k * size, length: *size }])
+            }
+            Layout::Windows { regions, step, window, counts, firsts } => {
+                if counts.get(shard).is_none_or(|&c| k >= c) {
+                    return Err(outside());
+                }
+                Ok(window_pieces(regions, shard, firsts[shard] + k * step, *window))
+            }
+        }
+    }
+
+    /// The bytes of `samples` ((shard, k) each), in order, verified; batched into as few
+    /// `ReadRanges` calls as the servers' bounds allow.
+    pub async fn read(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Bytes>> {
+        let mut ranges = Vec::new();
+        let mut owners = Vec::new();
+        for (i, &(shard, k)) in samples.iter().enumerate() {
+            for piece in self.pieces(shard, k)? {
+                let name = self.shards[piece.shard].clone();
+                ranges.push(Range::new(self.dataset.clone(), name, piece.offset, piece.length));
+                owners.push(i);
+            }
+        }
+        let data = read_batched(client, ranges).await?;
+        let mut out = vec![BytesMut::new(); samples.len()];
+        for (owner, bytes) in owners.into_iter().zip(data) {
+            out[owner].extend_from_slice(&bytes);
+        }
+        Ok(out.into_iter().map(BytesMut::freeze).collect())
+    }
+}
+
+/// Each range's bytes, in order: consecutive ranges batched up to [`BATCH_BYTES`] and
+/// [`MAX_RANGES_PER_CALL`] ranges a call; a range over [`BATCH_BYTES`] streamed.
+pub async fn read_batched(client: &Client, ranges: Vec<Range>) -> Result<Vec<Bytes>> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut batch: Vec<Range> = Vec::new();
+    let mut bytes = 0;
+    for range in ranges {
+        if range.length > BATCH_BYTES {
+            flush(client, &mut batch, &mut out).await?;
+            bytes = 0;
+            out.push(stream(client, &range).await?);
+            continue;
+        }
+        if bytes + range.length > BATCH_BYTES || batch.len() == MAX_RANGES_PER_CALL {
+            flush(client, &mut batch, &mut out).await?;
+            bytes = 0;
+        }
+        bytes += range.length;
+        batch.push(range);
+    }
+    flush(client, &mut batch, &mut out).await?;
+    Ok(out)
+}
+
+/// `range` read as a stream (any size).
+async fn stream(client: &Client, range: &Range) -> Result<Bytes> {
+    let mut stream =
+        client.stream_shard(&range.dataset, &range.shard, range.offset, Some(range.length)).await?;
+    let mut data = BytesMut::with_capacity(range.length as usize);
+    while let Some(chunk) = stream.next_chunk().await? {
+        data.extend_from_slice(&chunk.data);
+    }
+    Ok(data.freeze())
+}
+
+/// Reads `batch` in one call, appending the bytes to `out`.
+async fn flush(client: &Client, batch: &mut Vec<Range>, out: &mut Vec<Bytes>) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    out.extend(client.read_ranges(batch).await?.into_iter().map(|v| v.data));
+    batch.clear();
+    Ok(())
+}
+
+/// The pieces of the window of `window` bytes starting `offset` bytes into shard
+/// `shard`'s region, running on into the following shards' regions.
+fn window_pieces(regions: &[(u64, u64)], shard: usize, offset: u64, window: u64) -> Vec<Piece> {
+    let mut pieces = Vec::new();
+    let (mut shard, mut at, mut left) = (shard, regions[shard].0 + offset, window);
+    while left > 0 && shard < regions.len() {
+        let end = regions[shard].1;
+        let length = left.min(end.saturating_sub(at));
+        if length > 0 {
+            pieces.push(Piece { shard, offset: at, length });
+        }
+        left -= length;
+        shard += 1;
+        at = regions.get(shard).map_or(0, |r| r.0);
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_runs_on_into_the_next_shards() {
+        // Three regions of 10, 4 and 10 bytes (the first after a 6-byte header).
+        let regions = [(6, 16), (0, 4), (0, 10)];
+        assert_eq!(window_pieces(&regions, 0, 2, 5), [Piece { shard: 0, offset: 8, length: 5 }]);
+        assert_eq!(
+            window_pieces(&regions, 0, 8, 8),
+            [
+                Piece { shard: 0, offset: 14, length: 2 },
+                Piece { shard: 1, offset: 0, length: 4 },
+                Piece { shard: 2, offset: 0, length: 2 }
+            ]
+        );
+        assert_eq!(window_pieces(&regions, 2, 8, 2), [Piece { shard: 2, offset: 8, length: 2 }]);
+    }
+}

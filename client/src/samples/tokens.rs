@@ -1,0 +1,213 @@
+//! Token arrays: `.npy` files (NumPy's format: a magic string, a version, a header
+//! length, then a Python dict literal with `descr`, `fortran_order` and `shape`, then
+//! the values) or raw files of a given dtype (nanoGPT's `train.bin`), read as windows
+//! of `seq_len + 1` tokens every `seq_len` tokens over the files joined end to end.
+//!
+//! All `.npy` headers are read in one batch of ranged reads (the first
+//! [`HEADER_READ`] bytes of each file), so a cold epoch waits one round trip for them.
+
+use shardcache_proto::v1::ShardInfo;
+
+use super::{SampleIndex, read_batched};
+use crate::{Client, Error, Range, Result};
+
+/// Bytes read from the start of each `.npy` file for its header: NumPy pads headers to
+/// a multiple of 64 bytes and they rarely pass 128; a longer one is read again whole.
+pub const HEADER_READ: u64 = 4096;
+
+const MAGIC: &[u8] = b"\x93NUMPY";
+
+/// What an `.npy` header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NpyHeader {
+    /// Where the values start.
+    pub data_offset: u64,
+    /// numpy's name of the dtype (`uint16`, `int32`...).
+    pub dtype: String,
+    pub item_size: u64,
+    /// Values in all (the product of the shape; C order).
+    pub count: u64,
+}
+
+impl NpyHeader {
+    /// Parses the header at the start of `bytes`. `Ok(None)` when `bytes` holds only
+    /// part of it (then `needed` bytes must be read): returns `Err` for a file that is
+    /// not a little-endian, C-order `.npy` of integers or floats.
+    pub fn parse(name: &str, bytes: &[u8]) -> Result<Result<Self, u64>> {
+        let bad = |why: &str| Error::Config(format!("{name} is not a .npy file this reader takes: {why}"));
+        if bytes.len() < 10 || !bytes.starts_with(MAGIC) {
+            return Err(bad("no \\x93NUMPY magic"));
+        }
+        let (length, start) = match bytes[6] {
+            1 => (u64::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
+            2 | 3 if bytes.len() >= 12 => {
+                (u64::from(u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]])), 12)
+            }
+            v => return Err(bad(&format!("version {v}"))),
+        };
+        let end = start + length;
+        if (bytes.len() as u64) < end {
+            return Ok(Err(end));
+        }
+        let text =
+            std::str::from_utf8(&bytes[start as usize..end as usize]).map_err(|_| bad("header not text"))?;
+        let descr = quoted_value(text, "descr").ok_or_else(|| bad("no 'descr'"))?;
+        if value_of(text, "fortran_order").is_some_and(|v| v.starts_with("True")) {
+            return Err(bad("Fortran order"));
+        }
+        let (dtype, item_size) = dtype_of_descr(&descr).ok_or_else(|| bad(&format!("dtype {descr}")))?;
+        let shape = value_of(text, "shape").ok_or_else(|| bad("no 'shape'"))?;
+        let shape = shape.trim_start_matches('(').split(')').next().unwrap_or_default();
+        let mut count = 1u64;
+        for dim in shape.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            count = count.saturating_mul(dim.parse().map_err(|_| bad(&format!("shape ({shape})")))?);
+        }
+        Ok(Ok(Self { data_offset: end, dtype, item_size, count }))
+    }
+}
+
+/// The text after `'key':` in a header dict, trimmed.
+fn value_of<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let at = text.find(&format!("'{key}'"))? + key.len() + 2;
+    Some(text[at..].trim_start().strip_prefix(':')?.trim_start())
+}
+
+/// The quoted string after `'key':`.
+fn quoted_value(text: &str, key: &str) -> Option<String> {
+    let value = value_of(text, key)?;
+    let quote = value.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+    Some(value[1..].split(quote).next()?.to_owned())
+}
+
+/// numpy's dtype name and size for a little-endian (or one-byte) `descr` like `<u2`.
+fn dtype_of_descr(descr: &str) -> Option<(String, u64)> {
+    let (order, code) = descr.split_at(1);
+    // Little-endian, or one byte (no order); "=" is the writer's own order, little here.
+    let little = matches!(order, "<" | "|") || (order == "=" && cfg!(target_endian = "little"));
+    if !little {
+        return None;
+    }
+    let (kind, size) = code.split_at(1);
+    let size: u64 = size.parse().ok()?;
+    let name = match kind {
+        "u" => "uint",
+        "i" => "int",
+        "f" => "float",
+        _ => return None,
+    };
+    matches!(size, 1 | 2 | 4 | 8).then(|| (format!("{name}{}", size * 8), size))
+}
+
+/// Bytes per value of a numpy dtype name given by the user (`uint16`, `int32`...).
+pub fn item_size(dtype: &str) -> Option<u64> {
+    let bits = dtype.trim_start_matches(|c: char| c.is_ascii_alphabetic());
+    let kind = &dtype[..dtype.len() - bits.len()];
+    let size = bits.parse::<u64>().ok()? / 8;
+    (matches!(kind, "uint" | "int" | "float") && matches!(size, 1 | 2 | 4 | 8)).then_some(size)
+}
+
+/// The windows index over `listed`: `.npy` files (headers read), or every file as raw
+/// `dtype` values.
+pub async fn open(
+    client: &Client,
+    dataset: &str,
+    listed: &[ShardInfo],
+    seq_len: u64,
+    dtype: &Option<String>,
+) -> Result<SampleIndex> {
+    if seq_len == 0 {
+        return Err(Error::Config("seq_len must be at least 1 token".into()));
+    }
+    let (shards, regions, dtype, item) = match dtype {
+        Some(dtype) => {
+            let item = item_size(dtype).ok_or_else(|| {
+                Error::Config(format!("dtype {dtype:?}: give a numpy integer or float type, e.g. uint16"))
+            })?;
+            let shards = listed.iter().map(|s| s.shard.clone()).collect();
+            let regions = listed.iter().map(|s| (0, s.size - s.size % item)).collect();
+            (shards, regions, dtype.clone(), item)
+        }
+        None => npy_regions(client, dataset, listed).await?,
+    };
+    let window = (seq_len + 1) * item;
+    Ok(SampleIndex::windows(dataset, shards, regions, seq_len * item, window, Some(dtype)))
+}
+
+/// The `.npy` files of `listed`, their data regions, and their one dtype and its size.
+async fn npy_regions(
+    client: &Client,
+    dataset: &str,
+    listed: &[ShardInfo],
+) -> Result<(Vec<String>, Vec<(u64, u64)>, String, u64)> {
+    let files: Vec<&ShardInfo> = listed.iter().filter(|s| s.shard.ends_with(".npy")).collect();
+    if files.is_empty() {
+        return Err(Error::Config(format!(
+            "dataset {dataset:?} has no .npy files; for raw token files give their dtype"
+        )));
+    }
+    let heads = files.iter().map(|s| Range::new(dataset, &s.shard, 0, s.size.min(HEADER_READ))).collect();
+    let heads = read_batched(client, heads).await?;
+    let (mut regions, mut kind) = (Vec::new(), None::<(String, u64)>);
+    for (file, head) in files.iter().zip(heads) {
+        let header = match NpyHeader::parse(&file.shard, &head)? {
+            Ok(header) => header,
+            Err(needed) => {
+                let whole = client.read_range(&Range::new(dataset, &file.shard, 0, needed)).await?;
+                NpyHeader::parse(&file.shard, &whole.data)?.map_err(|_| {
+                    Error::Config(format!("{}: the .npy header runs past its stated length", file.shard))
+                })?
+            }
+        };
+        let end = header.data_offset + header.count * header.item_size;
+        if end > file.size {
+            return Err(Error::Config(format!(
+                "{}: its header says {end} bytes, the file has {}",
+                file.shard, file.size
+            )));
+        }
+        match &kind {
+            Some((dtype, _)) if *dtype != header.dtype => {
+                return Err(Error::Config(format!(
+                    "{}: dtype {} where the other files have {dtype}",
+                    file.shard, header.dtype
+                )));
+            }
+            _ => kind = Some((header.dtype.clone(), header.item_size)),
+        }
+        regions.push((header.data_offset, end));
+    }
+    let (dtype, item) = kind.unwrap_or_default();
+    Ok((files.iter().map(|s| s.shard.clone()).collect(), regions, dtype, item))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn npy(descr: &str, shape: &str) -> Vec<u8> {
+        let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + dict.len() + 1) % 64 != 0 {
+            dict.push(' ');
+        }
+        dict.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        out.extend_from_slice(dict.as_bytes());
+        out
+    }
+
+    #[test]
+    fn npy_headers_give_dtype_offset_and_count() {
+        let head = npy("<u2", "(1000,)");
+        let parsed = NpyHeader::parse("a.npy", &head).unwrap().unwrap();
+        assert_eq!(parsed, NpyHeader { data_offset: 128, dtype: "uint16".into(), item_size: 2, count: 1000 });
+        let parsed = NpyHeader::parse("b.npy", &npy("<i4", "(10, 3)")).unwrap().unwrap();
+        assert_eq!((parsed.dtype.as_str(), parsed.count), ("int32", 30));
+        assert_eq!(NpyHeader::parse("c.npy", &head[..20]).unwrap(), Err(128), "the rest is asked for");
+        assert!(NpyHeader::parse("d.npy", &npy(">u2", "(4,)")).is_err(), "big-endian");
+        assert!(NpyHeader::parse("e.npy", b"not numpy at all").is_err());
+        assert_eq!(item_size("uint16"), Some(2));
+        assert_eq!(item_size("float64"), Some(8));
+        assert_eq!(item_size("u2"), None);
+    }
+}
