@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use pyo3::{
     prelude::*,
-    types::{PyBytes, PyList},
+    types::{PyBytes, PyDict, PyList},
 };
-use shardcache_client::samples::{Format, SampleIndex};
+use shardcache_client::samples::{Format, SampleIndex, mds::Value};
 
 use crate::{Client, ShardcacheError};
 
@@ -22,10 +22,11 @@ pub(crate) fn format(
     Ok(match name {
         "records" => Format::Records { record_size: record_size.ok_or_else(|| missing("record_size"))? },
         "megatron" => Format::Megatron,
+        "mds" => Format::Mds,
         "tokens" => Format::Tokens { seq_len: seq_len.ok_or_else(|| missing("seq_len"))?, dtype },
         other => {
             return Err(ShardcacheError::new_err(format!(
-                "format={other:?}: give \"records\", \"megatron\" or \"tokens\""
+                "format={other:?}: give \"records\", \"megatron\", \"mds\" or \"tokens\""
             )));
         }
     })
@@ -57,6 +58,50 @@ impl Samples {
     #[getter]
     fn dtype(&self) -> Option<String> {
         self.index.dtype().map(str::to_owned)
+    }
+
+    /// `(name, encoding)` of each column of a sample (MDS), else None.
+    #[getter]
+    fn columns(&self) -> Option<Vec<(String, String)>> {
+        self.index.columns().map(|c| c.iter().map(|c| (c.name.clone(), c.encoding.clone())).collect())
+    }
+
+    /// One sample's bytes (from `read`) as a dict of its columns (MDS): numbers, str,
+    /// bytes, JSON values, numpy arrays (writable); pickled columns only with
+    /// `allow_unsafe_types=True` (unpickling runs the writer's code).
+    #[pyo3(signature = (data, allow_unsafe_types=false))]
+    fn decode<'py>(
+        &self,
+        py: Python<'py>,
+        data: &[u8],
+        allow_unsafe_types: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let values = self.index.decode(&bytes::Bytes::copy_from_slice(data)).map_err(crate::to_py)?;
+        let out = PyDict::new(py);
+        for (name, value) in values {
+            let object = match value {
+                Value::Int(v) => v.into_pyobject(py)?.into_any(),
+                Value::UInt(v) => v.into_pyobject(py)?.into_any(),
+                Value::Float(v) => v.into_pyobject(py)?.into_any(),
+                Value::Str(v) => v.into_pyobject(py)?.into_any(),
+                Value::Bytes(v) => PyBytes::new(py, &v).into_any(),
+                Value::Json(text) => py.import("json")?.call_method1("loads", (text,))?,
+                Value::Pickle(_) if !allow_unsafe_types => {
+                    return Err(ShardcacheError::new_err(format!(
+                        "column {name} is pickled: unpickling runs code from whoever wrote the dataset; pass \
+                         allow_unsafe_types=True if you trust them"
+                    )));
+                }
+                Value::Pickle(v) => py.import("pickle")?.call_method1("loads", (PyBytes::new(py, &v),))?,
+                Value::NdArray { dtype, shape, data } => {
+                    let array =
+                        py.import("numpy")?.call_method1("frombuffer", (PyBytes::new(py, &data), dtype))?;
+                    array.call_method1("reshape", (shape,))?.call_method0("copy")?
+                }
+            };
+            out.set_item(name, object)?;
+        }
+        Ok(out)
     }
 
     fn __len__(&self) -> usize {

@@ -3,6 +3,8 @@ each format's own reader on files that reader's tools wrote:
 
 - Megatron indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``) written by megatron-core's
   ``IndexedDatasetBuilder``, against its ``IndexedDataset``: one sample per sequence;
+- MDS datasets written by MosaicML Streaming's ``MDSWriter``, against its
+  ``LocalDataset``: a dict of columns per sample, every default encoding;
 - token arrays: ``.npy`` files written by ``numpy.save``, and raw ``uint16`` files (nanoGPT's
   ``train.bin``), against ``numpy.memmap``: windows of ``seq_len + 1`` tokens every
   ``seq_len``, across file boundaries;
@@ -46,7 +48,33 @@ def formats_root(tmp_path_factory):
             builder.add_item(torch.from_numpy(rng.integers(0, 50_000, length).astype(np.int64)))
             builder.end_document()
         builder.finalize(f"{path}.idx")
+    write_mds(root, rng)
     return root
+
+
+MDS_COLUMNS = {"id": "int", "text": "str", "tokens": "ndarray:int32", "blob": "bytes", "meta": "json",
+               "score": "float32", "grid": "ndarray", "small": "uint16", "fixed": "ndarray:int16:2,3"}
+
+
+def write_mds(root, rng):
+    """MDS datasets by MosaicML Streaming's own MDSWriter: several shards (a small
+    size_limit), every default encoding; one with a pickled column; one compressed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from streaming import MDSWriter
+    with MDSWriter(out=str(root / "mds"), columns=MDS_COLUMNS, size_limit=1 << 14) as writer:
+        for i in range(60):
+            writer.write({
+                "id": i, "text": "sample " * int(rng.integers(0, 30)) + f"#{i} é", "blob": rng.bytes(int(rng.integers(0, 900))),
+                "tokens": rng.integers(0, 50_000, int(rng.integers(1, 400))).astype(np.int32),
+                "meta": {"i": i, "tags": ["a", "b"][: i % 3]}, "score": float(i) / 7,
+                "grid": rng.random((int(rng.integers(1, 4)), 3)).astype(np.float32), "small": i * 3,
+                "fixed": np.arange(6, dtype=np.int16).reshape(2, 3) + i,
+            })
+    with MDSWriter(out=str(root / "mds-pkl"), columns={"obj": "pkl"}) as writer:
+        writer.write({"obj": {"a": (1, 2)}})
+    with MDSWriter(out=str(root / "mds-zstd"), columns={"id": "int"}, compression="zstd") as writer:
+        writer.write({"id": 1})
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +178,43 @@ def test_datasets_over_a_format_give_every_sample_once_and_resume_under_another_
     records = first[0]._records
     seen_values = [tuple(records.decode(d)) for d in records.read(seen)]
     assert sorted(seen_values + [tuple(v) for v in rest]) == everything
+
+
+def test_mds_samples_match_mosaicml_streamings_reader(formats_spoke, formats_root):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from streaming import LocalDataset
+    reference = LocalDataset(local=str(formats_root / "mds"))
+    samples = shardcache.Client(formats_spoke).samples("mds", format="mds")
+    assert len(samples.shards) > 2, "several shards"
+    assert [name for name, _ in samples.columns] == sorted(MDS_COLUMNS)
+    _, data = every_sample(samples)
+    assert len(data) == len(reference) == 60
+    for i, raw in enumerate(data):
+        got, want = samples.decode(raw), reference[i]
+        assert set(got) == set(want)
+        for column, value in want.items():
+            if isinstance(value, np.ndarray):
+                assert got[column].dtype == value.dtype and np.array_equal(got[column], value), (i, column)
+            else:
+                assert got[column] == value, (i, column, got[column], value)
+    # The map-style dataset hands out the same dicts.
+    ds = shardcache.ShardDataset(formats_spoke, "mds", format="mds")
+    assert ds[59]["id"] == 59 and ds[59]["text"] == reference[59]["text"]
+    # And the streaming one, over two ranks: every sample once.
+    ids = []
+    for rank in range(2):
+        ids += [sample["id"] for sample in shardcache.StreamingShardDataset(
+            formats_spoke, "mds", format="mds", batch_size=4, rank=rank, world_size=2, prefetch=False)]
+    assert sorted(ids) == list(range(60))
+
+
+def test_mds_pickles_need_consent_and_compressed_shards_are_refused_with_the_fix(formats_spoke):
+    client = shardcache.Client(formats_spoke)
+    pkl = client.samples("mds-pkl", format="mds")
+    (raw,) = pkl.read([(0, 0)])
+    with pytest.raises(shardcache.ShardcacheError, match="allow_unsafe_types=True"):
+        pkl.decode(raw)
+    assert pkl.decode(raw, allow_unsafe_types=True) == {"obj": {"a": (1, 2)}}
+    with pytest.raises(shardcache.ShardcacheError, match="compressed whole .*without compression="):
+        client.samples("mds-zstd", format="mds")

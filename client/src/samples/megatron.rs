@@ -125,6 +125,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
         shards: pairs.iter().map(|(bin, _)| bin.shard.clone()).collect(),
         layout: Layout::Bounds(bounds),
         dtype: kind.map(str::to_owned),
+        columns: None,
     })
 }
 

@@ -8,6 +8,8 @@
 //! - [`Format::Records`]: fixed-size records in flat files (the seed's token windows);
 //! - [`Format::Megatron`]: Megatron-LM indexed datasets (`PREFIX.bin` + `PREFIX.idx`),
 //!   one sample per sequence (a document of any length) ([`megatron`]);
+//! - [`Format::Mds`]: MosaicML Streaming's MDS datasets (`index.json` + shards), one
+//!   sample per MDS sample, decoded by column with [`SampleIndex::decode`] ([`mds`]);
 //! - [`Format::Tokens`]: token arrays (`.npy`, or raw files of a given dtype) read as
 //!   windows of `seq_len + 1` tokens every `seq_len`, over the shards joined end to end
 //!   (a window may cross from one shard into the next, as nanoGPT's loader reads one
@@ -16,6 +18,7 @@
 //! Samples are numbered per shard: a sample belongs to the shard its first byte is in,
 //! so a block shuffle over shards (the Python datasets') works for every format.
 
+pub mod mds;
 pub mod megatron;
 pub mod tokens;
 
@@ -40,6 +43,8 @@ pub enum Format {
     /// Megatron-LM indexed datasets: each `PREFIX.bin` with its `PREFIX.idx` is a shard
     /// whose samples are its sequences.
     Megatron,
+    /// MosaicML Streaming's MDS: `index.json` and the shards it lists.
+    Mds,
     /// Token arrays: every `.npy` file (its header gives the dtype), or, with `dtype`,
     /// every file as raw tokens of that numpy dtype (`"uint16"`, `"int32"`...); samples are
     /// windows of `seq_len + 1` tokens starting every `seq_len` tokens (inputs and their
@@ -76,6 +81,8 @@ pub struct SampleIndex {
     layout: Layout,
     /// numpy dtype of the values (tokens), when the format says.
     dtype: Option<String>,
+    /// The columns of a sample (MDS).
+    columns: Option<Vec<mds::Column>>,
 }
 
 impl SampleIndex {
@@ -85,6 +92,7 @@ impl SampleIndex {
         match format {
             Format::Records { record_size } => Ok(Self::records(dataset, &listed, *record_size)?),
             Format::Megatron => megatron::open(client, dataset, &listed).await,
+            Format::Mds => mds::open(client, dataset, &listed).await,
             Format::Tokens { seq_len, dtype } => {
                 tokens::open(client, dataset, &listed, *seq_len, dtype).await
             }
@@ -113,7 +121,7 @@ impl SampleIndex {
             at += end - start;
         }
         let layout = Layout::Windows { regions, step, window, counts, firsts };
-        Self { dataset: dataset.to_owned(), shards, layout, dtype }
+        Self { dataset: dataset.to_owned(), shards, layout, dtype, columns: None }
     }
 
     /// Fixed-size records in every listed file.
@@ -130,6 +138,7 @@ impl SampleIndex {
                 counts: listed.iter().map(|s| s.size / size).collect(),
             },
             dtype: None,
+            columns: None,
         })
     }
 
@@ -145,6 +154,19 @@ impl SampleIndex {
     /// The numpy dtype of the samples' values, when the format says (tokens, Megatron).
     pub fn dtype(&self) -> Option<&str> {
         self.dtype.as_deref()
+    }
+
+    /// The columns of each sample, where the format has columns (MDS).
+    pub fn columns(&self) -> Option<&[mds::Column]> {
+        self.columns.as_deref()
+    }
+
+    /// A sample's columns, decoded (MDS); an error for a format without columns.
+    pub fn decode(&self, sample: &Bytes) -> Result<Vec<(String, mds::Value)>> {
+        let columns = self.columns.as_deref().ok_or_else(|| {
+            Error::Config(format!("dataset {:?}: its samples have no columns to decode", self.dataset))
+        })?;
+        mds::decode(columns, sample)
     }
 
     /// Samples per shard.

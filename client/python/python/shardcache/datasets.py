@@ -1,4 +1,10 @@
-"""PyTorch-ready datasets over fixed-size records (the seed's 16 KiB token windows).
+"""PyTorch-ready datasets over a dataset's samples, in the format it already has:
+``format="records"`` (fixed-size records: the seed's 16 KiB token windows, the default),
+``"megatron"`` (Megatron-LM's PREFIX.bin + PREFIX.idx: a sample per sequence), ``"mds"``
+(MosaicML Streaming's index.json + shards: a dict of columns per sample) or ``"tokens"``
+(.npy files, or raw files of ``dtype``: windows of ``seq_len + 1`` tokens every
+``seq_len``, across files). The index comes from the format itself, read through the
+spoke (``Client.samples``).
 
 Both work with ``torch.utils.data.DataLoader`` when torch is installed and as plain
 Python objects without it. With numpy, a record is read as values of ``dtype`` (how the
@@ -110,8 +116,11 @@ class _Records:
         tensor_dtype: Optional[str] = "int64",
         format: str = "records",
         seq_len: Optional[int] = None,
+        allow_unsafe_types: bool = False,
     ):
         self.endpoint = endpoint
+        self.format = format
+        self.allow_unsafe_types = allow_unsafe_types
         self.dataset = dataset
         self.client_args = client_args
         self._client: Optional[Client] = None
@@ -137,7 +146,9 @@ class _Records:
             self.starts.append(total)
             total += count
         self.total = total
-        self.dtype = self._value_dtype(dtype, samples.dtype) if _np is not None else None
+        # MDS samples are dicts of columns, decoded by the native index.
+        columnar = samples.columns is not None
+        self.dtype = self._value_dtype(dtype, samples.dtype) if _np is not None and not columnar else None
         self.tensor_dtype = tensor_dtype
 
     def _value_dtype(self, asked: Optional[str], format_dtype: Optional[str]) -> Optional[str]:
@@ -196,6 +207,8 @@ class _Records:
         return self.samples.read(items)
 
     def decode(self, data: bytes) -> Any:
+        if self.format == "mds":
+            return self.samples.decode(data, allow_unsafe_types=self.allow_unsafe_types)
         if self.dtype is None:
             return data
         values = _np.frombuffer(data, dtype=self.dtype)
@@ -219,10 +232,12 @@ class ShardDataset(_MapBase):
         tensor_dtype: Optional[str] = "int64",
         format: str = "records",
         seq_len: Optional[int] = None,
+        allow_unsafe_types: bool = False,
         **client_args: Any,
     ):
         self._records = _Records(
-            endpoint, dataset, record_size, dtype, client_args, tensor_dtype, format=format, seq_len=seq_len
+            endpoint, dataset, record_size, dtype, client_args, tensor_dtype, format=format, seq_len=seq_len,
+            allow_unsafe_types=allow_unsafe_types,
         )
 
     def __len__(self) -> int:
@@ -280,6 +295,7 @@ class StreamingShardDataset(_IterableBase):
         tensor_dtype: Optional[str] = "int64",
         format: str = "records",
         seq_len: Optional[int] = None,
+        allow_unsafe_types: bool = False,
         **client_args: Any,
     ):
         if batch_size <= 0:
@@ -290,7 +306,8 @@ class StreamingShardDataset(_IterableBase):
         self.plan = plan
         self.job = job
         self._records = _Records(
-            endpoint, dataset, record_size, dtype, client_args, tensor_dtype, format=format, seq_len=seq_len
+            endpoint, dataset, record_size, dtype, client_args, tensor_dtype, format=format, seq_len=seq_len,
+            allow_unsafe_types=allow_unsafe_types,
         )
         default_rank, default_world = _rank_and_world()
         self.rank = default_rank if rank is None else rank

@@ -1,0 +1,339 @@
+//! MosaicML Streaming's MDS datasets (`streaming/base/format/mds`), read as they are:
+//!
+//! - `index.json`: `{"shards": [...], "version": 2}`; each shard entry names its file
+//!   (`raw_data.basename`), its sample count, and its columns (`column_names`, sorted;
+//!   `column_encodings`; `column_sizes`, `null` for a variable-size column);
+//! - a shard file: `u32 N`, `u32 offsets[N + 1]` (absolute; sample `i` is
+//!   `offsets[i]..offsets[i + 1]`, `offsets[N]` the file's length), the shard's config
+//!   as JSON, then the samples;
+//! - a sample: a `u32` size for each variable-size column, in column order, then every
+//!   column's bytes in that order. All little-endian.
+//!
+//! Every shard's offset table is read in one batch of ranged reads; a shard compressed
+//! whole (`compression: "zstd"`) cannot be read by ranges and is refused with the fix.
+
+use bytes::Bytes;
+use serde::Deserialize;
+use shardcache_proto::v1::ShardInfo;
+
+use super::{Layout, SampleIndex, read_batched};
+use crate::{Client, Error, Range, Result};
+
+/// The index file at the top of an MDS dataset.
+pub const INDEX: &str = "index.json";
+
+#[derive(Debug, Deserialize)]
+struct IndexFile {
+    shards: Vec<ShardEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ShardEntry {
+    format: String,
+    samples: u64,
+    column_names: Vec<String>,
+    column_encodings: Vec<String>,
+    column_sizes: Vec<Option<u64>>,
+    compression: Option<String>,
+    raw_data: FileEntry,
+}
+
+#[derive(Debug, Deserialize)]
+struct FileEntry {
+    basename: String,
+    bytes: u64,
+}
+
+/// One column of an MDS dataset: its name, encoding, and size when fixed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    pub encoding: String,
+    pub size: Option<u64>,
+}
+
+/// A column's value, decoded as MosaicML's encodings say.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Str(String),
+    Bytes(Bytes),
+    /// `json`: the JSON text.
+    Json(String),
+    /// `pkl`: a pickle, unpickled only where the user trusts the writer.
+    Pickle(Bytes),
+    /// `ndarray[:DTYPE[:SHAPE]]`: values in C order, little-endian.
+    NdArray {
+        dtype: String,
+        shape: Vec<u64>,
+        data: Bytes,
+    },
+}
+
+/// The samples of the shards `index.json` lists, and their columns.
+pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
+    let Some(index) = listed.iter().find(|s| s.shard == INDEX) else {
+        return Err(Error::Config(format!(
+            "dataset {dataset:?} has no {INDEX} at its top (not an MDS dataset)"
+        )));
+    };
+    let bytes = read_batched(client, vec![Range::new(dataset, INDEX, 0, index.size)]).await?;
+    let file: IndexFile = serde_json::from_slice(&bytes[0])
+        .map_err(|e| Error::Config(format!("{dataset}/{INDEX} is not MDS's index: {e}")))?;
+    let columns = columns(dataset, &file)?;
+    let shards: Vec<&ShardEntry> = file.shards.iter().collect();
+    let heads =
+        shards.iter().map(|s| Range::new(dataset, &s.raw_data.basename, 0, 4 * (s.samples + 2))).collect();
+    let mut bounds = Vec::with_capacity(shards.len());
+    for (shard, head) in shards.iter().zip(read_batched(client, heads).await?) {
+        bounds.push(offsets(dataset, shard, &head)?);
+    }
+    Ok(SampleIndex {
+        dataset: dataset.to_owned(),
+        shards: shards.iter().map(|s| s.raw_data.basename.clone()).collect(),
+        layout: Layout::Bounds(bounds),
+        dtype: None,
+        columns: Some(columns),
+    })
+}
+
+/// The dataset's columns: every shard's must be the same, and uncompressed.
+fn columns(dataset: &str, file: &IndexFile) -> Result<Vec<Column>> {
+    let mut columns: Option<Vec<Column>> = None;
+    for shard in &file.shards {
+        let name = &shard.raw_data.basename;
+        if shard.format != "mds" {
+            return Err(Error::Config(format!("{dataset}/{name}: format {:?}, not mds", shard.format)));
+        }
+        if let Some(compression) = &shard.compression {
+            return Err(Error::Config(format!(
+                "{dataset}/{name} is compressed whole ({compression}): it cannot be read by ranges; write the \
+                 dataset without compression= (the spoke's disk and the link's transport compress instead)"
+            )));
+        }
+        let these: Vec<Column> =
+            (shard.column_names.iter().zip(&shard.column_encodings).zip(&shard.column_sizes))
+                .map(|((name, encoding), size)| Column {
+                    name: name.clone(),
+                    encoding: encoding.clone(),
+                    size: *size,
+                })
+                .collect();
+        if these.len() != shard.column_names.len() || shard.column_encodings.len() != shard.column_sizes.len()
+        {
+            return Err(Error::Config(format!("{dataset}/{INDEX}: {name} lists columns of unequal counts")));
+        }
+        match &columns {
+            Some(first) if *first != these => {
+                return Err(Error::Config(format!("{dataset}/{name}: columns unlike the first shard's")));
+            }
+            _ => columns = Some(these),
+        }
+    }
+    columns.ok_or_else(|| Error::Config(format!("{dataset}/{INDEX} lists no shards")))
+}
+
+/// Sample bounds from the start of `shard`'s file (`head`).
+fn offsets(dataset: &str, shard: &ShardEntry, head: &[u8]) -> Result<Vec<u64>> {
+    let name = &shard.raw_data.basename;
+    let u32_at = |i: usize| {
+        head.get(i * 4..i * 4 + 4).map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+    };
+    if u32_at(0) != Some(shard.samples) {
+        return Err(Error::Config(format!(
+            "{dataset}/{name} holds {:?} samples where {INDEX} says {}",
+            u32_at(0),
+            shard.samples
+        )));
+    }
+    let bounds: Option<Vec<u64>> = (1..=shard.samples as usize + 1).map(u32_at).collect();
+    let bounds =
+        bounds.ok_or_else(|| Error::Config(format!("{dataset}/{name}: its offset table is cut short")))?;
+    let sorted = bounds.windows(2).all(|w| w[0] <= w[1]);
+    if !sorted || bounds.last() != Some(&shard.raw_data.bytes) {
+        return Err(Error::Config(format!(
+            "{dataset}/{name}: its offsets do not end at its {} bytes",
+            shard.raw_data.bytes
+        )));
+    }
+    Ok(bounds)
+}
+
+/// Decodes one sample's bytes into its columns' values, in column order.
+pub fn decode(columns: &[Column], sample: &Bytes) -> Result<Vec<(String, Value)>> {
+    let bad =
+        |why: String| Error::Protocol { endpoint: String::new(), detail: format!("an MDS sample: {why}") };
+    let variable = columns.iter().filter(|c| c.size.is_none()).count();
+    let mut at = 4 * variable;
+    if sample.len() < at {
+        return Err(bad(format!("{} bytes, shorter than its {variable} sizes", sample.len())));
+    }
+    let mut sizes = (0..variable)
+        .map(|i| u64::from(u32::from_le_bytes(sample[i * 4..i * 4 + 4].try_into().unwrap_or_default())));
+    let mut out = Vec::with_capacity(columns.len());
+    for column in columns {
+        let size = column.size.or_else(|| sizes.next()).unwrap_or_default() as usize;
+        let data = sample
+            .get(at..at + size)
+            .ok_or_else(|| bad(format!("column {} runs past the sample", column.name)))?;
+        let value = value(&column.encoding, sample.slice(at..at + data.len()))
+            .map_err(|why| bad(format!("column {} ({}): {why}", column.name, column.encoding)))?;
+        out.push((column.name.clone(), value));
+        at += size;
+    }
+    Ok(out)
+}
+
+/// A column's bytes as its encoding says.
+fn value(encoding: &str, data: Bytes) -> std::result::Result<Value, String> {
+    let fixed = |n: usize| -> std::result::Result<[u8; 8], String> {
+        let mut out = [0u8; 8];
+        if data.len() != n {
+            return Err(format!("{} bytes where {n} are expected", data.len()));
+        }
+        out[..n].copy_from_slice(&data);
+        Ok(out)
+    };
+    let text = || String::from_utf8(data.to_vec()).map_err(|_| "not UTF-8".to_owned());
+    let word = |n: usize| fixed(n).map(u64::from_le_bytes);
+    Ok(match encoding {
+        "int8" => Value::Int(i64::from(word(1)? as u8 as i8)),
+        "int16" => Value::Int(i64::from(word(2)? as u16 as i16)),
+        "int32" => Value::Int(i64::from(word(4)? as u32 as i32)),
+        "int64" | "int" => Value::Int(word(8)? as i64),
+        "uint8" => Value::UInt(word(1)?),
+        "uint16" => Value::UInt(word(2)?),
+        "uint32" => Value::UInt(word(4)?),
+        "uint64" => Value::UInt(word(8)?),
+        "float16" => Value::Float(f64::from(half_to_f32(word(2)? as u16))),
+        "float32" => Value::Float(f64::from(f32::from_bits(word(4)? as u32))),
+        "float64" => Value::Float(f64::from_bits(word(8)?)),
+        "str" | "str_decimal" => Value::Str(text()?),
+        "str_int" => Value::Int(text()?.trim().parse().map_err(|_| "not an integer".to_owned())?),
+        "str_float" => Value::Float(text()?.trim().parse().map_err(|_| "not a number".to_owned())?),
+        "bytes" | "jpeg" | "png" => Value::Bytes(data),
+        "json" => Value::Json(text()?),
+        "pkl" => Value::Pickle(data),
+        nd if nd == "ndarray" || nd.starts_with("ndarray:") => ndarray(nd, data)?,
+        other => return Err(format!("the encoding {other:?} is not read here")),
+    })
+}
+
+/// An `ndarray[:DTYPE[:D0,D1,...]]` column: a dtype code byte unless the encoding names
+/// the dtype, a shape (`ndim << 2 | width` then dims of 1, 2, 4 or 8 bytes) unless it
+/// names the shape, then the values.
+fn ndarray(encoding: &str, data: Bytes) -> std::result::Result<Value, String> {
+    let mut parts = encoding.split(':').skip(1);
+    let (named_dtype, named_shape) = (parts.next(), parts.next());
+    let mut at = 0usize;
+    let dtype = match named_dtype {
+        Some(dtype) => dtype.to_owned(),
+        None => {
+            let code = *data.first().ok_or("empty")?;
+            at = 1;
+            let name = match code {
+                8 => "uint8",
+                9 => "int8",
+                16 => "uint16",
+                17 => "int16",
+                18 => "float16",
+                32 => "uint32",
+                33 => "int32",
+                34 => "float32",
+                64 => "uint64",
+                65 => "int64",
+                66 => "float64",
+                other => return Err(format!("dtype code {other}")),
+            };
+            name.to_owned()
+        }
+    };
+    let shape: Vec<u64> = match named_shape {
+        Some(dims) => dims
+            .split(',')
+            .map(|d| d.trim().parse().map_err(|_| format!("shape {dims}")))
+            .collect::<std::result::Result<_, _>>()?,
+        None => {
+            let head = *data.get(at).ok_or("no shape")?;
+            at += 1;
+            let (ndim, width) = (usize::from(head >> 2), 1usize << (head & 3));
+            let mut dims = Vec::with_capacity(ndim);
+            for _ in 0..ndim {
+                let bytes = data.get(at..at + width).ok_or("shape cut short")?;
+                let mut word = [0u8; 8];
+                word[..width].copy_from_slice(bytes);
+                dims.push(u64::from_le_bytes(word));
+                at += width;
+            }
+            dims
+        }
+    };
+    let item = super::tokens::item_size(&dtype).ok_or_else(|| format!("dtype {dtype}"))?;
+    let expected = shape.iter().product::<u64>() * item;
+    if (data.len() - at) as u64 != expected {
+        return Err(format!("{} bytes of values where the shape needs {expected}", data.len() - at));
+    }
+    Ok(Value::NdArray { dtype, shape, data: data.slice(at..) })
+}
+
+/// An IEEE half-precision value as f32.
+fn half_to_f32(h: u16) -> f32 {
+    let (sign, exp, frac) = (u32::from(h >> 15), u32::from((h >> 10) & 0x1f), u32::from(h & 0x3ff));
+    let bits = match (exp, frac) {
+        (0, 0) => sign << 31,
+        (0, _) => {
+            // Subnormal: normalise.
+            let shift = frac.leading_zeros() - 21;
+            ((sign << 31) | ((127 - 15 + 1 - shift) << 23)) | ((frac << shift) & 0x3ff) << 13
+        }
+        (0x1f, _) => (sign << 31) | (0xff << 23) | (frac << 13),
+        _ => (sign << 31) | ((exp + 127 - 15) << 23) | (frac << 13),
+    };
+    f32::from_bits(bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_decodes_column_by_column() {
+        // {"blob": bytes, "id": int, "text": str, "tokens": ndarray:int32} as MDSWriter
+        // writes {blob: b"\x00\x01", id: 0, text: "hello", tokens: [1, 2, 3]}.
+        let columns = [
+            ("blob", "bytes", None),
+            ("id", "int", Some(8)),
+            ("text", "str", None),
+            ("tokens", "ndarray:int32", None),
+        ]
+        .map(|(n, e, s)| Column { name: n.into(), encoding: e.into(), size: s });
+        let mut sample = Vec::new();
+        for size in [2u32, 5, 14] {
+            sample.extend_from_slice(&size.to_le_bytes());
+        }
+        sample.extend_from_slice(&[0, 1]);
+        sample.extend_from_slice(&0i64.to_le_bytes());
+        sample.extend_from_slice(b"hello");
+        sample.extend_from_slice(&[4, 3]);
+        for v in [1i32, 2, 3] {
+            sample.extend_from_slice(&v.to_le_bytes());
+        }
+        let values = decode(&columns, &Bytes::from(sample)).unwrap();
+        assert_eq!(values[0].1, Value::Bytes(Bytes::from_static(&[0, 1])));
+        assert_eq!(values[1].1, Value::Int(0));
+        assert_eq!(values[2].1, Value::Str("hello".into()));
+        let Value::NdArray { dtype, shape, data } = &values[3].1 else { panic!("{values:?}") };
+        assert_eq!((dtype.as_str(), shape.as_slice(), data.len()), ("int32", &[3u64][..], 12));
+        assert!(decode(&columns, &Bytes::from_static(&[9, 0, 0, 0])).is_err(), "cut short");
+    }
+
+    #[test]
+    fn half_precision_values() {
+        assert_eq!(half_to_f32(0x3c00), 1.0);
+        assert_eq!(half_to_f32(0xc000), -2.0);
+        assert_eq!(half_to_f32(0x0001), 2f32.powi(-24));
+        assert!(half_to_f32(0x7e00).is_nan());
+    }
+}
