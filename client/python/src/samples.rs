@@ -23,10 +23,11 @@ pub(crate) fn format(
         "records" => Format::Records { record_size: record_size.ok_or_else(|| missing("record_size"))? },
         "megatron" => Format::Megatron,
         "mds" => Format::Mds,
+        "webdataset" => Format::WebDataset,
         "tokens" => Format::Tokens { seq_len: seq_len.ok_or_else(|| missing("seq_len"))?, dtype },
         other => {
             return Err(ShardcacheError::new_err(format!(
-                "format={other:?}: give \"records\", \"megatron\", \"mds\" or \"tokens\""
+                "format={other:?}: give \"records\", \"megatron\", \"mds\", \"webdataset\" or \"tokens\""
             )));
         }
     })
@@ -100,6 +101,29 @@ impl Samples {
                 }
             };
             out.set_item(name, object)?;
+        }
+        Ok(out)
+    }
+
+    /// WebDataset samples as webdataset hands them out: dicts of `__key__` and each
+    /// field's bytes by extension.
+    fn read_fields<'py>(&self, py: Python<'py>, samples: Vec<(usize, u64)>) -> PyResult<Bound<'py, PyList>> {
+        let (index, items) = (self.index.clone(), samples.clone());
+        let data = self.client.get().run(py, |c| async move { index.read_pieces(&c, &items).await })?;
+        let out = PyList::empty(py);
+        for (&(shard, k), pieces) in samples.iter().zip(data) {
+            let (key, fields) = self.index.fields(shard, k).ok_or_else(|| {
+                ShardcacheError::new_err(format!(
+                    "dataset {:?} has no fields (not webdataset)",
+                    self.index.dataset()
+                ))
+            })?;
+            let sample = PyDict::new(py);
+            sample.set_item("__key__", key)?;
+            for (field, bytes) in fields.into_iter().zip(pieces) {
+                sample.set_item(field, PyBytes::new(py, &bytes))?;
+            }
+            out.append(sample)?;
         }
         Ok(out)
     }

@@ -5,6 +5,8 @@ each format's own reader on files that reader's tools wrote:
   ``IndexedDatasetBuilder``, against its ``IndexedDataset``: one sample per sequence;
 - MDS datasets written by MosaicML Streaming's ``MDSWriter``, against its
   ``LocalDataset``: a dict of columns per sample, every default encoding;
+- WebDataset tar shards written by webdataset's ``TarWriter``, against its own
+  iteration: a dict of ``__key__`` and each field's bytes;
 - token arrays: ``.npy`` files written by ``numpy.save``, and raw ``uint16`` files (nanoGPT's
   ``train.bin``), against ``numpy.memmap``: windows of ``seq_len + 1`` tokens every
   ``seq_len``, across file boundaries;
@@ -49,7 +51,24 @@ def formats_root(tmp_path_factory):
             builder.end_document()
         builder.finalize(f"{path}.idx")
     write_mds(root, rng)
+    write_webdataset(root, rng)
     return root
+
+
+def write_webdataset(root, rng):
+    """Tar shards by webdataset's own TarWriter: keys with directories and dots in
+    them, a field name with two dots, a long name (past ustar's 100 bytes), big and
+    empty fields."""
+    import webdataset as wds
+
+    (root / "wds").mkdir()
+    for shard in range(3):
+        with wds.TarWriter(str(root / "wds" / f"shard-{shard:04d}.tar")) as sink:
+            for i in range(20 + shard * 7):
+                key = f"part.{shard}/{'x' * (120 if i == 3 else 4)}{i:05d}"
+                sink.write({"__key__": key, "txt": f"sample {i}" * int(rng.integers(0, 50)),
+                            "seg.png": rng.bytes(int(rng.integers(0, 200_000))), "cls": str(i % 10),
+                            "empty.bin": b""})
 
 
 MDS_COLUMNS = {"id": "int", "text": "str", "tokens": "ndarray:int32", "blob": "bytes", "meta": "json",
@@ -176,7 +195,7 @@ def test_datasets_over_a_format_give_every_sample_once_and_resume_under_another_
         ds.load_state_dict(state)
         rest += list(ds)
     records = first[0]._records
-    seen_values = [tuple(records.decode(d)) for d in records.read(seen)]
+    seen_values = [tuple(v) for v in records.load(seen)]
     assert sorted(seen_values + [tuple(v) for v in rest]) == everything
 
 
@@ -218,3 +237,26 @@ def test_mds_pickles_need_consent_and_compressed_shards_are_refused_with_the_fix
     assert pkl.decode(raw, allow_unsafe_types=True) == {"obj": {"a": (1, 2)}}
     with pytest.raises(shardcache.ShardcacheError, match="compressed whole .*without compression="):
         client.samples("mds-zstd", format="mds")
+
+
+def without_locations(sample):
+    """webdataset's sample without where it read it from (``__url__``, ``__local_path__``)."""
+    return {k: v for k, v in sample.items() if k == "__key__" or not k.startswith("__")}
+
+
+def test_webdataset_samples_match_webdatasets_own_iteration(formats_spoke, formats_root):
+    import webdataset as wds
+
+    samples = shardcache.Client(formats_spoke).samples("wds", format="webdataset")
+    assert samples.shards == [f"shard-{i:04d}.tar" for i in range(3)] and samples.counts == [20, 27, 34]
+    items = [(s, k) for s, count in enumerate(samples.counts) for k in range(count)]
+    ours = samples.read_fields(items)
+    urls = [str(formats_root / "wds" / name) for name in samples.shards]
+    theirs = list(wds.WebDataset(urls, shardshuffle=False))
+    assert len(ours) == len(theirs)
+    for got, want in zip(ours, theirs):
+        want = without_locations(want)
+        assert got == want, (got["__key__"], want["__key__"])
+    # The datasets hand out the same dicts.
+    ds = shardcache.ShardDataset(formats_spoke, "wds", format="webdataset")
+    assert ds[len(ds) - 1] == without_locations(theirs[-1])

@@ -10,6 +10,8 @@
 //!   one sample per sequence (a document of any length) ([`megatron`]);
 //! - [`Format::Mds`]: MosaicML Streaming's MDS datasets (`index.json` + shards), one
 //!   sample per MDS sample, decoded by column with [`SampleIndex::decode`] ([`mds`]);
+//! - [`Format::WebDataset`]: WebDataset tar shards, a sample per run of files with one
+//!   key, its fields by extension ([`webdataset`]);
 //! - [`Format::Tokens`]: token arrays (`.npy`, or raw files of a given dtype) read as
 //!   windows of `seq_len + 1` tokens every `seq_len`, over the shards joined end to end
 //!   (a window may cross from one shard into the next, as nanoGPT's loader reads one
@@ -21,6 +23,7 @@
 pub mod mds;
 pub mod megatron;
 pub mod tokens;
+pub mod webdataset;
 
 use bytes::{Bytes, BytesMut};
 use shardcache_proto::{range::MAX_RANGES_PER_CALL, v1::ShardInfo};
@@ -45,6 +48,8 @@ pub enum Format {
     Megatron,
     /// MosaicML Streaming's MDS: `index.json` and the shards it lists.
     Mds,
+    /// WebDataset: every `.tar` file, samples grouped by key.
+    WebDataset,
     /// Token arrays: every `.npy` file (its header gives the dtype), or, with `dtype`,
     /// every file as raw tokens of that numpy dtype (`"uint16"`, `"int32"`...); samples are
     /// windows of `seq_len + 1` tokens starting every `seq_len` tokens (inputs and their
@@ -65,6 +70,8 @@ pub struct Piece {
 enum Layout {
     /// Sample `k` of shard `s` is `[bounds[s][k], bounds[s][k + 1])`.
     Bounds(Vec<Vec<u64>>),
+    /// WebDataset: the samples of each shard, their fields' bytes each a piece.
+    Groups(Vec<Vec<webdataset::Group>>),
     /// Records of `size` bytes from `first[s]`, `counts[s]` of them in shard `s`.
     Records { size: u64, first: Vec<u64>, counts: Vec<u64> },
     /// Windows of `window` bytes every `step` bytes over the shards' data regions joined
@@ -93,6 +100,7 @@ impl SampleIndex {
             Format::Records { record_size } => Ok(Self::records(dataset, &listed, *record_size)?),
             Format::Megatron => megatron::open(client, dataset, &listed).await,
             Format::Mds => mds::open(client, dataset, &listed).await,
+            Format::WebDataset => webdataset::open(client, dataset, &listed).await,
             Format::Tokens { seq_len, dtype } => {
                 tokens::open(client, dataset, &listed, *seq_len, dtype).await
             }
@@ -169,10 +177,19 @@ impl SampleIndex {
         mds::decode(columns, sample)
     }
 
+    /// The key and field names of sample `k` of `shard` (WebDataset), in the order
+    /// [`SampleIndex::pieces`] gives their bytes.
+    pub fn fields(&self, shard: usize, k: u64) -> Option<(&str, Vec<&str>)> {
+        let Layout::Groups(groups) = &self.layout else { return None };
+        let group = groups.get(shard)?.get(k as usize)?;
+        Some((&group.key, group.fields.iter().map(|(name, _, _)| name.as_str()).collect()))
+    }
+
     /// Samples per shard.
     pub fn counts(&self) -> Vec<u64> {
         match &self.layout {
             Layout::Bounds(bounds) => bounds.iter().map(|b| b.len().saturating_sub(1) as u64).collect(),
+            Layout::Groups(groups) => groups.iter().map(|g| g.len() as u64).collect(),
             Layout::Records { counts, .. } | Layout::Windows { counts, .. } => counts.clone(),
         }
     }
@@ -198,6 +215,10 @@ impl SampleIndex {
                 };
                 Ok(vec![Piece { shard, offset: start, length: end - start }])
             }
+            Layout::Groups(groups) => {
+                let group = groups.get(shard).and_then(|g| g.get(k as usize)).ok_or_else(outside)?;
+                Ok(group.fields.iter().map(|&(_, offset, length)| Piece { shard, offset, length }).collect())
+            }
             Layout::Records { size, first, counts } => {
                 if counts.get(shard).is_none_or(|&c| k >= c) {
                     return Err(outside());
@@ -213,24 +234,38 @@ impl SampleIndex {
         }
     }
 
-    /// The bytes of `samples` ((shard, k) each), in order, verified; batched into as few
-    /// `ReadRanges` calls as the servers' bounds allow.
-    pub async fn read(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Bytes>> {
+    /// Each of `samples` as its pieces' bytes (a WebDataset sample's fields), in order.
+    pub async fn read_pieces(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Vec<Bytes>>> {
         let mut ranges = Vec::new();
-        let mut owners = Vec::new();
-        for (i, &(shard, k)) in samples.iter().enumerate() {
-            for piece in self.pieces(shard, k)? {
+        let mut counts = Vec::with_capacity(samples.len());
+        for &(shard, k) in samples {
+            let pieces = self.pieces(shard, k)?;
+            counts.push(pieces.len());
+            for piece in pieces {
                 let name = self.shards[piece.shard].clone();
                 ranges.push(Range::new(self.dataset.clone(), name, piece.offset, piece.length));
-                owners.push(i);
             }
         }
-        let data = read_batched(client, ranges).await?;
-        let mut out = vec![BytesMut::new(); samples.len()];
-        for (owner, bytes) in owners.into_iter().zip(data) {
-            out[owner].extend_from_slice(&bytes);
-        }
-        Ok(out.into_iter().map(BytesMut::freeze).collect())
+        let mut data = read_batched(client, ranges).await?.into_iter();
+        Ok(counts.into_iter().map(|n| data.by_ref().take(n).collect()).collect())
+    }
+
+    /// The bytes of `samples` ((shard, k) each), in order, verified; batched into as few
+    /// `ReadRanges` calls as the servers' bounds allow. A sample of several pieces (a
+    /// window across shards, a WebDataset sample's fields) is their bytes joined.
+    pub async fn read(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Bytes>> {
+        let pieces = self.read_pieces(client, samples).await?;
+        Ok(pieces
+            .into_iter()
+            .map(|mut pieces| match pieces.len() {
+                1 => pieces.pop().unwrap_or_default(),
+                _ => {
+                    let mut joined = BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
+                    pieces.iter().for_each(|p| joined.extend_from_slice(p));
+                    joined.freeze()
+                }
+            })
+            .collect())
     }
 }
 

@@ -54,8 +54,8 @@ class Client:
     ) -> "Samples":
         """``dataset`` as samples of any size, indexed from its format: ``"records"``
         (fixed ``record_size``), ``"megatron"`` (PREFIX.bin + PREFIX.idx, a sample per
-        sequence), ``"mds"`` (index.json + shards, decoded with ``Samples.decode``) or
-        ``"tokens"`` (.npy files, or raw files of ``dtype``: windows of
+        sequence), ``"mds"`` (index.json + shards, decoded with ``Samples.decode``),
+        ``"webdataset"`` (tar shards, ``Samples.read_fields``) or ``"tokens"`` (.npy files, or raw files of ``dtype``: windows of
         ``seq_len + 1`` tokens every ``seq_len``)."""
     def read_many(self, ranges: List[Tuple[str, str, int, int]]) -> List[bytes]:
         """A batch of ``(dataset, shard, offset, length)`` in one round trip, in order."""
@@ -103,6 +103,8 @@ class Samples:
         """``(name, encoding)`` of each column (MDS), else None."""
     def decode(self, data: bytes, allow_unsafe_types: bool = False) -> Dict[str, object]:
         """An MDS sample's bytes as a dict of its columns (pickled ones only when allowed)."""
+    def read_fields(self, samples: List[Tuple[int, int]]) -> List[Dict[str, object]]:
+        """WebDataset samples: dicts of ``__key__`` and each field's bytes."""
     def __len__(self) -> int: ...
     def read(self, samples: List[Tuple[int, int]]) -> List[bytes]:
         """The bytes of ``(shard number, sample number)`` pairs, in order, batched."""

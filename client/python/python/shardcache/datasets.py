@@ -1,7 +1,8 @@
 """PyTorch-ready datasets over a dataset's samples, in the format it already has:
 ``format="records"`` (fixed-size records: the seed's 16 KiB token windows, the default),
 ``"megatron"`` (Megatron-LM's PREFIX.bin + PREFIX.idx: a sample per sequence), ``"mds"``
-(MosaicML Streaming's index.json + shards: a dict of columns per sample) or ``"tokens"``
+(MosaicML Streaming's index.json + shards: a dict of columns per sample),
+``"webdataset"`` (tar shards: a dict of ``__key__`` and fields' bytes) or ``"tokens"``
 (.npy files, or raw files of ``dtype``: windows of ``seq_len + 1`` tokens every
 ``seq_len``, across files). The index comes from the format itself, read through the
 spoke (``Client.samples``).
@@ -146,8 +147,8 @@ class _Records:
             self.starts.append(total)
             total += count
         self.total = total
-        # MDS samples are dicts of columns, decoded by the native index.
-        columnar = samples.columns is not None
+        # MDS and WebDataset samples are dicts (of columns, of fields), made natively.
+        columnar = samples.columns is not None or format == "webdataset"
         self.dtype = self._value_dtype(dtype, samples.dtype) if _np is not None and not columnar else None
         self.tensor_dtype = tensor_dtype
 
@@ -202,9 +203,11 @@ class _Records:
         shard = bisect.bisect_right(self.starts, index) - 1
         return shard, index - self.starts[shard]
 
-    def read(self, items: List[Tuple[int, int]]) -> List[bytes]:
-        """The bytes of ``items`` ((shard, sample) each), in batched calls."""
-        return self.samples.read(items)
+    def load(self, items: List[Tuple[int, int]]) -> List[Any]:
+        """``items`` ((shard, sample) each), read in batched calls and decoded."""
+        if self.format == "webdataset":
+            return self.samples.read_fields(items)
+        return [self.decode(data) for data in self.samples.read(items)]
 
     def decode(self, data: bytes) -> Any:
         if self.format == "mds":
@@ -247,11 +250,11 @@ class ShardDataset(_MapBase):
         records = self._records
         if index < 0:
             index += records.total
-        return records.decode(records.read([records.locate(index)])[0])
+        return records.load([records.locate(index)])[0]
 
     def get_batch(self, indices: List[int]) -> List[Any]:
         records = self._records
-        return [records.decode(data) for data in records.read([records.locate(i) for i in indices])]
+        return records.load([records.locate(i) for i in indices])
 
 
 class StreamingShardDataset(_IterableBase):
@@ -469,5 +472,4 @@ class StreamingShardDataset(_IterableBase):
         if self.prefetch and todo and not planned:
             records.client.prefetch(records.dataset, self._shard_order(todo), wait=False)
         for start in range(0, len(todo), self.read_batch):
-            for data in records.read(todo[start : start + self.read_batch]):
-                yield records.decode(data)
+            yield from records.load(todo[start : start + self.read_batch])
