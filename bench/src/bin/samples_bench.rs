@@ -1,0 +1,166 @@
+//! `samples-bench`: variable-size samples against fixed-size records of the same mean
+//! size, through a warm spoke, read by the SDK's sample index (`shardcache_client::samples`)
+//! in shuffled batches of 32. Prints a markdown table.
+//!
+//! ```sh
+//! cargo build --release --workspace --bins && target/release/samples-bench
+//! ```
+//!
+//! The variable dataset is a Megatron indexed dataset (PREFIX.bin + PREFIX.idx) of
+//! documents uniformly 1-64 KiB; the fixed one, records of their mean size. Both are
+//! warmed into the spoke first, and the bench checks that the measured reads were
+//! served from it (the hub sent nothing during them) and returned every sample's size.
+
+#![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
+
+use std::{path::Path, time::Instant};
+
+use futures::future::join_all;
+use shardcache_client::{
+    CacheClient, Client,
+    samples::{Format, SampleIndex},
+};
+use shardcache_tests::{HubProcess, SpokeProcess, next_random};
+
+const SHARDS: u64 = 8;
+const SHARD_BYTES: u64 = 48 << 20;
+/// Variable samples: 1..=64 KiB, uniformly; the fixed ones their mean.
+const MIN: u64 = 1 << 10;
+const MAX: u64 = 64 << 10;
+const READERS: usize = 8;
+const BATCH: usize = 32;
+const ROUNDS: usize = 3;
+
+#[tokio::main]
+async fn main() {
+    let root = tempfile::tempdir().unwrap();
+    let mean = write_variable(&root.path().join("variable"));
+    write_fixed(&root.path().join("fixed"));
+    let hub = HubProcess::start_logged(
+        root.path(),
+        &["--metrics-listen", "127.0.0.1:0"],
+        std::process::Stdio::null(),
+        "warn",
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = SpokeProcess::start(&hub.endpoint, cache.path(), &["--capacity", "4GiB"]);
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
+    for dataset in ["variable", "fixed"] {
+        control.prefetch(dataset, &[], 0).await.unwrap().finish().await.unwrap();
+    }
+
+    println!("| samples (through a warm spoke, {READERS} readers, batches of {BATCH}) | samples/s | MB/s |");
+    println!("|---|---|---|");
+    let mut rates = Vec::new();
+    for (dataset, format) in [
+        ("fixed", Format::Records { record_size: mean }),
+        ("variable", Format::Megatron),
+        ("fixed", Format::Records { record_size: mean }),
+        ("variable", Format::Megatron),
+    ] {
+        let index = SampleIndex::open(&client, dataset, &format).await.unwrap();
+        let before = hub_bytes(&hub).await;
+        let (samples, bytes, secs) = read_shuffled(&client, &index).await;
+        assert_eq!(hub_bytes(&hub).await, before, "{dataset}: the measured reads were not all hits");
+        let rate = samples as f64 / secs;
+        println!(
+            "| {dataset}: {} samples, mean {:.1} KiB | {rate:.0} | {:.0} |",
+            index.len(),
+            bytes as f64 / samples as f64 / 1024.0,
+            bytes as f64 / secs / 1e6
+        );
+        rates.push((dataset, rate));
+    }
+    let best = |name: &str| rates.iter().filter(|(d, _)| *d == name).map(|(_, r)| *r).fold(0.0, f64::max);
+    println!(
+        "| variable / fixed (best of two runs each) | {:.2} | target >= 0.80 |",
+        best("variable") / best("fixed")
+    );
+}
+
+/// Reads every sample of `index` `ROUNDS` times in shuffled batches by `READERS` tasks;
+/// samples, bytes and seconds.
+async fn read_shuffled(client: &Client, index: &SampleIndex) -> (u64, u64, f64) {
+    let mut items: Vec<(usize, u64)> = Vec::new();
+    for (shard, count) in index.counts().into_iter().enumerate() {
+        items.extend((0..count).map(|k| (shard, k)));
+    }
+    let mut state = 42;
+    for i in (1..items.len()).rev() {
+        items.swap(i, (next_random(&mut state) % (i as u64 + 1)) as usize);
+    }
+    let started = Instant::now();
+    let per_reader = items.len().div_ceil(READERS);
+    let reads = items.chunks(per_reader).map(|mine| async move {
+        let (mut samples, mut bytes) = (0u64, 0u64);
+        for _ in 0..ROUNDS {
+            for batch in mine.chunks(BATCH) {
+                let data = index.read(client, batch).await.unwrap();
+                for (&(shard, k), d) in batch.iter().zip(&data) {
+                    let expected: u64 = index.pieces(shard, k).unwrap().iter().map(|p| p.length).sum();
+                    assert_eq!(d.len() as u64, expected);
+                }
+                samples += data.len() as u64;
+                bytes += data.iter().map(|d| d.len() as u64).sum::<u64>();
+            }
+        }
+        (samples, bytes)
+    });
+    let done = join_all(reads).await;
+    let secs = started.elapsed().as_secs_f64();
+    (done.iter().map(|d| d.0).sum(), done.iter().map(|d| d.1).sum(), secs)
+}
+
+/// Bytes the hub has served (its metrics).
+async fn hub_bytes(hub: &HubProcess) -> u64 {
+    let page = shardcache_tests::scrape_metrics(hub.metrics_addr.as_deref().unwrap()).await.unwrap();
+    page.lines()
+        .find_map(|l| l.strip_prefix("shardcache_hub_bytes_served_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap() as u64
+}
+
+/// Megatron shards of documents of uint16 tokens, 1..=64 KiB each; returns their mean size.
+fn write_variable(dir: &Path) -> u64 {
+    std::fs::create_dir_all(dir).unwrap();
+    let (mut state, mut total, mut count) = (7u64, 0u64, 0u64);
+    for shard in 0..SHARDS {
+        let (mut bin, mut lengths) = (Vec::new(), Vec::new());
+        while (bin.len() as u64) < SHARD_BYTES {
+            let bytes = (MIN + next_random(&mut state) % (MAX - MIN + 1)) & !1;
+            lengths.push((bytes / 2) as u32);
+            bin.extend((0..bytes).map(|i| (i as u8) ^ (shard as u8)));
+            (total, count) = (total + bytes, count + 1);
+        }
+        std::fs::write(dir.join(format!("part-{shard}.bin")), &bin).unwrap();
+        std::fs::write(dir.join(format!("part-{shard}.idx")), idx(&lengths)).unwrap();
+    }
+    total / count
+}
+
+/// An .idx as Megatron writes it: uint16 tokens (code 8), one sequence per document.
+fn idx(lengths: &[u32]) -> Vec<u8> {
+    let mut out = b"MMIDIDX\x00\x00".to_vec();
+    out.extend_from_slice(&1u64.to_le_bytes());
+    out.push(8);
+    out.extend_from_slice(&(lengths.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(lengths.len() as u64 + 1).to_le_bytes());
+    lengths.iter().for_each(|l| out.extend_from_slice(&l.to_le_bytes()));
+    let mut at = 0u64;
+    for l in lengths {
+        out.extend_from_slice(&at.to_le_bytes());
+        at += u64::from(*l) * 2;
+    }
+    (0..=lengths.len() as u64).for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
+    out
+}
+
+/// Plain files of the same total size (records of the variable samples' mean size).
+fn write_fixed(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for shard in 0..SHARDS {
+        let data: Vec<u8> = (0..SHARD_BYTES).map(|i| (i as u8).wrapping_mul(31) ^ (shard as u8)).collect();
+        std::fs::write(dir.join(format!("shard-{shard}.bin")), data).unwrap();
+    }
+}
