@@ -167,36 +167,49 @@ def test_megatron_sequences_match_megatron_cores_reader(formats_spoke, formats_r
         shardcache.Client(formats_spoke).samples("raw", format="megatron")
 
 
+def ident(sample):
+    """What tells one sample from another: an array's values, an MDS sample's id, a
+    WebDataset sample's key."""
+    if isinstance(sample, dict):
+        return sample.get("__key__", sample.get("id"))
+    return tuple(sample)
+
+
 @pytest.mark.parametrize("name,options", [
     ("megatron", dict(format="megatron")),
     ("npy", dict(format="tokens", seq_len=SEQ_LEN)),
+    ("mds", dict(format="mds")),
+    ("wds", dict(format="webdataset")),
 ])
-def test_datasets_over_a_format_give_every_sample_once_and_resume_under_another_world(
-        formats_spoke, name, options):
+@pytest.mark.parametrize("before,after", [((4, 2), (3, 3)), ((2, 1), (8, 2))])
+def test_every_format_resumes_under_another_world_size_seeing_each_sample_once(
+        formats_spoke, name, options, before, after):
     reference = shardcache.ShardDataset(formats_spoke, name, **options)
-    everything = sorted(tuple(reference[i]) for i in range(len(reference)))
-    assert reference[0].dtype == np.int64
+    everything = sorted(ident(reference[i]) for i in range(len(reference)))
+    assert len(set(everything)) == len(everything)
 
     def rank(r, world):
         return shardcache.StreamingShardDataset(formats_spoke, name, batch_size=4, seed=3, rank=r,
                                                 world_size=world, prefetch=False, plan=False, **options)
 
-    # 2 ranks x 2 workers take 2 batches each; then 3 ranks x 1 worker read the rest.
-    first = [rank(r, 2) for r in range(2)]
+    # Each of the first layout's ranks takes 2 batches (from its workers in turn);
+    # rank 0 saves; the second layout reads the rest of the epoch.
+    (world, workers), (new_world, new_workers) = before, after
     seen = []
+    first = [rank(r, world) for r in range(world)]
     for ds in first:
-        mine = [ds.indices(w, 2) for w in range(2)]
-        seen += mine[0][:4] + mine[1][:4]  # batch 0 from worker 0, batch 1 from worker 1
+        mine = [ds.indices(w, workers) for w in range(workers)]
+        batches = [mine[b % workers][(b // workers) * 4:(b // workers) * 4 + 4] for b in range(2)]
+        seen += ds._records.load([item for batch in batches for item in batch])
     state = first[0].state_dict(consumed=8)
-    assert state["sample_in_epoch"] == 16
+    assert state["sample_in_epoch"] == 8 * world == len(seen)
     rest = []
-    for r in range(3):
-        ds = rank(r, 3)
+    for r in range(new_world):
+        ds = rank(r, new_world)
         ds.load_state_dict(state)
-        rest += list(ds)
-    records = first[0]._records
-    seen_values = [tuple(v) for v in records.load(seen)]
-    assert sorted(seen_values + [tuple(v) for v in rest]) == everything
+        per_worker = [ds.indices(w, new_workers) for w in range(new_workers)]
+        rest += ds._records.load([item for items in per_worker for item in items])
+    assert sorted(ident(s) for s in seen + rest) == everything
 
 
 def test_mds_samples_match_mosaicml_streamings_reader(formats_spoke, formats_root):
