@@ -17,7 +17,7 @@ use shardcache_proto::{
 };
 use shardcache_proto::{
     hedge::AVOID_HEADER,
-    job::{EPOCH_HEADER, JOB_HEADER, check_job_name},
+    job::{EPOCH_HEADER, INDEX_READ_HEADER, JOB_HEADER, check_job_name},
 };
 use tonic::{
     metadata::{Ascii, MetadataValue},
@@ -113,6 +113,8 @@ pub struct Client {
     endpoint: String,
     /// The job and epoch headers reads carry ([`Client::for_job`]).
     job: Option<(MetadataValue<Ascii>, MetadataValue<Ascii>)>,
+    /// Reads are of a format's index ([`Client::for_index`]).
+    index_read: bool,
 }
 
 impl Client {
@@ -156,7 +158,7 @@ impl Client {
 
     fn with_members(members: Arc<Members<Conn>>, endpoint: &str) -> Self {
         let router = Router::new(members, HedgePolicy::MEMBERS, Arc::default());
-        Self { router: Arc::new(router), endpoint: endpoint.to_owned(), job: None }
+        Self { router: Arc::new(router), endpoint: endpoint.to_owned(), job: None, index_read: false }
     }
 
     /// A client on the same connection whose reads say they are for `job`'s `epoch` (the
@@ -169,6 +171,13 @@ impl Client {
         Ok(Self { job: Some((name, epoch)), ..self.clone() })
     }
 
+    /// This client for reads of a dataset format's index (headers, offset tables): a
+    /// spoke neither reads ahead nor fetches the rest of their shards for them
+    /// (`shardcache_proto::job::INDEX_READ_HEADER`).
+    pub fn for_index(&self) -> Self {
+        Self { index_read: true, ..self.clone() }
+    }
+
     /// `message` as a read request, with the job headers when there are any, and the
     /// members `asked` before this one (a hedge or a failover: see
     /// `shardcache_proto::hedge`).
@@ -177,6 +186,9 @@ impl Client {
         if let Some((job, epoch)) = &self.job {
             request.metadata_mut().insert(JOB_HEADER, job.clone());
             request.metadata_mut().insert(EPOCH_HEADER, epoch.clone());
+        }
+        if self.index_read {
+            request.metadata_mut().insert(INDEX_READ_HEADER, MetadataValue::from_static("1"));
         }
         if !asked.is_empty() {
             let urls: Vec<&str> = asked.iter().map(|m| m.url.as_str()).collect();

@@ -1,6 +1,11 @@
 //! Which job and epoch a read is for: request headers the SDK's datasets send and a
 //! spoke counts reads under (its per-job hit ratios), and the job names `SetPlan` takes.
 
+/// Request header on a read of a dataset format's index (headers, offset tables, an
+/// `.idx`): a spoke neither reads ahead nor fetches the rest of the shard for it, so
+/// opening a dataset does not start fetching every shard in the background.
+pub const INDEX_READ_HEADER: &str = "shardcache-index-read";
+
 /// Request header naming the job a read is for.
 pub const JOB_HEADER: &str = "shardcache-job";
 /// Request header with the job's epoch (a decimal number); 0 when absent.

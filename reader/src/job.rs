@@ -7,7 +7,7 @@
 use tonic::{Request, Status};
 
 use shardcache_proto::hedge::{AVOID_HEADER, parse_avoided};
-pub use shardcache_proto::job::{EPOCH_HEADER, JOB_HEADER, MAX_JOB_NAME, check_job_name};
+pub use shardcache_proto::job::{EPOCH_HEADER, INDEX_READ_HEADER, JOB_HEADER, MAX_JOB_NAME, check_job_name};
 use shardcache_serving::auth::Grant;
 
 /// What a read request says about itself beyond what it reads.
@@ -19,6 +19,8 @@ pub struct ReadContext {
     pub avoid: Vec<String>,
     /// Who sent it ([`Grant::principal`]): the job it names is that principal's job.
     pub principal: String,
+    /// A read of a format's index (`INDEX_READ_HEADER`): nothing to read ahead for.
+    pub index_read: bool,
 }
 
 impl ReadContext {
@@ -26,7 +28,8 @@ impl ReadContext {
     pub fn of<T>(request: &Request<T>) -> Result<Self, Status> {
         let avoid = request.metadata().get(AVOID_HEADER).and_then(|v| v.to_str().ok()).map(parse_avoided);
         let principal = Grant::of(request).map(|grant| grant.principal().to_owned()).unwrap_or_default();
-        Ok(Self { job: JobTag::of(request)?, avoid: avoid.unwrap_or_default(), principal })
+        let index_read = request.metadata().get(INDEX_READ_HEADER).is_some();
+        Ok(Self { job: JobTag::of(request)?, avoid: avoid.unwrap_or_default(), principal, index_read })
     }
 }
 

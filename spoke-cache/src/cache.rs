@@ -352,6 +352,7 @@ impl Cache {
             self.whole_fetches.fetch_sub(1, Relaxed);
         }
         if whole {
+            self.metrics.whole_shard_fetches.fetch_add(1, Relaxed);
             let (fetch, entry, row) = (self.fetch.clone(), entry.clone(), row.clone());
             let (parallelism, running) = (self.config.shard_fetch_parallelism, self.whole_fetches.clone());
             tokio::spawn(async move {

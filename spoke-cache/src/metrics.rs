@@ -50,6 +50,8 @@ pub struct Metrics {
     /// Times the filesystem filled before `--capacity` and the capacity in effect was
     /// lowered.
     pub disk_full: AtomicU64,
+    /// Background fetches of a whole shard started by a miss (read-ahead's big brother).
+    pub whole_shard_fetches: AtomicU64,
     pub evicted_shards: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub upstream_requests: AtomicU64,
@@ -169,6 +171,11 @@ impl Metrics {
                 "shardcache_spoke_disk_full_total",
                 "Times the cache's filesystem filled before --capacity and the capacity in effect was lowered",
                 &self.disk_full,
+            ),
+            (
+                "shardcache_spoke_whole_shard_fetches_total",
+                "Background fetches of the rest of a shard started by a miss (--fetch-whole-shard)",
+                &self.whole_shard_fetches,
             ),
             ("shardcache_spoke_evicted_shards_total", "Shards evicted", &self.evicted_shards),
             ("shardcache_spoke_evicted_bytes_total", "Bytes evicted", &self.evicted_bytes),

@@ -62,7 +62,8 @@ impl CachedSource {
         let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
         let job = context.job.as_ref().map(|tag| tag.job.clone());
         let principal = context.principal.as_str().into();
-        let reader = ReadFor { job, principal, row, avoid: context.avoid.clone().into() };
+        let (avoid, speculate) = (context.avoid.clone().into(), !context.index_read);
+        let reader = ReadFor { job, principal, row, avoid, speculate };
         Ok(CachedShard { cache: self.0.clone(), entry, meta, reader })
     }
 }

@@ -94,7 +94,10 @@ pub struct SampleIndex {
 
 impl SampleIndex {
     /// Reads `dataset`'s index in `format` through `client`.
+    /// Index reads say so (`Client::for_index`): a spoke does not start fetching every
+    /// shard whose header was read.
     pub async fn open(client: &Client, dataset: &str, format: &Format) -> Result<Self> {
+        let client = &client.for_index();
         let listed = client.list_shards(dataset).await?;
         match format {
             Format::Records { record_size } => Ok(Self::records(dataset, &listed, *record_size)?),

@@ -25,6 +25,9 @@ pub struct ReadFor {
     pub principal: Arc<str>,
     pub row: JobRow,
     pub avoid: Arc<[String]>,
+    /// Whether its reads may start read-ahead or a whole-shard fetch (not for a format's
+    /// index reads).
+    pub speculate: bool,
 }
 
 /// Shards one read call may start read-ahead or a whole-shard fetch for (the rest of a
@@ -118,7 +121,7 @@ impl Cache {
         for part in parts.iter_mut().filter(|p| p.bytes.is_none()) {
             part.bytes = fetched.next();
         }
-        Ok(self.assemble(wants, parts, row, &stragglers))
+        Ok(self.assemble(wants, parts, row, &stragglers, reader.speculate))
     }
 
     /// Reads the parts that are stored, in one trip to the blocking pool; a part whose
@@ -177,13 +180,14 @@ impl Cache {
     }
 
     /// Each range's parts joined, counted as hits or misses; starts read-ahead (not for a
-    /// plan's stragglers).
+    /// plan's stragglers, nor when the reads may not `speculate`).
     fn assemble(
         &self,
         wants: &[(&Arc<Entry>, u64, u64)],
         parts: Vec<Part<'_>>,
         row: &JobRow,
         stragglers: &std::collections::HashSet<u64>,
+        speculate: bool,
     ) -> Vec<Checked> {
         // Parts were planned in the order of the ranges: each range takes its run.
         let mut parts = parts.into_iter().peekable();
@@ -199,7 +203,8 @@ impl Cache {
             // One call starts read-ahead or a whole-shard fetch for a bounded number of
             // shards: a batch of 1-byte reads over thousands of cold shards must not
             // start a background fetch of each.
-            let share = speculated.len() < SPECULATIVE_SHARDS_PER_CALL || speculated.contains(&entry.id);
+            let share = speculate
+                && (speculated.len() < SPECULATIVE_SHARDS_PER_CALL || speculated.contains(&entry.id));
             if let Some(last) = last.filter(|_| share && !stragglers.contains(&entry.id)) {
                 speculated.insert(entry.id);
                 self.after_read(entry, last, missed, row);

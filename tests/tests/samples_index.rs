@@ -1,0 +1,57 @@
+//! A dataset's index read through a spoke (the SDK's `samples`): the headers of every
+//! shard are read in one batch and marked as index reads, so opening a dataset does not
+//! start a background fetch of each of its shards; reading a sample does, as any read.
+//! (The formats themselves are checked against their own readers in
+//! client/python/tests/test_formats.py.)
+#![allow(clippy::unwrap_used)]
+
+use shardcache_client::{
+    Range,
+    samples::{Format, SampleIndex},
+};
+use shardcache_tests::{TestHub, TestSpoke, spoke_options};
+
+/// An `.npy` file of `count` uint16 values.
+fn npy(count: u64) -> Vec<u8> {
+    let mut dict = format!("{{'descr': '<u2', 'fortran_order': False, 'shape': ({count},), }}");
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out.extend((0..count).flat_map(|i| (i as u16).to_le_bytes()));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_an_index_fetches_no_whole_shard_and_reading_a_sample_does() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("tokens")).unwrap();
+    // Four files of 6 MiB of tokens: more than one 4 MiB chunk each.
+    for i in 0..4 {
+        std::fs::write(root.path().join(format!("tokens/part-{i}.npy")), npy(3 << 20)).unwrap();
+    }
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache.path(), spoke_options(&hub.endpoint)).await;
+    let client = spoke.client().await;
+    let fetches = "shardcache_spoke_whole_shard_fetches_total";
+
+    let format = Format::Tokens { seq_len: 2047, dtype: None };
+    let index = SampleIndex::open(&client, "tokens", &format).await.unwrap();
+    assert_eq!(index.counts().iter().sum::<u64>(), (4 * (3 << 20) - 2048) / 2047 + 1);
+    assert_eq!(spoke.metric(fetches).await, 0.0, "reading four headers started no shard fetch");
+
+    // A sample, read as a trainer reads: its shard's miss starts the rest of it.
+    let sample = index.read(&client, &[(1, 5)]).await.unwrap();
+    // Window counts[0] + 5 of all the tokens, the files end to end; part-1 counts from 0.
+    let start = (index.counts()[0] + 5) * 2047 - (3 << 20);
+    let expected: Vec<u8> = (start..start + 2048).flat_map(|t| (t as u16).to_le_bytes()).collect();
+    assert_eq!(sample[0].as_ref(), expected.as_slice());
+    assert_eq!(spoke.metric(fetches).await, 1.0, "a sample's miss fetches the rest of its shard");
+    // The same header read without the mark is any other read, and starts one too.
+    client.read_range(&Range::new("tokens", "part-2.npy", 0, 4096)).await.unwrap();
+    assert_eq!(spoke.metric(fetches).await, 2.0);
+}
