@@ -9,8 +9,12 @@
 //! - a sample: a `u32` size for each variable-size column, in column order, then every
 //!   column's bytes in that order. All little-endian.
 //!
-//! Every shard's offset table is read in one batch of ranged reads; a shard compressed
-//! whole (`compression: "zstd"`) cannot be read by ranges and is refused with the fix.
+//! Every shard's offset table is read in one batch of ranged reads. A shard compressed
+//! whole (`compression: "zstd"`, its file `zip_data.basename`) cannot be read by ranges:
+//! its sample count comes from `index.json`, and the first read of one of its samples
+//! fetches the whole file (cached compressed by the spoke) and decompresses it in the
+//! client, which keeps the last [`UNPACKED_SHARDS`] shards so decompressed, as MosaicML
+//! Streaming decompresses a shard to its local cache.
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -27,6 +31,10 @@ struct IndexFile {
     shards: Vec<ShardEntry>,
 }
 
+/// Compressed shards a [`SampleIndex`] keeps decompressed: a block of the datasets'
+/// shuffle (`shard_block`, 4 by default) is read at a time.
+pub const UNPACKED_SHARDS: usize = 4;
+
 #[derive(Debug, Deserialize)]
 struct ShardEntry {
     format: String,
@@ -36,6 +44,7 @@ struct ShardEntry {
     column_sizes: Vec<Option<u64>>,
     compression: Option<String>,
     raw_data: FileEntry,
+    zip_data: Option<FileEntry>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -83,6 +92,9 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     let file: IndexFile = serde_json::from_slice(&bytes[0])
         .map_err(|e| Error::Config(format!("{dataset}/{INDEX} is not MDS's index: {e}")))?;
     let columns = columns(dataset, &file)?;
+    if file.shards.iter().any(|s| s.compression.is_some()) {
+        return compressed(dataset, &file, columns);
+    }
     let shards: Vec<&ShardEntry> = file.shards.iter().collect();
     let heads =
         shards.iter().map(|s| Range::new(dataset, &s.raw_data.basename, 0, 4 * (s.samples + 2))).collect();
@@ -107,11 +119,18 @@ fn columns(dataset: &str, file: &IndexFile) -> Result<Vec<Column>> {
         if shard.format != "mds" {
             return Err(Error::Config(format!("{dataset}/{name}: format {:?}, not mds", shard.format)));
         }
-        if let Some(compression) = &shard.compression {
-            return Err(Error::Config(format!(
-                "{dataset}/{name} is compressed whole ({compression}): it cannot be read by ranges; write the \
-                 dataset without compression= (the spoke's disk and the link's transport compress instead)"
-            )));
+        match (shard.compression.as_deref(), &shard.zip_data) {
+            (None, _) => {}
+            (Some(c), Some(_)) if c == "zstd" || c.starts_with("zstd:") => {}
+            (Some(c), _) => {
+                return Err(Error::Config(format!(
+                    "{dataset}/{name} is compressed with {c}: only zstd (MosaicML's recommended) or no \
+                     compression is read; write the dataset with compression=\"zstd\" or none"
+                )));
+            }
+        }
+        if shard.compression.is_some() != file.shards[0].compression.is_some() {
+            return Err(Error::Config(format!("{dataset}/{name}: some shards compressed, others not")));
         }
         let these: Vec<Column> =
             (shard.column_names.iter().zip(&shard.column_encodings).zip(&shard.column_sizes))
@@ -133,6 +152,64 @@ fn columns(dataset: &str, file: &IndexFile) -> Result<Vec<Column>> {
         }
     }
     columns.ok_or_else(|| Error::Config(format!("{dataset}/{INDEX} lists no shards")))
+}
+
+/// The index of a dataset of zstd-compressed shards: counts from `index.json`, the
+/// samples' bounds known once a shard is fetched and decompressed.
+fn compressed(dataset: &str, file: &IndexFile, columns: Vec<Column>) -> Result<SampleIndex> {
+    let files = file.shards.iter().filter_map(|s| s.zip_data.as_ref()).map(|z| (z.basename.clone(), z.bytes));
+    let (shards, sizes): (Vec<String>, Vec<u64>) = files.unzip();
+    Ok(SampleIndex {
+        dataset: dataset.to_owned(),
+        shards,
+        layout: Layout::Packed {
+            counts: file.shards.iter().map(|s| s.samples).collect(),
+            sizes,
+            raw: file
+                .shards
+                .iter()
+                .map(|s| (s.raw_data.basename.clone(), s.raw_data.bytes, s.samples))
+                .collect(),
+            unpacked: Default::default(),
+        },
+        dtype: None,
+        columns: Some(columns),
+    })
+}
+
+/// A compressed shard's bytes, decompressed, and its samples' bounds.
+#[derive(Debug)]
+pub struct Unpacked {
+    pub bounds: Vec<u64>,
+    pub data: Bytes,
+}
+
+/// Decompresses `zipped` (one zstd frame) into the shard `raw` names (basename, bytes,
+/// samples), checking its size and offset table.
+pub fn unpack(dataset: &str, raw: &(String, u64, u64), zipped: &[u8]) -> Result<Unpacked> {
+    use std::io::Read;
+    let (name, bytes, samples) = raw;
+    let bad = |why: String| Error::Config(format!("{dataset}/{name}: {why}"));
+    let mut data = Vec::with_capacity(*bytes as usize);
+    ruzstd::decoding::StreamingDecoder::new(zipped)
+        .map_err(|e| bad(format!("not a zstd frame: {e}")))?
+        .read_to_end(&mut data)
+        .map_err(|e| bad(format!("cannot be decompressed: {e}")))?;
+    if data.len() as u64 != *bytes {
+        return Err(bad(format!("decompresses to {} bytes where {INDEX} says {bytes}", data.len())));
+    }
+    let entry = ShardEntry {
+        format: "mds".into(),
+        samples: *samples,
+        column_names: Vec::new(),
+        column_encodings: Vec::new(),
+        column_sizes: Vec::new(),
+        compression: None,
+        raw_data: FileEntry { basename: name.clone(), bytes: *bytes },
+        zip_data: None,
+    };
+    let bounds = offsets(dataset, &entry, &data)?;
+    Ok(Unpacked { bounds, data: Bytes::from(data) })
 }
 
 /// Sample bounds from the start of `shard`'s file (`head`).

@@ -65,6 +65,9 @@ pub struct Piece {
     pub length: u64,
 }
 
+/// Compressed shards kept decompressed, by shard number, the most recently read last.
+type Kept = std::sync::Arc<std::sync::Mutex<Vec<(usize, std::sync::Arc<mds::Unpacked>)>>>;
+
 /// How the samples of the shards are laid out.
 #[derive(Debug, Clone)]
 enum Layout {
@@ -72,6 +75,10 @@ enum Layout {
     Bounds(Vec<Vec<u64>>),
     /// WebDataset: the samples of each shard, their fields' bytes each a piece.
     Groups(Vec<Vec<webdataset::Group>>),
+    /// Shards compressed whole (MDS with zstd): `counts[s]` samples, the file of
+    /// `sizes[s]` bytes, what it decompresses to (`raw[s]`: name, bytes, samples); the
+    /// last shards decompressed, most recent last.
+    Packed { counts: Vec<u64>, sizes: Vec<u64>, raw: Vec<(String, u64, u64)>, unpacked: Kept },
     /// Records of `size` bytes from `first[s]`, `counts[s]` of them in shard `s`.
     Records { size: u64, first: Vec<u64>, counts: Vec<u64> },
     /// Windows of `window` bytes every `step` bytes over the shards' data regions joined
@@ -193,7 +200,9 @@ impl SampleIndex {
         match &self.layout {
             Layout::Bounds(bounds) => bounds.iter().map(|b| b.len().saturating_sub(1) as u64).collect(),
             Layout::Groups(groups) => groups.iter().map(|g| g.len() as u64).collect(),
-            Layout::Records { counts, .. } | Layout::Windows { counts, .. } => counts.clone(),
+            Layout::Records { counts, .. }
+            | Layout::Windows { counts, .. }
+            | Layout::Packed { counts, .. } => counts.clone(),
         }
     }
 
@@ -218,6 +227,10 @@ impl SampleIndex {
                 };
                 Ok(vec![Piece { shard, offset: start, length: end - start }])
             }
+            Layout::Packed { .. } => Err(Error::Config(format!(
+                "{:?}: a compressed shard's samples are where its decompressed bytes say",
+                self.dataset
+            ))),
             Layout::Groups(groups) => {
                 let group = groups.get(shard).and_then(|g| g.get(k as usize)).ok_or_else(outside)?;
                 Ok(group.fields.iter().map(|&(_, offset, length)| Piece { shard, offset, length }).collect())
@@ -239,6 +252,9 @@ impl SampleIndex {
 
     /// Each of `samples` as its pieces' bytes (a WebDataset sample's fields), in order.
     pub async fn read_pieces(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Vec<Bytes>>> {
+        if let Layout::Packed { .. } = &self.layout {
+            return Ok(self.read_packed(client, samples).await?.into_iter().map(|b| vec![b]).collect());
+        }
         let mut ranges = Vec::new();
         let mut counts = Vec::with_capacity(samples.len());
         for &(shard, k) in samples {
@@ -251,6 +267,52 @@ impl SampleIndex {
         }
         let mut data = read_batched(client, ranges).await?.into_iter();
         Ok(counts.into_iter().map(|n| data.by_ref().take(n).collect()).collect())
+    }
+
+    /// Samples of compressed shards: the shards not kept decompressed fetched whole (one
+    /// batch) and decompressed off the runtime's threads.
+    async fn read_packed(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Bytes>> {
+        let Layout::Packed { counts, sizes, raw, unpacked } = &self.layout else { return Ok(Vec::new()) };
+        let mut needed: Vec<usize> = Vec::new();
+        for &(shard, k) in samples {
+            if counts.get(shard).is_none_or(|&c| k >= c) {
+                return Err(Error::Config(format!("no sample {k} in shard {shard} of {:?}", self.dataset)));
+            }
+            if !needed.contains(&shard) {
+                needed.push(shard);
+            }
+        }
+        let lock = || unpacked.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut have: std::collections::HashMap<usize, std::sync::Arc<mds::Unpacked>> =
+            lock().iter().filter(|(s, _)| needed.contains(s)).map(|(s, u)| (*s, u.clone())).collect();
+        let missing: Vec<usize> = needed.iter().copied().filter(|s| !have.contains_key(s)).collect();
+        let files =
+            missing.iter().map(|&s| Range::new(self.dataset.clone(), self.shards[s].clone(), 0, sizes[s]));
+        let files = read_batched(client, files.collect()).await?;
+        for (&shard, zipped) in missing.iter().zip(files) {
+            let (dataset, raw) = (self.dataset.clone(), raw[shard].clone());
+            let done = tokio::task::spawn_blocking(move || mds::unpack(&dataset, &raw, &zipped)).await;
+            let unpacked =
+                std::sync::Arc::new(done.map_err(|e| Error::Config(format!("decompression: {e}")))??);
+            have.insert(shard, unpacked);
+        }
+        {
+            let mut kept = lock();
+            for shard in &needed {
+                kept.retain(|(s, _)| s != shard);
+                kept.push((*shard, have[shard].clone()));
+            }
+            let over = kept.len().saturating_sub(mds::UNPACKED_SHARDS.max(needed.len()));
+            kept.drain(..over);
+        }
+        Ok(samples
+            .iter()
+            .map(|&(shard, k)| {
+                let unpacked = &have[&shard];
+                let (start, end) = (unpacked.bounds[k as usize], unpacked.bounds[k as usize + 1]);
+                unpacked.data.slice(start as usize..end as usize)
+            })
+            .collect())
     }
 
     /// The bytes of `samples` ((shard, k) each), in order, verified; batched into as few
