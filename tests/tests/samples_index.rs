@@ -13,14 +13,7 @@ use shardcache_tests::{TestHub, TestSpoke, spoke_options};
 
 /// An `.npy` file of `count` uint16 values.
 fn npy(count: u64) -> Vec<u8> {
-    let mut dict = format!("{{'descr': '<u2', 'fortran_order': False, 'shape': ({count},), }}");
-    while (10 + dict.len() + 1) % 64 != 0 {
-        dict.push(' ');
-    }
-    dict.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
-    out.extend_from_slice(dict.as_bytes());
+    let mut out = shardcache_client::samples::tokens::npy_header("<u2", &format!("({count},)"));
     out.extend((0..count).flat_map(|i| (i as u16).to_le_bytes()));
     out
 }

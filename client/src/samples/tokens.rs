@@ -79,6 +79,21 @@ fn quoted_value(text: &str, key: &str) -> Option<String> {
     Some(value[1..].split(quote).next()?.to_owned())
 }
 
+/// The header `numpy.save` writes for a C-order array of `descr` (e.g. `<u2`) and
+/// `shape` (e.g. `(1000,)`): version 1.0, padded to a multiple of 64 bytes.
+pub fn npy_header(descr: &str, shape: &str) -> Vec<u8> {
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&[1, 0]);
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out
+}
+
 /// numpy's dtype name and size for a little-endian (or one-byte) `descr` like `<u2`.
 fn dtype_of_descr(descr: &str) -> Option<(String, u64)> {
     let (order, code) = descr.split_at(1);
@@ -184,27 +199,15 @@ async fn npy_regions(
 mod tests {
     use super::*;
 
-    fn npy(descr: &str, shape: &str) -> Vec<u8> {
-        let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-        while (10 + dict.len() + 1) % 64 != 0 {
-            dict.push(' ');
-        }
-        dict.push('\n');
-        let mut out = b"\x93NUMPY\x01\x00".to_vec();
-        out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
-        out.extend_from_slice(dict.as_bytes());
-        out
-    }
-
     #[test]
     fn npy_headers_give_dtype_offset_and_count() {
-        let head = npy("<u2", "(1000,)");
+        let head = npy_header("<u2", "(1000,)");
         let parsed = NpyHeader::parse("a.npy", &head).unwrap().unwrap();
         assert_eq!(parsed, NpyHeader { data_offset: 128, dtype: "uint16".into(), item_size: 2, count: 1000 });
-        let parsed = NpyHeader::parse("b.npy", &npy("<i4", "(10, 3)")).unwrap().unwrap();
+        let parsed = NpyHeader::parse("b.npy", &npy_header("<i4", "(10, 3)")).unwrap().unwrap();
         assert_eq!((parsed.dtype.as_str(), parsed.count), ("int32", 30));
         assert_eq!(NpyHeader::parse("c.npy", &head[..20]).unwrap(), Err(128), "the rest is asked for");
-        assert!(NpyHeader::parse("d.npy", &npy(">u2", "(4,)")).is_err(), "big-endian");
+        assert!(NpyHeader::parse("d.npy", &npy_header(">u2", "(4,)")).is_err(), "big-endian");
         assert!(NpyHeader::parse("e.npy", b"not numpy at all").is_err());
         assert_eq!(item_size("uint16"), Some(2));
         assert_eq!(item_size("float64"), Some(8));
