@@ -48,3 +48,27 @@ async fn opening_an_index_fetches_no_whole_shard_and_reading_a_sample_does() {
     client.read_range(&Range::new("tokens", "part-2.npy", 0, 4096)).await.unwrap();
     assert_eq!(spoke.metric(fetches).await, 2.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_changed_after_its_index_was_read_fails_its_reads_and_never_mixes_versions() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("tokens")).unwrap();
+    for i in 0..2 {
+        std::fs::write(root.path().join(format!("tokens/part-{i}.npy")), npy(100_000)).unwrap();
+    }
+    let hub = TestHub::start(root.path()).await;
+    let client = shardcache_client::Client::connect(&hub.endpoint).await.unwrap();
+    let index =
+        SampleIndex::open(&client, "tokens", &Format::Tokens { seq_len: 99, dtype: None }).await.unwrap();
+    assert_eq!(index.read(&client, &[(1, 3)]).await.unwrap()[0].len(), 200);
+
+    // part-1 rewritten with other tokens (a new version): its old windows are gone.
+    let mut changed = shardcache_client::samples::tokens::npy_header("<u2", "(100000,)");
+    changed.extend((0..100_000u32).rev().flat_map(|i| (i as u16).to_le_bytes()));
+    std::thread::sleep(std::time::Duration::from_millis(20)); // a later mtime, a new version
+    std::fs::write(root.path().join("tokens/part-1.npy"), &changed).unwrap();
+    let err = index.read(&client, &[(1, 3)]).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::Aborted), "{err}");
+    // The other shard is unchanged and still reads.
+    assert_eq!(index.read(&client, &[(0, 3)]).await.unwrap()[0].len(), 200);
+}

@@ -20,8 +20,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Layout, SampleIndex, read_batched};
-use crate::{Client, Error, Range, Result};
+use super::{Layout, SampleIndex, listed_range, read_batched};
+use crate::{Client, Error, Result};
 
 /// The index file at the top of an MDS dataset.
 pub const INDEX: &str = "index.json";
@@ -88,16 +88,25 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
             "dataset {dataset:?} has no {INDEX} at its top (not an MDS dataset)"
         )));
     };
-    let bytes = read_batched(client, vec![Range::new(dataset, INDEX, 0, index.size)]).await?;
+    let bytes = read_batched(client, vec![listed_range(dataset, index, 0, index.size)]).await?;
     let file: IndexFile = serde_json::from_slice(&bytes[0])
         .map_err(|e| Error::Config(format!("{dataset}/{INDEX} is not MDS's index: {e}")))?;
     let columns = columns(dataset, &file)?;
+    // The files the index names, as listed (their versions pin every read).
+    let find = |name: &str| {
+        listed.iter().find(|s| s.shard == name).ok_or_else(|| {
+            Error::Config(format!("{dataset}/{INDEX} names {name}, which the dataset does not have"))
+        })
+    };
     if file.shards.iter().any(|s| s.compression.is_some()) {
-        return compressed(dataset, &file, columns);
+        let files = file.shards.iter().filter_map(|s| s.zip_data.as_ref());
+        let files: Vec<&ShardInfo> = files.map(|z| find(&z.basename)).collect::<Result<_>>()?;
+        return compressed(dataset, &file, &files, columns);
     }
     let shards: Vec<&ShardEntry> = file.shards.iter().collect();
+    let files: Vec<&ShardInfo> = shards.iter().map(|s| find(&s.raw_data.basename)).collect::<Result<_>>()?;
     let heads =
-        shards.iter().map(|s| Range::new(dataset, &s.raw_data.basename, 0, 4 * (s.samples + 2))).collect();
+        shards.iter().zip(&files).map(|(s, f)| listed_range(dataset, f, 0, 4 * (s.samples + 2))).collect();
     let mut bounds = Vec::with_capacity(shards.len());
     for (shard, head) in shards.iter().zip(read_batched(client, heads).await?) {
         bounds.push(offsets(dataset, shard, &head)?);
@@ -105,6 +114,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
         shards: shards.iter().map(|s| s.raw_data.basename.clone()).collect(),
+        versions: files.iter().map(|f| f.version.clone()).collect(),
         layout: Layout::Bounds(bounds),
         dtype: None,
         columns: Some(columns),
@@ -156,15 +166,19 @@ fn columns(dataset: &str, file: &IndexFile) -> Result<Vec<Column>> {
 
 /// The index of a dataset of zstd-compressed shards: counts from `index.json`, the
 /// samples' bounds known once a shard is fetched and decompressed.
-fn compressed(dataset: &str, file: &IndexFile, columns: Vec<Column>) -> Result<SampleIndex> {
-    let files = file.shards.iter().filter_map(|s| s.zip_data.as_ref()).map(|z| (z.basename.clone(), z.bytes));
-    let (shards, sizes): (Vec<String>, Vec<u64>) = files.unzip();
+fn compressed(
+    dataset: &str,
+    file: &IndexFile,
+    files: &[&ShardInfo],
+    columns: Vec<Column>,
+) -> Result<SampleIndex> {
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
-        shards,
+        shards: files.iter().map(|f| f.shard.clone()).collect(),
+        versions: files.iter().map(|f| f.version.clone()).collect(),
         layout: Layout::Packed {
             counts: file.shards.iter().map(|s| s.samples).collect(),
-            sizes,
+            sizes: files.iter().map(|f| f.size).collect(),
             raw: file
                 .shards
                 .iter()

@@ -19,8 +19,8 @@
 
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Layout, SampleIndex, read_batched};
-use crate::{Client, Error, Range, Result};
+use super::{Layout, SampleIndex, listed_range, read_batched};
+use crate::{Client, Error, Result};
 
 const MAGIC: &[u8] = b"MMIDIDX\x00\x00";
 const HEADER: usize = 9 + 8 + 1 + 8 + 8;
@@ -101,7 +101,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     if pairs.is_empty() {
         return Err(Error::Config(format!("dataset {dataset:?} has no PREFIX.bin with its PREFIX.idx")));
     }
-    let reads = pairs.iter().map(|(_, idx)| Range::new(dataset, &idx.shard, 0, idx.size)).collect();
+    let reads = pairs.iter().map(|(_, idx)| listed_range(dataset, idx, 0, idx.size)).collect();
     let (mut bounds, mut kind) = (Vec::new(), None);
     for ((bin, idx), bytes) in pairs.iter().zip(read_batched(client, reads).await?) {
         let parsed = Idx::parse(&idx.shard, &bytes)?;
@@ -123,6 +123,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
         shards: pairs.iter().map(|(bin, _)| bin.shard.clone()).collect(),
+        versions: pairs.iter().map(|(bin, _)| bin.version.clone()).collect(),
         layout: Layout::Bounds(bounds),
         dtype: kind.map(str::to_owned),
         columns: None,

@@ -88,10 +88,16 @@ enum Layout {
 }
 
 /// The samples of a dataset: per shard, how many and where their bytes are.
+///
+/// Every read of a shard (its header, its samples) names the version the listing gave
+/// (`Range::expected_version`): a shard that changed since the index was read fails the
+/// read with ABORTED, never returns another version's bytes at this version's offsets.
 #[derive(Debug, Clone)]
 pub struct SampleIndex {
     dataset: String,
     shards: Vec<String>,
+    /// Each shard's version, as listed when the index was read.
+    versions: Vec<String>,
     layout: Layout,
     /// numpy dtype of the values (tokens), when the format says.
     dtype: Option<String>,
@@ -121,7 +127,7 @@ impl SampleIndex {
     /// each window whole (the last ones, which would run past the end, are not samples).
     fn windows(
         dataset: &str,
-        shards: Vec<String>,
+        shards: Vec<(String, String)>,
         regions: Vec<(u64, u64)>,
         step: u64,
         window: u64,
@@ -139,7 +145,8 @@ impl SampleIndex {
             at += end - start;
         }
         let layout = Layout::Windows { regions, step, window, counts, firsts };
-        Self { dataset: dataset.to_owned(), shards, layout, dtype, columns: None }
+        let (shards, versions) = shards.into_iter().unzip();
+        Self { dataset: dataset.to_owned(), shards, versions, layout, dtype, columns: None }
     }
 
     /// Fixed-size records in every listed file.
@@ -150,6 +157,7 @@ impl SampleIndex {
         Ok(Self {
             dataset: dataset.to_owned(),
             shards: listed.iter().map(|s| s.shard.clone()).collect(),
+            versions: listed.iter().map(|s| s.version.clone()).collect(),
             layout: Layout::Records {
                 size,
                 first: vec![0; listed.len()],
@@ -261,12 +269,19 @@ impl SampleIndex {
             let pieces = self.pieces(shard, k)?;
             counts.push(pieces.len());
             for piece in pieces {
-                let name = self.shards[piece.shard].clone();
-                ranges.push(Range::new(self.dataset.clone(), name, piece.offset, piece.length));
+                ranges.push(self.range(piece.shard, piece.offset, piece.length));
             }
         }
         let mut data = read_batched(client, ranges).await?.into_iter();
         Ok(counts.into_iter().map(|n| data.by_ref().take(n).collect()).collect())
+    }
+
+    /// `[offset, offset + length)` of shard `shard`, at the version the index was read at.
+    fn range(&self, shard: usize, offset: u64, length: u64) -> Range {
+        pinned(
+            Range::new(self.dataset.clone(), self.shards[shard].clone(), offset, length),
+            &self.versions[shard],
+        )
     }
 
     /// Samples of compressed shards: the shards not kept decompressed fetched whole (one
@@ -286,8 +301,7 @@ impl SampleIndex {
         let mut have: std::collections::HashMap<usize, std::sync::Arc<mds::Unpacked>> =
             lock().iter().filter(|(s, _)| needed.contains(s)).map(|(s, u)| (*s, u.clone())).collect();
         let missing: Vec<usize> = needed.iter().copied().filter(|s| !have.contains_key(s)).collect();
-        let files =
-            missing.iter().map(|&s| Range::new(self.dataset.clone(), self.shards[s].clone(), 0, sizes[s]));
+        let files = missing.iter().map(|&s| self.range(s, 0, sizes[s]));
         let files = read_batched(client, files.collect()).await?;
         for (&shard, zipped) in missing.iter().zip(files) {
             let (dataset, raw) = (self.dataset.clone(), raw[shard].clone());
@@ -358,12 +372,32 @@ pub async fn read_batched(client: &Client, ranges: Vec<Range>) -> Result<Vec<Byt
     Ok(out)
 }
 
-/// `range` read as a stream (any size).
+/// `range` at `version` (none when the listing gave none).
+pub(crate) fn pinned(mut range: Range, version: &str) -> Range {
+    if !version.is_empty() {
+        range.expected_version = Some(version.to_owned());
+    }
+    range
+}
+
+/// `[offset, offset + length)` of a listed shard, at its listed version.
+pub(crate) fn listed_range(dataset: &str, shard: &ShardInfo, offset: u64, length: u64) -> Range {
+    pinned(Range::new(dataset, &shard.shard, offset, length), &shard.version)
+}
+
+/// `range` read as a stream (any size), at its expected version when it names one.
 async fn stream(client: &Client, range: &Range) -> Result<Bytes> {
     let mut stream =
         client.stream_shard(&range.dataset, &range.shard, range.offset, Some(range.length)).await?;
     let mut data = BytesMut::with_capacity(range.length as usize);
     while let Some(chunk) = stream.next_chunk().await? {
+        if let Some(expected) = range.expected_version.as_ref().filter(|v| **v != chunk.version) {
+            return Err(Error::VersionChanged {
+                shard: format!("{}/{}", range.dataset, range.shard),
+                expected: expected.clone(),
+                found: chunk.version,
+            });
+        }
         data.extend_from_slice(&chunk.data);
     }
     Ok(data.freeze())

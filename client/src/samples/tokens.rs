@@ -8,8 +8,8 @@
 
 use shardcache_proto::v1::ShardInfo;
 
-use super::{SampleIndex, read_batched};
-use crate::{Client, Error, Range, Result};
+use super::{SampleIndex, listed_range, read_batched};
+use crate::{Client, Error, Result};
 
 /// Bytes read from the start of each `.npy` file for its header: NumPy pads headers to
 /// a multiple of 64 bytes and they rarely pass 128; a longer one is read again whole.
@@ -138,7 +138,7 @@ pub async fn open(
             let item = item_size(dtype).ok_or_else(|| {
                 Error::Config(format!("dtype {dtype:?}: give a numpy integer or float type, e.g. uint16"))
             })?;
-            let shards = listed.iter().map(|s| s.shard.clone()).collect();
+            let shards = listed.iter().map(|s| (s.shard.clone(), s.version.clone())).collect();
             let regions = listed.iter().map(|s| (0, s.size - s.size % item)).collect();
             (shards, regions, dtype.clone(), item)
         }
@@ -148,26 +148,27 @@ pub async fn open(
     Ok(SampleIndex::windows(dataset, shards, regions, seq_len * item, window, Some(dtype)))
 }
 
-/// The `.npy` files of `listed`, their data regions, and their one dtype and its size.
+/// The `.npy` files of `listed` (with their versions), their data regions, and their one
+/// dtype and its size.
 async fn npy_regions(
     client: &Client,
     dataset: &str,
     listed: &[ShardInfo],
-) -> Result<(Vec<String>, Vec<(u64, u64)>, String, u64)> {
+) -> Result<(Vec<(String, String)>, Vec<(u64, u64)>, String, u64)> {
     let files: Vec<&ShardInfo> = listed.iter().filter(|s| s.shard.ends_with(".npy")).collect();
     if files.is_empty() {
         return Err(Error::Config(format!(
             "dataset {dataset:?} has no .npy files; for raw token files give their dtype"
         )));
     }
-    let heads = files.iter().map(|s| Range::new(dataset, &s.shard, 0, s.size.min(HEADER_READ))).collect();
+    let heads = files.iter().map(|s| listed_range(dataset, s, 0, s.size.min(HEADER_READ))).collect();
     let heads = read_batched(client, heads).await?;
     let (mut regions, mut kind) = (Vec::new(), None::<(String, u64)>);
     for (file, head) in files.iter().zip(heads) {
         let header = match NpyHeader::parse(&file.shard, &head)? {
             Ok(header) => header,
             Err(needed) => {
-                let whole = client.read_range(&Range::new(dataset, &file.shard, 0, needed)).await?;
+                let whole = client.read_range(&listed_range(dataset, file, 0, needed)).await?;
                 NpyHeader::parse(&file.shard, &whole.data)?.map_err(|_| {
                     Error::Config(format!("{}: the .npy header runs past its stated length", file.shard))
                 })?
@@ -192,7 +193,7 @@ async fn npy_regions(
         regions.push((header.data_offset, end));
     }
     let (dtype, item) = kind.unwrap_or_default();
-    Ok((files.iter().map(|s| s.shard.clone()).collect(), regions, dtype, item))
+    Ok((files.iter().map(|s| (s.shard.clone(), s.version.clone())).collect(), regions, dtype, item))
 }
 
 #[cfg(test)]

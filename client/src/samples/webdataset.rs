@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Layout, SampleIndex, read_batched};
-use crate::{Client, Error, Range, Result};
+use super::{Layout, SampleIndex, listed_range, read_batched};
+use crate::{Client, Error, Result};
 
 /// Bytes read at a time while walking a shard's headers.
 pub const WINDOW: u64 = 64 << 10;
@@ -75,7 +75,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
             .iter()
             .map(|&i| {
                 let length = want[i].min(tars[i].size.saturating_sub(walks[i].at));
-                Range::new(dataset, &tars[i].shard, walks[i].at, length)
+                listed_range(dataset, tars[i], walks[i].at, length)
             })
             .collect();
         for (&i, window) in open.iter().zip(read_batched(client, reads).await?) {
@@ -89,6 +89,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
         shards: tars.iter().map(|s| s.shard.clone()).collect(),
+        versions: tars.iter().map(|s| s.version.clone()).collect(),
         layout: Layout::Groups(groups),
         dtype: None,
         columns: None,
