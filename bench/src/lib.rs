@@ -3,6 +3,7 @@
 //!
 //! - `src/bin/`: `hub-bench`, `store-bench`, `spoke-bench`, `wan-bench`, `soak-bench`
 //!   (tables recorded in BENCHMARKS.md) and `seed-demo` (`make demo`);
+//! - [`formats`]: datasets in the formats the SDK reads (Megatron, .npy, MDS, tar);
 //! - [`measure`]: raw TCP references, rates, percentiles, CPU time and peak RSS;
 //! - [`profile`]: CPU profiles (`perf record`) summarised by category;
 //! - [`demo`]: the seed demo's simulated trainer, readers, nginx peer and report.
@@ -10,5 +11,6 @@
 #![allow(clippy::unwrap_used)] // benchmark support: a failed setup should fail the run loudly
 
 pub mod demo;
+pub mod formats;
 pub mod measure;
 pub mod profile;

@@ -37,15 +37,18 @@ async fn opening_an_index_fetches_no_whole_shard_and_reading_a_sample_does() {
     assert_eq!(index.counts().iter().sum::<u64>(), (4 * (3 << 20) - 2048) / 2047 + 1);
     assert_eq!(spoke.metric(fetches).await, 0.0, "reading four headers started no shard fetch");
 
-    // A sample, read as a trainer reads: its shard's miss starts the rest of it.
-    let sample = index.read(&client, &[(1, 5)]).await.unwrap();
-    // Window counts[0] + 5 of all the tokens, the files end to end; part-1 counts from 0.
-    let start = (index.counts()[0] + 5) * 2047 - (3 << 20);
+    // A sample, read as a trainer reads, in a chunk of part-1 the header read did not
+    // touch (past its first 4 MiB): the miss starts the rest of the shard.
+    let sample = index.read(&client, &[(1, 1100)]).await.unwrap();
+    // Window counts[0] + 1100 of all the tokens, the files end to end; part-1 counts from 0.
+    let start = (index.counts()[0] + 1100) * 2047 - (3 << 20);
+    assert!(128 + 2 * start > 4 << 20, "the sample is in part-1's second chunk");
     let expected: Vec<u8> = (start..start + 2048).flat_map(|t| (t as u16).to_le_bytes()).collect();
     assert_eq!(sample[0].as_ref(), expected.as_slice());
     assert_eq!(spoke.metric(fetches).await, 1.0, "a sample's miss fetches the rest of its shard");
-    // The same header read without the mark is any other read, and starts one too.
-    client.read_range(&Range::new("tokens", "part-2.npy", 0, 4096)).await.unwrap();
+    // An unmarked miss in a shard whose header was read (its second chunk, never read)
+    // starts one too: the mark, not the shard, kept the first one from starting.
+    client.read_range(&Range::new("tokens", "part-2.npy", 5 << 20, 4096)).await.unwrap();
     assert_eq!(spoke.metric(fetches).await, 2.0);
 }
 

@@ -34,7 +34,8 @@ const ROUNDS: usize = 3;
 #[tokio::main]
 async fn main() {
     let root = tempfile::tempdir().unwrap();
-    let mean = write_variable(&root.path().join("variable"));
+    let mean =
+        shardcache_bench::formats::megatron(&root.path().join("variable"), SHARDS, SHARD_BYTES, MIN, MAX);
     write_fixed(&root.path().join("fixed"));
     let hub = HubProcess::start_logged(
         root.path(),
@@ -119,41 +120,6 @@ async fn hub_bytes(hub: &HubProcess) -> u64 {
         .find_map(|l| l.strip_prefix("shardcache_hub_bytes_served_total "))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .unwrap() as u64
-}
-
-/// Megatron shards of documents of uint16 tokens, 1..=64 KiB each; returns their mean size.
-fn write_variable(dir: &Path) -> u64 {
-    std::fs::create_dir_all(dir).unwrap();
-    let (mut state, mut total, mut count) = (7u64, 0u64, 0u64);
-    for shard in 0..SHARDS {
-        let (mut bin, mut lengths) = (Vec::new(), Vec::new());
-        while (bin.len() as u64) < SHARD_BYTES {
-            let bytes = (MIN + next_random(&mut state) % (MAX - MIN + 1)) & !1;
-            lengths.push((bytes / 2) as u32);
-            bin.extend((0..bytes).map(|i| (i as u8) ^ (shard as u8)));
-            (total, count) = (total + bytes, count + 1);
-        }
-        std::fs::write(dir.join(format!("part-{shard}.bin")), &bin).unwrap();
-        std::fs::write(dir.join(format!("part-{shard}.idx")), idx(&lengths)).unwrap();
-    }
-    total / count
-}
-
-/// An .idx as Megatron writes it: uint16 tokens (code 8), one sequence per document.
-fn idx(lengths: &[u32]) -> Vec<u8> {
-    let mut out = b"MMIDIDX\x00\x00".to_vec();
-    out.extend_from_slice(&1u64.to_le_bytes());
-    out.push(8);
-    out.extend_from_slice(&(lengths.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(lengths.len() as u64 + 1).to_le_bytes());
-    lengths.iter().for_each(|l| out.extend_from_slice(&l.to_le_bytes()));
-    let mut at = 0u64;
-    for l in lengths {
-        out.extend_from_slice(&at.to_le_bytes());
-        at += u64::from(*l) * 2;
-    }
-    (0..=lengths.len() as u64).for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
-    out
 }
 
 /// Plain files of the same total size (records of the variable samples' mean size).
