@@ -20,7 +20,8 @@ pub(crate) fn format(
 ) -> PyResult<Format> {
     let missing = |what: &str| ShardcacheError::new_err(format!("format={name:?} needs {what}="));
     Ok(match name {
-        "records" => Format::Records { record_size: record_size.ok_or_else(|| missing("record_size"))? },
+        // No record_size: the dataset's metadata says (the listing's record_size).
+        "records" => Format::Records { record_size: record_size.unwrap_or(0) },
         "megatron" => Format::Megatron,
         "mds" => Format::Mds,
         "webdataset" => Format::WebDataset,
@@ -53,6 +54,12 @@ impl Samples {
     #[getter]
     fn counts(&self) -> Vec<u64> {
         self.index.counts()
+    }
+
+    /// The size of a record (format "records"), else None.
+    #[getter]
+    fn record_size(&self) -> Option<u64> {
+        self.index.record_size()
     }
 
     /// The numpy dtype of the values, where the format says (tokens, Megatron).

@@ -31,6 +31,11 @@ struct IndexFile {
     shards: Vec<ShardEntry>,
 }
 
+/// Bytes read from the start of every listed `.mds` file beside `index.json`, before
+/// knowing its sample count: offset tables of up to 16,382 samples, so a cold open costs
+/// one round of reads, not two; a longer table is read again whole.
+pub const HEAD_GUESS: u64 = 64 << 10;
+
 /// Compressed shards a [`SampleIndex`] keeps decompressed: a block of the datasets'
 /// shuffle (`shard_block`, 4 by default) is read at a time.
 pub const UNPACKED_SHARDS: usize = 4;
@@ -88,8 +93,15 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
             "dataset {dataset:?} has no {INDEX} at its top (not an MDS dataset)"
         )));
     };
-    let bytes = read_batched(client, vec![listed_range(dataset, index, 0, index.size)]).await?;
-    let file: IndexFile = serde_json::from_slice(&bytes[0])
+    // index.json and the head of every .mds file listed, in one batch.
+    let plain: Vec<&ShardInfo> = listed.iter().filter(|s| s.shard.ends_with(".mds")).collect();
+    let mut reads = vec![listed_range(dataset, index, 0, index.size)];
+    reads.extend(plain.iter().map(|s| listed_range(dataset, s, 0, s.size.min(HEAD_GUESS))));
+    let mut read = read_batched(client, reads).await?.into_iter();
+    let index_bytes = read.next().unwrap_or_default();
+    let guessed: std::collections::HashMap<&str, Bytes> =
+        plain.iter().map(|s| s.shard.as_str()).zip(read).collect();
+    let file: IndexFile = serde_json::from_slice(&index_bytes)
         .map_err(|e| Error::Config(format!("{dataset}/{INDEX} is not MDS's index: {e}")))?;
     let columns = columns(dataset, &file)?;
     // The files the index names, as listed (their versions pin every read).
@@ -105,10 +117,24 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     }
     let shards: Vec<&ShardEntry> = file.shards.iter().collect();
     let files: Vec<&ShardInfo> = shards.iter().map(|s| find(&s.raw_data.basename)).collect::<Result<_>>()?;
-    let heads =
-        shards.iter().zip(&files).map(|(s, f)| listed_range(dataset, f, 0, 4 * (s.samples + 2))).collect();
+    // The tables the guessed heads did not hold whole, read in one more batch.
+    let table = |s: &ShardEntry| 4 * (s.samples + 2);
+    let short: Vec<usize> = (0..shards.len())
+        .filter(|&i| {
+            guessed
+                .get(shards[i].raw_data.basename.as_str())
+                .is_none_or(|h| (h.len() as u64) < table(shards[i]))
+        })
+        .collect();
+    let again = short.iter().map(|&i| listed_range(dataset, files[i], 0, table(shards[i]))).collect();
+    let mut again: std::collections::HashMap<usize, Bytes> =
+        short.iter().copied().zip(read_batched(client, again).await?).collect();
     let mut bounds = Vec::with_capacity(shards.len());
-    for (shard, head) in shards.iter().zip(read_batched(client, heads).await?) {
+    for (i, shard) in shards.iter().enumerate() {
+        let head = match again.remove(&i) {
+            Some(head) => head,
+            None => guessed[shard.raw_data.basename.as_str()].clone(),
+        };
         bounds.push(offsets(dataset, shard, &head)?);
     }
     Ok(SampleIndex {

@@ -41,7 +41,8 @@ pub const BATCH_BYTES: u64 = 8 << 20;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Format {
     /// Every file is a shard of records of `record_size` bytes (a tail shorter than a
-    /// record is not a sample).
+    /// record is not a sample); 0: the size the dataset's metadata gives (the listing's
+    /// `record_size`).
     Records { record_size: u64 },
     /// Megatron-LM indexed datasets: each `PREFIX.bin` with its `PREFIX.idx` is a shard
     /// whose samples are its sequences.
@@ -151,8 +152,15 @@ impl SampleIndex {
 
     /// Fixed-size records in every listed file.
     fn records(dataset: &str, listed: &[ShardInfo], size: u64) -> Result<Self> {
+        let size = match size {
+            0 => listed.iter().map(|s| u64::from(s.record_size)).find(|&r| r > 0).unwrap_or(0),
+            size => size,
+        };
         if size == 0 {
-            return Err(Error::Config(format!("dataset {dataset:?}: a record size of 0 bytes")));
+            return Err(Error::Config(format!(
+                "dataset {dataset:?} has no record_size in its metadata; pass record_size= (or format=\"megatron\", \
+                 \"mds\", \"webdataset\" or \"tokens\" for those layouts)"
+            )));
         }
         Ok(Self {
             dataset: dataset.to_owned(),
@@ -175,6 +183,14 @@ impl SampleIndex {
     /// The shards, in the order samples are numbered.
     pub fn shards(&self) -> &[String] {
         &self.shards
+    }
+
+    /// The size of a record (fixed-size records), else None.
+    pub fn record_size(&self) -> Option<u64> {
+        match &self.layout {
+            Layout::Records { size, .. } => Some(*size),
+            _ => None,
+        }
     }
 
     /// The numpy dtype of the samples' values, when the format says (tokens, Megatron).

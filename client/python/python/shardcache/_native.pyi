@@ -53,7 +53,7 @@ class Client:
         dtype: Optional[str] = None,
     ) -> "Samples":
         """``dataset`` as samples of any size, indexed from its format: ``"records"``
-        (fixed ``record_size``), ``"megatron"`` (PREFIX.bin + PREFIX.idx, a sample per
+        (fixed ``record_size``, by default the dataset metadata's), ``"megatron"`` (PREFIX.bin + PREFIX.idx, a sample per
         sequence), ``"mds"`` (index.json + shards, decoded with ``Samples.decode``),
         ``"webdataset"`` (tar shards, ``Samples.read_fields``) or ``"tokens"`` (.npy files, or raw files of ``dtype``: windows of
         ``seq_len + 1`` tokens every ``seq_len``)."""
@@ -95,6 +95,9 @@ class Samples:
     def shards(self) -> List[str]: ...
     @property
     def counts(self) -> List[int]: ...
+    @property
+    def record_size(self) -> Optional[int]:
+        """The size of a record (format "records"), else None."""
     @property
     def dtype(self) -> Optional[str]:
         """The values' numpy dtype, where the format says (tokens, Megatron)."""

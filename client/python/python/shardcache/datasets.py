@@ -126,19 +126,19 @@ class _Records:
         self.client_args = client_args
         self._client: Optional[Client] = None
         self._samples: Any = None
-        if format == "records" and record_size is None:
-            listing = self.client.ls(dataset)
-            record_size = int(listing[0]["record_size"]) if listing else 0
-            if record_size <= 0:
-                raise ValueError(
-                    f"dataset {dataset!r} has no record_size in its metadata; pass record_size= "
-                    f'(or format="megatron" / "tokens" for those layouts)'
-                )
-        self.record_size = record_size
         # Raw token files say nothing of their dtype: it is the format's option then.
         raw_dtype = dtype if format == "tokens" and dtype not in (None, "auto") else None
         self.format_args = dict(format=format, record_size=record_size, seq_len=seq_len, dtype=raw_dtype)
-        samples = self.samples
+        try:
+            samples = self.samples
+        except ShardcacheError as error:
+            if "has no record_size" in str(error):
+                raise ValueError(error.message) from None
+            raise
+        # Records without a record_size take the dataset's metadata's (one round trip
+        # fewer than listing first); workers then ask for that size.
+        self.record_size = samples.record_size
+        self.format_args["record_size"] = self.record_size
         self.shards: List[str] = list(samples.shards)
         self.counts: List[int] = list(samples.counts)
         self.starts: List[int] = []
