@@ -298,10 +298,13 @@ impl Client {
     }
 
     /// `dataset` as samples of any size, indexed from its format: `"records"` (fixed
-    /// `record_size`), `"megatron"` (PREFIX.bin + PREFIX.idx: one sample per sequence) or
+    /// `record_size`), `"megatron"` (PREFIX.bin + PREFIX.idx: one sample per sequence),
+    /// `"megatron-gpt"` (one such dataset packed as Megatron's GPTDataset packs it:
+    /// `seq_len`, `seed` its random_seed, 1234 by default, `num_samples`) or
     /// `"tokens"` (.npy files, or raw files of `dtype`: windows of `seq_len + 1` tokens
     /// every `seq_len`).
-    #[pyo3(signature = (dataset, format="records", record_size=None, seq_len=None, dtype=None))]
+    #[pyo3(signature = (dataset, format="records", record_size=None, seq_len=None, dtype=None, seed=None, num_samples=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn samples(
         slf: Bound<'_, Self>,
         dataset: String,
@@ -309,8 +312,10 @@ impl Client {
         record_size: Option<u64>,
         seq_len: Option<u64>,
         dtype: Option<String>,
+        seed: Option<u32>,
+        num_samples: Option<u64>,
     ) -> PyResult<samples::Samples> {
-        let format = samples::format(format, record_size, seq_len, dtype)?;
+        let format = samples::format(format, record_size, seq_len, dtype, seed, num_samples)?;
         let index =
             slf.get().run(slf.py(), |c| async move { SampleIndex::open(&c, &dataset, &format).await })?;
         Ok(samples::Samples { client: slf.unbind(), index: Arc::new(index) })

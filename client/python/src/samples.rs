@@ -17,18 +17,26 @@ pub(crate) fn format(
     record_size: Option<u64>,
     seq_len: Option<u64>,
     dtype: Option<String>,
+    seed: Option<u32>,
+    num_samples: Option<u64>,
 ) -> PyResult<Format> {
     let missing = |what: &str| ShardcacheError::new_err(format!("format={name:?} needs {what}="));
     Ok(match name {
         // No record_size: the dataset's metadata says (the listing's record_size).
         "records" => Format::Records { record_size: record_size.unwrap_or(0) },
         "megatron" => Format::Megatron,
+        // Megatron's default random_seed.
+        "megatron-gpt" => Format::MegatronGpt {
+            seq_len: seq_len.ok_or_else(|| missing("seq_len"))?,
+            seed: seed.unwrap_or(1234),
+            num_samples,
+        },
         "mds" => Format::Mds,
         "webdataset" => Format::WebDataset,
         "tokens" => Format::Tokens { seq_len: seq_len.ok_or_else(|| missing("seq_len"))?, dtype },
         other => {
             return Err(ShardcacheError::new_err(format!(
-                "format={other:?}: give \"records\", \"megatron\", \"mds\", \"webdataset\" or \"tokens\""
+                "format={other:?}: give \"records\", \"megatron\", \"megatron-gpt\", \"mds\", \"webdataset\" or \"tokens\""
             )));
         }
     })

@@ -50,6 +50,10 @@ def formats_root(tmp_path_factory):
             builder.add_item(torch.from_numpy(rng.integers(0, 50_000, length).astype(np.int64)))
             builder.end_document()
         builder.finalize(f"{path}.idx")
+    # part-b alone, as a dataset of one prefix (GPT packing).
+    (root / "megatron-b").mkdir()
+    for ext in ("bin", "idx"):
+        (root / "megatron-b" / f"part-b.{ext}").write_bytes((root / "megatron" / f"part-b.{ext}").read_bytes())
     write_mds(root, rng)
     write_webdataset(root, rng)
     return root
@@ -280,3 +284,44 @@ def test_webdataset_samples_match_webdatasets_own_iteration(formats_spoke, forma
     # The datasets hand out the same dicts.
     ds = shardcache.ShardDataset(formats_spoke, "wds", format="webdataset")
     assert ds[len(ds) - 1] == without_locations(theirs[-1])
+
+
+@pytest.mark.parametrize("num_samples", [None, 7, 1100, 1000, 1500])
+def test_megatron_gpt_packing_matches_megatron_cores_gpt_dataset(formats_spoke, formats_root, num_samples, tmp_path):
+    """One prefix packed as megatron-core's GPTDataset packs it (seq_len 64, its default
+    seed 1234): sample i is GPTDataset[i]'s tokens and last label. part-b holds ~580
+    samples an epoch: 1100 takes two epochs shuffled together, 1000 and 1500 two and
+    three with the last shuffled on its own (under 80% of an epoch's samples)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+        from megatron.core.datasets.utils import Split
+
+    class Tokenizer:  # what GPTDataset asks of a tokenizer here
+        vocab_size, eod, pad = 50_000, 0, 49_999
+        unique_identifiers = {"class": "Tokenizer"}
+
+    prefix = str(formats_root / "megatron" / "part-b")
+    sequences = IndexedDataset(prefix)
+    config = GPTDatasetConfig(random_seed=1234, sequence_length=SEQ_LEN, blend=([prefix], None), split="1,0,0",
+                              tokenizer=Tokenizer(), reset_position_ids=False, reset_attention_mask=False,
+                              eod_mask_loss=False, path_to_cache=str(tmp_path))
+    wanted = num_samples if num_samples is not None else int(sequences.sequence_lengths.sum()) // SEQ_LEN
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = GPTDataset(sequences, prefix, np.arange(len(sequences), dtype=np.int32), wanted, Split.train,
+                               config)
+    # A dataset of one prefix: part-b alone (the blend of both is not packed here).
+    client = shardcache.Client(formats_spoke)
+    with pytest.raises(shardcache.ShardcacheError, match="one PREFIX.bin"):
+        client.samples("megatron", format="megatron-gpt", seq_len=SEQ_LEN)
+    samples = client.samples("megatron-b", format="megatron-gpt", seq_len=SEQ_LEN, num_samples=wanted)
+    assert len(samples) == len(reference)
+    per_epoch = (int(sequences.sequence_lengths.sum()) - 1) // SEQ_LEN
+    assert per_epoch < 1000 < 2 * per_epoch < 1500, per_epoch  # the epochs the docstring says
+    _, data = every_sample(samples)
+    for i, raw in enumerate(data):
+        item = reference[i]
+        text = np.concatenate([item["tokens"].numpy(), item["labels"].numpy()[-1:]])
+        assert np.array_equal(np.frombuffer(raw, dtype=np.uint16), text), i

@@ -86,6 +86,33 @@ impl Idx {
     }
 }
 
+/// One Megatron prefix packed as `GPTDataset` packs it ([`super::gpt`]).
+pub async fn open_gpt(
+    client: &Client,
+    dataset: &str,
+    listed: &[ShardInfo],
+    seq_len: u64,
+    seed: u32,
+    num_samples: Option<u64>,
+) -> Result<SampleIndex> {
+    if seq_len == 0 {
+        return Err(Error::Config("seq_len must be at least 1 token".into()));
+    }
+    let SampleIndex { dataset: name, shards, versions, layout, dtype, columns } =
+        open(client, dataset, listed).await?;
+    let (Layout::Bounds(mut bounds), 1) = (layout, shards.len()) else {
+        return Err(Error::Config(format!(
+            "dataset {dataset:?}: GPT packing takes one PREFIX.bin + PREFIX.idx (a blend of several is not packed here)"
+        )));
+    };
+    let bounds = bounds.pop().unwrap_or_default();
+    let item = dtype.as_deref().and_then(super::tokens::item_size).unwrap_or(1);
+    let lengths = bounds.windows(2).map(|w| (w[1] - w[0]) / item).collect();
+    let index = super::gpt::GptIndex::new(lengths, seq_len, seed, num_samples);
+    let layout = Layout::Gpt { index: std::sync::Arc::new(index), bounds, item };
+    Ok(SampleIndex { dataset: name, shards, versions, layout, dtype, columns })
+}
+
 /// The sequences of every `PREFIX.bin` that has its `PREFIX.idx` in `listed`; the
 /// `.idx` files are read in one batch.
 pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {

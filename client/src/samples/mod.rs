@@ -20,6 +20,7 @@
 //! Samples are numbered per shard: a sample belongs to the shard its first byte is in,
 //! so a block shuffle over shards (the Python datasets') works for every format.
 
+pub mod gpt;
 pub mod mds;
 pub mod megatron;
 pub mod tokens;
@@ -47,6 +48,10 @@ pub enum Format {
     /// Megatron-LM indexed datasets: each `PREFIX.bin` with its `PREFIX.idx` is a shard
     /// whose samples are its sequences.
     Megatron,
+    /// One Megatron indexed dataset packed as Megatron's `GPTDataset` packs it: samples
+    /// of `seq_len + 1` tokens, with its `random_seed` (Megatron's default: 1234), enough
+    /// epochs for `num_samples` (one when `None`) ([`gpt`]).
+    MegatronGpt { seq_len: u64, seed: u32, num_samples: Option<u64> },
     /// MosaicML Streaming's MDS: `index.json` and the shards it lists.
     Mds,
     /// WebDataset: every `.tar` file, samples grouped by key.
@@ -74,6 +79,9 @@ type Kept = std::sync::Arc<std::sync::Mutex<Vec<(usize, std::sync::Arc<mds::Unpa
 enum Layout {
     /// Sample `k` of shard `s` is `[bounds[s][k], bounds[s][k + 1])`.
     Bounds(Vec<Vec<u64>>),
+    /// GPT samples of one Megatron shard: `bounds[s]` where sequence `s` starts in the
+    /// `.bin`, values of `item` bytes.
+    Gpt { index: std::sync::Arc<gpt::GptIndex>, bounds: Vec<u64>, item: u64 },
     /// WebDataset: the samples of each shard, their fields' bytes each a piece.
     Groups(Vec<Vec<webdataset::Group>>),
     /// Shards compressed whole (MDS with zstd): `counts[s]` samples, the file of
@@ -116,6 +124,9 @@ impl SampleIndex {
         match format {
             Format::Records { record_size } => Ok(Self::records(dataset, &listed, *record_size)?),
             Format::Megatron => megatron::open(client, dataset, &listed).await,
+            Format::MegatronGpt { seq_len, seed, num_samples } => {
+                megatron::open_gpt(client, dataset, &listed, *seq_len, *seed, *num_samples).await
+            }
             Format::Mds => mds::open(client, dataset, &listed).await,
             Format::WebDataset => webdataset::open(client, dataset, &listed).await,
             Format::Tokens { seq_len, dtype } => {
@@ -224,6 +235,7 @@ impl SampleIndex {
         match &self.layout {
             Layout::Bounds(bounds) => bounds.iter().map(|b| b.len().saturating_sub(1) as u64).collect(),
             Layout::Groups(groups) => groups.iter().map(|g| g.len() as u64).collect(),
+            Layout::Gpt { index, .. } => vec![index.len() as u64],
             Layout::Records { counts, .. }
             | Layout::Windows { counts, .. }
             | Layout::Packed { counts, .. } => counts.clone(),
@@ -255,6 +267,17 @@ impl SampleIndex {
                 "{:?}: a compressed shard's samples are where its decompressed bytes say",
                 self.dataset
             ))),
+            Layout::Gpt { index, bounds, item } => {
+                let spans = index.spans(k as usize).filter(|_| shard == 0).ok_or_else(outside)?;
+                Ok(spans
+                    .into_iter()
+                    .map(|(seq, offset, tokens)| Piece {
+                        shard: 0,
+                        offset: bounds[seq as usize] + offset * item,
+                        length: tokens * item,
+                    })
+                    .collect())
+            }
             Layout::Groups(groups) => {
                 let group = groups.get(shard).and_then(|g| g.get(k as usize)).ok_or_else(outside)?;
                 Ok(group.fields.iter().map(|&(_, offset, length)| Piece { shard, offset, length }).collect())

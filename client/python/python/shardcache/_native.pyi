@@ -51,10 +51,13 @@ class Client:
         record_size: Optional[int] = None,
         seq_len: Optional[int] = None,
         dtype: Optional[str] = None,
+        seed: Optional[int] = None,
+        num_samples: Optional[int] = None,
     ) -> "Samples":
         """``dataset`` as samples of any size, indexed from its format: ``"records"``
         (fixed ``record_size``, by default the dataset metadata's), ``"megatron"`` (PREFIX.bin + PREFIX.idx, a sample per
-        sequence), ``"mds"`` (index.json + shards, decoded with ``Samples.decode``),
+        sequence), ``"megatron-gpt"`` (one such dataset packed as Megatron's GPTDataset
+        packs it: ``seq_len``, ``seed`` = its random_seed, 1234 by default, ``num_samples``), ``"mds"`` (index.json + shards, decoded with ``Samples.decode``),
         ``"webdataset"`` (tar shards, ``Samples.read_fields``) or ``"tokens"`` (.npy files, or raw files of ``dtype``: windows of
         ``seq_len + 1`` tokens every ``seq_len``)."""
     def read_many(self, ranges: List[Tuple[str, str, int, int]]) -> List[bytes]:
