@@ -184,6 +184,7 @@ def ident(sample):
 
 @pytest.mark.parametrize("name,options", [
     ("megatron", dict(format="megatron")),
+    ("megatron-b", dict(format="megatron-gpt", seq_len=SEQ_LEN)),
     ("npy", dict(format="tokens", seq_len=SEQ_LEN)),
     ("mds", dict(format="mds")),
     ("wds", dict(format="webdataset")),
