@@ -42,5 +42,5 @@ load: deps
 
 # Release binaries (and their archive), the Python wheel and the container images as
 # archives, in target/dist/: scripts/dist.sh.
-dist: deps
+dist:
 	@scripts/dist.sh

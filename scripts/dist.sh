@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 DIST="${DIST:-$PWD/target/dist}"
 VENV="$HOME/.cache/shardcache/dist-venv"
-MATURIN="maturin==1.16.0"   # the version make test uses (scripts/ensure-test-deps.sh)
+# The maturin make test pins (scripts/ensure-test-deps.sh), one pin for both.
+MATURIN="$(grep -o '"maturin==[^"]*"' scripts/ensure-test-deps.sh | tr -d '"')"
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 ARCH="$(uname -m)"
 BINARIES=(hub-server spoke-cache shardcache wan-proxy)

@@ -98,20 +98,8 @@ impl CacheClient {
         let list = self.members.current();
         let each =
             Self::on_each(&list, |mut control| async move { control.status(StatusRequest {}).await }).await;
-        let (mut answers, mut silent) = (Vec::new(), Vec::new());
-        for (url, answer) in each {
-            match answer {
-                Ok(answer) => answers.push(answer),
-                Err(e) => silent.push((url, e)),
-            }
-        }
-        if answers.is_empty() {
-            return Err(silent
-                .into_iter()
-                .next()
-                .map_or_else(|| Error::Config("no members".into()), |(_, e)| e));
-        }
-        let mut merged = merge_status(answers);
+        let (answers, silent) = answered(each)?;
+        let mut merged = merge_status(answers.into_iter().map(|(_, answer)| answer).collect());
         for (url, e) in silent {
             let state = format!("not answering: {e}");
             merged.members.push(MemberStatus { url, state, seen_by: "this client".into() });
@@ -144,20 +132,10 @@ impl CacheClient {
             async move { control.prefetch(request).await }
         })
         .await;
-        let (mut started, mut not_answering) = (Vec::new(), Vec::new());
-        for (url, answer) in each {
-            match answer {
-                Ok(stream) => started.push((stream, url)),
-                Err(e) if list.len() == 1 => return Err(e),
-                Err(e) => not_answering.push((url, e.to_string())),
-            }
-        }
-        if started.is_empty() {
-            let first = not_answering.into_iter().next().map(|(_, e)| e);
-            return Err(Error::Config(first.unwrap_or_else(|| "the group has no members".into())));
-        }
-        let started_urls: Vec<String> = started.iter().map(|(_, url)| url.clone()).collect();
-        let streams = started.into_iter().enumerate().map(|(i, (stream, endpoint))| {
+        let (started, silent) = answered(each)?;
+        let not_answering = silent.into_iter().map(|(url, e)| (url, e.to_string())).collect();
+        let started_urls: Vec<String> = started.iter().map(|(url, _)| url.clone()).collect();
+        let streams = started.into_iter().enumerate().map(|(i, (endpoint, stream))| {
             futures::stream::unfold(Some((stream, endpoint)), move |state| async move {
                 let (mut stream, endpoint) = state?;
                 match stream.message().await {
@@ -173,7 +151,6 @@ impl CacheClient {
             streams: futures::stream::select_all(streams),
             latest: vec![PrefetchProgress::default(); started_urls.len()],
             started: started_urls,
-            group: list.len() > 1,
             failed: 0,
             not_answering,
         })
@@ -239,6 +216,26 @@ impl CacheClient {
             .await?;
         Ok(answers.iter().map(|a| a.shards).max().unwrap_or(0))
     }
+}
+
+/// Members' answers apart from their failures (each with its URL); every member failing
+/// is the first failure, as it came (one spoke's error is the call's).
+#[allow(clippy::type_complexity)]
+fn answered<T>(each: Vec<(String, Result<T>)>) -> Result<(Vec<(String, T)>, Vec<(String, Error)>)> {
+    let (mut answers, mut failures) = (Vec::new(), Vec::new());
+    for (url, answer) in each {
+        match answer {
+            Ok(answer) => answers.push((url, answer)),
+            Err(e) => failures.push((url, e)),
+        }
+    }
+    if answers.is_empty() {
+        return Err(failures
+            .into_iter()
+            .next()
+            .map_or_else(|| Error::Config("no members".into()), |(_, e)| e));
+    }
+    Ok((answers, failures))
 }
 
 /// A group's statuses as one: occupancy, counters and job rows added up; plans and hubs
@@ -344,8 +341,6 @@ pub struct PrefetchStream {
     latest: Vec<PrefetchProgress>,
     /// The URL of each started member.
     started: Vec<String>,
-    /// More than one member (one spoke's failure is the prefetch's).
-    group: bool,
     /// Started members whose stream failed.
     failed: usize,
     /// Members that did not answer or failed on the way, and why.
@@ -365,11 +360,10 @@ impl PrefetchStream {
             let Some((member, report)) = self.streams.next().await else { return Ok(None) };
             match report {
                 Ok(report) => break (member, report),
-                // One spoke, or the last member of a group still going: the error is the answer.
                 Err(e) => {
                     self.failed += 1;
                     // One spoke's failure, or every member's, is the prefetch's.
-                    if !self.group || self.failed == self.started.len() {
+                    if self.failed == self.started.len() {
                         return Err(e);
                     }
                     self.not_answering.push((self.started[member].clone(), e.to_string()));

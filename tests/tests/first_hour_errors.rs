@@ -176,14 +176,9 @@ async fn a_root_that_is_a_dataset_and_a_peer_self_on_another_port_are_warned_abo
     assert!(line.starts_with("spoke-cache listening on"), "{line}");
     let port = line.split_whitespace().nth(3).and_then(|addr| addr.rsplit(':').next()).unwrap().to_owned();
     // The warning follows the listening line (bounded wait).
-    let mut said = String::new();
-    for _ in 0..100 {
-        said = std::fs::read_to_string(&spoke_log).unwrap();
-        if said.contains("--peer-self names port") {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let log = || std::fs::read_to_string(&spoke_log).unwrap();
+    shardcache_tests::until("the --peer-self warning", || log().contains("--peer-self names port")).await;
+    let said = log();
     let _ = spoke.kill();
     let _ = spoke.wait();
     assert!(
@@ -312,8 +307,8 @@ async fn plans_of_a_finished_job_are_listed_and_dropped_with_the_cli() {
 /// A server that cannot start says why in one line (`PROGRAM: what: why`), each cause
 /// once and no backtrace even with RUST_BACKTRACE set; S3 failures carry no raw HTTP;
 /// a hub's start log reads as words, not a Rust struct.
-#[test]
-fn a_server_that_cannot_start_says_why_in_one_line_and_its_start_log_reads_plainly() {
+#[tokio::test]
+async fn a_server_that_cannot_start_says_why_in_one_line_and_its_start_log_reads_plainly() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
     std::fs::write(&file, b"").unwrap();
@@ -357,14 +352,9 @@ fn a_server_that_cannot_start_says_why_in_one_line_and_its_start_log_reads_plain
         "info",
     );
     // The line follows the address it printed: wait for it (bounded).
-    let mut text = String::new();
-    for _ in 0..200 {
-        text = std::fs::read_to_string(&log).unwrap();
-        if text.contains("serving") {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let read = || std::fs::read_to_string(&log).unwrap();
+    shardcache_tests::until("the hub's serving line", || read().contains("serving")).await;
+    let text = read();
     drop(hub);
     let serving = text.lines().find(|l| l.contains("serving")).unwrap_or_else(|| panic!("{text}"));
     assert!(serving.contains("tls=off tokens=off message_size=1MiB"), "{serving}");

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use pyo3::{
     prelude::*,
-    types::{PyBytes, PyDict, PyList},
+    types::{PyByteArray, PyBytes, PyDict, PyList},
 };
 use shardcache_client::samples::{Format, SampleIndex, mds::Value};
 
@@ -92,30 +92,23 @@ impl Samples {
         data: &[u8],
         allow_unsafe_types: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let values = self.index.decode(&bytes::Bytes::copy_from_slice(data)).map_err(crate::to_py)?;
-        let out = PyDict::new(py);
-        for (name, value) in values {
-            let object = match value {
-                Value::Int(v) => v.into_pyobject(py)?.into_any(),
-                Value::UInt(v) => v.into_pyobject(py)?.into_any(),
-                Value::Float(v) => v.into_pyobject(py)?.into_any(),
-                Value::Str(v) => v.into_pyobject(py)?.into_any(),
-                Value::Bytes(v) => PyBytes::new(py, &v).into_any(),
-                Value::Json(text) => py.import("json")?.call_method1("loads", (text,))?,
-                Value::Pickle(_) if !allow_unsafe_types => {
-                    return Err(ShardcacheError::new_err(format!(
-                        "column {name} is pickled: unpickling runs code from whoever wrote the dataset; pass \
-                         allow_unsafe_types=True if you trust them"
-                    )));
-                }
-                Value::Pickle(v) => py.import("pickle")?.call_method1("loads", (PyBytes::new(py, &v),))?,
-                Value::NdArray { dtype, shape, data } => {
-                    let array =
-                        py.import("numpy")?.call_method1("frombuffer", (PyBytes::new(py, &data), dtype))?;
-                    array.call_method1("reshape", (shape,))?.call_method0("copy")?
-                }
-            };
-            out.set_item(name, object)?;
+        columns_dict(py, &self.index, &bytes::Bytes::copy_from_slice(data), allow_unsafe_types)
+    }
+
+    /// `samples` read and decoded as `decode` does, without handing their bytes to
+    /// Python first (MDS: what the datasets read).
+    #[pyo3(signature = (samples, allow_unsafe_types=false))]
+    fn read_decoded<'py>(
+        &self,
+        py: Python<'py>,
+        samples: Vec<(usize, u64)>,
+        allow_unsafe_types: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let index = self.index.clone();
+        let data = self.client.get().run(py, |c| async move { index.read(&c, &samples).await })?;
+        let out = PyList::empty(py);
+        for sample in &data {
+            out.append(columns_dict(py, &self.index, sample, allow_unsafe_types)?)?;
         }
         Ok(out)
     }
@@ -154,4 +147,39 @@ impl Samples {
         let data = self.client.get().run(py, |c| async move { index.read(&c, &samples).await })?;
         PyList::new(py, data.iter().map(|d| PyBytes::new(py, d)))
     }
+}
+
+/// An MDS sample's columns as a Python dict; an ndarray is one copy of its bytes (a
+/// writable numpy array over a bytearray).
+fn columns_dict<'py>(
+    py: Python<'py>,
+    index: &SampleIndex,
+    sample: &bytes::Bytes,
+    allow_unsafe_types: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (name, value) in index.decode(sample).map_err(crate::to_py)? {
+        let object = match value {
+            Value::Int(v) => v.into_pyobject(py)?.into_any(),
+            Value::UInt(v) => v.into_pyobject(py)?.into_any(),
+            Value::Float(v) => v.into_pyobject(py)?.into_any(),
+            Value::Str(v) => v.into_pyobject(py)?.into_any(),
+            Value::Bytes(v) => PyBytes::new(py, &v).into_any(),
+            Value::Json(text) => py.import("json")?.call_method1("loads", (text,))?,
+            Value::Pickle(_) if !allow_unsafe_types => {
+                return Err(ShardcacheError::new_err(format!(
+                    "column {name} is pickled: unpickling runs code from whoever wrote the dataset; pass \
+                     allow_unsafe_types=True if you trust them"
+                )));
+            }
+            Value::Pickle(v) => py.import("pickle")?.call_method1("loads", (PyBytes::new(py, &v),))?,
+            Value::NdArray { dtype, shape, data } => {
+                let buffer = PyByteArray::new(py, &data);
+                let array = py.import("numpy")?.call_method1("frombuffer", (buffer, dtype))?;
+                array.call_method1("reshape", (shape,))?
+            }
+        };
+        out.set_item(name, object)?;
+    }
+    Ok(out)
 }

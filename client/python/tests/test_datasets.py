@@ -204,11 +204,12 @@ def test_epochs_advance_by_themselves_under_persistent_workers(spoke):
     assert len(epochs[0]) == len(epochs[1]) == TOTAL
     assert sorted(epochs[0]) == sorted(epochs[1]), "each epoch reads every record once"
     assert epochs[0] != epochs[1], "the second epoch is not the first one's order again"
-    # With the dataset iterated directly, set_epoch still chooses the epoch.
+    # Iterated directly, the dataset advances by itself too; set_epoch still chooses.
     ds.set_epoch(0)
     first = [tuple(a[:4].tolist()) for a in ds]
+    assert [tuple(a[:4].tolist()) for a in ds] != first, "the next iteration is the next epoch"
     ds.set_epoch(0)
-    assert [tuple(a[:4].tolist()) for a in ds] == first
+    assert [tuple(a[:4].tolist()) for a in ds] == first, "set_epoch(0) chose epoch 0 again"
 
 
 def test_a_dataloader_with_another_batch_size_is_refused_with_the_fix(spoke):

@@ -130,8 +130,7 @@ fn header(shard: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step>
     if block.iter().all(|&b| b == 0) {
         return Ok(Step::End);
     }
-    let stored: u64 =
-        block[148..156].iter().filter(|b| b.is_ascii_digit()).fold(0, |n, b| n * 8 + u64::from(b - b'0'));
+    let stored = number(&block[148..156]).unwrap_or(u64::MAX);
     let sum: u64 =
         block.iter().enumerate().map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u64::from(b) }).sum();
     if stored != sum {

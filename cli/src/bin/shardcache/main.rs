@@ -163,9 +163,10 @@ enum Command {
     },
     /// Write a synthetic tokenised dataset shaped like the seed's (16 KiB token windows).
     #[command(
-        after_help = "Example:\n  shardcache gen --dir data --dataset c4 --shards 8 --shard-size 64MiB\n\n\
-                            Sizes: 16KiB, 1.5GiB, 10G (K, M, G, T are KiB, MiB, GiB, TiB; kB, MB, GB powers \
-                            of ten)."
+        after_help = format!(
+            "Example:\n  shardcache gen --dir data --dataset c4 --shards 8 --shard-size 64MiB\n\n{}",
+            shardcache_proto::units::SIZE_SYNTAX
+        )
     )]
     Gen {
         /// Parent folder (the hub's --root); the dataset goes in DIR/DATASET.
@@ -284,13 +285,7 @@ enum TokenCommand {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match run(Cli::parse()).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("shardcache: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    shardcache_serving::report::exit_status("shardcache", run(Cli::parse()).await)
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

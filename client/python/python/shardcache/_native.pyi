@@ -109,6 +109,10 @@ class Samples:
         """``(name, encoding)`` of each column (MDS), else None."""
     def decode(self, data: bytes, allow_unsafe_types: bool = False) -> Dict[str, object]:
         """An MDS sample's bytes as a dict of its columns (pickled ones only when allowed)."""
+    def read_decoded(
+        self, samples: List[Tuple[int, int]], allow_unsafe_types: bool = False
+    ) -> List[Dict[str, object]]:
+        """``read`` then ``decode`` (MDS), without handing the bytes to Python first."""
     def read_fields(self, samples: List[Tuple[int, int]]) -> List[Dict[str, object]]:
         """WebDataset samples: dicts of ``__key__`` and each field's bytes."""
     def __len__(self) -> int: ...

@@ -207,11 +207,11 @@ class _Records:
         """``items`` ((shard, sample) each), read in batched calls and decoded."""
         if self.format == "webdataset":
             return self.samples.read_fields(items)
+        if self.format == "mds":
+            return self.samples.read_decoded(items, allow_unsafe_types=self.allow_unsafe_types)
         return [self.decode(data) for data in self.samples.read(items)]
 
     def decode(self, data: bytes) -> Any:
-        if self.format == "mds":
-            return self.samples.decode(data, allow_unsafe_types=self.allow_unsafe_types)
         if self.dtype is None:
             return data
         values = _np.frombuffer(data, dtype=self.dtype)
