@@ -14,10 +14,11 @@
 # - mosaicml-streaming: its MDSWriter writes, and its LocalDataset reads, the MDS
 #   datasets of the same test (it needs numpy < 2.2, hence numpy 2.1.3);
 # - webdataset: its TarWriter writes, and its own iteration reads, the tar shards there;
+# - pyarrow: writes the Parquet files of the same test, and its to_pylist is the reference;
 # and, from apt, Debian's nss_wrapper, fuse3 and prometheus (below).
 set -euo pipefail
 
-REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.1.3" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0" "megatron-core==0.16.1" "mosaicml-streaming==0.13.0" "webdataset==1.0.2")
+REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.1.3" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0" "megatron-core==0.16.1" "mosaicml-streaming==0.13.0" "webdataset==1.0.2" "pyarrow==26.0.1")
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
 STAMP="$VENV/.shardcache-requirements"
 

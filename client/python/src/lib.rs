@@ -300,8 +300,8 @@ impl Client {
     /// `dataset` as samples of any size, indexed from its format: `"records"` (fixed
     /// `record_size`), `"megatron"` (PREFIX.bin + PREFIX.idx: one sample per sequence),
     /// `"megatron-gpt"` (one such dataset packed as Megatron's GPTDataset packs it:
-    /// `seq_len`, `seed` its random_seed, 1234 by default, `num_samples`) or
-    /// `"tokens"` (.npy files, or raw files of `dtype`: windows of `seq_len + 1` tokens
+    /// `seq_len`, `seed` its random_seed, 1234 by default, `num_samples`), `"mds"`,
+    /// `"webdataset"`, `"parquet"` (a sample per row) or `"tokens"` (.npy files, or raw files of `dtype`: windows of `seq_len + 1` tokens
     /// every `seq_len`).
     #[pyo3(signature = (dataset, format="records", record_size=None, seq_len=None, dtype=None, seed=None, num_samples=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments

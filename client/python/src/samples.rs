@@ -7,7 +7,7 @@ use pyo3::{
     prelude::*,
     types::{PyByteArray, PyBytes, PyDict, PyList},
 };
-use shardcache_client::samples::{Format, SampleIndex, mds::Value};
+use shardcache_client::samples::{Fields, Format, SampleIndex, Value};
 
 use crate::{Client, ShardcacheError};
 
@@ -33,10 +33,11 @@ pub(crate) fn format(
         },
         "mds" => Format::Mds,
         "webdataset" => Format::WebDataset,
+        "parquet" => Format::Parquet,
         "tokens" => Format::Tokens { seq_len: seq_len.ok_or_else(|| missing("seq_len"))?, dtype },
         other => {
             return Err(ShardcacheError::new_err(format!(
-                "format={other:?}: give \"records\", \"megatron\", \"megatron-gpt\", \"mds\", \"webdataset\" or \"tokens\""
+                "format={other:?}: give \"records\", \"megatron\", \"megatron-gpt\", \"mds\", \"webdataset\", \"parquet\" or \"tokens\""
             )));
         }
     })
@@ -76,7 +77,7 @@ impl Samples {
         self.index.dtype().map(str::to_owned)
     }
 
-    /// `(name, encoding)` of each column of a sample (MDS), else None.
+    /// `(name, encoding)` of each column of a sample (MDS; Parquet: its type), else None.
     #[getter]
     fn columns(&self) -> Option<Vec<(String, String)>> {
         self.index.columns().map(|c| c.iter().map(|c| (c.name.clone(), c.encoding.clone())).collect())
@@ -92,11 +93,13 @@ impl Samples {
         data: &[u8],
         allow_unsafe_types: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        columns_dict(py, &self.index, &bytes::Bytes::copy_from_slice(data), allow_unsafe_types)
+        let fields = self.index.decode(&bytes::Bytes::copy_from_slice(data)).map_err(crate::to_py)?;
+        columns_dict(py, &fields, allow_unsafe_types)
     }
 
     /// `samples` read and decoded as `decode` does, without handing their bytes to
-    /// Python first (MDS: what the datasets read).
+    /// Python first (MDS), or Parquet's rows as pyarrow's `to_pylist` gives them (what
+    /// the datasets read).
     #[pyo3(signature = (samples, allow_unsafe_types=false))]
     fn read_decoded<'py>(
         &self,
@@ -105,10 +108,10 @@ impl Samples {
         allow_unsafe_types: bool,
     ) -> PyResult<Bound<'py, PyList>> {
         let index = self.index.clone();
-        let data = self.client.get().run(py, |c| async move { index.read(&c, &samples).await })?;
+        let rows = self.client.get().run(py, |c| async move { index.read_decoded(&c, &samples).await })?;
         let out = PyList::empty(py);
-        for sample in &data {
-            out.append(columns_dict(py, &self.index, sample, allow_unsafe_types)?)?;
+        for fields in &rows {
+            out.append(columns_dict(py, fields, allow_unsafe_types)?)?;
         }
         Ok(out)
     }
@@ -149,37 +152,86 @@ impl Samples {
     }
 }
 
-/// An MDS sample's columns as a Python dict; an ndarray is one copy of its bytes (a
-/// writable numpy array over a bytearray).
+/// A sample's columns as a Python dict.
 fn columns_dict<'py>(
     py: Python<'py>,
-    index: &SampleIndex,
-    sample: &bytes::Bytes,
+    fields: &Fields,
     allow_unsafe_types: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
-    for (name, value) in index.decode(sample).map_err(crate::to_py)? {
-        let object = match value {
-            Value::Int(v) => v.into_pyobject(py)?.into_any(),
-            Value::UInt(v) => v.into_pyobject(py)?.into_any(),
-            Value::Float(v) => v.into_pyobject(py)?.into_any(),
-            Value::Str(v) => v.into_pyobject(py)?.into_any(),
-            Value::Bytes(v) => PyBytes::new(py, &v).into_any(),
-            Value::Json(text) => py.import("json")?.call_method1("loads", (text,))?,
-            Value::Pickle(_) if !allow_unsafe_types => {
-                return Err(ShardcacheError::new_err(format!(
-                    "column {name} is pickled: unpickling runs code from whoever wrote the dataset; pass \
-                     allow_unsafe_types=True if you trust them"
-                )));
-            }
-            Value::Pickle(v) => py.import("pickle")?.call_method1("loads", (PyBytes::new(py, &v),))?,
-            Value::NdArray { dtype, shape, data } => {
-                let buffer = PyByteArray::new(py, &data);
-                let array = py.import("numpy")?.call_method1("frombuffer", (buffer, dtype))?;
-                array.call_method1("reshape", (shape,))?
-            }
-        };
-        out.set_item(name, object)?;
+    for (name, value) in fields {
+        out.set_item(name, object(py, name, value, allow_unsafe_types)?)?;
     }
     Ok(out)
+}
+
+/// One value as Python's: numbers, str, bytes, None, JSON values, numpy arrays (one
+/// copy of their bytes, writable), lists, dicts, `(key, value)` pairs of a map,
+/// `datetime` dates, times and datetimes (UTC-aware where the column says), `Decimal`.
+fn object<'py>(
+    py: Python<'py>,
+    name: &str,
+    value: &Value,
+    allow_unsafe_types: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let each = |v: &Value| object(py, name, v, allow_unsafe_types);
+    Ok(match value {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(v) => v.into_pyobject(py)?.to_owned().into_any(),
+        Value::Int(v) => v.into_pyobject(py)?.into_any(),
+        Value::UInt(v) => v.into_pyobject(py)?.into_any(),
+        Value::Float(v) => v.into_pyobject(py)?.into_any(),
+        Value::Str(v) => v.into_pyobject(py)?.into_any(),
+        Value::Bytes(v) => PyBytes::new(py, v).into_any(),
+        Value::Json(text) => py.import("json")?.call_method1("loads", (text,))?,
+        Value::Pickle(_) if !allow_unsafe_types => {
+            return Err(ShardcacheError::new_err(format!(
+                "column {name} is pickled: unpickling runs code from whoever wrote the dataset; pass \
+                 allow_unsafe_types=True if you trust them"
+            )));
+        }
+        Value::Pickle(v) => py.import("pickle")?.call_method1("loads", (PyBytes::new(py, v),))?,
+        Value::NdArray { dtype, shape, data } => {
+            let buffer = PyByteArray::new(py, data);
+            let array = py.import("numpy")?.call_method1("frombuffer", (buffer, dtype))?;
+            array.call_method1("reshape", (shape.clone(),))?
+        }
+        Value::List(items) => {
+            PyList::new(py, items.iter().map(each).collect::<PyResult<Vec<_>>>()?)?.into_any()
+        }
+        Value::Struct(fields) => columns_dict(py, fields, allow_unsafe_types)?.into_any(),
+        Value::Map(entries) => {
+            let pairs =
+                entries.iter().map(|(k, v)| Ok((each(k)?, each(v)?))).collect::<PyResult<Vec<_>>>()?;
+            PyList::new(py, pairs)?.into_any()
+        }
+        Value::Date(days) => {
+            // date.fromordinal counts from 0001-01-01 as day 1; 1970-01-01 is 719163.
+            let ordinal = 719_163 + i64::from(*days);
+            py.import("datetime")?.getattr("date")?.call_method1("fromordinal", (ordinal,))?
+        }
+        Value::Time { micros } => {
+            let (s, us) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+            py.import("datetime")?.getattr("time")?.call1((s / 3600, s / 60 % 60, s % 60, us))?
+        }
+        Value::Timestamp { micros, utc } => {
+            let datetime = py.import("datetime")?;
+            let epoch = match utc {
+                true => datetime.getattr("datetime")?.call1((
+                    1970,
+                    1,
+                    1,
+                    0,
+                    0,
+                    0,
+                    0,
+                    datetime.getattr("timezone")?.getattr("utc")?,
+                ))?,
+                false => datetime.getattr("datetime")?.call1((1970, 1, 1))?,
+            };
+            let delta = datetime.getattr("timedelta")?.call1((0, 0, *micros))?;
+            epoch.call_method1("__add__", (delta,))?
+        }
+        Value::Decimal(digits) => py.import("decimal")?.getattr("Decimal")?.call1((digits,))?,
+    })
 }

@@ -7,6 +7,8 @@ each format's own reader on files that reader's tools wrote:
   against its ``LocalDataset``: a dict of columns per sample, every default encoding;
 - WebDataset tar shards written by webdataset's ``TarWriter``, against its own
   iteration: a dict of ``__key__`` and each field's bytes;
+- Parquet files written by ``pyarrow`` (several row groups, each codec it writes by
+  default or is often given), against ``pyarrow``'s ``to_pylist``: a dict per row;
 - token arrays: ``.npy`` files written by ``numpy.save``, and raw ``uint16`` files (nanoGPT's
   ``train.bin``), against ``numpy.memmap``: windows of ``seq_len + 1`` tokens every
   ``seq_len``, across file boundaries;
@@ -14,6 +16,10 @@ each format's own reader on files that reader's tools wrote:
 then the datasets over them: every sample of an epoch once across ranks and workers, a
 resume under another world size, int64 values."""
 
+import datetime
+import decimal
+import re
+import urllib.request
 import warnings
 
 import numpy as np
@@ -23,6 +29,8 @@ import shardcache
 from conftest import binary, start
 
 SEQ_LEN = 64
+# The formats spoke's metrics URL.
+METRICS = []
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +64,53 @@ def formats_root(tmp_path_factory):
         (root / "megatron-b" / f"part-b.{ext}").write_bytes((root / "megatron" / f"part-b.{ext}").read_bytes())
     write_mds(root, rng)
     write_webdataset(root, rng)
+    write_parquet(root, rng)
     return root
+
+
+def parquet_rows(rng, first, count):
+    """Rows with the column types Hugging Face datasets hold: numbers, text, bytes,
+    token lists, structs, maps, nulls, dates, times and timestamps, decimals."""
+    utc = datetime.timezone.utc
+    return [{
+        "id": i, "text": None if i % 11 == 5 else "row " * int(rng.integers(0, 40)) + f"#{i} é",
+        "score": float(i) / 7, "flag": i % 3 == 0, "small": np.int8(i % 100 - 50).item(),
+        "blob": rng.bytes(int(rng.integers(0, 3000))),
+        "tokens": rng.integers(0, 128_000, int(rng.integers(0, 300))).tolist(),
+        "meta": {"source": f"s{i % 4}", "lengths": [i, i + 1] if i % 2 else []},
+        "attrs": [(f"k{j}", j * i) for j in range(i % 3)],
+        "day": datetime.date(2020, 1, 1) + datetime.timedelta(days=i),
+        "at": datetime.datetime(2024, 5, 1, 12, 0) + datetime.timedelta(microseconds=i * 1_000_003),
+        "at_utc": datetime.datetime(2024, 5, 1, tzinfo=utc) + datetime.timedelta(seconds=i * 3601),
+        "clock": datetime.time(i % 24, i % 60, i % 60, i * 7 % 1_000_000),
+        "price": decimal.Decimal(i * 37 - 500).scaleb(-2),
+    } for i in range(first, first + count)]
+
+
+def write_parquet(root, rng):
+    """Three Parquet files by pyarrow, row groups of 7 rows, each file another codec
+    (snappy, pyarrow's and Hugging Face's default; zstd; gzip); one with nanosecond
+    timestamps, which pandas writes by default."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([
+        ("id", pa.int64()), ("text", pa.string()), ("score", pa.float64()), ("flag", pa.bool_()),
+        ("small", pa.int8()), ("blob", pa.binary()), ("tokens", pa.list_(pa.int32())),
+        ("meta", pa.struct([("source", pa.string()), ("lengths", pa.list_(pa.int64()))])),
+        ("attrs", pa.map_(pa.string(), pa.int64())), ("day", pa.date32()), ("at", pa.timestamp("us")),
+        ("at_utc", pa.timestamp("ms", tz="UTC")), ("clock", pa.time64("us")), ("price", pa.decimal128(9, 2)),
+    ])
+    (root / "parquet").mkdir()
+    first = 0
+    for n, (count, codec) in enumerate([(40, "snappy"), (23, "zstd"), (9, "gzip")]):
+        table = pa.Table.from_pylist(parquet_rows(rng, first, count), schema=schema)
+        pq.write_table(table, root / "parquet" / f"train-{n:05d}-of-00003.parquet", row_group_size=7,
+                       compression=codec)
+        first += count
+    (root / "parquet-ns").mkdir()
+    table = pa.table({"at": pa.array([0, 1], pa.timestamp("ns"))})
+    pq.write_table(table, root / "parquet-ns" / "data.parquet")
 
 
 def write_webdataset(root, rng):
@@ -111,6 +165,7 @@ def formats_spoke(formats_root, tmp_path_factory):
     spoke, rest = start([binary("spoke-cache"), "--hub", f"http://{hub_addr}", "--cache-dir", str(cache),
                          "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"],
                         "spoke-cache listening on ")
+    METRICS.append(f"http://{rest.split()[3]}/metrics")
     yield f"http://{rest.split()[0]}"
     for proc in (spoke, hub):
         proc.kill()
@@ -188,6 +243,7 @@ def ident(sample):
     ("npy", dict(format="tokens", seq_len=SEQ_LEN)),
     ("mds", dict(format="mds")),
     ("wds", dict(format="webdataset")),
+    ("parquet", dict(format="parquet")),
 ])
 @pytest.mark.parametrize("before,after", [((4, 2), (3, 3)), ((2, 1), (8, 2))])
 def test_every_format_resumes_under_another_world_size_seeing_each_sample_once(
@@ -326,3 +382,52 @@ def test_megatron_gpt_packing_matches_megatron_cores_gpt_dataset(formats_spoke, 
         item = reference[i]
         text = np.concatenate([item["tokens"].numpy(), item["labels"].numpy()[-1:]])
         assert np.array_equal(np.frombuffer(raw, dtype=np.uint16), text), i
+
+
+def whole_shard_fetches():
+    """The formats spoke's count of shards fetched whole from its hub."""
+    text = urllib.request.urlopen(METRICS[-1]).read().decode()
+    return sum(float(v) for v in re.findall(r"^shardcache_spoke_whole_shard_fetches_total(?:{[^}]*})? (\S+)$", text, re.M))
+
+
+def test_parquet_rows_match_pyarrow(formats_spoke, formats_root):
+    import pyarrow.parquet as pq
+
+    before = whole_shard_fetches()
+    samples = shardcache.Client(formats_spoke).samples("parquet", format="parquet")
+    # The index is the footers: opening it fetches no file whole.
+    assert whole_shard_fetches() == before
+    assert samples.shards == [f"train-{n:05d}-of-00003.parquet" for n in range(3)]
+    assert samples.counts == [40, 23, 9]
+    assert [name for name, _ in samples.columns][:3] == ["id", "text", "score"]
+    want = []
+    for name in samples.shards:
+        want += pq.read_table(formats_root / "parquet" / name).to_pylist()
+    # Read in a shuffled order, in batches spanning row groups and files.
+    items = [(s, k) for s, count in enumerate(samples.counts) for k in range(count)]
+    order = np.random.default_rng(1).permutation(len(items))
+    got = {}
+    for i in range(0, len(order), 10):
+        batch = [items[j] for j in order[i:i + 10]]
+        for j, row in zip(order[i:i + 10], samples.read_decoded(batch)):
+            got[int(j)] = row
+    assert len(got) == len(want) == 72
+    for j, row in enumerate(want):
+        assert got[j] == row, (j, got[j], row)
+        assert got[j]["at_utc"].utcoffset() == datetime.timedelta(0)
+    # A row is values, not bytes of its own.
+    with pytest.raises(shardcache.ShardcacheError, match="read them with read_decoded"):
+        samples.read([(0, 0)])
+    # The datasets hand out the same dicts, across ranks.
+    ds = shardcache.ShardDataset(formats_spoke, "parquet", format="parquet")
+    assert ds[71] == want[71]
+    ids = []
+    for rank in range(2):
+        ids += [row["id"] for row in shardcache.StreamingShardDataset(
+            formats_spoke, "parquet", format="parquet", batch_size=4, rank=rank, world_size=2, prefetch=False)]
+    assert sorted(ids) == list(range(72))
+
+
+def test_parquet_nanosecond_timestamps_are_refused_with_the_fix(formats_spoke):
+    with pytest.raises(shardcache.ShardcacheError, match=r"column at holds nanosecond timestamps.*coerce_timestamps"):
+        shardcache.Client(formats_spoke).samples("parquet-ns", format="parquet")

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Layout, SampleIndex, listed_range, read_batched};
+use super::{Layout, SampleIndex, Value, listed_range, read_batched};
 use crate::{Client, Error, Result};
 
 /// The index file at the top of an MDS dataset.
@@ -64,26 +64,6 @@ pub struct Column {
     pub name: String,
     pub encoding: String,
     pub size: Option<u64>,
-}
-
-/// A column's value, decoded as MosaicML's encodings say.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    Int(i64),
-    UInt(u64),
-    Float(f64),
-    Str(String),
-    Bytes(Bytes),
-    /// `json`: the JSON text.
-    Json(String),
-    /// `pkl`: a pickle, unpickled only where the user trusts the writer.
-    Pickle(Bytes),
-    /// `ndarray[:DTYPE[:SHAPE]]`: values in C order, little-endian.
-    NdArray {
-        dtype: String,
-        shape: Vec<u64>,
-        data: Bytes,
-    },
 }
 
 /// The samples of the shards `index.json` lists, and their columns.
@@ -210,7 +190,7 @@ fn compressed(
                 .iter()
                 .map(|s| (s.raw_data.basename.clone(), s.raw_data.bytes, s.samples))
                 .collect(),
-            unpacked: Default::default(),
+            unpacked: super::Recent::new(UNPACKED_SHARDS),
         },
         dtype: None,
         columns: Some(columns),

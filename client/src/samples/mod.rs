@@ -12,6 +12,8 @@
 //!   sample per MDS sample, decoded by column with [`SampleIndex::decode`] ([`mds`]);
 //! - [`Format::WebDataset`]: WebDataset tar shards, a sample per run of files with one
 //!   key, its fields by extension ([`webdataset`]);
+//! - [`Format::Parquet`]: Parquet files, a sample per row, decoded by column with
+//!   [`SampleIndex::read_decoded`] ([`parquet`]);
 //! - [`Format::Tokens`]: token arrays (`.npy`, or raw files of a given dtype) read as
 //!   windows of `seq_len + 1` tokens every `seq_len`, over the shards joined end to end
 //!   (a window may cross from one shard into the next, as nanoGPT's loader reads one
@@ -23,8 +25,11 @@
 pub mod gpt;
 pub mod mds;
 pub mod megatron;
+pub mod parquet;
 pub mod tokens;
 pub mod webdataset;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::{Bytes, BytesMut};
 use shardcache_proto::{range::MAX_RANGES_PER_CALL, v1::ShardInfo};
@@ -56,6 +61,8 @@ pub enum Format {
     Mds,
     /// WebDataset: every `.tar` file, samples grouped by key.
     WebDataset,
+    /// Parquet: every `.parquet` file, a sample per row.
+    Parquet,
     /// Token arrays: every `.npy` file (its header gives the dtype), or, with `dtype`,
     /// every file as raw tokens of that numpy dtype (`"uint16"`, `"int32"`...); samples are
     /// windows of `seq_len + 1` tokens starting every `seq_len` tokens (inputs and their
@@ -71,8 +78,93 @@ pub struct Piece {
     pub length: u64,
 }
 
-/// Compressed shards kept decompressed, by shard number, the most recently read last.
-type Kept = std::sync::Arc<std::sync::Mutex<Vec<(usize, std::sync::Arc<mds::Unpacked>)>>>;
+/// A column's value: MDS's encodings, Parquet's types.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Str(String),
+    Bytes(Bytes),
+    /// MDS `json`: the JSON text.
+    Json(String),
+    /// MDS `pkl`: a pickle, unpickled only where the user trusts the writer.
+    Pickle(Bytes),
+    /// MDS `ndarray[:DTYPE[:SHAPE]]`: values in C order, little-endian.
+    NdArray {
+        dtype: String,
+        shape: Vec<u64>,
+        data: Bytes,
+    },
+    List(Vec<Value>),
+    /// A struct's fields, in order.
+    Struct(Vec<(String, Value)>),
+    /// A map's entries, in order.
+    Map(Vec<(Value, Value)>),
+    /// Days since 1970-01-01.
+    Date(i32),
+    /// Microseconds since midnight.
+    Time {
+        micros: i64,
+    },
+    /// Microseconds since 1970-01-01T00:00; `utc`: an instant (else a wall-clock time).
+    Timestamp {
+        micros: i64,
+        utc: bool,
+    },
+    /// A decimal's digits and point, e.g. `"-12.34"`.
+    Decimal(String),
+}
+
+/// A sample's columns, in the dataset's order.
+pub type Fields = Vec<(String, Value)>;
+
+/// Values by key, the most recently used last.
+type Entries<K, V> = Vec<(K, Arc<V>)>;
+
+/// The last few values made from fetched bytes (decompressed shards, decoded row
+/// groups), the most recently used last; clones of a `SampleIndex` share them.
+#[derive(Debug)]
+pub struct Recent<K, V> {
+    keep: usize,
+    items: Arc<Mutex<Entries<K, V>>>,
+}
+
+// Not derived: a clone shares the values, whatever V is.
+impl<K, V> Clone for Recent<K, V> {
+    fn clone(&self) -> Self {
+        Self { keep: self.keep, items: self.items.clone() }
+    }
+}
+
+impl<K: PartialEq + Copy, V> Recent<K, V> {
+    fn new(keep: usize) -> Self {
+        Self { keep, items: Default::default() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Entries<K, V>> {
+        self.items.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Those of `keys` kept.
+    fn find(&self, keys: &[K]) -> Entries<K, V> {
+        self.lock().iter().filter(|(k, _)| keys.contains(k)).map(|(k, v)| (*k, v.clone())).collect()
+    }
+
+    /// `used` (the values a read needed) kept as the most recent, the oldest dropped
+    /// past the bound (never one of `used`).
+    fn keep(&self, used: &[(K, Arc<V>)]) {
+        let mut items = self.lock();
+        for (key, value) in used {
+            items.retain(|(k, _)| k != key);
+            items.push((*key, value.clone()));
+        }
+        let over = items.len().saturating_sub(self.keep.max(used.len()));
+        items.drain(..over);
+    }
+}
 
 /// How the samples of the shards are laid out.
 #[derive(Debug, Clone)]
@@ -81,13 +173,20 @@ enum Layout {
     Bounds(Vec<Vec<u64>>),
     /// GPT samples of one Megatron shard: `bounds[s]` where sequence `s` starts in the
     /// `.bin`, values of `item` bytes.
-    Gpt { index: std::sync::Arc<gpt::GptIndex>, bounds: Vec<u64>, item: u64 },
+    Gpt { index: Arc<gpt::GptIndex>, bounds: Vec<u64>, item: u64 },
     /// WebDataset: the samples of each shard, their fields' bytes each a piece.
     Groups(Vec<Vec<webdataset::Group>>),
     /// Shards compressed whole (MDS with zstd): `counts[s]` samples, the file of
     /// `sizes[s]` bytes, what it decompresses to (`raw[s]`: name, bytes, samples); the
     /// last shards decompressed, most recent last.
-    Packed { counts: Vec<u64>, sizes: Vec<u64>, raw: Vec<(String, u64, u64)>, unpacked: Kept },
+    Packed {
+        counts: Vec<u64>,
+        sizes: Vec<u64>,
+        raw: Vec<(String, u64, u64)>,
+        unpacked: Recent<usize, mds::Unpacked>,
+    },
+    /// Parquet: a sample per row; a row group is read whole and kept decoded.
+    Rows { files: Vec<Arc<parquet::File>>, decoded: parquet::Decoded },
     /// Records of `size` bytes from `first[s]`, `counts[s]` of them in shard `s`.
     Records { size: u64, first: Vec<u64>, counts: Vec<u64> },
     /// Windows of `window` bytes every `step` bytes over the shards' data regions joined
@@ -129,6 +228,7 @@ impl SampleIndex {
             }
             Format::Mds => mds::open(client, dataset, &listed).await,
             Format::WebDataset => webdataset::open(client, dataset, &listed).await,
+            Format::Parquet => parquet::open(client, dataset, &listed).await,
             Format::Tokens { seq_len, dtype } => {
                 tokens::open(client, dataset, &listed, *seq_len, dtype).await
             }
@@ -209,17 +309,79 @@ impl SampleIndex {
         self.dtype.as_deref()
     }
 
-    /// The columns of each sample, where the format has columns (MDS).
+    /// The columns of each sample, where the format has columns (MDS, Parquet).
     pub fn columns(&self) -> Option<&[mds::Column]> {
         self.columns.as_deref()
     }
 
-    /// A sample's columns, decoded (MDS); an error for a format without columns.
-    pub fn decode(&self, sample: &Bytes) -> Result<Vec<(String, mds::Value)>> {
+    /// A sample's columns decoded from its bytes (MDS); an error for a format without
+    /// columns, and for Parquet's rows, which are not bytes of their own
+    /// ([`SampleIndex::read_decoded`] reads them).
+    pub fn decode(&self, sample: &Bytes) -> Result<Fields> {
         let columns = self.columns.as_deref().ok_or_else(|| {
             Error::Config(format!("dataset {:?}: its samples have no columns to decode", self.dataset))
         })?;
+        if let Layout::Rows { .. } = self.layout {
+            return Err(self.rows_are_values());
+        }
         mds::decode(columns, sample)
+    }
+
+    fn rows_are_values(&self) -> Error {
+        Error::Config(format!(
+            "dataset {:?} is Parquet: its rows are values, not bytes of their own; read them with read_decoded",
+            self.dataset
+        ))
+    }
+
+    /// `samples` read and decoded by column (MDS, Parquet), in order.
+    pub async fn read_decoded(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Arc<Fields>>> {
+        if let Layout::Rows { .. } = self.layout {
+            return self.read_rows(client, samples).await;
+        }
+        let data = self.read(client, samples).await?;
+        data.iter().map(|sample| Ok(Arc::new(self.decode(sample)?))).collect()
+    }
+
+    /// Parquet rows: the row groups not kept decoded read in one batch and decoded off
+    /// the runtime's threads, side by side.
+    async fn read_rows(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Arc<Fields>>> {
+        let Layout::Rows { files, decoded } = &self.layout else { return Err(self.rows_are_values()) };
+        let needed = parquet::groups_of(files, &self.dataset, samples)?;
+        let mut have = decoded.find(&needed);
+        let missing: Vec<(usize, usize)> =
+            needed.iter().copied().filter(|key| !have.iter().any(|(k, _)| k == key)).collect();
+        let ranges = missing.iter().map(|&(s, g)| {
+            let (offset, length) = parquet::group_at(&files[s], g);
+            self.range(s, offset, length)
+        });
+        let data = read_batched(client, ranges.collect()).await?;
+        let decoding: Vec<_> = missing
+            .iter()
+            .zip(data)
+            .map(|(&(s, g), bytes)| {
+                let file = files[s].clone();
+                tokio::task::spawn_blocking(move || {
+                    parquet::decode_group(&file, g, parquet::group_at(&file, g).0, bytes)
+                })
+            })
+            .collect();
+        for (&(s, g), done) in missing.iter().zip(decoding) {
+            let shard = format!("{}/{}", self.dataset, self.shards[s]);
+            let rows = done.await.map_err(|e| Error::Config(format!("{shard}: row group {g}: {e}")))?;
+            let rows = rows.map_err(|e| Error::Config(format!("{shard}: {e}")))?;
+            have.push(((s, g), Arc::new(rows)));
+        }
+        decoded.keep(&have);
+        samples
+            .iter()
+            .map(|&(s, k)| {
+                let (g, r) = parquet::locate(files, s, k).ok_or_else(|| self.rows_are_values())?;
+                let (_, rows) =
+                    have.iter().find(|(key, _)| *key == (s, g)).ok_or_else(|| self.rows_are_values())?;
+                Ok(rows[r as usize].clone())
+            })
+            .collect()
     }
 
     /// The key and field names of sample `k` of `shard` (WebDataset), in the order
@@ -236,6 +398,7 @@ impl SampleIndex {
             Layout::Bounds(bounds) => bounds.iter().map(|b| b.len().saturating_sub(1) as u64).collect(),
             Layout::Groups(groups) => groups.iter().map(|g| g.len() as u64).collect(),
             Layout::Gpt { index, .. } => vec![index.len() as u64],
+            Layout::Rows { files, .. } => files.iter().map(|f| f.rows()).collect(),
             Layout::Records { counts, .. }
             | Layout::Windows { counts, .. }
             | Layout::Packed { counts, .. } => counts.clone(),
@@ -262,6 +425,11 @@ impl SampleIndex {
                     _ => return Err(outside()),
                 };
                 Ok(vec![Piece { shard, offset: start, length: end - start }])
+            }
+            Layout::Rows { files, .. } => {
+                // A row's bytes are its row group's, read whole.
+                let (offset, length) = files.get(shard).and_then(|f| f.group_range(k)).ok_or_else(outside)?;
+                Ok(vec![Piece { shard, offset, length }])
             }
             Layout::Packed { .. } => Err(Error::Config(format!(
                 "{:?}: a compressed shard's samples are where its decompressed bytes say",
@@ -302,6 +470,9 @@ impl SampleIndex {
         if let Layout::Packed { .. } = &self.layout {
             return Ok(self.read_packed(client, samples).await?.into_iter().map(|b| vec![b]).collect());
         }
+        if let Layout::Rows { .. } = &self.layout {
+            return Err(self.rows_are_values());
+        }
         let mut ranges = Vec::new();
         let mut counts = Vec::with_capacity(samples.len());
         for &(shard, k) in samples {
@@ -336,28 +507,18 @@ impl SampleIndex {
                 needed.push(shard);
             }
         }
-        let lock = || unpacked.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut have: std::collections::HashMap<usize, std::sync::Arc<mds::Unpacked>> =
-            lock().iter().filter(|(s, _)| needed.contains(s)).map(|(s, u)| (*s, u.clone())).collect();
+        let mut have: std::collections::HashMap<usize, Arc<mds::Unpacked>> =
+            unpacked.find(&needed).into_iter().collect();
         let missing: Vec<usize> = needed.iter().copied().filter(|s| !have.contains_key(s)).collect();
         let files = missing.iter().map(|&s| self.range(s, 0, sizes[s]));
         let files = read_batched(client, files.collect()).await?;
         for (&shard, zipped) in missing.iter().zip(files) {
             let (dataset, raw) = (self.dataset.clone(), raw[shard].clone());
             let done = tokio::task::spawn_blocking(move || mds::unpack(&dataset, &raw, &zipped)).await;
-            let unpacked =
-                std::sync::Arc::new(done.map_err(|e| Error::Config(format!("decompression: {e}")))??);
+            let unpacked = Arc::new(done.map_err(|e| Error::Config(format!("decompression: {e}")))??);
             have.insert(shard, unpacked);
         }
-        {
-            let mut kept = lock();
-            for shard in &needed {
-                kept.retain(|(s, _)| s != shard);
-                kept.push((*shard, have[shard].clone()));
-            }
-            let over = kept.len().saturating_sub(mds::UNPACKED_SHARDS.max(needed.len()));
-            kept.drain(..over);
-        }
+        unpacked.keep(&needed.iter().map(|s| (*s, have[s].clone())).collect::<Vec<_>>());
         Ok(samples
             .iter()
             .map(|&(shard, k)| {

@@ -58,7 +58,7 @@ class Client:
         (fixed ``record_size``, by default the dataset metadata's), ``"megatron"`` (PREFIX.bin + PREFIX.idx, a sample per
         sequence), ``"megatron-gpt"`` (one such dataset packed as Megatron's GPTDataset
         packs it: ``seq_len``, ``seed`` = its random_seed, 1234 by default, ``num_samples``), ``"mds"`` (index.json + shards, decoded with ``Samples.decode``),
-        ``"webdataset"`` (tar shards, ``Samples.read_fields``) or ``"tokens"`` (.npy files, or raw files of ``dtype``: windows of
+        ``"webdataset"`` (tar shards, ``Samples.read_fields``), ``"parquet"`` (a sample per row, ``Samples.read_decoded``) or ``"tokens"`` (.npy files, or raw files of ``dtype``: windows of
         ``seq_len + 1`` tokens every ``seq_len``)."""
     def read_many(self, ranges: List[Tuple[str, str, int, int]]) -> List[bytes]:
         """A batch of ``(dataset, shard, offset, length)`` in one round trip, in order."""
@@ -106,13 +106,14 @@ class Samples:
         """The values' numpy dtype, where the format says (tokens, Megatron)."""
     @property
     def columns(self) -> Optional[List[Tuple[str, str]]]:
-        """``(name, encoding)`` of each column (MDS), else None."""
+        """``(name, encoding)`` of each column (MDS; Parquet: its type), else None."""
     def decode(self, data: bytes, allow_unsafe_types: bool = False) -> Dict[str, object]:
         """An MDS sample's bytes as a dict of its columns (pickled ones only when allowed)."""
     def read_decoded(
         self, samples: List[Tuple[int, int]], allow_unsafe_types: bool = False
     ) -> List[Dict[str, object]]:
-        """``read`` then ``decode`` (MDS), without handing the bytes to Python first."""
+        """``read`` then ``decode`` (MDS), without handing the bytes to Python first; Parquet's
+        rows as pyarrow's ``to_pylist`` gives them."""
     def read_fields(self, samples: List[Tuple[int, int]]) -> List[Dict[str, object]]:
         """WebDataset samples: dicts of ``__key__`` and each field's bytes."""
     def __len__(self) -> int: ...

@@ -2,7 +2,8 @@
 ``format="records"`` (fixed-size records: the seed's 16 KiB token windows, the default),
 ``"megatron"`` (Megatron-LM's PREFIX.bin + PREFIX.idx: a sample per sequence), ``"mds"``
 (MosaicML Streaming's index.json + shards: a dict of columns per sample),
-``"webdataset"`` (tar shards: a dict of ``__key__`` and fields' bytes) or ``"tokens"``
+``"webdataset"`` (tar shards: a dict of ``__key__`` and fields' bytes), ``"parquet"``
+(a dict of columns per row, as pyarrow's ``to_pylist`` gives them) or ``"tokens"``
 (.npy files, or raw files of ``dtype``: windows of ``seq_len + 1`` tokens every
 ``seq_len``, across files). The index comes from the format itself, read through the
 spoke (``Client.samples``).
@@ -147,7 +148,7 @@ class _Records:
             self.starts.append(total)
             total += count
         self.total = total
-        # MDS and WebDataset samples are dicts (of columns, of fields), made natively.
+        # MDS, Parquet and WebDataset samples are dicts (of columns, of fields), made natively.
         columnar = samples.columns is not None or format == "webdataset"
         self.dtype = self._value_dtype(dtype, samples.dtype) if _np is not None and not columnar else None
         self.tensor_dtype = tensor_dtype
@@ -207,7 +208,7 @@ class _Records:
         """``items`` ((shard, sample) each), read in batched calls and decoded."""
         if self.format == "webdataset":
             return self.samples.read_fields(items)
-        if self.format == "mds":
+        if self.format in ("mds", "parquet"):
             return self.samples.read_decoded(items, allow_unsafe_types=self.allow_unsafe_types)
         return [self.decode(data) for data in self.samples.read(items)]
 

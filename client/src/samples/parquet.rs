@@ -1,0 +1,432 @@
+//! Parquet files (what Hugging Face datasets publish), read as they are: a sample per
+//! row, its columns decoded to values ([`Value`]).
+//!
+//! - the index: every `.parquet` file's footer (`... FileMetaData, u32 length, "PAR1"`),
+//!   read with one batch of ranged reads of each file's last [`TAIL_GUESS`] bytes (a
+//!   longer footer costs a second batch); the footer gives each row group's rows and the
+//!   byte ranges of its column chunks;
+//! - a row's bytes are not a range of their own: a row group's column chunks are read
+//!   whole (one range, in the batch with the others asked for) and decoded by the
+//!   `parquet` crate's record reader, off the runtime's threads. The last
+//!   [`DECODED_GROUPS`] row groups are kept decoded, as a block shuffle reads the rows of
+//!   a row group over several batches.
+//!
+//! Values are what `pyarrow`'s `to_pylist` gives: numbers, str, bytes, None, lists,
+//! structs as dicts, maps as lists of pairs, dates, times, timestamps (naive, or UTC
+//! where the column says so), decimals. Columns the record reader would turn into other
+//! values (nanosecond times and timestamps, INT96) are refused when the index is read,
+//! with the fix, never decoded wrongly.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parquet::{
+    basic::{LogicalType, TimeUnit, Type as Physical},
+    file::{
+        metadata::{ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData, page_index::RowGroupPageIndex},
+        properties::ReaderProperties,
+        reader::{ChunkReader, Length, RowGroupReader},
+        serialized_reader::SerializedRowGroupReader,
+    },
+    record::{Field, Row},
+    schema::types::Type as Schema,
+};
+use shardcache_proto::v1::ShardInfo;
+
+use super::{Fields, Layout, Recent, SampleIndex, Value, listed_range, read_batched};
+use crate::{Client, Error, Result};
+
+/// Bytes read from the end of every `.parquet` file to find its footer: footers of files
+/// with a few hundred row groups fit, so a cold open costs one round of reads.
+pub const TAIL_GUESS: u64 = 64 << 10;
+
+/// Row groups a [`SampleIndex`] keeps decoded: a block of the datasets' shuffle
+/// (`shard_block`, 4 by default) is read at a time.
+pub const DECODED_GROUPS: usize = 4;
+
+/// Decoded row groups by (file, row group).
+pub(super) type Decoded = Recent<(usize, usize), Vec<Arc<Fields>>>;
+
+/// One Parquet file of a dataset: its footer, and where each row group is.
+#[derive(Debug)]
+pub struct File {
+    meta: Arc<ParquetMetaData>,
+    /// Row `r` of the file is in the row group whose `first` is the last one <= r.
+    groups: Vec<Group>,
+    /// Top-level columns of timestamps adjusted to UTC.
+    utc: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    first: u64,
+    rows: u64,
+    offset: u64,
+    length: u64,
+}
+
+impl File {
+    pub fn rows(&self) -> u64 {
+        self.groups.last().map_or(0, |g| g.first + g.rows)
+    }
+
+    /// The row group of row `k`, and the row's place in it.
+    fn locate(&self, k: u64) -> Option<(usize, u64)> {
+        if k >= self.rows() {
+            return None;
+        }
+        let g = self.groups.partition_point(|g| g.first <= k) - 1;
+        Some((g, k - self.groups[g].first))
+    }
+
+    /// `(offset, length)` of the row group of row `k`.
+    pub fn group_range(&self, k: u64) -> Option<(u64, u64)> {
+        self.locate(k).map(|(g, _)| (self.groups[g].offset, self.groups[g].length))
+    }
+}
+
+/// The rows of every `.parquet` file listed, a shard each.
+pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
+    let files: Vec<&ShardInfo> = listed.iter().filter(|s| s.shard.ends_with(".parquet")).collect();
+    if files.is_empty() {
+        return Err(Error::Config(format!("dataset {dataset:?} has no .parquet files")));
+    }
+    let tails = files.iter().map(|s| {
+        let length = s.size.min(TAIL_GUESS);
+        listed_range(dataset, s, s.size - length, length)
+    });
+    let mut tails = read_batched(client, tails.collect()).await?;
+    // Footers longer than the tail read: the rest of each, in a second batch.
+    let mut more = Vec::new();
+    for (s, tail) in files.iter().zip(&tails) {
+        let length = footer_length(dataset, s, tail)?;
+        if length > tail.len() as u64 {
+            more.push(listed_range(dataset, s, s.size - length, length - tail.len() as u64));
+        }
+    }
+    let mut more = read_batched(client, more).await?.into_iter();
+    let mut parsed = Vec::with_capacity(files.len());
+    for (s, tail) in files.iter().zip(tails.iter_mut()) {
+        let length = footer_length(dataset, s, tail)?;
+        if length > tail.len() as u64 {
+            let head = more.next().unwrap_or_default();
+            *tail = [head, tail.clone()].concat().into();
+        }
+        let footer = &tail[tail.len() - length as usize..tail.len() - 8];
+        parsed.push(Arc::new(file(dataset, s, footer)?));
+    }
+    same_columns(dataset, &files, &parsed)?;
+    let columns = parsed[0].meta.file_metadata().schema_descr().root_schema().get_fields();
+    let columns: Vec<_> = columns
+        .iter()
+        .map(|c| super::mds::Column { name: c.name().to_owned(), encoding: describe(c), size: None })
+        .collect();
+    Ok(SampleIndex {
+        dataset: dataset.to_owned(),
+        shards: files.iter().map(|s| s.shard.clone()).collect(),
+        versions: files.iter().map(|s| s.version.clone()).collect(),
+        layout: Layout::Rows { files: parsed, decoded: Decoded::new(DECODED_GROUPS) },
+        dtype: None,
+        columns: Some(columns),
+    })
+}
+
+/// The length of `shard`'s footer with its last 8 bytes, from the tail read of it.
+fn footer_length(dataset: &str, shard: &ShardInfo, tail: &[u8]) -> Result<u64> {
+    let not = |why: &str| Error::Config(format!("{dataset}/{}: not a Parquet file ({why})", shard.shard));
+    if tail.len() < 12 || !tail.ends_with(b"PAR1") {
+        return Err(not("no PAR1 at its end"));
+    }
+    let at = tail.len() - 8;
+    let length = u64::from(u32::from_le_bytes(tail[at..at + 4].try_into().unwrap_or_default())) + 8;
+    if length + 4 > shard.size {
+        return Err(not("its footer is longer than the file"));
+    }
+    Ok(length)
+}
+
+/// A file's footer parsed, its row groups' ranges checked against its size, and its
+/// columns checked for values the record reader would decode wrongly.
+fn file(dataset: &str, shard: &ShardInfo, footer: &[u8]) -> Result<File> {
+    let name = format!("{dataset}/{}", shard.shard);
+    let meta = ParquetMetaDataReader::decode_metadata(footer)
+        .map_err(|e| Error::Config(format!("{name}: its Parquet footer does not parse: {e}")))?;
+    let mut groups = Vec::with_capacity(meta.num_row_groups());
+    let mut first = 0u64;
+    for (g, group) in meta.row_groups().iter().enumerate() {
+        let (offset, length) =
+            group_bytes(group)
+                .filter(|&(offset, length)| offset + length <= shard.size)
+                .ok_or_else(|| Error::Config(format!("{name}: row group {g} lies outside the file")))?;
+        let rows = u64::try_from(group.num_rows()).unwrap_or(0);
+        groups.push(Group { first, rows, offset, length });
+        first += rows;
+    }
+    let root = meta.file_metadata().schema_descr().root_schema();
+    let mut utc = Vec::new();
+    for column in root.get_fields() {
+        check(&name, column, &[])?;
+        if adjusted_to_utc(column) == Some(true) && column.is_primitive() {
+            utc.push(column.name().to_owned());
+        }
+    }
+    Ok(File { meta: Arc::new(meta), groups, utc })
+}
+
+/// `(offset, length)` of all of a row group's column chunks (from the first page of
+/// the first to the end of the last; in files as written they are contiguous).
+fn group_bytes(group: &RowGroupMetaData) -> Option<(u64, u64)> {
+    let (mut start, mut end) = (u64::MAX, 0u64);
+    for column in group.columns() {
+        let from = column.dictionary_page_offset().unwrap_or(column.data_page_offset());
+        let from = u64::try_from(from).ok()?;
+        let to = from.checked_add(u64::try_from(column.compressed_size()).ok()?)?;
+        (start, end) = (start.min(from), end.max(to));
+    }
+    Some(if start == u64::MAX { (0, 0) } else { (start, end - start) })
+}
+
+/// `Some(utc)` for a timestamp column.
+fn adjusted_to_utc(column: &Schema) -> Option<bool> {
+    match column.get_basic_info().logical_type_ref() {
+        Some(LogicalType::Timestamp(t)) => Some(t.is_adjusted_to_u_t_c),
+        _ => None,
+    }
+}
+
+/// Refuses columns whose values the record reader would hand out as something else.
+fn check(file: &str, column: &Schema, path: &[&str]) -> Result<()> {
+    let path = [path, &[column.name()]].concat();
+    let refuse = |what: &str, fix: &str| {
+        Err(Error::Config(format!(
+            "{file}: column {} holds {what}, which this reader does not decode; {fix}",
+            path.join(".")
+        )))
+    };
+    if !column.is_primitive() {
+        return column.get_fields().iter().try_for_each(|c| check(file, c, &path));
+    }
+    match column.get_basic_info().logical_type_ref() {
+        Some(LogicalType::Timestamp(t)) if matches!(t.unit, TimeUnit::NANOS) => {
+            return refuse(
+                "nanosecond timestamps",
+                "write them as microseconds (pyarrow: coerce_timestamps=\"us\")",
+            );
+        }
+        Some(LogicalType::Time(t)) if matches!(t.unit, TimeUnit::NANOS) => {
+            return refuse("nanosecond times", "write them as microseconds");
+        }
+        Some(LogicalType::Timestamp(t)) if t.is_adjusted_to_u_t_c && path.len() > 1 => {
+            return refuse("UTC timestamps inside a nested value", "make them a top-level column");
+        }
+        _ => {}
+    }
+    if column.get_physical_type() == Physical::INT96 {
+        return refuse(
+            "INT96 timestamps",
+            "write them as INT64 microseconds (pyarrow: use_deprecated_int96_timestamps=False)",
+        );
+    }
+    Ok(())
+}
+
+/// Every file must have the first one's columns: a sample's keys do not depend on the
+/// file it came from.
+fn same_columns(dataset: &str, files: &[&ShardInfo], parsed: &[Arc<File>]) -> Result<()> {
+    let names = |f: &File| -> Vec<String> {
+        let root = f.meta.file_metadata().schema_descr().root_schema();
+        root.get_fields().iter().map(|c| c.name().to_owned()).collect()
+    };
+    let first = names(&parsed[0]);
+    for (s, f) in files.iter().zip(parsed).skip(1) {
+        if names(f) != first {
+            return Err(Error::Config(format!(
+                "{dataset}/{}: its columns {:?} differ from {}'s {first:?}; one dataset's files share their columns",
+                s.shard,
+                names(f),
+                files[0].shard
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A column's type as a person reads it: `INT64`, `BYTE_ARRAY (String)`, `group (List)`.
+fn describe(column: &Schema) -> String {
+    let kind =
+        if column.is_primitive() { format!("{}", column.get_physical_type()) } else { "group".to_owned() };
+    match column.get_basic_info().logical_type_ref() {
+        Some(logical) => format!("{kind} ({logical:?})"),
+        None => kind,
+    }
+}
+
+/// The rows of row group `g` of `file`, decoded from `data`: its bytes read from
+/// `offset` (the row group's first byte).
+pub fn decode_group(file: &File, g: usize, offset: u64, data: Bytes) -> Result<Vec<Arc<Fields>>> {
+    let group = file.meta.row_group(g);
+    let part = Arc::new(Part { offset, data });
+    let properties = Arc::new(ReaderProperties::builder().build());
+    let reader = SerializedRowGroupReader::new(part, group, RowGroupPageIndex::new(g, None), properties)
+        .map_err(|e| Error::Config(format!("row group {g}: {e}")))?;
+    let rows = reader.get_row_iter(None).map_err(|e| Error::Config(format!("row group {g}: {e}")))?;
+    let mut out = Vec::with_capacity(group.num_rows().max(0) as usize);
+    for row in rows {
+        let row = row.map_err(|e| Error::Config(format!("row group {g}: {e}")))?;
+        out.push(Arc::new(fields(row, &file.utc)));
+    }
+    if out.len() as u64 != file.groups[g].rows {
+        return Err(Error::Config(format!(
+            "row group {g} decoded to {} rows where its footer says {}",
+            out.len(),
+            file.groups[g].rows
+        )));
+    }
+    Ok(out)
+}
+
+/// A row's columns as values; `utc`: the top-level columns of UTC timestamps.
+fn fields(row: Row, utc: &[String]) -> Fields {
+    row.into_columns()
+        .into_iter()
+        .map(|(name, field)| {
+            let value = match (field, utc.contains(&name)) {
+                (Field::TimestampMillis(ms), true) => Value::Timestamp { micros: ms * 1000, utc: true },
+                (Field::TimestampMicros(us), true) => Value::Timestamp { micros: us, utc: true },
+                (field, _) => value(field),
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+/// One field as a value.
+fn value(field: Field) -> Value {
+    match field {
+        Field::Null => Value::Null,
+        Field::Bool(v) => Value::Bool(v),
+        Field::Byte(v) => Value::Int(v.into()),
+        Field::Short(v) => Value::Int(v.into()),
+        Field::Int(v) => Value::Int(v.into()),
+        Field::Long(v) => Value::Int(v),
+        Field::UByte(v) => Value::UInt(v.into()),
+        Field::UShort(v) => Value::UInt(v.into()),
+        Field::UInt(v) => Value::UInt(v.into()),
+        Field::ULong(v) => Value::UInt(v),
+        Field::Float16(v) => Value::Float(v.to_f64()),
+        Field::Float(v) => Value::Float(v.into()),
+        Field::Double(v) => Value::Float(v),
+        Field::Decimal(d) => Value::Decimal(decimal(d.data(), d.scale())),
+        Field::Str(v) => Value::Str(v),
+        Field::Bytes(v) => Value::Bytes(Bytes::copy_from_slice(v.data())),
+        Field::Date(days) => Value::Date(days),
+        Field::TimeMillis(ms) => Value::Time { micros: i64::from(ms) * 1000 },
+        Field::TimeMicros(us) => Value::Time { micros: us },
+        Field::TimestampMillis(ms) => Value::Timestamp { micros: ms * 1000, utc: false },
+        Field::TimestampMicros(us) => Value::Timestamp { micros: us, utc: false },
+        Field::Group(row) => Value::Struct(fields(row, &[])),
+        Field::ListInternal(list) => Value::List(list.elements().iter().cloned().map(value).collect()),
+        Field::MapInternal(map) => {
+            Value::Map(map.entries().iter().map(|(k, v)| (value(k.clone()), value(v.clone()))).collect())
+        }
+    }
+}
+
+/// A decimal's digits with its point: big-endian two's complement `data`, `scale`
+/// digits after the point (`"-12.34"`).
+fn decimal(data: &[u8], scale: i32) -> String {
+    // Sign-extended to 16 bytes; a decimal of more than 38 digits does not fit.
+    let mut wide = [if data.first().is_some_and(|b| b & 0x80 != 0) { 0xff } else { 0 }; 16];
+    let n = data.len().min(16);
+    wide[16 - n..].copy_from_slice(&data[data.len() - n..]);
+    let v = i128::from_be_bytes(wide);
+    let digits = v.unsigned_abs().to_string();
+    let sign = if v < 0 { "-" } else { "" };
+    match usize::try_from(scale) {
+        Ok(0) | Err(_) => format!("{sign}{digits}"),
+        Ok(scale) => {
+            let digits = format!("{digits:0>width$}", width = scale + 1);
+            let (int, frac) = digits.split_at(digits.len() - scale);
+            format!("{sign}{int}.{frac}")
+        }
+    }
+}
+
+/// The bytes of one row group, answering reads at the file's offsets.
+struct Part {
+    offset: u64,
+    data: Bytes,
+}
+
+impl Part {
+    fn slice(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        let from = start.checked_sub(self.offset).map(|f| f as usize);
+        match from.filter(|&f| f.checked_add(length).is_some_and(|end| end <= self.data.len())) {
+            Some(f) => Ok(self.data.slice(f..f + length)),
+            None => Err(parquet::errors::ParquetError::General(format!(
+                "a read of {length} bytes at {start} outside the row group's bytes ({} at {})",
+                self.data.len(),
+                self.offset
+            ))),
+        }
+    }
+}
+
+impl Length for Part {
+    fn len(&self) -> u64 {
+        self.offset + self.data.len() as u64
+    }
+}
+
+impl ChunkReader for Part {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let rest = (self.len()).saturating_sub(start) as usize;
+        Ok(bytes::Buf::reader(self.slice(start, rest)?))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.slice(start, length)
+    }
+}
+
+/// Which row groups `samples` need: `(file, group)` each once, in order of first need.
+pub(super) fn groups_of(
+    files: &[Arc<File>],
+    dataset: &str,
+    samples: &[(usize, u64)],
+) -> Result<Vec<(usize, usize)>> {
+    let mut needed: Vec<(usize, usize)> = Vec::new();
+    for &(shard, k) in samples {
+        let (g, _) = locate(files, shard, k)
+            .ok_or_else(|| Error::Config(format!("no sample {k} in shard {shard} of {dataset:?}")))?;
+        if !needed.contains(&(shard, g)) {
+            needed.push((shard, g));
+        }
+    }
+    Ok(needed)
+}
+
+/// The place of row `k` of file `shard`: (row group, row in it).
+pub(super) fn locate(files: &[Arc<File>], shard: usize, k: u64) -> Option<(usize, u64)> {
+    files.get(shard)?.locate(k)
+}
+
+/// `(offset, length)` of row group `g` of `file`.
+pub(super) fn group_at(file: &File, g: usize) -> (u64, u64) {
+    (file.groups[g].offset, file.groups[g].length)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimals_keep_their_sign_and_scale() {
+        assert_eq!(decimal(&(-1234i32).to_be_bytes(), 2), "-12.34");
+        assert_eq!(decimal(&5i64.to_be_bytes(), 3), "0.005");
+        assert_eq!(decimal(&[0x00, 0xff], 0), "255");
+        assert_eq!(decimal(&[0xff], 1), "-0.1");
+    }
+}
