@@ -33,6 +33,7 @@ use std::{
 
 use shardcache_proto::names::{DatasetName, ShardName};
 
+mod index_reads;
 mod read;
 
 pub use read::{ReadFor, SPECULATIVE_SHARDS_PER_CALL};
@@ -108,6 +109,8 @@ pub struct Cache {
     pinning: tokio::sync::Mutex<()>,
     /// Whole-shard background fetches running (at most [`WHOLE_SHARD_FETCHES`]).
     whole_fetches: Arc<std::sync::atomic::AtomicUsize>,
+    /// What index reads fetched as read (`index_reads.rs`).
+    index_reads: index_reads::IndexReads,
 }
 
 /// Whole-shard background fetches at once: each keeps `--shard-fetch-parallelism`
@@ -156,6 +159,7 @@ impl Cache {
             metrics,
             pinning: tokio::sync::Mutex::new(()),
             whole_fetches: Arc::default(),
+            index_reads: Default::default(),
         }))
     }
 

@@ -75,3 +75,37 @@ async fn a_shard_changed_after_its_index_was_read_fails_its_reads_and_never_mixe
     // The other shard is unchanged and still reads.
     assert_eq!(index.read(&client, &[(0, 3)]).await.unwrap()[0].len(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_an_index_brings_only_its_headers_across_and_opening_it_again_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("tokens")).unwrap();
+    // Eight files of 1 MiB: each is one chunk, which a header's read used to fetch whole
+    // (the whole dataset, for its headers).
+    for i in 0..8 {
+        std::fs::write(root.path().join(format!("tokens/part-{i}.npy")), npy(1 << 19)).unwrap();
+    }
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache.path(), spoke_options(&hub.endpoint)).await;
+    let client = spoke.client().await;
+    let upstream = "shardcache_spoke_upstream_bytes_total{dataset=\"tokens\"}";
+
+    let format = Format::Tokens { seq_len: 1023, dtype: None };
+    let index = SampleIndex::open(&client, "tokens", &format).await.unwrap();
+    let headers = spoke.metric(upstream).await;
+    assert!(
+        headers > 0.0 && headers <= 8.0 * 64.0 * 1024.0,
+        "only the headers' reads crossed: {headers} bytes"
+    );
+    // Opened again (a DataLoader worker, the next epoch): nothing more upstream.
+    let again = SampleIndex::open(&client, "tokens", &format).await.unwrap();
+    assert_eq!(again.counts(), index.counts());
+    assert_eq!(spoke.metric(upstream).await, headers, "the headers were kept");
+    // A sample's read is a read like any other: its chunk is fetched and stored.
+    let sample = index.read(&client, &[(3, 10)]).await.unwrap();
+    let start = (index.counts()[..3].iter().sum::<u64>() + 10) * 1023 - 3 * (1 << 19);
+    let expected: Vec<u8> = (start..start + 1024).flat_map(|t| (t as u16).to_le_bytes()).collect();
+    assert_eq!(sample[0].as_ref(), expected.as_slice());
+    assert!(spoke.metric(upstream).await >= headers + (1 << 20) as f64, "part-3's chunk was fetched");
+}

@@ -25,9 +25,10 @@ pub struct ReadFor {
     pub principal: Arc<str>,
     pub row: JobRow,
     pub avoid: Arc<[String]>,
-    /// Whether its reads may start read-ahead or a whole-shard fetch (not for a format's
-    /// index reads).
-    pub speculate: bool,
+    /// A format's index reads (`shardcache-index-read`): their misses are fetched as
+    /// read and kept in memory (`index_reads.rs`), and start no read-ahead or
+    /// whole-shard fetch.
+    pub index_read: bool,
 }
 
 /// Shards one read call may start read-ahead or a whole-shard fetch for (the rest of a
@@ -86,15 +87,19 @@ impl Cache {
             for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
                 let (chunk_start, chunk_len) = entry.chunk_range(index);
                 let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
-                let source = if entry.has_chunk(index) {
-                    Source::Stored
-                } else if stragglers.contains(&entry.id) {
-                    Source::Direct
+                let kept = || self.index_reads.get((entry.id, from, to - from));
+                let (source, bytes) = if entry.has_chunk(index) {
+                    (Source::Stored, None)
+                } else if let Some(bytes) = reader.index_read.then(kept).flatten() {
+                    (Source::Kept, Some(bytes))
+                } else if stragglers.contains(&entry.id) || reader.index_read {
+                    (Source::Direct, None)
                 } else {
-                    self.fetch.chunk(entry, index, row, &reader.avoid).map_or(Source::Stored, Source::Chunk)
+                    let fetch = self.fetch.chunk(entry, index, row, &reader.avoid);
+                    (fetch.map_or(Source::Stored, Source::Chunk), None)
                 };
-                let missed = !matches!(source, Source::Stored);
-                parts.push(Part { want, entry, index, from, to, source, missed, bytes: None });
+                let missed = matches!(source, Source::Chunk(_) | Source::Direct);
+                parts.push(Part { want, entry, index, from, to, source, missed, bytes });
             }
         }
         self.read_stored_parts(&mut parts, reader).await?;
@@ -103,7 +108,7 @@ impl Cache {
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
             let chunk = match &part.source {
                 Source::Chunk(fetch) => Some(fetch.fetched.clone()),
-                Source::Stored | Source::Direct => None,
+                Source::Stored | Source::Direct | Source::Kept => None,
             };
             let (entry, from, length) = (part.entry, part.from, part.to - part.from);
             async move {
@@ -113,7 +118,13 @@ impl Cache {
                     // small reads in many chunks would hold chunk size x ranges instead
                     // of what it returns.
                     Some(chunk) => Ok::<_, Error>(chunk.await?.part(range.start, range.end)),
-                    None => self.fetch.direct(entry, from, length, row, &reader.avoid).await,
+                    None => {
+                        let bytes = self.fetch.direct(entry, from, length, row, &reader.avoid).await?;
+                        if reader.index_read {
+                            self.index_reads.put((entry.id, from, length), bytes.clone());
+                        }
+                        Ok(bytes)
+                    }
                 }
             }
         });
@@ -121,7 +132,7 @@ impl Cache {
         for part in parts.iter_mut().filter(|p| p.bytes.is_none()) {
             part.bytes = fetched.next();
         }
-        Ok(self.assemble(wants, parts, row, &stragglers, reader.speculate))
+        Ok(self.assemble(wants, parts, row, &stragglers, !reader.index_read))
     }
 
     /// Reads the parts that are stored, in one trip to the blocking pool; a part whose
@@ -289,8 +300,10 @@ enum Source {
     Stored,
     /// The chunk's fetch (it is stored once fetched).
     Chunk(ChunkFetch),
-    /// Fetched as read, not stored (a plan's straggler).
+    /// Fetched as read, not stored (a plan's straggler, an index read).
     Direct,
+    /// An index read's bytes kept in memory.
+    Kept,
 }
 
 /// One chunk's share of one range of a `read_many` call.
