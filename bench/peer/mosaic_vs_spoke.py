@@ -263,6 +263,7 @@ def run_webdataset(args, work, records, procs, capacity, samples_per_shard, size
     procs.append(link.proc)
     shards = sorted(f.name for f in (records / "wds").glob("*.tar"))
     urls = [f"http://{link.addr}/{name}" for name in shards]
+    (work / "wds-cache").mkdir()
 
     def make(epoch):
         dataset = wds.WebDataset(urls, shardshuffle=len(urls), cache_dir=str(work / "wds-cache"), cache_size=capacity,

@@ -293,6 +293,7 @@ impl Cache {
         shard: &ShardName,
         reads: &[(u64, u64)],
         row: &JobRow,
+        index_read: bool,
     ) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
         // The warm path: one look at the index (not again in `entry`).
@@ -301,6 +302,9 @@ impl Cache {
         }
         if self.index.get(&key).is_some() {
             return self.entry(dataset, shard).await;
+        }
+        if index_read {
+            return self.entry_for_index(dataset, shard, reads, row).await;
         }
         let chunk_size = self.config.chunk_size;
         let mut chunks: Vec<u64> = reads
@@ -318,12 +322,59 @@ impl Cache {
         }
         // Forgotten however this call ends; by then the chunks' fetches that take them
         // up are registered.
-        let _forget = Forget { fetch: &self.fetch, key: &key, chunk_size, chunks: &chunks };
+        let parts: Vec<(u64, u64)> = chunks.iter().map(|&i| (i * chunk_size, chunk_size)).collect();
+        let _forget = Forget { fetch: &self.fetch, key: &key, parts: &parts };
         let entry = self.entry(dataset, shard).await?;
         for &index in &chunks {
             // Past the end (the read was invalid): nothing to take up.
             if entry.chunk_range(index) == (index * chunk_size, chunk_size) {
                 drop(self.fetch.chunk(&entry, index, row, &[]));
+            }
+        }
+        Ok(entry)
+    }
+
+    /// [`Cache::entry_for`] for a format's index reads of a shard never seen: the reads,
+    /// cut at chunk boundaries as the read path cuts them, are read alongside the
+    /// `StatShard` (not their whole chunks: `index_reads.rs`) and kept with the index
+    /// reads when they were read at the version the stat returns, so a cold index read
+    /// costs one round trip to the hub.
+    async fn entry_for_index(
+        &self,
+        dataset: &DatasetName,
+        shard: &ShardName,
+        reads: &[(u64, u64)],
+        row: &JobRow,
+    ) -> Result<Arc<Entry>> {
+        let chunk_size = self.config.chunk_size;
+        let parts: Vec<(u64, u64)> = reads
+            .iter()
+            .flat_map(|&(offset, length)| {
+                let end = offset + length;
+                (offset / chunk_size..end.div_ceil(chunk_size)).map(move |i| {
+                    let from = offset.max(i * chunk_size);
+                    (from, end.min((i + 1) * chunk_size) - from)
+                })
+            })
+            .filter(|&(_, length)| length > 0 && index_reads::IndexReads::keeps(length))
+            .collect();
+        let (ds, sh) = (dataset.as_str(), shard.as_str());
+        if parts.is_empty() || !self.owns(ds, sh) {
+            return self.entry(dataset, shard).await;
+        }
+        for &(offset, length) in &parts {
+            self.fetch.speculate(ds, sh, offset, length, row);
+        }
+        let key = (dataset.to_string(), shard.to_string());
+        let _forget = Forget { fetch: &self.fetch, key: &key, parts: &parts };
+        let entry = self.entry(dataset, shard).await?;
+        for &(offset, length) in &parts {
+            let Some(read) = self.fetch.speculation(ds, sh, offset, length) else { continue };
+            let read = read.await.filter(|(data, version)| {
+                *version == entry.version && data.data.len() as u64 == length && offset + length <= entry.size
+            });
+            if let Some((data, _)) = read {
+                self.index_reads.put((entry.id, offset, length), data);
             }
         }
         Ok(entry)
@@ -381,14 +432,14 @@ impl Cache {
 struct Forget<'a> {
     fetch: &'a FetchOwner,
     key: &'a (String, String),
-    chunk_size: u64,
-    chunks: &'a [u64],
+    /// (offset, length) of each read.
+    parts: &'a [(u64, u64)],
 }
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        for &index in self.chunks {
-            self.fetch.forget_speculation(&self.key.0, &self.key.1, index * self.chunk_size);
+        for &(offset, length) in self.parts {
+            self.fetch.forget_speculation(&self.key.0, &self.key.1, offset, length);
         }
     }
 }

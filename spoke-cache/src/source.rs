@@ -58,9 +58,7 @@ impl CachedSource {
         context: &ReadContext,
     ) -> Result<CachedShard> {
         let row = self.0.metrics().jobs.row(&context.principal, context.job.as_ref());
-        // An index read's chunks are not read whole alongside the stat (`index_reads.rs`).
-        let reads = if context.index_read { &[] } else { reads };
-        let entry = self.0.entry_for(dataset, shard, reads, &row).await?;
+        let entry = self.0.entry_for(dataset, shard, reads, &row, context.index_read).await?;
         let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
         let job = context.job.as_ref().map(|tag| tag.job.clone());
         let principal = context.principal.as_str().into();

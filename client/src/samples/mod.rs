@@ -218,7 +218,7 @@ impl SampleIndex {
     /// Index reads say so (`Client::for_index`): a spoke does not start fetching every
     /// shard whose header was read.
     pub async fn open(client: &Client, dataset: &str, format: &Format) -> Result<Self> {
-        let client = &client.for_index();
+        let (plain, client) = (client, &client.for_index());
         let listed = client.list_shards(dataset).await?;
         match format {
             Format::Records { record_size } => Ok(Self::records(dataset, &listed, *record_size)?),
@@ -227,7 +227,8 @@ impl SampleIndex {
                 megatron::open_gpt(client, dataset, &listed, *seq_len, *seed, *num_samples).await
             }
             Format::Mds => mds::open(client, dataset, &listed).await,
-            Format::WebDataset => webdataset::open(client, dataset, &listed).await,
+            // A tar's walk reads every byte, as the epoch will: not index reads.
+            Format::WebDataset => webdataset::open(plain, dataset, &listed).await,
             Format::Parquet => parquet::open(client, dataset, &listed).await,
             Format::Tokens { seq_len, dtype } => {
                 tokens::open(client, dataset, &listed, *seq_len, dtype).await

@@ -4,22 +4,26 @@
 //! field: `0001.jpg`, `0001.cls` -> sample `0001` with fields `jpg` and `cls`); names
 //! without a dot and `__meta__` files are skipped, as there.
 //!
-//! The members' headers are found by walking each shard with windows of
-//! [`WINDOW`] bytes (every header a window holds is parsed from it; all shards advance
-//! together, one batch of ranged reads a step), so small members cost one read per
-//! window, not per member. ustar names with their prefix, GNU long names (`L`) and
-//! pax `path`/`size` records are understood.
+//! A tar has no index: its members' headers are spread through it, one before each
+//! member, so finding them means reading it (webdataset streams each shard whole;
+//! its indexed `wids` downloads each first). Each shard is streamed once, in one
+//! request ([`WALKS`] shards at a time), and its headers parsed as the bytes pass:
+//! one round trip and the shard's bytes, not a round trip per window of headers. These
+//! are ordinary reads, not index reads: a spoke stores the chunks they fetch, and the
+//! epoch's reads of the same shards find them there. ustar names with their prefix, GNU
+//! long names (`L`) and pax `path`/`size` records are understood.
 
 use std::collections::HashMap;
 
-use bytes::Bytes;
+use bytes::{Buf, BytesMut};
+use futures::{StreamExt, TryStreamExt};
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Layout, SampleIndex, listed_range, read_batched};
+use super::{Layout, SampleIndex};
 use crate::{Client, Error, Result};
 
-/// Bytes read at a time while walking a shard's headers.
-pub const WINDOW: u64 = 64 << 10;
+/// Shards walked at once: enough streams to fill a long link, each holding one message.
+pub const WALKS: usize = 16;
 const BLOCK: u64 = 512;
 
 /// One sample: its key and its fields' (name, offset, length) in the shard.
@@ -52,39 +56,27 @@ struct Walk {
 enum Step {
     /// The archive ends here.
     End,
-    /// The header (or its extension data) runs past the window: read `needed` bytes from `at`.
-    More(u64),
+    /// The header (or its extension data) runs past the bytes held: wait for more.
+    More,
     /// An entry: go on at `next`.
     Next(u64),
 }
 
-/// The samples of every `.tar` of `listed`.
+/// The samples of every `.tar` of `listed`; `client` reads as the epoch will (not
+/// marked as index reads: the walk reads every byte, which the epoch reads again).
 pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
     let tars: Vec<&ShardInfo> = listed.iter().filter(|s| s.shard.ends_with(".tar")).collect();
     if tars.is_empty() {
         return Err(Error::Config(format!("dataset {dataset:?} has no .tar shards")));
     }
-    let mut walks: Vec<Walk> = tars.iter().map(|_| Walk::default()).collect();
-    let mut want: Vec<u64> = vec![WINDOW; tars.len()];
-    loop {
-        let open: Vec<usize> = (0..tars.len()).filter(|&i| !walks[i].done).collect();
-        if open.is_empty() {
-            break;
-        }
-        let reads = open
-            .iter()
-            .map(|&i| {
-                let length = want[i].min(tars[i].size.saturating_sub(walks[i].at));
-                listed_range(dataset, tars[i], walks[i].at, length)
-            })
-            .collect();
-        for (&i, window) in open.iter().zip(read_batched(client, reads).await?) {
-            want[i] = advance(&tars[i].shard, &mut walks[i], &window, tars[i].size)?;
-        }
-    }
+    // Owned shards: a closure over borrowed ones makes a future rustc cannot prove Send
+    // for every lifetime (the Python binding runs it on the runtime).
+    let owned: Vec<ShardInfo> = tars.iter().map(|&tar| tar.clone()).collect();
+    let walks = futures::stream::iter(owned.into_iter().map(|tar| walk(client, dataset, tar)));
+    let members: Vec<Vec<Member>> = walks.buffered(WALKS).try_collect().await?;
     let mut groups = Vec::with_capacity(tars.len());
-    for (tar, walk) in tars.iter().zip(&walks) {
-        groups.push(group(&tar.shard, &walk.members)?);
+    for (tar, members) in tars.iter().zip(&members) {
+        groups.push(group(&tar.shard, members)?);
     }
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
@@ -96,25 +88,45 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     })
 }
 
-/// Parses the headers `window` (read at `walk.at`) holds; returns how many bytes to
-/// read next.
-fn advance(shard: &str, walk: &mut Walk, window: &Bytes, size: u64) -> Result<u64> {
-    let start = walk.at;
+/// The members of `tar`, its headers parsed from one stream of it (at its listed
+/// version); only a header not yet whole is held, the members' bytes pass by.
+async fn walk(client: &Client, dataset: &str, tar: ShardInfo) -> Result<Vec<Member>> {
+    let mut stream = client.stream_shard(dataset, &tar.shard, 0, Some(tar.size)).await?;
+    let (mut walk, mut held, mut held_at) = (Walk::default(), BytesMut::new(), 0u64);
     loop {
-        if walk.at + BLOCK > size {
-            walk.done = true; // no room for another header: the end (however marked)
-            return Ok(WINDOW);
-        }
-        let offset = (walk.at - start) as usize;
-        match header(shard, walk, &window[offset.min(window.len())..], size)? {
-            Step::End => {
-                walk.done = true;
-                return Ok(WINDOW);
+        // Every header the held bytes hold whole.
+        while !walk.done {
+            if walk.at + BLOCK > tar.size {
+                walk.done = true; // no room for another header: the end (however marked)
+            } else if walk.at >= held_at + held.len() as u64 {
+                break;
+            } else {
+                let from = (walk.at - held_at) as usize;
+                match header(&tar.shard, &mut walk, &held[from..], tar.size)? {
+                    Step::End => walk.done = true,
+                    Step::More => break,
+                    Step::Next(next) => walk.at = next,
+                }
             }
-            // The next read starts at this header, with room for what it needs.
-            Step::More(needed) => return Ok(WINDOW.max(needed)),
-            Step::Next(next) => walk.at = next,
         }
+        if walk.done {
+            return Ok(walk.members);
+        }
+        let Some(chunk) = stream.next_chunk().await? else {
+            return Err(Error::Config(format!("{dataset}/{}: the tar ends inside a header", tar.shard)));
+        };
+        if !tar.version.is_empty() && chunk.version != tar.version {
+            return Err(Error::VersionChanged {
+                shard: format!("{dataset}/{}", tar.shard),
+                expected: tar.version.clone(),
+                found: chunk.version,
+            });
+        }
+        held.extend_from_slice(&chunk.data);
+        // Bytes before the next header are a member's: not kept.
+        let passed = (walk.at - held_at).min(held.len() as u64);
+        held.advance(passed as usize);
+        held_at += passed;
     }
 }
 
@@ -124,7 +136,7 @@ fn header(shard: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step>
         Error::Config(format!("{shard} is not a tar this reader takes: {why} at byte {}", walk.at))
     };
     if (bytes.len() as u64) < BLOCK {
-        return Ok(Step::More(BLOCK));
+        return Ok(Step::More);
     }
     let block = &bytes[..BLOCK as usize];
     if block.iter().all(|&b| b == 0) {
@@ -148,11 +160,11 @@ fn header(shard: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step>
     let body = || -> Option<&[u8]> { bytes.get(BLOCK as usize..(BLOCK + length) as usize) };
     match block[156] {
         b'L' => {
-            let Some(name) = body() else { return Ok(Step::More(BLOCK + length)) };
+            let Some(name) = body() else { return Ok(Step::More) };
             walk.long_name = Some(text(name));
         }
         b'x' => {
-            let Some(records) = body() else { return Ok(Step::More(BLOCK + length)) };
+            let Some(records) = body() else { return Ok(Step::More) };
             walk.pax = pax(records);
         }
         b'0' | 0 | b'7' => {

@@ -43,10 +43,16 @@ impl IndexReads {
         Some(data.clone())
     }
 
+    /// Whether a read of `length` bytes is kept: not one of more than an index's size,
+    /// which would push out many.
+    pub fn keeps(length: u64) -> bool {
+        length <= INDEX_READS_KEPT / 16
+    }
+
     pub fn put(&self, key: Key, data: Checked) {
         let length = data.data.len() as u64;
-        if length > INDEX_READS_KEPT / 16 {
-            return; // not an index's size: one such read would push out many
+        if !Self::keeps(length) {
+            return;
         }
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         kept.clock += 1;

@@ -135,8 +135,8 @@ impl FetchOwner {
         // A read of this chunk that started alongside the shard's stat: its bytes, when
         // at this version, are this fetch's (not a second trip over the link). Taken now:
         // the read is forgotten once its first reader has registered this fetch.
-        let speculated =
-            self.inner.speculations.get(&entry.dataset, &entry.shard, entry.chunk_range(index).0);
+        let (offset, length) = entry.chunk_range(index);
+        let speculated = self.inner.speculations.get(&entry.dataset, &entry.shard, offset, length);
         let (bytes_tx, bytes_rx) = tokio::sync::oneshot::channel();
         let job =
             self.inner.clone().fetch(entry.clone(), index, row.clone(), avoid.to_vec(), speculated, bytes_tx);
@@ -198,8 +198,20 @@ impl FetchOwner {
 
     /// Forgets the speculative read of `dataset/shard` at `offset`: the fetch that takes
     /// it up is registered (or none will be), and its bytes must not stay in memory.
-    pub fn forget_speculation(&self, dataset: &str, shard: &str, offset: u64) {
-        self.inner.speculations.forget(dataset, shard, offset);
+    pub fn forget_speculation(&self, dataset: &str, shard: &str, offset: u64, length: u64) {
+        self.inner.speculations.forget(dataset, shard, offset, length);
+    }
+
+    /// The speculative read of `[offset, offset + length)` of `dataset/shard`, if one
+    /// is running or done and not yet forgotten.
+    pub fn speculation(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: u64,
+    ) -> Option<speculation::SpeculativeRead> {
+        self.inner.speculations.get(dataset, shard, offset, length)
     }
 }
 

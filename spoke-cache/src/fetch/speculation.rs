@@ -29,15 +29,17 @@ use crate::{jobs::JobRow, suppliers::Want};
 /// A speculative read's bytes and their version, or `None`.
 pub(crate) type SpeculativeRead = Shared<BoxFuture<'static, Option<(Checked, String)>>>;
 
-/// Speculative reads, by (dataset, shard, offset), until their first reader has taken
-/// them up.
+/// (dataset, shard, offset, length) of a speculative read.
+type Key = (String, String, u64, u64);
+
+/// Speculative reads, by what they read, until their first reader has taken them up.
 #[derive(Debug, Default)]
 pub(super) struct Speculations {
-    reads: Mutex<HashMap<(String, String, u64), SpeculativeRead>>,
+    reads: Mutex<HashMap<Key, SpeculativeRead>>,
 }
 
 impl Speculations {
-    fn reads(&self) -> MutexGuard<'_, HashMap<(String, String, u64), SpeculativeRead>> {
+    fn reads(&self) -> MutexGuard<'_, HashMap<Key, SpeculativeRead>> {
         self.reads.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -52,7 +54,7 @@ impl Speculations {
         length: u64,
         row: &JobRow,
     ) {
-        let key = (dataset.to_owned(), shard.to_owned(), offset);
+        let key = (dataset.to_owned(), shard.to_owned(), offset, length);
         let mut reads = self.reads();
         if reads.contains_key(&key) {
             return;
@@ -71,13 +73,19 @@ impl Speculations {
         reads.insert(key, async move { read.await.ok().flatten() }.boxed().shared());
     }
 
-    /// The speculative read of `dataset/shard` at `offset`, if one was started and not
-    /// yet forgotten.
-    pub(super) fn get(&self, dataset: &str, shard: &str, offset: u64) -> Option<SpeculativeRead> {
-        self.reads().get(&(dataset.to_owned(), shard.to_owned(), offset)).cloned()
+    /// The speculative read of `[offset, offset + length)` of `dataset/shard`, if one
+    /// was started and not yet forgotten.
+    pub(super) fn get(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: u64,
+    ) -> Option<SpeculativeRead> {
+        self.reads().get(&(dataset.to_owned(), shard.to_owned(), offset, length)).cloned()
     }
 
-    pub(super) fn forget(&self, dataset: &str, shard: &str, offset: u64) {
-        self.reads().remove(&(dataset.to_owned(), shard.to_owned(), offset));
+    pub(super) fn forget(&self, dataset: &str, shard: &str, offset: u64, length: u64) {
+        self.reads().remove(&(dataset.to_owned(), shard.to_owned(), offset, length));
     }
 }
