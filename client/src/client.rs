@@ -173,9 +173,15 @@ impl Client {
 
     /// This client for reads of a dataset format's index (headers, offset tables): a
     /// spoke neither reads ahead nor fetches the rest of their shards for them
-    /// (`shardcache_proto::job::INDEX_READ_HEADER`).
+    /// (`shardcache_proto::job::INDEX_READ_HEADER`); not the job's reads ([`Client::untagged`]).
     pub fn for_index(&self) -> Self {
-        Self { index_read: true, ..self.clone() }
+        Self { index_read: true, ..self.untagged() }
+    }
+
+    /// This client without its job (`for_job`): reads that are no step of the job's
+    /// plan (opening a dataset's index) are neither counted as its reads nor move it.
+    pub fn untagged(&self) -> Self {
+        Self { job: None, ..self.clone() }
     }
 
     /// `message` as a read request, with the job headers when there are any, and the

@@ -65,6 +65,13 @@ impl Samples {
         self.index.counts()
     }
 
+    /// What a block shuffle shuffles, `(shard, first sample, samples)` each: every shard
+    /// whole, a Parquet file's row groups (each read and decoded whole).
+    #[getter]
+    fn units(&self) -> Vec<(usize, u64, u64)> {
+        self.index.units()
+    }
+
     /// The size of a record (format "records"), else None.
     #[getter]
     fn record_size(&self) -> Option<u64> {

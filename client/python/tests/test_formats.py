@@ -3,7 +3,7 @@ each format's own reader on files that reader's tools wrote:
 
 - Megatron indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``) written by megatron-core's
   ``IndexedDatasetBuilder``, against its ``IndexedDataset``: one sample per sequence;
-- MDS datasets written by MosaicML Streaming's ``MDSWriter``, plain and zstd-compressed,
+- MDS datasets written by MosaicML Streaming's ``MDSWriter``, plain and compressed (zstd, gz, snappy),
   against its ``LocalDataset``: a dict of columns per sample, every default encoding;
 - WebDataset tar shards written by webdataset's ``TarWriter``, against its own
   iteration: a dict of ``__key__`` and each field's bytes;
@@ -135,8 +135,8 @@ MDS_COLUMNS = {"id": "int", "text": "str", "tokens": "ndarray:int32", "blob": "b
 
 def write_mds(root, rng):
     """MDS datasets by MosaicML Streaming's own MDSWriter: several shards (a small
-    size_limit), every default encoding; the same samples compressed with zstd; one
-    with a pickled column; one compressed with gzip."""
+    size_limit), every default encoding; the same samples compressed with zstd, gzip and
+    snappy; one with a pickled column; one compressed with bzip2."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from streaming import MDSWriter
@@ -147,13 +147,13 @@ def write_mds(root, rng):
         "grid": rng.random((int(rng.integers(1, 4)), 3)).astype(np.float32), "small": i * 3,
         "fixed": np.arange(6, dtype=np.int16).reshape(2, 3) + i,
     } for i in range(60)]
-    for name, compression in [("mds", None), ("mds-zstd", "zstd:7")]:
+    for name, compression in [("mds", None), ("mds-zstd", "zstd:7"), ("mds-gz", "gz"), ("mds-snappy", "snappy")]:
         with MDSWriter(out=str(root / name), columns=MDS_COLUMNS, size_limit=1 << 14, compression=compression) as w:
             for sample in samples:
                 w.write(sample)
     with MDSWriter(out=str(root / "mds-pkl"), columns={"obj": "pkl"}) as writer:
         writer.write({"obj": {"a": (1, 2)}})
-    with MDSWriter(out=str(root / "mds-gz"), columns={"id": "int"}, compression="gz") as writer:
+    with MDSWriter(out=str(root / "mds-bz2"), columns={"id": "int"}, compression="bz2") as writer:
         writer.write({"id": 1})
 
 
@@ -276,16 +276,16 @@ def test_every_format_resumes_under_another_world_size_seeing_each_sample_once(
     assert sorted(ident(s) for s in seen + rest) == everything
 
 
-@pytest.mark.parametrize("name", ["mds", "mds-zstd"])
+@pytest.mark.parametrize("name", ["mds", "mds-zstd", "mds-gz", "mds-snappy"])
 def test_mds_samples_match_mosaicml_streamings_reader(formats_spoke, formats_root, name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from streaming import LocalDataset
-    # LocalDataset reads uncompressed shards; the zstd copy holds the same samples.
+    # LocalDataset reads uncompressed shards; the compressed copies hold the same samples.
     reference = LocalDataset(local=str(formats_root / "mds"))
     samples = shardcache.Client(formats_spoke).samples(name, format="mds")
-    if name == "mds-zstd":
-        assert all(shard.endswith(".mds.zstd") for shard in samples.shards)
+    if name != "mds":
+        assert all(shard.endswith(".mds." + name.removeprefix("mds-")) for shard in samples.shards)
     assert len(samples.shards) > 2, "several shards"
     assert [name for name, _ in samples.columns] == sorted(MDS_COLUMNS)
     _, data = every_sample(samples)
@@ -316,8 +316,8 @@ def test_mds_pickles_need_consent_and_other_compressions_are_refused_with_the_fi
     with pytest.raises(shardcache.ShardcacheError, match="allow_unsafe_types=True"):
         pkl.decode(raw)
     assert pkl.decode(raw, allow_unsafe_types=True) == {"obj": {"a": (1, 2)}}
-    with pytest.raises(shardcache.ShardcacheError, match="compressed with gz: only zstd"):
-        client.samples("mds-gz", format="mds")
+    with pytest.raises(shardcache.ShardcacheError, match="compressed with bz2: zstd .* is read"):
+        client.samples("mds-bz2", format="mds")
 
 
 def without_locations(sample):
@@ -426,6 +426,25 @@ def test_parquet_rows_match_pyarrow(formats_spoke, formats_root):
         ids += [row["id"] for row in shardcache.StreamingShardDataset(
             formats_spoke, "parquet", format="parquet", batch_size=4, rank=rank, world_size=2, prefetch=False)]
     assert sorted(ids) == list(range(72))
+    # The block shuffle's unit is the row group (7 rows here), not the file: with
+    # shard_block=1 the epoch is row group after row group, 6 + 4 + 2 of them.
+    ds = shardcache.StreamingShardDataset(formats_spoke, "parquet", format="parquet", batch_size=4, shard_block=1,
+                                          seed=5, prefetch=False, plan=False)
+    order = ds.epoch_order()
+    runs = [key for i, key in enumerate((s, k // 7) for s, k in order) if i == 0 or key != ((order[i - 1][0], order[i - 1][1] // 7))]
+    assert len(runs) == len(set(runs)) == 12, runs
+
+
+def test_opening_a_dataset_is_not_the_jobs_reads(formats_spoke):
+    """Index reads (and a tar's walk) carry no job: they neither count as the job's
+    reads nor move its plan."""
+    client = shardcache.Client(formats_spoke)
+    client.set_job("opens-only", 0)
+    for name, fmt in [("mds", "mds"), ("wds", "webdataset"), ("parquet", "parquet"), ("megatron", "megatron")]:
+        client.samples(name, format=fmt)
+    assert not [j for j in client.status()["jobs"] if j["job"] == "opens-only"]
+    client.samples("mds", format="mds").read([(0, 0)])
+    assert [j["reads"] for j in client.status()["jobs"] if j["job"] == "opens-only"] == [1]
 
 
 def test_parquet_nanosecond_timestamps_are_refused_with_the_fix(formats_spoke):

@@ -10,7 +10,7 @@
 //!   column's bytes in that order. All little-endian.
 //!
 //! Every shard's offset table is read in one batch of ranged reads. A shard compressed
-//! whole (`compression: "zstd"`, its file `zip_data.basename`) cannot be read by ranges:
+//! whole (`compression: "zstd"`, `"gz"` or `"snappy"`, its file `zip_data.basename`) cannot be read by ranges:
 //! its sample count comes from `index.json`, and the first read of one of its samples
 //! fetches the whole file (cached compressed by the spoke) and decompresses it in the
 //! client, which keeps the last [`UNPACKED_SHARDS`] shards so decompressed, as MosaicML
@@ -32,9 +32,13 @@ struct IndexFile {
 }
 
 /// Bytes read from the start of every listed `.mds` file beside `index.json`, before
-/// knowing its sample count: offset tables of up to 16,382 samples, so a cold open costs
-/// one round of reads, not two; a longer table is read again whole.
-pub const HEAD_GUESS: u64 = 64 << 10;
+/// knowing its sample count, so a cold open costs one round of reads, not two: 1/256 of
+/// the file (the offset table of samples of 1 KiB on average and more), from 4 KiB to
+/// 64 KiB; a longer table is read again whole. The share is what the open adds to the
+/// bytes of a cold epoch (the epoch fetches the head's chunk again): 0.4% at most.
+pub fn head_guess(size: u64) -> u64 {
+    (size / 256).clamp(4 << 10, 64 << 10).min(size)
+}
 
 /// Compressed shards a [`SampleIndex`] keeps decompressed: a block of the datasets'
 /// shuffle (`shard_block`, 4 by default) is read at a time.
@@ -76,7 +80,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     // index.json and the head of every .mds file listed, in one batch.
     let plain: Vec<&ShardInfo> = listed.iter().filter(|s| s.shard.ends_with(".mds")).collect();
     let mut reads = vec![listed_range(dataset, index, 0, index.size)];
-    reads.extend(plain.iter().map(|s| listed_range(dataset, s, 0, s.size.min(HEAD_GUESS))));
+    reads.extend(plain.iter().map(|s| listed_range(dataset, s, 0, head_guess(s.size))));
     let mut read = read_batched(client, reads).await?.into_iter();
     let index_bytes = read.next().unwrap_or_default();
     let guessed: std::collections::HashMap<&str, Bytes> =
@@ -137,10 +141,10 @@ fn columns(dataset: &str, file: &IndexFile) -> Result<Vec<Column>> {
         }
         match (shard.compression.as_deref(), &shard.zip_data) {
             (None, _) => {}
-            (Some(c), Some(_)) if c == "zstd" || c.starts_with("zstd:") => {}
+            (Some(c), Some(_)) if Codec::of(c).is_some() => {}
             (Some(c), _) => {
                 return Err(Error::Config(format!(
-                    "{dataset}/{name} is compressed with {c}: only zstd (MosaicML's recommended) or no \
+                    "{dataset}/{name} is compressed with {c}: zstd (MosaicML's recommended), gz, snappy or no \
                      compression is read; write the dataset with compression=\"zstd\" or none"
                 )));
             }
@@ -188,7 +192,12 @@ fn compressed(
             raw: file
                 .shards
                 .iter()
-                .map(|s| (s.raw_data.basename.clone(), s.raw_data.bytes, s.samples))
+                .map(|s| Raw {
+                    name: s.raw_data.basename.clone(),
+                    bytes: s.raw_data.bytes,
+                    samples: s.samples,
+                    codec: s.compression.as_deref().and_then(Codec::of).unwrap_or(Codec::Zstd),
+                })
                 .collect(),
             unpacked: super::Recent::new(UNPACKED_SHARDS),
         },
@@ -204,17 +213,63 @@ pub struct Unpacked {
     pub data: Bytes,
 }
 
-/// Decompresses `zipped` (one zstd frame) into the shard `raw` names (basename, bytes,
-/// samples), checking its size and offset table.
-pub fn unpack(dataset: &str, raw: &(String, u64, u64), zipped: &[u8]) -> Result<Unpacked> {
+/// How a shard was compressed whole: MosaicML's `compression` (`zstd:7`, `gz`...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// One zstd frame (`zstd.compress`).
+    Zstd,
+    /// A gzip member (`gzip.compress`).
+    Gzip,
+    /// Raw snappy, not framed (python-snappy's `snappy.compress`).
+    Snappy,
+}
+
+impl Codec {
+    /// The codec of MosaicML's compression name, its level (`:N`) aside.
+    pub fn of(compression: &str) -> Option<Self> {
+        match compression.split(':').next() {
+            Some("zstd") => Some(Self::Zstd),
+            Some("gz") => Some(Self::Gzip),
+            Some("snappy") => Some(Self::Snappy),
+            _ => None,
+        }
+    }
+}
+
+/// What a compressed shard holds: its uncompressed file's name, size and samples, and
+/// how it was compressed.
+#[derive(Debug, Clone)]
+pub struct Raw {
+    pub name: String,
+    pub bytes: u64,
+    pub samples: u64,
+    pub codec: Codec,
+}
+
+/// Decompresses `zipped` into the shard `raw` names, checking its size and offset table.
+pub fn unpack(dataset: &str, raw: &Raw, zipped: &[u8]) -> Result<Unpacked> {
     use std::io::Read;
-    let (name, bytes, samples) = raw;
+    let Raw { name, bytes, samples, codec } = raw;
     let bad = |why: String| Error::Config(format!("{dataset}/{name}: {why}"));
+    // Never more than index.json says (a hostile file cannot make it allocate more).
     let mut data = Vec::with_capacity(*bytes as usize);
-    ruzstd::decoding::StreamingDecoder::new(zipped)
-        .map_err(|e| bad(format!("not a zstd frame: {e}")))?
-        .read_to_end(&mut data)
-        .map_err(|e| bad(format!("cannot be decompressed: {e}")))?;
+    let mut limited = |reader: &mut dyn Read| reader.take(*bytes + 1).read_to_end(&mut data).map(|_| ());
+    match codec {
+        Codec::Zstd => limited(
+            &mut ruzstd::decoding::StreamingDecoder::new(zipped)
+                .map_err(|e| bad(format!("not a zstd frame: {e}")))?,
+        ),
+        Codec::Gzip => limited(&mut flate2::read::GzDecoder::new(zipped)),
+        Codec::Snappy => match snap::raw::decompress_len(zipped) {
+            Ok(length) if length as u64 == *bytes => snap::raw::Decoder::new()
+                .decompress_vec(zipped)
+                .map(|d| data = d)
+                .map_err(std::io::Error::other),
+            Ok(length) => Err(std::io::Error::other(format!("a snappy block of {length} bytes"))),
+            Err(e) => Err(std::io::Error::other(e)),
+        },
+    }
+    .map_err(|e| bad(format!("cannot be decompressed ({codec:?}): {e}")))?;
     if data.len() as u64 != *bytes {
         return Err(bad(format!("decompresses to {} bytes where {INDEX} says {bytes}", data.len())));
     }

@@ -177,14 +177,9 @@ enum Layout {
     /// WebDataset: the samples of each shard, their fields' bytes each a piece.
     Groups(Vec<Vec<webdataset::Group>>),
     /// Shards compressed whole (MDS with zstd): `counts[s]` samples, the file of
-    /// `sizes[s]` bytes, what it decompresses to (`raw[s]`: name, bytes, samples); the
+    /// `sizes[s]` bytes, what it decompresses to (`raw[s]`: name, bytes, samples, codec); the
     /// last shards decompressed, most recent last.
-    Packed {
-        counts: Vec<u64>,
-        sizes: Vec<u64>,
-        raw: Vec<(String, u64, u64)>,
-        unpacked: Recent<usize, mds::Unpacked>,
-    },
+    Packed { counts: Vec<u64>, sizes: Vec<u64>, raw: Vec<mds::Raw>, unpacked: Recent<usize, mds::Unpacked> },
     /// Parquet: a sample per row; a row group is read whole and kept decoded.
     Rows { files: Vec<Arc<parquet::File>>, decoded: parquet::Decoded },
     /// Records of `size` bytes from `first[s]`, `counts[s]` of them in shard `s`.
@@ -403,6 +398,20 @@ impl SampleIndex {
             Layout::Records { counts, .. }
             | Layout::Windows { counts, .. }
             | Layout::Packed { counts, .. } => counts.clone(),
+        }
+    }
+
+    /// What a block shuffle shuffles, `(shard, first sample, samples)` each: every shard
+    /// whole, but each row group of a Parquet file (read and decoded whole: a block of
+    /// files would mix hundreds of row groups in each batch).
+    pub fn units(&self) -> Vec<(usize, u64, u64)> {
+        match &self.layout {
+            Layout::Rows { files, .. } => files
+                .iter()
+                .enumerate()
+                .flat_map(|(s, f)| f.row_groups().map(move |(first, rows)| (s, first, rows)))
+                .collect(),
+            _ => self.counts().into_iter().enumerate().map(|(s, count)| (s, 0, count)).collect(),
         }
     }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parquet::{
-    basic::{LogicalType, TimeUnit, Type as Physical},
+    basic::{ConvertedType, LogicalType, TimeUnit, Type as Physical},
     file::{
         metadata::{ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData, page_index::RowGroupPageIndex},
         properties::ReaderProperties,
@@ -40,8 +40,8 @@ use crate::{Client, Error, Result};
 /// with a few hundred row groups fit, so a cold open costs one round of reads.
 pub const TAIL_GUESS: u64 = 64 << 10;
 
-/// Row groups a [`SampleIndex`] keeps decoded: a block of the datasets' shuffle
-/// (`shard_block`, 4 by default) is read at a time.
+/// Row groups a [`SampleIndex`] keeps decoded: the datasets' block shuffle mixes
+/// `shard_block` (4 by default) row groups of Parquet files at a time (`SampleIndex::units`).
 pub const DECODED_GROUPS: usize = 4;
 
 /// Decoded row groups by (file, row group).
@@ -77,6 +77,11 @@ impl File {
         }
         let g = self.groups.partition_point(|g| g.first <= k) - 1;
         Some((g, k - self.groups[g].first))
+    }
+
+    /// `(first row, rows)` of each row group.
+    pub fn row_groups(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.groups.iter().map(|g| (g.first, g.rows))
     }
 
     /// `(offset, length)` of the row group of row `k`.
@@ -158,7 +163,12 @@ fn file(dataset: &str, shard: &ShardInfo, footer: &[u8]) -> Result<File> {
             group_bytes(group)
                 .filter(|&(offset, length)| offset + length <= shard.size)
                 .ok_or_else(|| Error::Config(format!("{name}: row group {g} lies outside the file")))?;
-        let rows = u64::try_from(group.num_rows()).unwrap_or(0);
+        let rows = u64::try_from(group.num_rows())
+            .ok()
+            .filter(|&rows| first.checked_add(rows).is_some())
+            .ok_or_else(|| {
+                Error::Config(format!("{name}: row group {g} says it has {} rows", group.num_rows()))
+            })?;
         groups.push(Group { first, rows, offset, length });
         first += rows;
     }
@@ -205,6 +215,12 @@ fn check(file: &str, column: &Schema, path: &[&str]) -> Result<()> {
     };
     if !column.is_primitive() {
         return column.get_fields().iter().try_for_each(|c| check(file, c, &path));
+    }
+    if column.get_basic_info().converted_type() == ConvertedType::INTERVAL {
+        return refuse("INTERVAL values", "write them as three integer columns (months, days, milliseconds)");
+    }
+    if column.get_basic_info().converted_type() == ConvertedType::DECIMAL && column.get_precision() > 38 {
+        return refuse("decimals of more than 38 digits", "write them as decimal128 or as strings");
     }
     match column.get_basic_info().logical_type_ref() {
         Some(LogicalType::Timestamp(t)) if matches!(t.unit, TimeUnit::NANOS) => {
@@ -270,7 +286,8 @@ pub fn decode_group(file: &File, g: usize, offset: u64, data: Bytes) -> Result<V
     let reader = SerializedRowGroupReader::new(part, group, RowGroupPageIndex::new(g, None), properties)
         .map_err(|e| Error::Config(format!("row group {g}: {e}")))?;
     let rows = reader.get_row_iter(None).map_err(|e| Error::Config(format!("row group {g}: {e}")))?;
-    let mut out = Vec::with_capacity(group.num_rows().max(0) as usize);
+    // The footer's count, checked below: not trusted for an allocation.
+    let mut out = Vec::with_capacity(file.groups[g].rows.min(1 << 16) as usize);
     for row in rows {
         let row = row.map_err(|e| Error::Config(format!("row group {g}: {e}")))?;
         out.push(Arc::new(fields(row, &file.utc)));
@@ -291,7 +308,9 @@ fn fields(row: Row, utc: &[String]) -> Fields {
         .into_iter()
         .map(|(name, field)| {
             let value = match (field, utc.contains(&name)) {
-                (Field::TimestampMillis(ms), true) => Value::Timestamp { micros: ms * 1000, utc: true },
+                (Field::TimestampMillis(ms), true) => {
+                    Value::Timestamp { micros: ms.saturating_mul(1000), utc: true }
+                }
                 (Field::TimestampMicros(us), true) => Value::Timestamp { micros: us, utc: true },
                 (field, _) => value(field),
             };
@@ -321,8 +340,9 @@ fn value(field: Field) -> Value {
         Field::Bytes(v) => Value::Bytes(Bytes::copy_from_slice(v.data())),
         Field::Date(days) => Value::Date(days),
         Field::TimeMillis(ms) => Value::Time { micros: i64::from(ms) * 1000 },
+        // Saturated: past Python's datetime range either way (which raises there).
         Field::TimeMicros(us) => Value::Time { micros: us },
-        Field::TimestampMillis(ms) => Value::Timestamp { micros: ms * 1000, utc: false },
+        Field::TimestampMillis(ms) => Value::Timestamp { micros: ms.saturating_mul(1000), utc: false },
         Field::TimestampMicros(us) => Value::Timestamp { micros: us, utc: false },
         Field::Group(row) => Value::Struct(fields(row, &[])),
         Field::ListInternal(list) => Value::List(list.elements().iter().cloned().map(value).collect()),

@@ -72,6 +72,8 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     // Owned shards: a closure over borrowed ones makes a future rustc cannot prove Send
     // for every lifetime (the Python binding runs it on the runtime).
     let owned: Vec<ShardInfo> = tars.iter().map(|&tar| tar.clone()).collect();
+    // Not the job's reads either: opening a dataset does not move its plans.
+    let client = &client.untagged();
     let walks = futures::stream::iter(owned.into_iter().map(|tar| walk(client, dataset, tar)));
     let members: Vec<Vec<Member>> = walks.buffered(WALKS).try_collect().await?;
     let mut groups = Vec::with_capacity(tars.len());
@@ -153,10 +155,11 @@ fn header(shard: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step>
         length = size;
     }
     let data = walk.at + BLOCK;
-    let next = data + length.div_ceil(BLOCK) * BLOCK;
-    if data + length > size {
+    // Checked: a size near 2^64 (base-256, or pax) must not wrap back to this header.
+    if data.checked_add(length).is_none_or(|end| end > size) {
         return Err(bad(format!("an entry of {length} bytes past the end of the file ({size})")));
     }
+    let next = data + length.div_ceil(BLOCK) * BLOCK;
     let body = || -> Option<&[u8]> { bytes.get(BLOCK as usize..(BLOCK + length) as usize) };
     match block[156] {
         b'L' => {
@@ -276,5 +279,19 @@ mod tests {
         assert_eq!(number(b"0000644\0"), Some(0o644));
         assert_eq!(number(b"     17 \0"), Some(0o17));
         assert_eq!(pax(b"20 path=some/name.x\n11 size=42\n").get("size").map(String::as_str), Some("42"));
+    }
+
+    #[test]
+    fn a_size_near_two_to_the_64_is_an_error_not_a_wrap_back() {
+        let mut block = [0u8; 512];
+        block[..6].copy_from_slice(b"a.bin\0");
+        block[124] = 0x80; // GNU base-256: its low 64 bits, 2^64 - 2
+        block[125..136].copy_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe]);
+        block[156] = b'0';
+        let sum: u64 = block.iter().map(|&b| u64::from(b)).sum::<u64>() + 8 * 32;
+        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        let mut walk = Walk::default();
+        let err = header("x.tar", &mut walk, &block, 4096).err().expect("refused");
+        assert!(err.to_string().contains("past the end of the file"), "{err}");
     }
 }

@@ -70,7 +70,9 @@ impl Cache {
         // plan has moved past the shard) is fetched as read and not stored: its room is
         // the plan's, for what is read next.
         let mut stragglers = std::collections::HashSet::new();
-        if self.plans.any() {
+        // A format's index reads are no step of a plan (the SDK sends them untagged; an
+        // older one may not).
+        if self.plans.any() && !reader.index_read {
             let mut seen = std::collections::HashSet::new();
             for (entry, ..) in wants.iter().filter(|(entry, ..)| seen.insert(entry.id)) {
                 if self.plans.read(&entry.dataset, &entry.shard, &reader.principal, reader.job.as_deref()) {

@@ -99,6 +99,10 @@ class Samples:
     @property
     def counts(self) -> List[int]: ...
     @property
+    def units(self) -> List[Tuple[int, int, int]]:
+        """What a block shuffle shuffles, ``(shard, first sample, samples)`` each: every
+        shard whole, a Parquet file's row groups (each read and decoded whole)."""
+    @property
     def record_size(self) -> Optional[int]:
         """The size of a record (format "records"), else None."""
     @property

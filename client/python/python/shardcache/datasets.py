@@ -23,7 +23,8 @@ How :class:`StreamingShardDataset` orders and splits an epoch:
    ``py1b``). A batch mixes records of several shards, reads stay within one block of
    shards at a time (what a read-through cache and its prefetch like), and the order is
    the same in every process that has the same ``(seed, epoch)``. ``shard_block=1``
-   reads shard after shard.
+   reads shard after shard. A Parquet file's unit is its row group, not the file (a row
+   group is read and decoded whole: a block of files would mix hundreds of them).
 2. *Ranks*: record ``k`` of the epoch order goes to rank ``k % world_size``.
 3. *Resume*: a state records ``sample_in_epoch``, the records of the epoch order all
    ranks have consumed together (each rank's count times the world size: with rank
@@ -142,6 +143,8 @@ class _Records:
         self.format_args["record_size"] = self.record_size
         self.shards: List[str] = list(samples.shards)
         self.counts: List[int] = list(samples.counts)
+        # What the block shuffle shuffles: (shard, first sample, samples) each.
+        self.units: List[Tuple[int, int, int]] = list(samples.units)
         self.starts: List[int] = []
         total = 0
         for count in self.counts:
@@ -429,14 +432,14 @@ class StreamingShardDataset(_IterableBase):
     def epoch_order(self) -> List[Tuple[int, int]]:
         """(shard number, record number) of every record, in this epoch's order."""
         records = self._records
-        shards = list(range(len(records.shards)))
+        units = list(range(len(records.units)))
         rng = random.Random(f"shardcache:{self.seed}:{self.epoch}")
         if self.shuffle:
-            rng.shuffle(shards)
+            rng.shuffle(units)
         order = []
-        for start in range(0, len(shards), self.shard_block):
-            block = shards[start : start + self.shard_block]
-            inside = [(shard, record) for shard in block for record in range(records.counts[shard])]
+        for start in range(0, len(units), self.shard_block):
+            block = [records.units[u] for u in units[start : start + self.shard_block]]
+            inside = [(shard, first + k) for shard, first, count in block for k in range(count)]
             if self.shuffle:
                 random.Random(f"shardcache:{self.seed}:{self.epoch}:block{start}").shuffle(inside)
             order.extend(inside)
