@@ -125,6 +125,7 @@ def epochs(loader_for_epoch, count, link, row_for_epoch, dataset_bytes, name, st
         before = link.delivered()
         started = time.perf_counter()
         loader = loader_for_epoch(epoch)
+        opened = time.perf_counter() - started
         samples = 0
         for batch in loader:
             samples += len(batch)
@@ -141,11 +142,13 @@ def epochs(loader_for_epoch, count, link, row_for_epoch, dataset_bytes, name, st
             "link_bytes_per_dataset": moved / dataset_bytes,
             "from_cache_pct": row_for_epoch(epoch, moved, samples),
             "gpu_util_pct": 100.0 * steps * step_s / elapsed if step_s else None,
+            "open_s": opened,
         }
         util = f", GPU {row['gpu_util_pct']:.0f}%" if step_s else ""
         print(
             f"{name} epoch {epoch + 1}: {samples} samples, {row['samples_per_s']:.0f} samples/s, "
-            f"{row['link_bytes_per_dataset']:.2f} x dataset over the link, {row['from_cache_pct']:.1f}% from cache{util}",
+            f"{row['link_bytes_per_dataset']:.2f} x dataset over the link, {row['from_cache_pct']:.1f}% from cache{util}, "
+            f"{elapsed:.2f} s of which {opened:.2f} s making the loader",
             flush=True,
         )
         rows.append(row)

@@ -309,7 +309,8 @@ impl Cache {
         let chunk_size = self.config.chunk_size;
         let mut chunks: Vec<u64> = reads
             .iter()
-            .flat_map(|&(offset, length)| offset / chunk_size..(offset + length) / chunk_size)
+            // Saturating: the request's ranges are checked against the shard after this.
+            .flat_map(|&(offset, length)| offset / chunk_size..offset.saturating_add(length) / chunk_size)
             .collect();
         chunks.sort_unstable();
         chunks.dedup();
@@ -350,10 +351,11 @@ impl Cache {
         let parts: Vec<(u64, u64)> = reads
             .iter()
             .flat_map(|&(offset, length)| {
-                let end = offset + length;
+                // Saturating: the request's ranges are checked against the shard after this.
+                let end = offset.saturating_add(length);
                 (offset / chunk_size..end.div_ceil(chunk_size)).map(move |i| {
                     let from = offset.max(i * chunk_size);
-                    (from, end.min((i + 1) * chunk_size) - from)
+                    (from, end.min((i + 1).saturating_mul(chunk_size)) - from)
                 })
             })
             .filter(|&(_, length)| length > 0 && index_reads::IndexReads::keeps(length))

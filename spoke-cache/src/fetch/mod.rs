@@ -196,8 +196,8 @@ impl FetchOwner {
         self.inner.speculations.start(&self.inner, dataset, shard, offset, length, row);
     }
 
-    /// Forgets the speculative read of `dataset/shard` at `offset`: the fetch that takes
-    /// it up is registered (or none will be), and its bytes must not stay in memory.
+    /// Forgets the speculative read of `[offset, offset + length)` of `dataset/shard`:
+    /// what takes it up has it (or nothing will), and its bytes must not stay in memory.
     pub fn forget_speculation(&self, dataset: &str, shard: &str, offset: u64, length: u64) {
         self.inner.speculations.forget(dataset, shard, offset, length);
     }

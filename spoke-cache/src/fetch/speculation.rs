@@ -1,8 +1,9 @@
 //! Reads started alongside a first `StatShard`: when the cache has never seen a shard,
-//! the whole chunks a read covers are read at whatever version the suppliers have while
-//! the stat crosses the link, so a cold read costs one round trip, not two. The chunk's
-//! fetch, once the entry (and so the version) is known, takes these bytes when they are
-//! at the entry's version.
+//! the whole chunks a read covers (or, for a format's index reads, the ranges
+//! themselves) are read at whatever version the suppliers have while the stat crosses
+//! the link, so a cold read costs one round trip, not two. The chunk's fetch (or the
+//! index reads' memory), once the entry (and so the version) is known, takes these
+//! bytes when they are at the entry's version and of the length it wants.
 //!
 //! Concurrent first reads of a shard share one read of each range (a cold batch from 16
 //! ranks had chunks cross the link twice). A speculative read never waits for room in
