@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use shardcache_proto::{
-    checksum,
+    checksum, encoding,
     v1::{
         Chunk, DatasetInfo, ListDatasetsRequest, ListShardsRequest, ListShardsResponse, ReadRangeRequest,
         ReadRangesRequest, ShardInfo, StatShardRequest, StreamShardRequest,
@@ -48,6 +48,9 @@ pub struct Verified {
     /// CRC32C of `data`, checked (a spoke stores and serves it on without reading the
     /// bytes again).
     pub crc32c: u32,
+    /// Bytes the message took on the link: `data`'s length, or less where it came
+    /// compressed (`shardcache_proto::encoding`).
+    pub wire_len: u64,
 }
 
 /// A listing, and whether it may be out of date or incomplete: a spoke answers from
@@ -115,6 +118,8 @@ pub struct Client {
     job: Option<(MetadataValue<Ascii>, MetadataValue<Ascii>)>,
     /// Reads are of a format's index ([`Client::for_index`]).
     index_read: bool,
+    /// Reads ask for the bytes as they are, never compressed ([`Client::plain`]).
+    plain: bool,
 }
 
 impl Client {
@@ -158,7 +163,13 @@ impl Client {
 
     fn with_members(members: Arc<Members<Conn>>, endpoint: &str) -> Self {
         let router = Router::new(members, HedgePolicy::MEMBERS, Arc::default());
-        Self { router: Arc::new(router), endpoint: endpoint.to_owned(), job: None, index_read: false }
+        Self {
+            router: Arc::new(router),
+            endpoint: endpoint.to_owned(),
+            job: None,
+            index_read: false,
+            plain: false,
+        }
     }
 
     /// A client on the same connection whose reads say they are for `job`'s `epoch` (the
@@ -178,6 +189,12 @@ impl Client {
         Self { index_read: true, ..self.untagged() }
     }
 
+    /// This client asking for bytes as they are: by default reads say they take zstd
+    /// (`shardcache-accept-encoding`), and a hub compresses what pays on the link.
+    pub fn plain(&self) -> Self {
+        Self { plain: true, ..self.clone() }
+    }
+
     /// This client without its job (`for_job`): reads that are no step of the job's
     /// plan (opening a dataset's index) are neither counted as its reads nor move it.
     pub fn untagged(&self) -> Self {
@@ -195,6 +212,11 @@ impl Client {
         }
         if self.index_read {
             request.metadata_mut().insert(INDEX_READ_HEADER, MetadataValue::from_static("1"));
+        }
+        if !self.plain {
+            request
+                .metadata_mut()
+                .insert(encoding::ACCEPT_ENCODING_HEADER, MetadataValue::from_static(encoding::ZSTD));
         }
         if !asked.is_empty() {
             let urls: Vec<&str> = asked.iter().map(|m| m.url.as_str()).collect();
@@ -497,6 +519,7 @@ impl Member {
     }
 
     fn verify(&self, range: &Range, chunk: Chunk) -> Result<Verified> {
+        let (chunk, wire_len) = decoded(&self.url, chunk, range.length)?;
         if chunk.offset != range.offset || chunk.data.len() as u64 != range.length {
             return Err(self.protocol(format!(
                 "asked for {} bytes at offset {} of {}/{}, got {} bytes at offset {}",
@@ -515,7 +538,7 @@ impl Member {
                 found: chunk.version,
             });
         }
-        checked(&self.url, chunk)
+        checked(&self.url, chunk, wire_len)
     }
 }
 
@@ -523,9 +546,25 @@ pub(crate) fn protocol(endpoint: &str, detail: String) -> Error {
     Error::Protocol { endpoint: endpoint.to_owned(), detail }
 }
 
-/// `chunk` as verified bytes, or the CRC32C mismatch `endpoint` sent.
-pub(crate) fn checked(endpoint: &str, chunk: Chunk) -> Result<Verified> {
+/// `chunk` decoded where it came compressed (to at most `expected` bytes: a message
+/// that says more is refused before anything is allocated), and the bytes it took on
+/// the link.
+pub(crate) fn decoded(endpoint: &str, chunk: Chunk, expected: u64) -> Result<(Chunk, u64)> {
+    let wire_len = chunk.data.len() as u64;
+    let chunk = encoding::decode(chunk, expected)
+        .map_err(|e| protocol(endpoint, format!("sent a data message that {e}")))?;
+    Ok((chunk, wire_len))
+}
+
+/// `chunk` (decoded) as verified bytes, or the CRC32C mismatch `endpoint` sent.
+pub(crate) fn checked(endpoint: &str, chunk: Chunk, wire_len: u64) -> Result<Verified> {
     checksum::verify(chunk.offset, &chunk.data, chunk.crc32c)
         .map_err(|source| Error::Checksum { endpoint: endpoint.to_owned(), source })?;
-    Ok(Verified { offset: chunk.offset, data: chunk.data, version: chunk.version, crc32c: chunk.crc32c })
+    Ok(Verified {
+        offset: chunk.offset,
+        data: chunk.data,
+        version: chunk.version,
+        crc32c: chunk.crc32c,
+        wire_len,
+    })
 }

@@ -269,6 +269,7 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
             sum.hit_bytes += d.hit_bytes;
             sum.miss_bytes += d.miss_bytes;
             sum.upstream_bytes += d.upstream_bytes;
+            sum.upstream_wire_bytes += d.upstream_wire_bytes;
             sum.peer_bytes += d.peer_bytes;
         }
         for j in answer.jobs {

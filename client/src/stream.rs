@@ -5,7 +5,7 @@
 
 use crate::{
     Error, Result,
-    client::{Client, Verified, checked, protocol},
+    client::{Client, Verified, checked, decoded, protocol},
     routing::{Judged, Verdict},
 };
 use shardcache_proto::v1::Chunk;
@@ -57,6 +57,7 @@ impl ShardStream {
             }
             return Ok(None);
         };
+        let (chunk, wire_len) = decoded(endpoint, chunk, self.end.saturating_sub(self.next_offset))?;
         let len = chunk.data.len() as u64;
         if chunk.offset != self.next_offset || len == 0 || self.next_offset + len > self.end {
             return Err(protocol(
@@ -78,7 +79,7 @@ impl ShardStream {
             Some(_) => {}
             None => self.version = Some(chunk.version.clone()),
         }
-        let verified = checked(&self.endpoint, chunk)?;
+        let verified = checked(&self.endpoint, chunk, wire_len)?;
         self.next_offset += len;
         Ok(Some(verified))
     }

@@ -67,6 +67,11 @@ pub struct HubArgs {
     #[arg(long, alias = "chunk-size", default_value = "1MiB")]
     pub message_size: ByteSize,
 
+    /// zstd level (1..=19) of data messages to readers that take zstd (spokes and the SDK
+    /// do), where a message compresses (judged on a sample of it); 0: none.
+    #[arg(long, default_value_t = DEFAULT_COMPRESSION_LEVEL)]
+    pub link_compression_level: i32,
+
     /// Requests in flight across all connections before new ones get RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 256)]
     pub max_concurrency: usize,
@@ -90,6 +95,9 @@ pub struct HubArgs {
     #[command(flatten)]
     pub serving: ServingFlags,
 }
+
+/// Default of `--link-compression-level`: chosen by compress-bench (BENCHMARKS.md).
+pub const DEFAULT_COMPRESSION_LEVEL: i32 = 1;
 
 /// A parsed `--root` / `--source`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,12 +143,19 @@ impl HubArgs {
                 ByteSize(hi)
             )));
         }
+        if !(0..=19).contains(&self.link_compression_level) {
+            return Err(Error::Config(format!(
+                "--link-compression-level {} is outside 0..=19 (0: no compression)",
+                self.link_compression_level
+            )));
+        }
         let serving = &self.serving;
         Ok(ServeOptions {
             // Checked against MESSAGE_SIZE_RANGE above, so it fits in u32.
             limits: ReadLimits {
                 message_size: self.message_size.0 as u32,
                 max_read: serving.max_read().map_err(Error::Config)?,
+                compression: Some(self.link_compression_level).filter(|&level| level > 0),
             },
             server: serving.limits(self.max_concurrency).map_err(Error::Config)?,
             http2: Http2Settings::new(

@@ -17,6 +17,8 @@ pub struct HubStats {
     stat_requests: AtomicU64,
     read_requests: AtomicU64,
     bytes_served: AtomicU64,
+    /// Bytes of data messages as sent (compressed where that paid).
+    bytes_sent: AtomicU64,
     /// Time to answer a read (ReadRange, ReadRanges, one StreamShard message).
     read_latency: Histogram,
 }
@@ -30,6 +32,8 @@ pub struct HubStatsSnapshot {
     pub read_requests: u64,
     /// Shard bytes sent in data messages.
     pub bytes_served: u64,
+    /// What those messages took on the link (less where they went compressed).
+    pub bytes_sent: u64,
 }
 
 /// The read service counts into the hub's stats.
@@ -46,6 +50,10 @@ impl Observer for HubStats {
         self.bytes_served.fetch_add(bytes as u64, Relaxed);
     }
 
+    fn sent(&self, bytes: usize) {
+        self.bytes_sent.fetch_add(bytes as u64, Relaxed);
+    }
+
     fn read_latency(&self, elapsed: Duration) {
         self.read_latency.observe(elapsed);
     }
@@ -57,6 +65,7 @@ impl HubStats {
             stat_requests: self.stat_requests.load(Relaxed),
             read_requests: self.read_requests.load(Relaxed),
             bytes_served: self.bytes_served.load(Relaxed),
+            bytes_sent: self.bytes_sent.load(Relaxed),
         }
     }
 
@@ -76,6 +85,11 @@ impl HubStats {
                 snapshot.read_requests,
             ),
             ("shardcache_hub_bytes_served_total", "Shard bytes sent in data messages", snapshot.bytes_served),
+            (
+                "shardcache_hub_bytes_sent_total",
+                "What the data messages took on the link (less where they went compressed)",
+                snapshot.bytes_sent,
+            ),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");

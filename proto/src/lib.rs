@@ -7,6 +7,7 @@
 //!   touches a filesystem path or a cache key;
 //! - [`range`]: which byte ranges a read may ask for;
 //! - [`checksum`]: the CRC32C every data message carries;
+//! - [`encoding`]: compression on the link, negotiated per request, chosen per message;
 //! - [`job`]: the job and epoch headers reads carry, and job names;
 //! - [`hedge`]: the header of a read sent on to another member of a group;
 //! - [`units`]: byte sizes with `KiB/MiB/GiB` suffixes, as flags accept them.
@@ -15,6 +16,7 @@
 //! shedding, server assembly) is `shardcache-serving`'s.
 
 pub mod checksum;
+pub mod encoding;
 pub mod hedge;
 pub mod job;
 pub mod names;

@@ -6,8 +6,11 @@
 
 use tonic::{Request, Status};
 
-use shardcache_proto::hedge::{AVOID_HEADER, parse_avoided};
 pub use shardcache_proto::job::{EPOCH_HEADER, INDEX_READ_HEADER, JOB_HEADER, MAX_JOB_NAME, check_job_name};
+use shardcache_proto::{
+    encoding,
+    hedge::{AVOID_HEADER, parse_avoided},
+};
 use shardcache_serving::auth::Grant;
 
 /// What a read request says about itself beyond what it reads.
@@ -21,6 +24,8 @@ pub struct ReadContext {
     pub principal: String,
     /// A read of a format's index (`INDEX_READ_HEADER`): nothing to read ahead for.
     pub index_read: bool,
+    /// The reader decodes zstd (`shardcache_proto::encoding::ACCEPT_ENCODING_HEADER`).
+    pub accepts_zstd: bool,
 }
 
 impl ReadContext {
@@ -29,7 +34,18 @@ impl ReadContext {
         let avoid = request.metadata().get(AVOID_HEADER).and_then(|v| v.to_str().ok()).map(parse_avoided);
         let principal = Grant::of(request).map(|grant| grant.principal().to_owned()).unwrap_or_default();
         let index_read = request.metadata().get(INDEX_READ_HEADER).is_some();
-        Ok(Self { job: JobTag::of(request)?, avoid: avoid.unwrap_or_default(), principal, index_read })
+        let accepts_zstd = request
+            .metadata()
+            .get(encoding::ACCEPT_ENCODING_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(encoding::accepts_zstd);
+        Ok(Self {
+            job: JobTag::of(request)?,
+            avoid: avoid.unwrap_or_default(),
+            principal,
+            index_read,
+            accepts_zstd,
+        })
     }
 }
 

@@ -11,6 +11,7 @@ use std::{
 use futures::{StreamExt, TryStreamExt};
 use shardcache_proto::{
     checksum::Checked,
+    encoding,
     names::{DatasetName, ShardName},
     range,
     v1::{
@@ -49,6 +50,9 @@ pub struct ReadLimits {
     pub message_size: u32,
     /// Most bytes one `ReadRange` or `ReadRanges` call returns.
     pub max_read: u64,
+    /// zstd level of the messages sent to readers that take zstd, where a message
+    /// compresses (`shardcache_proto::encoding`); `None`: every message as it is.
+    pub compression: Option<i32>,
 }
 
 /// What a server counts of the requests it serves (the hub's stats, the spoke's
@@ -60,6 +64,8 @@ pub trait Observer: Send + Sync + std::fmt::Debug + 'static {
     fn read_request(&self) {}
     /// Shard bytes about to be sent in data messages.
     fn served(&self, _bytes: usize) {}
+    /// Bytes of data messages as sent: `served`'s, less what compression saved.
+    fn sent(&self, _bytes: usize) {}
     /// A read finished: a `ReadRange` or `ReadRanges` call, or one message of a stream.
     fn read_latency(&self, _elapsed: Duration) {}
 }
@@ -78,6 +84,18 @@ pub struct ReadService<S> {
 type Result<T, E> = std::result::Result<T, E>;
 
 impl<S: Source> ReadService<S> {
+    /// The zstd level for a request's messages: this server's, when the reader takes zstd.
+    fn level(&self, context: &ReadContext) -> Option<i32> {
+        self.limits.compression.filter(|_| context.accepts_zstd)
+    }
+
+    /// `chunks` as sent to the reader of `context` (compressed where that pays), counted.
+    async fn encoded(&self, chunks: Vec<Chunk>, context: &ReadContext) -> Vec<Chunk> {
+        let sent = encode_all(chunks, self.level(context)).await;
+        self.observer.sent(sent.iter().map(|c| c.data.len()).sum());
+        sent
+    }
+
     pub fn new(source: S, limits: ReadLimits, observer: Arc<dyn Observer>) -> Self {
         Self { source, limits, observer }
     }
@@ -142,8 +160,20 @@ fn marked<T>(mut response: Response<T>, stale: bool) -> Response<T> {
 
 /// A data message: `read` at `offset` of a shard at `version` (its checksum as the
 /// source computed it).
+/// `chunks` compressed at `level` where that pays; off the runtime's threads when there
+/// is more than a little to compress (a 4 MiB message takes milliseconds).
+async fn encode_all(chunks: Vec<Chunk>, level: Option<i32>) -> Vec<Chunk> {
+    let Some(level) = level else { return chunks };
+    let bytes: usize = chunks.iter().map(|c| c.data.len()).sum();
+    if bytes < 64 << 10 {
+        return chunks.into_iter().map(|c| encoding::encode(c, level)).collect();
+    }
+    let work = move || chunks.into_iter().map(|c| encoding::encode(c, level)).collect();
+    tokio::task::spawn_blocking(work).await.unwrap_or_default()
+}
+
 fn chunk(offset: u64, read: Checked, version: &str) -> Chunk {
-    Chunk { offset, crc32c: read.crc32c, data: read.data, version: version.to_owned() }
+    Chunk { offset, crc32c: read.crc32c, data: read.data, version: version.to_owned(), ..Default::default() }
 }
 
 /// `[offset, end)` cut into messages of `size` that end on multiples of it, so every
@@ -225,8 +255,9 @@ impl<S: Source> ShardReader for ReadService<S> {
         // `length` fits in usize: it is under `max_read`, checked above.
         let data = handle.read_at(req.offset, req.length as usize).await.map_err(Into::into)?;
         self.observer.served(data.data.len());
+        let mut sent = self.encoded(vec![chunk(req.offset, data, &meta.version)], &context).await;
         self.observer.read_latency(started.elapsed());
-        Ok(Response::new(chunk(req.offset, data, &meta.version)))
+        Ok(Response::new(sent.pop().unwrap_or_default()))
     }
 
     async fn read_ranges(
@@ -282,6 +313,7 @@ impl<S: Source> ShardReader for ReadService<S> {
             .zip(data)
             .map(|(&(handle, offset, _), data)| chunk(offset, data, &handle.meta().version))
             .collect();
+        let chunks = self.encoded(chunks, context).await;
         self.observer.read_latency(started.elapsed());
         Ok(Response::new(ReadRangesResponse { chunks }))
     }
@@ -307,6 +339,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         let spans = messages(req.offset, req.offset + length, u64::from(self.limits.message_size));
         let (tx, rx) = mpsc::channel(STREAM_READ_AHEAD);
         let observer = self.observer.clone();
+        let level = self.level(&context);
         tokio::spawn(async move {
             // In order, with the source's number of reads in flight; memory per stream is
             // (READ_PARALLELISM + STREAM_READ_AHEAD) messages.
@@ -316,16 +349,16 @@ impl<S: Source> ShardReader for ReadService<S> {
                     async move {
                         let started = Instant::now();
                         let data = handle.read_at(pos, len as usize).await?;
+                        observer.served(data.data.len());
+                        let sent = encode_all(vec![chunk(pos, data, &handle.meta().version)], level).await;
+                        observer.sent(sent.iter().map(|c| c.data.len()).sum());
                         observer.read_latency(started.elapsed());
-                        Ok(chunk(pos, data, &handle.meta().version))
+                        Ok(sent.into_iter().next().unwrap_or_default())
                     }
                 })
                 .buffered(S::READ_PARALLELISM);
             while let Some(message) = reads.next().await {
                 let message: Result<Chunk, S::Error> = message;
-                if let Ok(chunk) = &message {
-                    observer.served(chunk.data.len());
-                }
                 let failed = message.is_err();
                 // A send fails when the client went away: stop reading for it.
                 if tx.send(message.map_err(Into::into)).await.is_err() || failed {

@@ -179,6 +179,11 @@ pub struct SpokeArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub hub_timeout: Duration,
 
+    /// Whether the hubs may send what they fetch compressed (zstd, where it pays; the
+    /// cache stores the decoded bytes): `zstd` or `off`.
+    #[arg(long, default_value = "zstd", value_parser = ["zstd", "off"])]
+    pub hub_compression: String,
+
     /// CA that signs the hubs' certificates (for https:// hubs; system roots when unset).
     #[arg(long)]
     pub hub_ca: Option<PathBuf>,
@@ -235,6 +240,7 @@ impl SpokeArgs {
                 connections: 1,
                 http2: Http2Settings::DEFAULTS,
                 timeout: self.hub_timeout,
+                compression: self.hub_compression == "zstd",
             });
         }
         if self.hub_connections == 0 {
@@ -250,7 +256,12 @@ impl SpokeArgs {
         if self.hub_timeout.is_zero() {
             return Err(Error::Config("--hub-timeout must be more than 0".into()));
         }
-        Ok(HubTransport { connections: self.hub_connections, http2, timeout: self.hub_timeout })
+        Ok(HubTransport {
+            connections: self.hub_connections,
+            http2,
+            timeout: self.hub_timeout,
+            compression: self.hub_compression == "zstd",
+        })
     }
 
     /// Everything the spoke needs to serve, from these flags; loads certificates and

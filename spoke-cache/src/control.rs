@@ -191,6 +191,7 @@ impl CacheControl for Control {
             status.hit_bytes = counters.hit_bytes.load(Relaxed);
             status.miss_bytes = counters.miss_bytes.load(Relaxed);
             status.upstream_bytes = counters.upstream_bytes.load(Relaxed);
+            status.upstream_wire_bytes = counters.upstream_wire_bytes.load(Relaxed);
             status.peer_bytes = counters.peer_bytes.load(Relaxed);
         }
         // A principal sees the counters of the datasets it may read, and its own jobs and
@@ -294,6 +295,7 @@ impl CacheControl for Control {
             data: data.data,
             crc32c: data.crc32c,
             version: entry.version.clone(),
+            ..Default::default()
         }))
     }
 

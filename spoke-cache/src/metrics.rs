@@ -34,6 +34,8 @@ pub struct DatasetCounters {
     pub hit_bytes: AtomicU64,
     pub miss_bytes: AtomicU64,
     pub upstream_bytes: AtomicU64,
+    /// What `upstream_bytes` took on the link (less where the hub compressed them).
+    pub upstream_wire_bytes: AtomicU64,
     /// Bytes fetched from members of the spoke's group (not over the long link).
     pub peer_bytes: AtomicU64,
 }
@@ -124,7 +126,7 @@ impl Metrics {
 
     /// Per-dataset counters, labelled `dataset`.
     fn render_datasets(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterField); 6] = [
+        let counters: [(&str, &str, CounterField); 7] = [
             ("shardcache_spoke_hit_requests_total", "Read requests served wholly from the cache", |d| {
                 &d.hit_requests
             }),
@@ -136,6 +138,11 @@ impl Metrics {
                 &d.miss_bytes
             }),
             ("shardcache_spoke_upstream_bytes_total", "Bytes fetched from the hub", |d| &d.upstream_bytes),
+            (
+                "shardcache_spoke_upstream_wire_bytes_total",
+                "What the bytes fetched from the hub took on the link (less where it compressed them)",
+                |d| &d.upstream_wire_bytes,
+            ),
             ("shardcache_spoke_peer_bytes_total", "Bytes fetched from members of the spoke's group", |d| {
                 &d.peer_bytes
             }),

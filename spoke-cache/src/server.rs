@@ -227,6 +227,8 @@ pub async fn serve(
         // Streams send messages of at most STREAM_MESSAGE_MAX (a cache chunk is larger).
         message_size: cache.config().chunk_size.min(STREAM_MESSAGE_MAX) as u32,
         max_read: options.max_read,
+        // Its readers are next to it: bytes are cheaper than CPU on that side.
+        compression: None,
     };
     let service = ReadService::new(CachedSource(cache.clone()), limits, cache.metrics().clone());
     let reader = ShardReaderServer::new(service)

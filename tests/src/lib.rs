@@ -39,10 +39,15 @@ use spoke_cache::{
 };
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 
-/// Serving options for tests: small chunks so chunk edges are cheap to reach.
+/// Serving options for tests: small chunks so chunk edges are cheap to reach; link
+/// compression at the hub's default, as hubs run.
 pub fn test_options() -> ServeOptions {
     ServeOptions {
-        limits: ReadLimits { message_size: 64 << 10, max_read: 1 << 20 },
+        limits: ReadLimits {
+            message_size: 64 << 10,
+            max_read: 1 << 20,
+            compression: Some(hub_server::config::DEFAULT_COMPRESSION_LEVEL),
+        },
         server: server_limits(64),
         http2: shardcache_serving::transport::Http2Settings::TUNED,
         security: Default::default(),

@@ -31,8 +31,10 @@ const BATCH: usize = 24;
 async fn main() {
     let root = tempfile::tempdir().unwrap();
     make_dataset(root.path(), "c4", SHARDS, SHARD_SIZE);
-    let mut options =
-        ServeOptions { limits: ReadLimits { message_size: 1 << 20, max_read: 16 << 20 }, ..test_options() };
+    let mut options = ServeOptions {
+        limits: ReadLimits { message_size: 1 << 20, max_read: 16 << 20, compression: None },
+        ..test_options()
+    };
     (options.server.max_concurrency, options.server.request_timeout) = (256, Duration::from_secs(60));
     let hub = TestHub::start_with(root.path(), options).await;
     let total = u64::from(SHARDS) * SHARD_SIZE;

@@ -307,6 +307,7 @@ impl Inner {
             Origin::Hub => {
                 self.metrics.upstream_requests.fetch_add(1, Relaxed);
                 counters.upstream_bytes.fetch_add(length, Relaxed);
+                counters.upstream_wire_bytes.fetch_add(supplied.wire_len, Relaxed);
                 row.hub_bytes.fetch_add(length, Relaxed);
             }
         }

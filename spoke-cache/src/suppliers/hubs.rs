@@ -53,6 +53,9 @@ pub struct HubTransport {
     pub http2: Http2Settings,
     /// Deadline of every call to a hub (`--hub-timeout`).
     pub timeout: Duration,
+    /// Whether reads say they take zstd, so the hub compresses what pays on the link
+    /// (`--hub-compression`).
+    pub compression: bool,
 }
 
 impl Default for HubTransport {
@@ -61,6 +64,7 @@ impl Default for HubTransport {
             connections: DEFAULT_HUB_CONNECTIONS,
             http2: Http2Settings::TUNED,
             timeout: DEFAULT_HUB_TIMEOUT,
+            compression: true,
         }
     }
 }
@@ -98,6 +102,7 @@ impl Hub {
         let connections = channels
             .into_iter()
             .map(|channel| Client::from_channel_with(channel, url, token.clone()))
+            .map(|client| if transport.compression { client } else { client.plain() })
             .collect();
         Ok(Self { connections, next: AtomicUsize::new(0), health })
     }

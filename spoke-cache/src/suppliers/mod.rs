@@ -48,6 +48,8 @@ pub struct Supplied {
     pub data: Checked,
     pub version: String,
     pub from: Origin,
+    /// Bytes it took on the link (less than `data`'s where the hub compressed them).
+    pub wire_len: u64,
 }
 
 /// What is wanted: `[offset, offset + length)` of `dataset/shard`, at `version` or (a
@@ -178,11 +180,13 @@ impl Chain {
             Ask::Ahead(member) => {
                 let version = version.unwrap_or_default();
                 let data = Peers::read(member, dataset, shard, offset, length, version).await?;
-                Ok(Supplied { data, version: version.to_owned(), from: Origin::Peer })
+                let wire_len = data.data.len() as u64;
+                Ok(Supplied { data, version: version.to_owned(), from: Origin::Peer, wire_len })
             }
             Ask::Held(member) => {
                 let (data, version) = Peers::held(member, dataset, shard, offset, length, version).await?;
-                Ok(Supplied { data, version, from: Origin::Peer })
+                let wire_len = data.data.len() as u64;
+                Ok(Supplied { data, version, from: Origin::Peer, wire_len })
             }
             Ask::Hub(hub) => {
                 let mut range = shardcache_client::Range::new(dataset, shard, offset, length);
@@ -191,7 +195,7 @@ impl Chain {
                 let read = self.hubs.ask(hub, |client| async move { client.read_range(range).await }).await;
                 let read = read.map_err(Failed::judged)?;
                 let data = Checked { data: read.data, crc32c: read.crc32c };
-                Ok(Supplied { data, version: read.version, from: Origin::Hub })
+                Ok(Supplied { data, version: read.version, from: Origin::Hub, wire_len: read.wire_len })
             }
         }
     }

@@ -320,8 +320,8 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
         );
     }
     println!(
-        "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14}",
-        "DATASET", "SHARDS", "CACHED", "PINNED", "HITS", "MISSES", "HIT%", "UPSTREAM"
+        "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14} {:>14}",
+        "DATASET", "SHARDS", "CACHED", "PINNED", "HITS", "MISSES", "HIT%", "UPSTREAM", "ON THE LINK"
     );
     for d in &status.datasets {
         let total = d.hit_requests + d.miss_requests;
@@ -331,7 +331,7 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             format!("{:.1}", d.hit_requests as f64 * 100.0 / total as f64)
         };
         println!(
-            "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14}",
+            "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14} {:>14}",
             d.dataset,
             d.cached_shards,
             ByteSize(d.cached_bytes).human(),
@@ -339,7 +339,9 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             d.hit_requests,
             d.miss_requests,
             hit,
-            ByteSize(d.upstream_bytes).human()
+            ByteSize(d.upstream_bytes).human(),
+            // What the upstream bytes took on the link (the hub compresses what pays).
+            ByteSize(d.upstream_wire_bytes).human()
         );
     }
     if !status.jobs.is_empty() {

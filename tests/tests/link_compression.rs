@@ -1,0 +1,143 @@
+//! Compression on the long link (shardcache_proto::encoding): a reader that says it takes
+//! zstd gets the messages that compress as zstd frames, checked against the CRC32C of the
+//! decoded bytes; one that does not say so gets the bytes as they are; incompressible
+//! messages go as they are. Through a spoke: the cached bytes are the shard's, and the
+//! spoke counts what they took on the link.
+#![allow(clippy::unwrap_used)]
+
+use shardcache_client::Range;
+use shardcache_proto::{
+    checksum,
+    encoding::{ACCEPT_ENCODING_HEADER, ZSTD},
+    v1::{Encoding, ReadRangeRequest, StreamShardRequest, shard_reader_client::ShardReaderClient},
+};
+use shardcache_tests::{TestHub, TestSpoke, spoke_options};
+
+/// Token ids as the seed stores them: uint32, small ids frequent (Zipf-like), top byte 0.
+fn tokens(count: usize) -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..count)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // 1 / (uniform): heavy at small ids, capped at a 128k vocabulary.
+            let id = (128_000.0 / (1.0 + (x % 128_000) as f64)) as u32;
+            id.to_le_bytes()
+        })
+        .collect()
+}
+
+fn random(length: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..length)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn read_request(offset: u64, length: u64, zstd: bool) -> tonic::Request<ReadRangeRequest> {
+    let mut request = tonic::Request::new(ReadRangeRequest {
+        dataset: "d".into(),
+        shard: "tokens.bin".into(),
+        offset,
+        length,
+        expected_version: String::new(),
+    });
+    if zstd {
+        request.metadata_mut().insert(ACCEPT_ENCODING_HEADER, ZSTD.parse().unwrap());
+    }
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_compresses_only_for_readers_that_take_zstd_and_only_what_shrinks() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("d")).unwrap();
+    let text = tokens(1 << 18); // 1 MiB
+    std::fs::write(root.path().join("d/tokens.bin"), &text).unwrap();
+    std::fs::write(root.path().join("d/random.bin"), random(1 << 20)).unwrap();
+    let hub = TestHub::start(root.path()).await;
+    let mut raw = ShardReaderClient::new(hub.channel().await);
+
+    // A reader that does not say it takes zstd (an older SDK): the bytes as they are.
+    let plain = raw.read_range(read_request(4096, 256 << 10, false)).await.unwrap().into_inner();
+    assert_eq!(plain.encoding, Encoding::Identity as i32);
+    assert_eq!(plain.data.as_ref(), &text[4096..4096 + (256 << 10)]);
+
+    // One that does: a zstd frame, smaller, its CRC32C the decoded bytes'.
+    let packed = raw.read_range(read_request(4096, 256 << 10, true)).await.unwrap().into_inner();
+    assert_eq!(packed.encoding, Encoding::Zstd as i32);
+    assert_eq!(packed.decoded_length, 256 << 10);
+    assert!(packed.data.len() < (256 << 10) / 2, "{} bytes on the wire", packed.data.len());
+    assert_eq!(packed.crc32c, checksum::crc32c(&text[4096..4096 + (256 << 10)]));
+    let decoded = zstd::bulk::decompress(&packed.data, 256 << 10).unwrap();
+    assert_eq!(decoded, &text[4096..4096 + (256 << 10)]);
+
+    // A stream too, message by message; random bytes go as they are even when asked.
+    let mut request = tonic::Request::new(StreamShardRequest {
+        dataset: "d".into(),
+        shard: "random.bin".into(),
+        offset: 0,
+        length: None,
+        expected_version: String::new(),
+    });
+    request.metadata_mut().insert(ACCEPT_ENCODING_HEADER, ZSTD.parse().unwrap());
+    let mut stream = raw.stream_shard(request).await.unwrap().into_inner();
+    while let Some(message) = stream.message().await.unwrap() {
+        assert_eq!(message.encoding, Encoding::Identity as i32, "random bytes do not shrink");
+    }
+
+    // The SDK takes zstd by default and hands out the decoded bytes; plain() does not ask.
+    let client = hub.client().await;
+    let read = client.read_range(&Range::new("d", "tokens.bin", 0, 1 << 20)).await.unwrap();
+    assert_eq!(read.data.as_ref(), text.as_slice());
+    assert!(read.wire_len < (1 << 20) / 2, "{}", read.wire_len);
+    let read = client.plain().read_range(&Range::new("d", "tokens.bin", 0, 1 << 20)).await.unwrap();
+    assert_eq!((read.data.as_ref(), read.wire_len), (text.as_slice(), 1 << 20));
+    let stats = hub.stats.snapshot();
+    assert!(stats.bytes_sent < stats.bytes_served, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoke_stores_the_decoded_bytes_and_counts_what_they_took_on_the_link() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("d")).unwrap();
+    let text = tokens(3 << 20); // 12 MiB: three 4 MiB chunks
+    std::fs::write(root.path().join("d/tokens.bin"), &text).unwrap();
+    std::fs::write(root.path().join("d/random.bin"), random(4 << 20)).unwrap();
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache.path(), spoke_options(&hub.endpoint)).await;
+    let client = spoke.client().await;
+
+    let cold = client.read_range(&Range::new("d", "tokens.bin", 100, 1 << 20)).await.unwrap();
+    assert_eq!(cold.data.as_ref(), &text[100..100 + (1 << 20)]);
+    let wire = r#"shardcache_spoke_upstream_wire_bytes_total{dataset="d"}"#;
+    let fetched = r#"shardcache_spoke_upstream_bytes_total{dataset="d"}"#;
+    spoke.settled().await; // the rest of the shard, fetched in the background
+    let until = spoke.metric(fetched).await;
+    assert_eq!(until, (12 << 20) as f64, "the whole shard was fetched once");
+    let on_link = spoke.metric(wire).await;
+    assert!(on_link < until / 2.0, "{on_link} bytes on the link for {until}");
+    // Served again from the store: the shard's bytes, not the frames.
+    for at in (0..12u64 << 20).step_by(1 << 20) {
+        let warm = client.read_range(&Range::new("d", "tokens.bin", at, 1 << 20)).await.unwrap();
+        assert_eq!(warm.data.as_ref(), &text[at as usize..(at + (1 << 20)) as usize]);
+    }
+
+    // Incompressible: as many bytes on the link as fetched.
+    client.read_range(&Range::new("d", "random.bin", 0, 1 << 20)).await.unwrap();
+    spoke.settled().await;
+    let until = spoke.metric(fetched).await;
+    let added = spoke.metric(wire).await - on_link;
+    assert_eq!(added, until - (12 << 20) as f64, "random bytes went as they are");
+    // And the status says both.
+    let status = spoke.control().await.status().await.unwrap();
+    let d = status.datasets.iter().find(|d| d.dataset == "d").unwrap();
+    assert_eq!((d.upstream_bytes as f64, d.upstream_wire_bytes as f64), (until, on_link + added));
+}
