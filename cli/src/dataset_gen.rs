@@ -5,7 +5,11 @@
 //! Deterministic: the bytes depend only on (seed, dataset, shard index, sizes), so two
 //! runs, or two machines, produce identical shards and tests can compare digests.
 //! Each document is `BOS tokens... EOS` with a length drawn from 64..=2048 tokens;
-//! token ids are skewed towards small ids (frequent tokens) like real text.
+//! token ids are skewed towards small ids (frequent tokens) like real text
+//! ([`Tokens::Skewed`]), or drawn from Zipf's law over the vocabulary
+//! ([`Tokens::Zipf`]: the frequency of the k-th most frequent token ~ 1/k, as in real
+//! tokenised text, so it compresses about as real text's ids do; for tests and demos of
+//! link compression that need such data quickly).
 
 use std::{
     fs::File,
@@ -36,6 +40,17 @@ pub struct GenSpec {
     /// Bytes per record (sample); a multiple of 4 (one u32 token).
     pub record_size: u64,
     pub seed: u64,
+    pub tokens: Tokens,
+}
+
+/// How token ids are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Tokens {
+    /// A uniform id shifted right by 0..15 bits (the default; what the seed demo used).
+    #[default]
+    Skewed,
+    /// Zipf's law over the 128,000 text tokens (exponent 1): realistic frequencies.
+    Zipf,
 }
 
 /// What was written.
@@ -117,6 +132,7 @@ pub fn generate(spec: &GenSpec) -> Result<GenReport, GenError> {
         "eos": EOS,
         "generator": "shardcache gen",
         "seed": spec.seed,
+        "tokens": format!("{:?}", spec.tokens).to_lowercase(),
         "shards": spec.shards,
         "shard_size": spec.shard_size,
     });
@@ -135,7 +151,7 @@ fn write_shard(spec: &GenSpec, index: u32, path: &Path) -> Result<(), GenError> 
     let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{file_name}.tmp"));
     let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io)?);
-    let mut tokens = TokenStream::new(shard_seed(spec.seed, &spec.dataset, index));
+    let mut tokens = TokenStream::new(shard_seed(spec.seed, &spec.dataset, index), spec.tokens);
     let mut record = vec![0u8; spec.record_size as usize];
     for _ in 0..spec.shard_size / spec.record_size {
         for token in record.chunks_exact_mut(4) {
@@ -153,15 +169,30 @@ fn shard_seed(seed: u64, dataset: &str, index: u32) -> u64 {
     bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
-/// Documents of skewed token ids, packed back to back.
+/// Documents of token ids, packed back to back.
 struct TokenStream {
     state: u64,
     left_in_doc: u64,
+    /// Zipf: the cumulative weights of ranks 1..=TEXT_TOKENS, scaled to u64.
+    zipf: Option<Vec<u64>>,
+}
+
+/// Cumulative weights of Zipf's law (weight 1/k for rank k) over the text tokens, as
+/// fractions of u64::MAX: a uniform u64 finds its rank by binary search.
+fn zipf_table() -> Vec<u64> {
+    let total: f64 = (1..=TEXT_TOKENS).map(|k| 1.0 / f64::from(k)).sum();
+    let mut at = 0.0;
+    (1..=TEXT_TOKENS)
+        .map(|k| {
+            at += 1.0 / f64::from(k) / total;
+            (at.min(1.0) * u64::MAX as f64) as u64
+        })
+        .collect()
 }
 
 impl TokenStream {
-    fn new(seed: u64) -> Self {
-        Self { state: seed, left_in_doc: 0 }
+    fn new(seed: u64, tokens: Tokens) -> Self {
+        Self { state: seed, left_in_doc: 0, zipf: (tokens == Tokens::Zipf).then(zipf_table) }
     }
 
     /// SplitMix64: fast, and good enough for synthetic data.
@@ -187,8 +218,12 @@ impl TokenStream {
             _ => {
                 self.left_in_doc -= 1;
                 let r = self.next_u64();
-                // A uniform id shifted right by 0..15 bits: small (frequent) ids dominate.
-                ((r as u32 % TEXT_TOKENS) >> (r >> 60)) % TEXT_TOKENS
+                match &self.zipf {
+                    // Rank k (0-based) is token id k: frequent tokens have small ids, as BPE's do.
+                    Some(table) => (table.partition_point(|&c| c < r) as u32).min(TEXT_TOKENS - 1),
+                    // A uniform id shifted right by 0..15 bits: small (frequent) ids dominate.
+                    None => ((r as u32 % TEXT_TOKENS) >> (r >> 60)) % TEXT_TOKENS,
+                }
             }
         }
     }
@@ -206,6 +241,7 @@ mod tests {
             shard_size: 4 * 16384,
             record_size: 16384,
             seed,
+            tokens: Tokens::Skewed,
         }
     }
 
@@ -253,5 +289,23 @@ mod tests {
         bad.shard_size = 16384;
         bad.record_size = 6;
         assert!(generate(&bad).unwrap_err().to_string().contains("multiple of 4"));
+    }
+
+    #[test]
+    fn zipf_tokens_follow_zipfs_law() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut zipf = spec(dir.path(), 3);
+        zipf.tokens = Tokens::Zipf;
+        zipf.shard_size = 64 * 16384; // 256k tokens a shard
+        let report = generate(&zipf).unwrap();
+        let bytes = std::fs::read(&report.shards[0]).unwrap();
+        let ids: Vec<u32> =
+            bytes.chunks_exact(4).map(|t| u32::from_le_bytes(t.try_into().unwrap())).collect();
+        let text: Vec<u32> = ids.into_iter().filter(|&t| t < TEXT_TOKENS).collect();
+        let share = |below: u32| text.iter().filter(|&&t| t < below).count() as f64 / text.len() as f64;
+        // P(rank <= k) = H(k) / H(128,000): 1/12.3 for the first, 0.42 for the first 100.
+        assert!((0.07..0.095).contains(&share(1)), "{}", share(1));
+        assert!((0.39..0.45).contains(&share(100)), "{}", share(100));
+        assert!(text.iter().any(|&t| t > 100_000), "the tail is drawn too");
     }
 }

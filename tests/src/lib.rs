@@ -288,6 +288,7 @@ pub fn make_dataset(root: &Path, name: &str, shards: u32, shard_size: u64) -> Pa
         shard_size,
         record_size: 16 << 10,
         seed: 42,
+        tokens: Default::default(),
     };
     generate(&spec).unwrap().dataset_dir
 }

@@ -1,7 +1,7 @@
-//! Compression on the long link (shardcache_proto::encoding): a reader that says it takes
-//! zstd gets the messages that compress as zstd frames, checked against the CRC32C of the
-//! decoded bytes; one that does not say so gets the bytes as they are; incompressible
-//! messages go as they are. Through a spoke: the cached bytes are the shard's, and the
+//! Compression on the long link (shardcache_proto::encoding), on `shardcache gen --tokens
+//! zipf` data: a reader that says it takes zstd gets the messages that compress as zstd
+//! frames, checked against the CRC32C of the decoded bytes; one that does not say so gets
+//! the bytes as they are; incompressible messages go as they are. Through a spoke: the cached bytes are the shard's, and the
 //! spoke counts what they took on the link.
 #![allow(clippy::unwrap_used)]
 
@@ -13,19 +13,20 @@ use shardcache_proto::{
 };
 use shardcache_tests::{TestHub, TestSpoke, spoke_options};
 
-/// Token ids as the seed stores them: uint32, small ids frequent (Zipf-like), top byte 0.
-fn tokens(count: usize) -> Vec<u8> {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    (0..count)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            // 1 / (uniform): heavy at small ids, capped at a 128k vocabulary.
-            let id = (128_000.0 / (1.0 + (x % 128_000) as f64)) as u32;
-            id.to_le_bytes()
-        })
-        .collect()
+/// `shardcache gen --tokens zipf`'s token windows in `root/d/shard-00000.bin`, `size`
+/// bytes: ids with the frequencies of real tokenised text.
+fn tokens(root: &std::path::Path, size: u64) -> Vec<u8> {
+    use shardcache_cli::dataset_gen::{GenSpec, Tokens, generate};
+    let spec = GenSpec {
+        dir: root.to_owned(),
+        dataset: "d".into(),
+        shards: 1,
+        shard_size: size,
+        record_size: 16 << 10,
+        seed: 28,
+        tokens: Tokens::Zipf,
+    };
+    std::fs::read(&generate(&spec).unwrap().shards[0]).unwrap()
 }
 
 fn random(length: usize) -> Vec<u8> {
@@ -43,7 +44,7 @@ fn random(length: usize) -> Vec<u8> {
 fn read_request(offset: u64, length: u64, zstd: bool) -> tonic::Request<ReadRangeRequest> {
     let mut request = tonic::Request::new(ReadRangeRequest {
         dataset: "d".into(),
-        shard: "tokens.bin".into(),
+        shard: "shard-00000.bin".into(),
         offset,
         length,
         expected_version: String::new(),
@@ -57,9 +58,7 @@ fn read_request(offset: u64, length: u64, zstd: bool) -> tonic::Request<ReadRang
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_compresses_only_for_readers_that_take_zstd_and_only_what_shrinks() {
     let root = tempfile::tempdir().unwrap();
-    std::fs::create_dir(root.path().join("d")).unwrap();
-    let text = tokens(1 << 18); // 1 MiB
-    std::fs::write(root.path().join("d/tokens.bin"), &text).unwrap();
+    let text = tokens(root.path(), 1 << 20);
     std::fs::write(root.path().join("d/random.bin"), random(1 << 20)).unwrap();
     let hub = TestHub::start(root.path()).await;
     let mut raw = ShardReaderClient::new(hub.channel().await);
@@ -94,10 +93,10 @@ async fn a_hub_compresses_only_for_readers_that_take_zstd_and_only_what_shrinks(
 
     // The SDK takes zstd by default and hands out the decoded bytes; plain() does not ask.
     let client = hub.client().await;
-    let read = client.read_range(&Range::new("d", "tokens.bin", 0, 1 << 20)).await.unwrap();
+    let read = client.read_range(&Range::new("d", "shard-00000.bin", 0, 1 << 20)).await.unwrap();
     assert_eq!(read.data.as_ref(), text.as_slice());
     assert!(read.wire_len < (1 << 20) / 2, "{}", read.wire_len);
-    let read = client.plain().read_range(&Range::new("d", "tokens.bin", 0, 1 << 20)).await.unwrap();
+    let read = client.plain().read_range(&Range::new("d", "shard-00000.bin", 0, 1 << 20)).await.unwrap();
     assert_eq!((read.data.as_ref(), read.wire_len), (text.as_slice(), 1 << 20));
     let stats = hub.stats.snapshot();
     assert!(stats.bytes_sent < stats.bytes_served, "{stats:?}");
@@ -106,16 +105,14 @@ async fn a_hub_compresses_only_for_readers_that_take_zstd_and_only_what_shrinks(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spoke_stores_the_decoded_bytes_and_counts_what_they_took_on_the_link() {
     let root = tempfile::tempdir().unwrap();
-    std::fs::create_dir(root.path().join("d")).unwrap();
-    let text = tokens(3 << 20); // 12 MiB: three 4 MiB chunks
-    std::fs::write(root.path().join("d/tokens.bin"), &text).unwrap();
+    let text = tokens(root.path(), 12 << 20); // three 4 MiB chunks
     std::fs::write(root.path().join("d/random.bin"), random(4 << 20)).unwrap();
     let hub = TestHub::start(root.path()).await;
     let cache = tempfile::tempdir().unwrap();
     let spoke = TestSpoke::start(cache.path(), spoke_options(&hub.endpoint)).await;
     let client = spoke.client().await;
 
-    let cold = client.read_range(&Range::new("d", "tokens.bin", 100, 1 << 20)).await.unwrap();
+    let cold = client.read_range(&Range::new("d", "shard-00000.bin", 100, 1 << 20)).await.unwrap();
     assert_eq!(cold.data.as_ref(), &text[100..100 + (1 << 20)]);
     let wire = r#"shardcache_spoke_upstream_wire_bytes_total{dataset="d"}"#;
     let fetched = r#"shardcache_spoke_upstream_bytes_total{dataset="d"}"#;
@@ -126,7 +123,7 @@ async fn a_spoke_stores_the_decoded_bytes_and_counts_what_they_took_on_the_link(
     assert!(on_link < until / 2.0, "{on_link} bytes on the link for {until}");
     // Served again from the store: the shard's bytes, not the frames.
     for at in (0..12u64 << 20).step_by(1 << 20) {
-        let warm = client.read_range(&Range::new("d", "tokens.bin", at, 1 << 20)).await.unwrap();
+        let warm = client.read_range(&Range::new("d", "shard-00000.bin", at, 1 << 20)).await.unwrap();
         assert_eq!(warm.data.as_ref(), &text[at as usize..(at + (1 << 20)) as usize]);
     }
 

@@ -155,6 +155,7 @@ async fn main() -> anyhow::Result<()> {
         shard_size: args.shard_size.0,
         record_size: SAMPLE,
         seed: 0,
+        tokens: Default::default(),
     })?;
     let names = Arc::new((0..shards).map(shard_name).collect::<Vec<_>>());
     let mut demo = Demo {

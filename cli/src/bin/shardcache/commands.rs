@@ -63,27 +63,20 @@ fn hubs_unreachable(age_s: u64, trouble: &str) -> String {
     )
 }
 
-pub fn generate(
-    dir: PathBuf,
-    dataset: String,
-    shards: u32,
-    shard_size: ByteSize,
-    record_size: ByteSize,
-    seed: u64,
-) -> anyhow::Result<()> {
+pub fn generate(spec: &GenSpec) -> anyhow::Result<()> {
     let started = Instant::now();
-    let spec = GenSpec { dir, dataset, shards, shard_size: shard_size.0, record_size: record_size.0, seed };
-    let report = generate_dataset(&spec)?;
+    let report = generate_dataset(spec)?;
     println!(
-        "generated {}: {} shards x {} = {} bytes, {} records of {} ({} tokens each), seed {}, in {:.2} s",
+        "generated {}: {} shards x {} = {} bytes, {} records of {} ({} tokens each, {:?}), seed {}, in {:.2} s",
         report.dataset_dir.display(),
-        shards,
-        shard_size,
+        spec.shards,
+        ByteSize(spec.shard_size),
         report.bytes,
         report.records,
-        record_size,
-        record_size.0 / 4,
-        seed,
+        ByteSize(spec.record_size),
+        spec.record_size / 4,
+        spec.tokens,
+        spec.seed,
         started.elapsed().as_secs_f64()
     );
     Ok(())

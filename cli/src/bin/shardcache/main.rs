@@ -8,6 +8,7 @@ mod commands;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use shardcache_cli::dataset_gen::GenSpec;
 use shardcache_client::ConnectOptions;
 use shardcache_proto::units::ByteSize;
 use shardcache_serving::{auth::read_token_file, tls::ClientTlsFiles};
@@ -187,6 +188,10 @@ enum Command {
         /// Seed of the token values (the same seed writes the same bytes).
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// How token ids are drawn: skewed (small ids frequent), or zipf (Zipf's law over
+        /// the vocabulary: compresses about as real tokenised text does).
+        #[arg(long, value_enum, default_value = "skewed")]
+        tokens: shardcache_cli::dataset_gen::Tokens,
     },
     /// Ask a server's gRPC health service; exit 0 when SERVING (container and Kubernetes
     /// probes: works with TLS, which Kubernetes' own gRPC probe cannot speak). A spoke
@@ -313,8 +318,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             admin::new_token(&name, &datasets, control, &file)
         }
         Command::Token(TokenCommand::Revoke { name, file }) => admin::revoke_token(&name, &file),
-        Command::Gen { dir, dataset, shards, shard_size, record_size, seed } => {
-            commands::generate(dir, dataset, shards, shard_size, record_size, seed)
+        Command::Gen { dir, dataset, shards, shard_size, record_size, seed, tokens } => {
+            let spec = GenSpec {
+                dir,
+                dataset,
+                shards,
+                shard_size: shard_size.0,
+                record_size: record_size.0,
+                seed,
+                tokens,
+            };
+            commands::generate(&spec)
         }
         Command::Mount { mut places, timeout } => {
             // One place: the mount point, over --endpoint (SHARDCACHE_ENDPOINT) as every

@@ -1,0 +1,142 @@
+//! `compress-bench`: what compression on the long link saves and costs, on real data
+//! (issue 28). Two tables:
+//!
+//! 1. Per zstd level, over every 4 MiB shard of each dataset: bytes / bytes on the link,
+//!    and one core's compression and decompression rates, through
+//!    `shardcache_proto::encoding::compress` (the hub's code: the sample check included).
+//! 2. A cold fill through a spoke (Prefetch of every shard) from a hub behind
+//!    `wan-proxy --rtt 60ms --rate 2Gbit`, with the hub's compression off and at its
+//!    default level: seconds, MB/s of the dataset, bytes on the link / dataset (the
+//!    spoke's `status`), and the hub's CPU seconds (`/proc/PID/stat`).
+//!
+//! ```sh
+//! python bench/compress/make_data.py /tmp/cdata     # real text, tokenised; random bytes
+//! cargo build --release --workspace --bins && target/release/compress-bench /tmp/cdata
+//! ```
+//!
+//! `COMPRESS_BENCH_IN_FLIGHT=256MiB` runs the spokes with that `--upstream-bytes-in-flight`.
+//! The bench checks that each fill stored the whole dataset (the spoke's upstream bytes
+//! are the dataset's) and that the hub with compression off sent every byte as it is.
+
+#![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
+
+use std::{path::Path, time::Instant};
+
+use shardcache_client::CacheClient;
+use shardcache_proto::encoding;
+use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess};
+
+const DATASETS: [&str; 3] = ["text-u32", "text-u16", "random"];
+const LEVELS: [i32; 4] = [1, 3, 6, 9];
+/// Shards fetched at once by the fill: enough 4 MiB shards in flight (32 x 4 MiB = 128 MiB
+/// per 60 ms round trip) that the link's 2 Gbit/s, not the round trip, bounds it.
+const PARALLELISM: u32 = 32;
+
+fn shards(root: &Path, dataset: &str) -> Vec<Vec<u8>> {
+    let mut paths: Vec<_> =
+        std::fs::read_dir(root.join(dataset)).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    paths.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+/// (bytes / on the link, compress MB/s, decompress MB/s: None when nothing was
+/// compressed) at `level`.
+fn level_row(data: &[Vec<u8>], level: i32) -> (f64, f64, Option<f64>) {
+    let total: usize = data.iter().map(Vec::len).sum();
+    let started = Instant::now();
+    let packed: Vec<Option<bytes::Bytes>> = data.iter().map(|d| encoding::compress(d, level)).collect();
+    let compress_s = started.elapsed().as_secs_f64();
+    let on_link: usize = data.iter().zip(&packed).map(|(d, p)| p.as_ref().map_or(d.len(), |p| p.len())).sum();
+    let started = Instant::now();
+    for (d, p) in data.iter().zip(&packed) {
+        if let Some(p) = p {
+            assert_eq!(zstd::bulk::decompress(p, d.len()).unwrap().len(), d.len());
+        }
+    }
+    let decompress_s = started.elapsed().as_secs_f64();
+    let mb = total as f64 / 1e6;
+    let decompressed = packed.iter().any(Option::is_some).then(|| mb / decompress_s);
+    (total as f64 / on_link as f64, mb / compress_s, decompressed)
+}
+
+/// CPU seconds (user + system) `pid` has used.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis; utime and stime are 14 and 15.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0 // USER_HZ
+}
+
+/// A cold fill of `dataset` through a fresh spoke: (seconds, upstream bytes, bytes on
+/// the link, hub CPU seconds).
+/// Without `link`, the spoke talks to the hub directly: the fill's ceiling on this
+/// machine (the spoke's store and the CPU the processes share).
+async fn cold_fill(root: &Path, dataset: &str, level: i32, link: bool) -> (f64, u64, u64, f64) {
+    let level = level.to_string();
+    let hub = HubProcess::start(root, &["--link-compression-level", &level]);
+    let hub_addr = hub.endpoint.trim_start_matches("http://").parse().unwrap();
+    let proxy = link.then(|| ProxyProcess::start(hub_addr, &["--rtt", "60ms", "--rate", "2Gbit"]));
+    let upstream = proxy.as_ref().map_or(&hub.endpoint, |p| &p.endpoint);
+    let cache = tempfile::tempdir().unwrap();
+    // COMPRESS_BENCH_IN_FLIGHT=SIZE: the spoke's --upstream-bytes-in-flight (decoded bytes
+    // fetched and not yet stored), to see whether it bounds the fill.
+    let in_flight = std::env::var("COMPRESS_BENCH_IN_FLIGHT").ok();
+    let args: Vec<&str> = in_flight.iter().flat_map(|v| ["--upstream-bytes-in-flight", v.as_str()]).collect();
+    let spoke = SpokeProcess::start(upstream, cache.path(), &args);
+    let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
+    let cpu = cpu_seconds(hub.child.id());
+    let started = Instant::now();
+    control.prefetch(dataset, &[], PARALLELISM).await.unwrap().finish().await.unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    let hub_cpu = cpu_seconds(hub.child.id()) - cpu;
+    let status = control.status().await.unwrap();
+    let row = status.datasets.iter().find(|d| d.dataset == dataset).unwrap();
+    let result = (elapsed, row.upstream_bytes, row.upstream_wire_bytes, hub_cpu);
+    spoke.kill();
+    result
+}
+
+#[tokio::main]
+async fn main() {
+    let root = std::path::PathBuf::from(std::env::args().nth(1).expect("usage: compress-bench DATA_DIR"));
+    println!("| dataset | zstd level | bytes / on the link | compress MB/s (1 core) | decompress MB/s |");
+    println!("|---|---|---|---|---|");
+    let mut sizes = Vec::new();
+    for dataset in DATASETS {
+        let data = shards(&root, dataset);
+        sizes.push(data.iter().map(Vec::len).sum::<usize>() as u64);
+        for level in LEVELS {
+            let (ratio, c, d) = level_row(&data, level);
+            let d = d.map_or("- (sent as it is)".to_owned(), |d| format!("{d:.0}"));
+            println!("| {dataset} | {level} | {ratio:.2} | {c:.0} | {d} |");
+        }
+    }
+    println!();
+    let default = hub_server::config::DEFAULT_COMPRESSION_LEVEL;
+    println!(
+        "Cold fill through a spoke, hub behind wan-proxy --rtt 60ms --rate 2Gbit (Prefetch of every shard, {PARALLELISM} at once)"
+    );
+    println!(
+        "| dataset | hub compression | seconds | MB/s of the dataset | on the link / dataset | hub CPU s |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let runs = [(0, false), (0, true), (1, true), (3, true)];
+    for (dataset, size) in DATASETS.iter().zip(sizes) {
+        for (level, link) in runs.into_iter().filter(|&(level, _)| level == 0 || LEVELS.contains(&level)) {
+            let (s, upstream, wire, cpu) = cold_fill(&root, dataset, level, link).await;
+            assert_eq!(upstream, size, "{dataset}: the whole dataset was fetched, once");
+            if level == 0 {
+                assert_eq!(wire, upstream, "{dataset}: without compression every byte goes as it is");
+            }
+            let label = match (level, link) {
+                (_, false) => "off, no emulated link (the ceiling)".to_owned(),
+                (0, true) => "off".to_owned(),
+                (level, true) if level == default => format!("zstd {level} (the default)"),
+                (level, true) => format!("zstd {level}"),
+            };
+            let (mbs, share) = (size as f64 / 1e6 / s, wire as f64 / size as f64);
+            println!("| {dataset} | {label} | {s:.2} | {mbs:.0} | {share:.3} | {cpu:.2} |");
+        }
+    }
+}
