@@ -3,7 +3,7 @@ by a byte-level BPE trained on it with Hugging Face's `tokenizers`, written as t
 records (windows of 4096 tokens, uint32: 16 KiB each) and as uint16 (8 KiB each); plus
 random bytes (incompressible). Nothing is downloaded.
 
-Text, in this order until --text-mib: Debian's package documentation (/usr/share/doc:
+Text, in this order until --text-mib (MiB counted in characters): Debian's package documentation (/usr/share/doc:
 READMEs, changelogs, copyright files, gzip or not), the man pages (/usr/share/man, troff
 source), Python's standard library sources (docstrings and comments; site-packages
 excluded).

@@ -551,8 +551,13 @@ pub(crate) fn protocol(endpoint: &str, detail: String) -> Error {
 /// the link.
 pub(crate) fn decoded(endpoint: &str, chunk: Chunk, expected: u64) -> Result<(Chunk, u64)> {
     let wire_len = chunk.data.len() as u64;
-    let chunk = encoding::decode(chunk, expected)
-        .map_err(|e| protocol(endpoint, format!("sent a data message that {e}")))?;
+    let (offset, decoded_length) = (chunk.offset, chunk.decoded_length);
+    let chunk = encoding::decode(chunk, expected).map_err(|e| {
+        protocol(
+            endpoint,
+            format!("sent a data message at offset {offset} ({decoded_length} bytes decoded) that {e}"),
+        )
+    })?;
     Ok((chunk, wire_len))
 }
 

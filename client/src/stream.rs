@@ -8,7 +8,7 @@ use crate::{
     client::{Client, Verified, checked, decoded, protocol},
     routing::{Judged, Verdict},
 };
-use shardcache_proto::v1::Chunk;
+use shardcache_proto::{encoding, v1::Chunk};
 
 /// A verified stream of a shard's chunks, from [`Client::stream_shard`].
 #[derive(Debug)]
@@ -57,7 +57,10 @@ impl ShardStream {
             }
             return Ok(None);
         };
-        let (chunk, wire_len) = decoded(endpoint, chunk, self.end.saturating_sub(self.next_offset))?;
+        // A message decodes to at most the rest of the range, and to at most the largest
+        // message a server sends: a frame claiming more is refused before any allocation.
+        let most = self.end.saturating_sub(self.next_offset).min(encoding::MAX_MESSAGE);
+        let (chunk, wire_len) = decoded(endpoint, chunk, most)?;
         let len = chunk.data.len() as u64;
         if chunk.offset != self.next_offset || len == 0 || self.next_offset + len > self.end {
             return Err(protocol(

@@ -25,6 +25,10 @@ pub const SAMPLE: usize = 16 << 10;
 /// Below this ratio (bytes / compressed bytes) on the sample, a message is sent as it is.
 pub const MIN_RATIO: f64 = 1.05;
 
+/// The largest StreamShard message a server sends (a hub's `--message-size` is at most
+/// 8 MiB): what a stream's message may decode to at most.
+pub const MAX_MESSAGE: u64 = 8 << 20;
+
 /// Messages shorter than this are sent as they are (a frame's overhead and a call's
 /// CPU for a few bytes saved).
 pub const MIN_LENGTH: usize = 4 << 10;
@@ -74,11 +78,14 @@ pub fn encode(mut chunk: Chunk, level: i32) -> Chunk {
 /// Why an encoded message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    #[error("an encoding this reader did not ask for ({0})")]
-    Unasked(i32),
-    #[error("it says it decodes to {said} bytes where {expected} were asked for")]
+    #[error(
+        "is in encoding {0}, which this SDK does not know (upgrade it, or read with Client::plain, \
+         or run the server with --link-compression-level 0)"
+    )]
+    Unknown(i32),
+    #[error("says it decodes to {said} bytes where at most {expected} could be")]
     Length { said: u64, expected: u64 },
-    #[error("its zstd frame does not decode to {0} bytes: {1}")]
+    #[error("holds a zstd frame that does not decode to the {0} bytes it says: {1}")]
     Zstd(u64, String),
 }
 
@@ -88,7 +95,7 @@ pub fn decode(mut chunk: Chunk, expected: u64) -> Result<Chunk, DecodeError> {
     match Encoding::try_from(chunk.encoding) {
         Ok(Encoding::Identity) => return Ok(chunk),
         Ok(Encoding::Zstd) => {}
-        Err(_) => return Err(DecodeError::Unasked(chunk.encoding)),
+        Err(_) => return Err(DecodeError::Unknown(chunk.encoding)),
     }
     let length = chunk.decoded_length;
     if length > expected {

@@ -158,20 +158,38 @@ fn marked<T>(mut response: Response<T>, stale: bool) -> Response<T> {
     response
 }
 
-/// A data message: `read` at `offset` of a shard at `version` (its checksum as the
-/// source computed it).
 /// `chunks` compressed at `level` where that pays; off the runtime's threads when there
-/// is more than a little to compress (a 4 MiB message takes milliseconds).
+/// is more than a little to compress (a 4 MiB message takes milliseconds), at most
+/// [`COMPRESSING`] at once, the others waiting their turn (CPU-bound work: more threads
+/// than cores only take the blocking pool's threads from the source's reads). Sent as
+/// they are if the compression's task fails.
 async fn encode_all(chunks: Vec<Chunk>, level: Option<i32>) -> Vec<Chunk> {
     let Some(level) = level else { return chunks };
     let bytes: usize = chunks.iter().map(|c| c.data.len()).sum();
     if bytes < 64 << 10 {
         return chunks.into_iter().map(|c| encoding::encode(c, level)).collect();
     }
+    let Ok(_turn) = compressing().acquire().await else { return chunks };
+    // Cheap: the data are shared `Bytes`.
+    let plain = chunks.clone();
     let work = move || chunks.into_iter().map(|c| encoding::encode(c, level)).collect();
-    tokio::task::spawn_blocking(work).await.unwrap_or_default()
+    tokio::task::spawn_blocking(work).await.unwrap_or(plain)
 }
 
+/// Compressions running at once: two per core (one waits on its source read or its
+/// send while the other compresses).
+static COMPRESSING: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+
+fn compressing() -> &'static tokio::sync::Semaphore {
+    COMPRESSING.get_or_init(|| {
+        tokio::sync::Semaphore::new(
+            2 * std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
+        )
+    })
+}
+
+/// A data message: `read` at `offset` of a shard at `version` (its checksum as the
+/// source computed it).
 fn chunk(offset: u64, read: Checked, version: &str) -> Chunk {
     Chunk { offset, crc32c: read.crc32c, data: read.data, version: version.to_owned(), ..Default::default() }
 }

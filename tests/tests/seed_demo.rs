@@ -1,6 +1,6 @@
 //! `make demo` keeps working: the seed experiment, scaled down (4 ranks, 20 steps, a
 //! 10 ms link, no nginx), runs end to end as a process and reports what it promises,
-//! the half-size spoke and the group of spokes included.
+//! the link compression, the half-size spoke and the group of spokes included.
 
 #![allow(clippy::unwrap_used)]
 
@@ -71,4 +71,15 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
         link(losing, 1)
     );
     assert_eq!(link(losing, 2), 0.0, "the restarted member served its cache");
+
+    // Link compression on zipf tokens: off, every byte crossed once; compressed, fewer;
+    // warm, none either way.
+    let compressed = json["link_compression"].as_array().unwrap();
+    assert_eq!(compressed.len(), 2, "{compressed:?}");
+    let on_link = |i: usize, epoch: usize| compressed[i]["on_link"][epoch].as_u64().unwrap();
+    let fetched = compressed[0]["fetched"][0].as_u64().unwrap();
+    assert_eq!(on_link(0, 0), fetched, "without compression every fetched byte crossed");
+    assert!(on_link(1, 0) < fetched * 3 / 4, "compressed: {} of {fetched} bytes crossed", on_link(1, 0));
+    assert_eq!((on_link(0, 1), on_link(1, 1)), (0, 0), "the warm epoch crossed nothing");
+    assert!(markdown.contains("Bytes over the link per epoch"), "{markdown}");
 }

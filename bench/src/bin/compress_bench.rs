@@ -5,8 +5,8 @@
 //!    and one core's compression and decompression rates, through
 //!    `shardcache_proto::encoding::compress` (the hub's code: the sample check included).
 //! 2. A cold fill through a spoke (Prefetch of every shard) from a hub behind
-//!    `wan-proxy --rtt 60ms --rate 2Gbit`, with the hub's compression off and at its
-//!    default level: seconds, MB/s of the dataset, bytes on the link / dataset (the
+//!    `wan-proxy --rtt 60ms --rate 2Gbit`, with the hub's compression off, at level 1
+//!    (the default) and at level 3, beside the same fill without the link: seconds, MB/s of the dataset, bytes on the link / dataset (the
 //!    spoke's `status`), and the hub's CPU seconds (`/proc/PID/stat`).
 //!
 //! ```sh

@@ -9,7 +9,11 @@
 //! 3. a cold spoke across the link, prefetching the epoch's shard order at job start;
 //! 4. the peer: nginx `proxy_cache` across the same emulator, nginx serving the files.
 //!
-//! Setups 2-4 run a second, warm epoch. Then a cache smaller than the data: a spoke with
+//! Setups 2-4 run a second, warm epoch. Then compression on the link (issue 28): setup 3
+//! again over a link capped at 2 Gbit/s, on data with real text's token frequencies
+//! (`gen --tokens zipf`), with the hub's compression off and at its default: the cold
+//! epoch's samples/s and GPU utilisation, and the bytes over the link per epoch. Then a
+//! cache smaller than the data: a spoke with
 //! room for half the dataset, three epochs in a new order each, evicting least recently
 //! used beside following the job's access plan (eviction and prefetch), per epoch the
 //! reads from cache, hub bytes, GPU utilisation and samples/s.
@@ -37,7 +41,7 @@ use shardcache_bench::demo::{
     small_cache,
     trainer::{EpochOrder, EpochRun, JobShape, Layout, ReadBatch, Step, epoch_order, run_epoch},
 };
-use shardcache_cli::dataset_gen::{GenSpec, generate, shard_name};
+use shardcache_cli::dataset_gen::{GenSpec, Tokens, generate, shard_name};
 use shardcache_client::{CacheClient, Client};
 use shardcache_proto::units::ByteSize;
 use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess, scrape_metrics};
@@ -95,6 +99,9 @@ struct Args {
     /// Run only the group setups.
     #[arg(long, conflicts_with_all = ["skip_group", "small_cache_only"])]
     group_only: bool,
+    /// Skip the link-compression setups.
+    #[arg(long)]
+    skip_compression: bool,
     /// The small-cache spoke's --plan-window: `auto` (the spoke's default: the next block
     /// of the plan) or bytes of shards fetched ahead of the block being read.
     #[arg(long, default_value = "auto")]
@@ -103,6 +110,37 @@ struct Args {
 
 /// Counters of cache hits and reads, taken at phase boundaries.
 type Counter = Arc<dyn Fn() -> futures::future::BoxFuture<'static, (u64, u64)> + Send + Sync>;
+
+/// Called after each epoch of a setup.
+type AfterEpoch = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+const LINK_HEADER: &str = "| setup | epoch 1: fetched | epoch 1: on the link / dataset | epoch 2: on the link / dataset |\n|---|---|---|---|";
+
+fn link_row(row: &LinkRow, dataset: u64) -> String {
+    let share = |b: u64| b as f64 / dataset as f64;
+    format!(
+        "| {} | {} | {:.3} | {:.3} |",
+        row.setup,
+        ByteSize(row.fetched[0]).human(),
+        share(row.on_link[0]),
+        share(row.on_link[1])
+    )
+}
+
+/// A spoke's hits and reads, from its metrics.
+fn spoke_counter(spoke: &SpokeProcess) -> Counter {
+    let metrics = spoke.metrics_addr.clone();
+    Arc::new(move || {
+        let metrics = metrics.clone();
+        async move {
+            let text = scrape_metrics(metrics.as_str()).await.unwrap_or_default();
+            let hits = metric_sum(&text, "shardcache_spoke_hit_requests_total");
+            let misses = metric_sum(&text, "shardcache_spoke_miss_requests_total");
+            (hits as u64, (hits + misses) as u64)
+        }
+        .boxed()
+    })
+}
 
 struct Demo {
     args: Args,
@@ -114,6 +152,16 @@ struct Demo {
     small_rows: Vec<small_cache::EpochRow>,
     small_series: Vec<(String, Vec<Step>)>,
     group_rows: Vec<group::GroupRow>,
+    link_rows: Vec<LinkRow>,
+}
+
+/// Bytes over the link per epoch of a link-compression setup.
+#[derive(Debug, Clone, serde::Serialize)]
+struct LinkRow {
+    setup: String,
+    /// Bytes fetched from the hub, and what they took on the link, in epochs 1 and 2.
+    fetched: [u64; 2],
+    on_link: [u64; 2],
 }
 
 #[tokio::main]
@@ -168,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
         small_rows: Vec::new(),
         small_series: Vec::new(),
         group_rows: Vec::new(),
+        link_rows: Vec::new(),
     };
 
     // Its metrics count what crossed the link in the group setups.
@@ -179,6 +228,9 @@ async fn main() -> anyhow::Result<()> {
 
     if !demo.args.small_cache_only && !demo.args.group_only {
         demo.seed_setups(&hub, &proxy, work.path(), &data, &link).await?;
+    }
+    if !demo.args.skip_compression && !demo.args.small_cache_only && !demo.args.group_only {
+        demo.compression_setups(work.path()).await?;
     }
 
     // 5. and 6. Room for half the dataset: least recently used, then the access plan.
@@ -244,17 +296,7 @@ impl Demo {
             let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &["--capacity", "8GiB"]);
             let read =
                 readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
-            let metrics = spoke.metrics_addr.clone();
-            let counter: Counter = Arc::new(move || {
-                let metrics = metrics.clone();
-                async move {
-                    let text = scrape_metrics(metrics.as_str()).await.unwrap_or_default();
-                    let hits = metric_sum(&text, "shardcache_spoke_hit_requests_total");
-                    let misses = metric_sum(&text, "shardcache_spoke_miss_requests_total");
-                    (hits as u64, (hits + misses) as u64)
-                }
-                .boxed()
-            });
+            let counter = spoke_counter(&spoke);
             let name = if prefetch { "spoke, cold + prefetch" } else { "spoke, cold, no prefetch" };
             let control = if prefetch { Some(CacheClient::connect(&spoke.endpoint).await?) } else { None };
             demo.run(name, read, Some(counter), control).await?;
@@ -286,6 +328,65 @@ impl Demo {
         Ok(())
     }
 
+    /// Setup 3 over a link capped at 2 Gbit/s, on `gen --tokens zipf` data, with the
+    /// hub's link compression off and at its default.
+    async fn compression_setups(&mut self, work: &std::path::Path) -> anyhow::Result<()> {
+        let data = work.join("data-zipf");
+        generate(&GenSpec {
+            dir: data.clone(),
+            dataset: DATASET.into(),
+            shards: self.layout.shards,
+            shard_size: self.args.shard_size.0,
+            record_size: SAMPLE,
+            seed: 0,
+            tokens: Tokens::Zipf,
+        })?;
+        let default = hub_server::config::DEFAULT_COMPRESSION_LEVEL;
+        for (level, label) in [(0, "off".to_owned()), (default, format!("zstd {default}"))] {
+            let hub = HubProcess::start(&data, &["--link-compression-level", &level.to_string()]);
+            let hub_addr = hub.endpoint.trim_start_matches("http://").parse()?;
+            let proxy = ProxyProcess::start(hub_addr, &["--rtt", self.args.rtt.as_str(), "--rate", "2Gbit"]);
+            let cache = tempfile::tempdir_in(work)?;
+            let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &["--capacity", "8GiB"]);
+            let read =
+                readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, self.names.clone(), SAMPLE);
+            let control = CacheClient::connect(&spoke.endpoint).await?;
+            let setup = format!("zipf tokens, 2 Gbit/s link, compression {label}, cold + prefetch");
+            // The bytes fetched and on the link after epoch 1 and after epoch 2.
+            let marks = Arc::new(Mutex::new(Vec::new()));
+            let (mark_control, mark_marks) = (control.clone(), marks.clone());
+            let after_epoch: AfterEpoch = Arc::new(move || {
+                let (control, marks) = (mark_control.clone(), mark_marks.clone());
+                async move {
+                    let status = control.status().await.unwrap_or_default();
+                    let d = status.datasets.iter().find(|d| d.dataset == DATASET);
+                    marks
+                        .lock()
+                        .unwrap()
+                        .push(d.map_or((0, 0), |d| (d.upstream_bytes, d.upstream_wire_bytes)));
+                }
+                .boxed()
+            });
+            self.run_marked(&setup, read, Some(spoke_counter(&spoke)), Some(control), Some(after_epoch))
+                .await?;
+            let marks = marks.lock().unwrap().clone();
+            anyhow::ensure!(marks.len() == 2, "{setup}: counted after {} epochs", marks.len());
+            let row = LinkRow {
+                setup,
+                fetched: [marks[0].0, marks[1].0 - marks[0].0],
+                on_link: [marks[0].1, marks[1].1 - marks[0].1],
+            };
+            anyhow::ensure!(
+                row.fetched[0] == self.dataset_bytes(),
+                "{}: epoch 1 fetched the dataset once",
+                row.setup
+            );
+            println!("{}", link_row(&row, self.dataset_bytes()));
+            self.link_rows.push(row);
+        }
+        Ok(())
+    }
+
     fn workload(&self) -> shardcache_bench::demo::Workload<'_> {
         shardcache_bench::demo::Workload {
             dataset: DATASET,
@@ -308,6 +409,19 @@ impl Demo {
         read: ReadBatch,
         counter: Option<Counter>,
         prefetch: Option<CacheClient>,
+    ) -> anyhow::Result<()> {
+        self.run_marked(setup, read, counter, prefetch, None).await
+    }
+
+    /// [`Demo::run`], calling `after_epoch` after each epoch (epoch 1 once its prefetch
+    /// is done).
+    async fn run_marked(
+        &mut self,
+        setup: &str,
+        read: ReadBatch,
+        counter: Option<Counter>,
+        prefetch: Option<CacheClient>,
+        after_epoch: Option<AfterEpoch>,
     ) -> anyhow::Result<()> {
         println!("\n== {setup}");
         let global = self.shape.ranks * self.shape.batch_per_rank;
@@ -342,6 +456,9 @@ impl Demo {
         if let Some(prefetching) = prefetching {
             prefetching.await?.context("prefetch")?;
         }
+        if let Some(after) = &after_epoch {
+            after().await;
+        }
         if counter.is_some() {
             let order2 = epoch_order(self.layout, self.args.block_shards, 2);
             let epoch2 = self.epoch(&order2, read, counter, Duration::ZERO).await?;
@@ -349,6 +466,9 @@ impl Demo {
             let share = epoch2.cache_share(0, epoch2.marks.len() - 1);
             self.rows.push(epoch2.row(setup, "epoch 2 (warm)", 0, n, global, share));
             steps.extend(epoch2.run.steps);
+            if let Some(after) = &after_epoch {
+                after().await;
+            }
         }
         for row in self.rows.iter().filter(|r| r.setup == setup) {
             println!("{}", report::markdown_row(row));
@@ -425,7 +545,19 @@ impl Demo {
             )
         };
         println!("{grouped}");
-        std::fs::write(out.join("results.md"), format!("{table}\n{ratios}{small}{grouped}"))?;
+        let linked = if self.link_rows.is_empty() {
+            String::new()
+        } else {
+            let rows: Vec<String> =
+                self.link_rows.iter().map(|r| link_row(r, self.dataset_bytes())).collect();
+            format!(
+                "\nBytes over the link per epoch, 2 Gbit/s link, zipf tokens (samples/s and GPU utilisation: \
+                 the table's zipf rows):\n\n{LINK_HEADER}\n{}\n",
+                rows.join("\n")
+            )
+        };
+        println!("{linked}");
+        std::fs::write(out.join("results.md"), format!("{table}\n{ratios}{small}{grouped}{linked}"))?;
         let steps: std::collections::BTreeMap<_, _> = self.series.iter().cloned().collect();
         let json = serde_json::json!({
             "config": {
@@ -438,6 +570,7 @@ impl Demo {
             "rows": self.rows,
             "steps": steps,
             "group": self.group_rows,
+            "link_compression": self.link_rows,
             "small_cache": {
                 "capacity_bytes": half, "plan_window_bytes": window, "streamed_bytes": streamed,
                 "bound_hits_pct": bound, "rows": self.small_rows,

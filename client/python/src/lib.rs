@@ -413,6 +413,7 @@ impl Client {
             item.set_item("hit_requests", s.hit_requests)?;
             item.set_item("miss_requests", s.miss_requests)?;
             item.set_item("upstream_bytes", s.upstream_bytes)?;
+            item.set_item("upstream_wire_bytes", s.upstream_wire_bytes)?;
             item.set_item("peer_bytes", s.peer_bytes)?;
             datasets.set_item(s.dataset, item)?;
         }

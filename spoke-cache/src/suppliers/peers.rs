@@ -335,7 +335,10 @@ impl Peers {
         let mut control = peer.control.clone();
         match tokio::time::timeout(PEER_TIMEOUT, control.read_cached(request)).await {
             Ok(Ok(chunk)) => {
-                let chunk = chunk.into_inner();
+                // ReadCached answers as it is today; a member that sent it encoded is decoded
+                // (bounded by what was asked), not taken for a damaged copy.
+                let chunk = shardcache_proto::encoding::decode(chunk.into_inner(), length)
+                    .map_err(|e| Failed::unwell(peer_error(format!("sent a held chunk that {e}"))))?;
                 let intact = shardcache_proto::checksum::verify(chunk.offset, &chunk.data, chunk.crc32c);
                 if chunk.offset == offset
                     && chunk.data.len() as u64 == length

@@ -333,8 +333,12 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             d.miss_requests,
             hit,
             ByteSize(d.upstream_bytes).human(),
-            // What the upstream bytes took on the link (the hub compresses what pays).
-            ByteSize(d.upstream_wire_bytes).human()
+            // What the upstream bytes took on the link (the hub compresses what pays); "-"
+            // from a spoke too old to count it.
+            match (d.upstream_wire_bytes, d.upstream_bytes) {
+                (0, fetched) if fetched > 0 => "-".to_owned(),
+                (wire, _) => ByteSize(wire).human(),
+            }
         );
     }
     if !status.jobs.is_empty() {
