@@ -27,7 +27,7 @@ use shardcache_proto::encoding;
 use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess};
 
 const DATASETS: [&str; 3] = ["text-u32", "text-u16", "random"];
-const LEVELS: [i32; 4] = [1, 3, 6, 9];
+const LEVELS: [i32; 6] = [-5, -1, 1, 3, 6, 9];
 /// Shards fetched at once by the fill: enough 4 MiB shards in flight (32 x 4 MiB = 128 MiB
 /// per 60 ms round trip) that the link's 2 Gbit/s, not the round trip, bounds it.
 const PARALLELISM: u32 = 32;
