@@ -35,8 +35,8 @@ use anyhow::Context;
 use clap::Parser;
 use futures::FutureExt;
 use shardcache_bench::demo::{
-    group, metric_sum, nginx,
-    readers::{self, HttpCacheCounts},
+    group, link, nginx,
+    readers::{self, Counter, HttpCacheCounts},
     report::{self, PhaseRow},
     small_cache,
     trainer::{EpochOrder, EpochRun, JobShape, Layout, ReadBatch, Step, epoch_order, run_epoch},
@@ -44,7 +44,7 @@ use shardcache_bench::demo::{
 use shardcache_cli::dataset_gen::{GenSpec, Tokens, generate, shard_name};
 use shardcache_client::{CacheClient, Client};
 use shardcache_proto::units::ByteSize;
-use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess, scrape_metrics};
+use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess};
 
 const DATASET: &str = "c4";
 /// 4096 tokens x 4 bytes, as in the seed.
@@ -108,39 +108,8 @@ struct Args {
     plan_window: String,
 }
 
-/// Counters of cache hits and reads, taken at phase boundaries.
-type Counter = Arc<dyn Fn() -> futures::future::BoxFuture<'static, (u64, u64)> + Send + Sync>;
-
 /// Called after each epoch of a setup.
 type AfterEpoch = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
-
-const LINK_HEADER: &str = "| setup | epoch 1: fetched | epoch 1: on the link / dataset | epoch 2: on the link / dataset |\n|---|---|---|---|";
-
-fn link_row(row: &LinkRow, dataset: u64) -> String {
-    let share = |b: u64| b as f64 / dataset as f64;
-    format!(
-        "| {} | {} | {:.3} | {:.3} |",
-        row.setup,
-        ByteSize(row.fetched[0]).human(),
-        share(row.on_link[0]),
-        share(row.on_link[1])
-    )
-}
-
-/// A spoke's hits and reads, from its metrics.
-fn spoke_counter(spoke: &SpokeProcess) -> Counter {
-    let metrics = spoke.metrics_addr.clone();
-    Arc::new(move || {
-        let metrics = metrics.clone();
-        async move {
-            let text = scrape_metrics(metrics.as_str()).await.unwrap_or_default();
-            let hits = metric_sum(&text, "shardcache_spoke_hit_requests_total");
-            let misses = metric_sum(&text, "shardcache_spoke_miss_requests_total");
-            (hits as u64, (hits + misses) as u64)
-        }
-        .boxed()
-    })
-}
 
 struct Demo {
     args: Args,
@@ -152,16 +121,7 @@ struct Demo {
     small_rows: Vec<small_cache::EpochRow>,
     small_series: Vec<(String, Vec<Step>)>,
     group_rows: Vec<group::GroupRow>,
-    link_rows: Vec<LinkRow>,
-}
-
-/// Bytes over the link per epoch of a link-compression setup.
-#[derive(Debug, Clone, serde::Serialize)]
-struct LinkRow {
-    setup: String,
-    /// Bytes fetched from the hub, and what they took on the link, in epochs 1 and 2.
-    fetched: [u64; 2],
-    on_link: [u64; 2],
+    link_rows: Vec<link::LinkRow>,
 }
 
 #[tokio::main]
@@ -296,7 +256,7 @@ impl Demo {
             let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &["--capacity", "8GiB"]);
             let read =
                 readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
-            let counter = spoke_counter(&spoke);
+            let counter = readers::spoke_counter(&spoke.metrics_addr);
             let name = if prefetch { "spoke, cold + prefetch" } else { "spoke, cold, no prefetch" };
             let control = if prefetch { Some(CacheClient::connect(&spoke.endpoint).await?) } else { None };
             demo.run(name, read, Some(counter), control).await?;
@@ -367,11 +327,17 @@ impl Demo {
                 }
                 .boxed()
             });
-            self.run_marked(&setup, read, Some(spoke_counter(&spoke)), Some(control), Some(after_epoch))
-                .await?;
+            self.run_marked(
+                &setup,
+                read,
+                Some(readers::spoke_counter(&spoke.metrics_addr)),
+                Some(control),
+                Some(after_epoch),
+            )
+            .await?;
             let marks = marks.lock().unwrap().clone();
             anyhow::ensure!(marks.len() == 2, "{setup}: counted after {} epochs", marks.len());
-            let row = LinkRow {
+            let row = link::LinkRow {
                 setup,
                 fetched: [marks[0].0, marks[1].0 - marks[0].0],
                 on_link: [marks[0].1, marks[1].1 - marks[0].1],
@@ -381,7 +347,7 @@ impl Demo {
                 "{}: epoch 1 fetched the dataset once",
                 row.setup
             );
-            println!("{}", link_row(&row, self.dataset_bytes()));
+            println!("{}", link::row(&row, self.dataset_bytes()));
             self.link_rows.push(row);
         }
         Ok(())
@@ -513,7 +479,7 @@ impl Demo {
     fn finish(self) -> anyhow::Result<()> {
         let table = report::markdown(&self.rows);
         println!("\n{table}");
-        let ratios = ratios(&self.rows);
+        let ratios = report::ratios(&self.rows);
         if !ratios.is_empty() {
             println!("{ratios}");
         }
@@ -545,17 +511,7 @@ impl Demo {
             )
         };
         println!("{grouped}");
-        let linked = if self.link_rows.is_empty() {
-            String::new()
-        } else {
-            let rows: Vec<String> =
-                self.link_rows.iter().map(|r| link_row(r, self.dataset_bytes())).collect();
-            format!(
-                "\nBytes over the link per epoch, 2 Gbit/s link, zipf tokens (samples/s and GPU utilisation: \
-                 the table's zipf rows):\n\n{LINK_HEADER}\n{}\n",
-                rows.join("\n")
-            )
-        };
+        let linked = link::markdown(&self.link_rows, self.dataset_bytes());
         println!("{linked}");
         std::fs::write(out.join("results.md"), format!("{table}\n{ratios}{small}{grouped}{linked}"))?;
         let steps: std::collections::BTreeMap<_, _> = self.series.iter().cloned().collect();
@@ -623,24 +579,4 @@ impl Epoch {
         let ((h0, r0), (h1, r1)) = (*self.marks.get(a)?, *self.marks.get(b)?);
         (r1 > r0).then(|| (h1 - h0) as f64 * 100.0 / (r1 - r0) as f64)
     }
-}
-
-/// "ours / peer" for samples/s and batch p99 latency, phase by phase.
-fn ratios(rows: &[PhaseRow]) -> String {
-    let ours = rows.iter().filter(|r| r.setup == "spoke, cold + prefetch");
-    let mut out = String::new();
-    for r in ours {
-        if let Some(peer) = rows.iter().find(|p| p.setup == "nginx proxy_cache (peer)" && p.phase == r.phase)
-        {
-            out += &format!(
-                "- {}: samples/s ours/peer {:.2}x, batch p99 peer/ours {:.1}x, GPU util {:.1}% vs {:.1}%\n",
-                r.phase,
-                r.samples_per_s / peer.samples_per_s,
-                peer.read_p99_ms / r.read_p99_ms.max(1e-9),
-                r.gpu_util_pct,
-                peer.gpu_util_pct
-            );
-        }
-    }
-    out
 }

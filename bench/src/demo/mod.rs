@@ -4,10 +4,12 @@
 //! prefetched, and through the peer users would build instead (nginx `proxy_cache`);
 //! then through a spoke with room for half the dataset, evicting least recently used or
 //! by the job's access plan, over three epochs; then two trainer nodes through a spoke
-//! each and through a group of three spokes.
+//! each and through a group of three spokes; and the prefetched spoke over a 2 Gbit/s
+//! link with the hub's compression off and on (`link.rs`: its bytes per epoch).
 //! See ../shared/seed/SEED.md for the run this reproduces.
 
 pub mod group;
+pub mod link;
 pub mod nginx;
 pub mod readers;
 pub mod report;

@@ -88,3 +88,21 @@ pub fn http(
         .boxed()
     })
 }
+
+/// Counters of cache hits and reads, taken at phase boundaries.
+pub type Counter = Arc<dyn Fn() -> futures::future::BoxFuture<'static, (u64, u64)> + Send + Sync>;
+
+/// A spoke's hits and reads, from its metrics at `metrics_addr`.
+pub fn spoke_counter(metrics_addr: &str) -> Counter {
+    let metrics = metrics_addr.to_owned();
+    Arc::new(move || {
+        let metrics = metrics.clone();
+        async move {
+            let text = shardcache_tests::scrape_metrics(metrics.as_str()).await.unwrap_or_default();
+            let hits = super::metric_sum(&text, "shardcache_spoke_hit_requests_total");
+            let misses = super::metric_sum(&text, "shardcache_spoke_miss_requests_total");
+            (hits as u64, (hits + misses) as u64)
+        }
+        .boxed()
+    })
+}

@@ -74,6 +74,27 @@ pub fn markdown_row(r: &PhaseRow) -> String {
     )
 }
 
+/// "ours / peer" for samples/s and batch p99 latency, phase by phase: the prefetched
+/// spoke against the nginx peer (lines of a list; empty without the peer's rows).
+pub fn ratios(rows: &[PhaseRow]) -> String {
+    let ours = rows.iter().filter(|r| r.setup == "spoke, cold + prefetch");
+    let mut out = String::new();
+    for r in ours {
+        if let Some(peer) = rows.iter().find(|p| p.setup == "nginx proxy_cache (peer)" && p.phase == r.phase)
+        {
+            out += &format!(
+                "- {}: samples/s ours/peer {:.2}x, batch p99 peer/ours {:.1}x, GPU util {:.1}% vs {:.1}%\n",
+                r.phase,
+                r.samples_per_s / peer.samples_per_s,
+                peer.read_p99_ms / r.read_p99_ms.max(1e-9),
+                r.gpu_util_pct,
+                peer.gpu_util_pct
+            );
+        }
+    }
+    out
+}
+
 /// Plots samples/s (smoothed over 5 steps) and GPU utilisation per step, epochs back to
 /// back (a grey line at each epoch's end), one line per setup. Text needs a TrueType font: DejaVu Sans
 /// (`fonts-dejavu-core`, which scripts/demo.sh installs when missing).

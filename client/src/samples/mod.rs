@@ -22,26 +22,30 @@
 //! Samples are numbered per shard: a sample belongs to the shard its first byte is in,
 //! so a block shuffle over shards (the Python datasets') works for every format.
 
+mod batch;
 pub mod gpt;
 pub mod mds;
 pub mod megatron;
 pub mod parquet;
+mod recent;
 pub mod tokens;
+mod values;
 pub mod webdataset;
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use shardcache_proto::{range::MAX_RANGES_PER_CALL, v1::ShardInfo};
+use shardcache_proto::v1::ShardInfo;
 
 use crate::{Client, Error, Range, Result};
 
-pub use self::tokens::NpyHeader;
-
-/// Bytes one `ReadRanges` call of a sample batch asks for at most: under the servers'
-/// smallest default `--max-read` (16 MiB) with room to spare; a sample larger than it
-/// is streamed on its own.
-pub const BATCH_BYTES: u64 = 8 << 20;
+pub(crate) use self::batch::{listed_range, pinned};
+pub use self::{
+    batch::{BATCH_BYTES, read_batched},
+    recent::Recent,
+    tokens::NpyHeader,
+    values::{Fields, Value},
+};
 
 /// How a dataset's files hold its samples.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,94 +80,6 @@ pub struct Piece {
     pub shard: usize,
     pub offset: u64,
     pub length: u64,
-}
-
-/// A column's value: MDS's encodings, Parquet's types.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    Null,
-    Bool(bool),
-    Int(i64),
-    UInt(u64),
-    Float(f64),
-    Str(String),
-    Bytes(Bytes),
-    /// MDS `json`: the JSON text.
-    Json(String),
-    /// MDS `pkl`: a pickle, unpickled only where the user trusts the writer.
-    Pickle(Bytes),
-    /// MDS `ndarray[:DTYPE[:SHAPE]]`: values in C order, little-endian.
-    NdArray {
-        dtype: String,
-        shape: Vec<u64>,
-        data: Bytes,
-    },
-    List(Vec<Value>),
-    /// A struct's fields, in order.
-    Struct(Vec<(String, Value)>),
-    /// A map's entries, in order.
-    Map(Vec<(Value, Value)>),
-    /// Days since 1970-01-01.
-    Date(i32),
-    /// Microseconds since midnight.
-    Time {
-        micros: i64,
-    },
-    /// Microseconds since 1970-01-01T00:00; `utc`: an instant (else a wall-clock time).
-    Timestamp {
-        micros: i64,
-        utc: bool,
-    },
-    /// A decimal's digits and point, e.g. `"-12.34"`.
-    Decimal(String),
-}
-
-/// A sample's columns, in the dataset's order.
-pub type Fields = Vec<(String, Value)>;
-
-/// Values by key, the most recently used last.
-type Entries<K, V> = Vec<(K, Arc<V>)>;
-
-/// The last few values made from fetched bytes (decompressed shards, decoded row
-/// groups), the most recently used last; clones of a `SampleIndex` share them.
-#[derive(Debug)]
-pub struct Recent<K, V> {
-    keep: usize,
-    items: Arc<Mutex<Entries<K, V>>>,
-}
-
-// Not derived: a clone shares the values, whatever V is.
-impl<K, V> Clone for Recent<K, V> {
-    fn clone(&self) -> Self {
-        Self { keep: self.keep, items: self.items.clone() }
-    }
-}
-
-impl<K: PartialEq + Copy, V> Recent<K, V> {
-    fn new(keep: usize) -> Self {
-        Self { keep, items: Default::default() }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Entries<K, V>> {
-        self.items.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Those of `keys` kept.
-    fn find(&self, keys: &[K]) -> Entries<K, V> {
-        self.lock().iter().filter(|(k, _)| keys.contains(k)).map(|(k, v)| (*k, v.clone())).collect()
-    }
-
-    /// `used` (the values a read needed) kept as the most recent, the oldest dropped
-    /// past the bound (never one of `used`).
-    fn keep(&self, used: &[(K, Arc<V>)]) {
-        let mut items = self.lock();
-        for (key, value) in used {
-            items.retain(|(k, _)| k != key);
-            items.push((*key, value.clone()));
-        }
-        let over = items.len().saturating_sub(self.keep.max(used.len()));
-        items.drain(..over);
-    }
 }
 
 /// How the samples of the shards are laid out.
@@ -470,7 +386,7 @@ impl SampleIndex {
                 if counts.get(shard).is_none_or(|&c| k >= c) {
                     return Err(outside());
                 }
-                Ok(window_pieces(regions, shard, firsts[shard] + k * step, *window))
+                Ok(tokens::window_pieces(regions, shard, firsts[shard] + k * step, *window))
             }
         }
     }
@@ -555,109 +471,5 @@ impl SampleIndex {
                 }
             })
             .collect())
-    }
-}
-
-/// Each range's bytes, in order: consecutive ranges batched up to [`BATCH_BYTES`] and
-/// [`MAX_RANGES_PER_CALL`] ranges a call; a range over [`BATCH_BYTES`] streamed.
-pub async fn read_batched(client: &Client, ranges: Vec<Range>) -> Result<Vec<Bytes>> {
-    let mut out = Vec::with_capacity(ranges.len());
-    let mut batch: Vec<Range> = Vec::new();
-    let mut bytes = 0;
-    for range in ranges {
-        if range.length > BATCH_BYTES {
-            flush(client, &mut batch, &mut out).await?;
-            bytes = 0;
-            out.push(stream(client, &range).await?);
-            continue;
-        }
-        if bytes + range.length > BATCH_BYTES || batch.len() == MAX_RANGES_PER_CALL {
-            flush(client, &mut batch, &mut out).await?;
-            bytes = 0;
-        }
-        bytes += range.length;
-        batch.push(range);
-    }
-    flush(client, &mut batch, &mut out).await?;
-    Ok(out)
-}
-
-/// `range` at `version` (none when the listing gave none).
-pub(crate) fn pinned(mut range: Range, version: &str) -> Range {
-    if !version.is_empty() {
-        range.expected_version = Some(version.to_owned());
-    }
-    range
-}
-
-/// `[offset, offset + length)` of a listed shard, at its listed version.
-pub(crate) fn listed_range(dataset: &str, shard: &ShardInfo, offset: u64, length: u64) -> Range {
-    pinned(Range::new(dataset, &shard.shard, offset, length), &shard.version)
-}
-
-/// `range` read as a stream (any size), at its expected version when it names one.
-async fn stream(client: &Client, range: &Range) -> Result<Bytes> {
-    let mut stream =
-        client.stream_shard(&range.dataset, &range.shard, range.offset, Some(range.length)).await?;
-    let mut data = BytesMut::with_capacity(range.length as usize);
-    while let Some(chunk) = stream.next_chunk().await? {
-        if let Some(expected) = range.expected_version.as_ref().filter(|v| **v != chunk.version) {
-            return Err(Error::VersionChanged {
-                shard: format!("{}/{}", range.dataset, range.shard),
-                expected: expected.clone(),
-                found: chunk.version,
-            });
-        }
-        data.extend_from_slice(&chunk.data);
-    }
-    Ok(data.freeze())
-}
-
-/// Reads `batch` in one call, appending the bytes to `out`.
-async fn flush(client: &Client, batch: &mut Vec<Range>, out: &mut Vec<Bytes>) -> Result<()> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    out.extend(client.read_ranges(batch).await?.into_iter().map(|v| v.data));
-    batch.clear();
-    Ok(())
-}
-
-/// The pieces of the window of `window` bytes starting `offset` bytes into shard
-/// `shard`'s region, running on into the following shards' regions.
-fn window_pieces(regions: &[(u64, u64)], shard: usize, offset: u64, window: u64) -> Vec<Piece> {
-    let mut pieces = Vec::new();
-    let (mut shard, mut at, mut left) = (shard, regions[shard].0 + offset, window);
-    while left > 0 && shard < regions.len() {
-        let end = regions[shard].1;
-        let length = left.min(end.saturating_sub(at));
-        if length > 0 {
-            pieces.push(Piece { shard, offset: at, length });
-        }
-        left -= length;
-        shard += 1;
-        at = regions.get(shard).map_or(0, |r| r.0);
-    }
-    pieces
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_window_runs_on_into_the_next_shards() {
-        // Three regions of 10, 4 and 10 bytes (the first after a 6-byte header).
-        let regions = [(6, 16), (0, 4), (0, 10)];
-        assert_eq!(window_pieces(&regions, 0, 2, 5), [Piece { shard: 0, offset: 8, length: 5 }]);
-        assert_eq!(
-            window_pieces(&regions, 0, 8, 8),
-            [
-                Piece { shard: 0, offset: 14, length: 2 },
-                Piece { shard: 1, offset: 0, length: 4 },
-                Piece { shard: 2, offset: 0, length: 2 }
-            ]
-        );
-        assert_eq!(window_pieces(&regions, 2, 8, 2), [Piece { shard: 2, offset: 8, length: 2 }]);
     }
 }

@@ -8,7 +8,7 @@
 
 use shardcache_proto::v1::ShardInfo;
 
-use super::{SampleIndex, listed_range, read_batched};
+use super::{Piece, SampleIndex, listed_range, read_batched};
 use crate::{Client, Error, Result};
 
 /// Bytes read from the start of each `.npy` file for its header: NumPy pads headers to
@@ -196,6 +196,24 @@ async fn npy_regions(
     Ok((files.iter().map(|s| (s.shard.clone(), s.version.clone())).collect(), regions, dtype, item))
 }
 
+/// The pieces of the window of `window` bytes starting `offset` bytes into shard
+/// `shard`'s region, running on into the following shards' regions.
+pub(super) fn window_pieces(regions: &[(u64, u64)], shard: usize, offset: u64, window: u64) -> Vec<Piece> {
+    let mut pieces = Vec::new();
+    let (mut shard, mut at, mut left) = (shard, regions[shard].0 + offset, window);
+    while left > 0 && shard < regions.len() {
+        let end = regions[shard].1;
+        let length = left.min(end.saturating_sub(at));
+        if length > 0 {
+            pieces.push(Piece { shard, offset: at, length });
+        }
+        left -= length;
+        shard += 1;
+        at = regions.get(shard).map_or(0, |r| r.0);
+    }
+    pieces
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,5 +231,21 @@ mod tests {
         assert_eq!(item_size("uint16"), Some(2));
         assert_eq!(item_size("float64"), Some(8));
         assert_eq!(item_size("u2"), None);
+    }
+
+    #[test]
+    fn a_window_runs_on_into_the_next_shards() {
+        // Three regions of 10, 4 and 10 bytes (the first after a 6-byte header).
+        let regions = [(6, 16), (0, 4), (0, 10)];
+        assert_eq!(window_pieces(&regions, 0, 2, 5), [Piece { shard: 0, offset: 8, length: 5 }]);
+        assert_eq!(
+            window_pieces(&regions, 0, 8, 8),
+            [
+                Piece { shard: 0, offset: 14, length: 2 },
+                Piece { shard: 1, offset: 0, length: 4 },
+                Piece { shard: 2, offset: 0, length: 2 }
+            ]
+        );
+        assert_eq!(window_pieces(&regions, 2, 8, 2), [Piece { shard: 2, offset: 8, length: 2 }]);
     }
 }
