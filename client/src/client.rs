@@ -430,6 +430,24 @@ impl Client {
             }
         };
         let expected = (!expected_version.is_empty()).then_some(expected_version);
+        self.stream_pinned(dataset, shard, offset, length, expected).await
+    }
+
+    /// Streams `range` (any size), at its `expected_version` when it names one: the
+    /// server refuses a changed shard with ABORTED, and every message is checked.
+    pub async fn stream_range(&self, range: &Range) -> Result<ShardStream> {
+        let expected = range.expected_version.clone();
+        self.stream_pinned(&range.dataset, &range.shard, range.offset, range.length, expected).await
+    }
+
+    async fn stream_pinned(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: u64,
+        expected: Option<String>,
+    ) -> Result<ShardStream> {
         let end = offset.saturating_add(length);
         let (stream, member) =
             self.open_stream(dataset, shard, offset, end, expected.as_deref(), &[]).await?;

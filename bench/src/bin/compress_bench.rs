@@ -14,7 +14,8 @@
 //! cargo build --release --workspace --bins && target/release/compress-bench /tmp/cdata
 //! ```
 //!
-//! `COMPRESS_BENCH_IN_FLIGHT=256MiB` runs the spokes with that `--upstream-bytes-in-flight`.
+//! `COMPRESS_BENCH_IN_FLIGHT=256MiB` runs the spokes with that `--upstream-bytes-in-flight`,
+//! `COMPRESS_BENCH_PARALLELISM=64` prefetches that many shards at once.
 //! The bench checks that each fill stored the whole dataset (the spoke's upstream bytes
 //! are the dataset's) and that the hub with compression off sent every byte as it is.
 
@@ -29,8 +30,11 @@ use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess};
 const DATASETS: [&str; 3] = ["text-u32", "text-u16", "random"];
 const LEVELS: [i32; 6] = [-5, -1, 1, 3, 6, 9];
 /// Shards fetched at once by the fill: enough 4 MiB shards in flight (32 x 4 MiB = 128 MiB
-/// per 60 ms round trip) that the link's 2 Gbit/s, not the round trip, bounds it.
-const PARALLELISM: u32 = 32;
+/// per 60 ms round trip) that the link's 2 Gbit/s, not the round trip, bounds it;
+/// `COMPRESS_BENCH_PARALLELISM=N` another.
+fn parallelism() -> u32 {
+    std::env::var("COMPRESS_BENCH_PARALLELISM").ok().and_then(|v| v.parse().ok()).unwrap_or(32)
+}
 
 fn shards(root: &Path, dataset: &str) -> Vec<Vec<u8>> {
     let mut paths: Vec<_> =
@@ -87,7 +91,7 @@ async fn cold_fill(root: &Path, dataset: &str, level: i32, link: bool) -> (f64, 
     let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
     let cpu = cpu_seconds(hub.child.id());
     let started = Instant::now();
-    control.prefetch(dataset, &[], PARALLELISM).await.unwrap().finish().await.unwrap();
+    control.prefetch(dataset, &[], parallelism()).await.unwrap().finish().await.unwrap();
     let elapsed = started.elapsed().as_secs_f64();
     let hub_cpu = cpu_seconds(hub.child.id()) - cpu;
     let status = control.status().await.unwrap();
@@ -115,7 +119,8 @@ async fn main() {
     println!();
     let default = hub_server::config::DEFAULT_COMPRESSION_LEVEL;
     println!(
-        "Cold fill through a spoke, hub behind wan-proxy --rtt 60ms --rate 2Gbit (Prefetch of every shard, {PARALLELISM} at once)"
+        "Cold fill through a spoke, hub behind wan-proxy --rtt 60ms --rate 2Gbit (Prefetch of every shard, {} at once)",
+        parallelism()
     );
     println!(
         "| dataset | hub compression | seconds | MB/s of the dataset | on the link / dataset | hub CPU s |"

@@ -61,7 +61,10 @@ async fn main() {
         let data = index.read(&client, &batch).await.unwrap();
         let total = started.elapsed().as_secs_f64() * 1e3;
         assert_eq!(data.len() as u64, BATCH);
-        assert!(data.iter().all(|d| !d.is_empty()), "{label}: an empty sample");
+        for (&(s, k), d) in batch.iter().zip(&data) {
+            let size: u64 = index.pieces(s, k).unwrap().iter().map(|p| p.length).sum();
+            assert_eq!(d.len() as u64, size, "{label}: sample {k} came back whole");
+        }
         let rtts = |ms: f64| ms / RTT_MS;
         println!(
             "| {label} | {opened:.0} ms ({:.1} RTT) | {:.0} ms ({:.1} RTT) | {total:.0} ms ({:.1} RTT) |",

@@ -1,10 +1,10 @@
 //! Reading samples' ranges in as few calls as the servers' bounds allow, each pinned to
 //! the version the index was read at.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use shardcache_proto::{range::MAX_RANGES_PER_CALL, v1::ShardInfo};
 
-use crate::{Client, Error, Range, Result};
+use crate::{Client, Range, Result};
 
 /// Bytes one `ReadRanges` call of a sample batch asks for at most: under the servers'
 /// smallest default `--max-read` (16 MiB) with room to spare; a sample larger than it
@@ -50,20 +50,7 @@ pub(crate) fn listed_range(dataset: &str, shard: &ShardInfo, offset: u64, length
 
 /// `range` read as a stream (any size), at its expected version when it names one.
 async fn stream(client: &Client, range: &Range) -> Result<Bytes> {
-    let mut stream =
-        client.stream_shard(&range.dataset, &range.shard, range.offset, Some(range.length)).await?;
-    let mut data = BytesMut::with_capacity(range.length as usize);
-    while let Some(chunk) = stream.next_chunk().await? {
-        if let Some(expected) = range.expected_version.as_ref().filter(|v| **v != chunk.version) {
-            return Err(Error::VersionChanged {
-                shard: format!("{}/{}", range.dataset, range.shard),
-                expected: expected.clone(),
-                found: chunk.version,
-            });
-        }
-        data.extend_from_slice(&chunk.data);
-    }
-    Ok(data.freeze())
+    Ok(client.stream_range(range).await?.read_to_end().await?.into())
 }
 
 /// Reads `batch` in one call, appending the bytes to `out`.

@@ -107,7 +107,10 @@ pub async fn open_gpt(
     };
     let bounds = bounds.pop().unwrap_or_default();
     let item = dtype.as_deref().and_then(super::tokens::item_size).unwrap_or(1);
-    let lengths = bounds.windows(2).map(|w| (w[1] - w[0]) / item).collect();
+    let lengths: Vec<u64> = bounds.windows(2).map(|w| (w[1] - w[0]) / item).collect();
+    if lengths.iter().sum::<u64>() == 0 {
+        return Err(Error::Config(format!("dataset {dataset:?} holds no tokens: nothing to pack")));
+    }
     let index = super::gpt::GptIndex::new(lengths, seq_len, seed, num_samples);
     let layout = Layout::Gpt { index: std::sync::Arc::new(index), bounds, item };
     Ok(SampleIndex { dataset: name, shards, versions, layout, dtype, columns })

@@ -438,10 +438,17 @@ impl SampleIndex {
         let missing: Vec<usize> = needed.iter().copied().filter(|s| !have.contains_key(s)).collect();
         let files = missing.iter().map(|&s| self.range(s, 0, sizes[s]));
         let files = read_batched(client, files.collect()).await?;
-        for (&shard, zipped) in missing.iter().zip(files) {
-            let (dataset, raw) = (self.dataset.clone(), raw[shard].clone());
-            let done = tokio::task::spawn_blocking(move || mds::unpack(&dataset, &raw, &zipped)).await;
-            let unpacked = Arc::new(done.map_err(|e| Error::Config(format!("decompression: {e}")))??);
+        // Every missing shard decompressed at once, side by side, then taken in turn.
+        let unpacking: Vec<_> = missing
+            .iter()
+            .zip(files)
+            .map(|(&shard, zipped)| {
+                let (dataset, raw) = (self.dataset.clone(), raw[shard].clone());
+                tokio::task::spawn_blocking(move || mds::unpack(&dataset, &raw, &zipped))
+            })
+            .collect();
+        for (&shard, done) in missing.iter().zip(unpacking) {
+            let unpacked = Arc::new(done.await.map_err(|e| Error::Config(format!("decompression: {e}")))??);
             have.insert(shard, unpacked);
         }
         unpacked.keep(&needed.iter().map(|s| (*s, have[s].clone())).collect::<Vec<_>>());

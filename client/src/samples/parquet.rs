@@ -102,17 +102,17 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     });
     let mut tails = read_batched(client, tails.collect()).await?;
     // Footers longer than the tail read: the rest of each, in a second batch.
+    let lengths: Vec<u64> =
+        files.iter().zip(&tails).map(|(s, tail)| footer_length(dataset, s, tail)).collect::<Result<_>>()?;
     let mut more = Vec::new();
-    for (s, tail) in files.iter().zip(&tails) {
-        let length = footer_length(dataset, s, tail)?;
+    for ((s, tail), &length) in files.iter().zip(&tails).zip(&lengths) {
         if length > tail.len() as u64 {
             more.push(listed_range(dataset, s, s.size - length, length - tail.len() as u64));
         }
     }
     let mut more = read_batched(client, more).await?.into_iter();
     let mut parsed = Vec::with_capacity(files.len());
-    for (s, tail) in files.iter().zip(tails.iter_mut()) {
-        let length = footer_length(dataset, s, tail)?;
+    for ((s, tail), &length) in files.iter().zip(tails.iter_mut()).zip(&lengths) {
         if length > tail.len() as u64 {
             let head = more.next().unwrap_or_default();
             *tail = [head, tail.clone()].concat().into();

@@ -19,7 +19,7 @@ use bytes::{Buf, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Layout, SampleIndex};
+use super::{Layout, SampleIndex, listed_range};
 use crate::{Client, Error, Result};
 
 /// Shards walked at once: enough streams to fill a long link, each holding one message.
@@ -93,7 +93,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
 /// The members of `tar`, its headers parsed from one stream of it (at its listed
 /// version); only a header not yet whole is held, the members' bytes pass by.
 async fn walk(client: &Client, dataset: &str, tar: ShardInfo) -> Result<Vec<Member>> {
-    let mut stream = client.stream_shard(dataset, &tar.shard, 0, Some(tar.size)).await?;
+    let mut stream = client.stream_range(&listed_range(dataset, &tar, 0, tar.size)).await?;
     let (mut walk, mut held, mut held_at) = (Walk::default(), BytesMut::new(), 0u64);
     loop {
         // Every header the held bytes hold whole.
@@ -117,18 +117,19 @@ async fn walk(client: &Client, dataset: &str, tar: ShardInfo) -> Result<Vec<Memb
         let Some(chunk) = stream.next_chunk().await? else {
             return Err(Error::Config(format!("{dataset}/{}: the tar ends inside a header", tar.shard)));
         };
-        if !tar.version.is_empty() && chunk.version != tar.version {
-            return Err(Error::VersionChanged {
-                shard: format!("{dataset}/{}", tar.shard),
-                expected: tar.version.clone(),
-                found: chunk.version,
-            });
-        }
-        held.extend_from_slice(&chunk.data);
-        // Bytes before the next header are a member's: not kept.
-        let passed = (walk.at - held_at).min(held.len() as u64);
+        // Bytes before the next header are a member's: not kept, nor copied. What is held
+        // then starts at the next header, or nothing is.
+        let passed = walk.at.saturating_sub(held_at).min(held.len() as u64);
         held.advance(passed as usize);
         held_at += passed;
+        let skip = if held.is_empty() {
+            let skip = walk.at.saturating_sub(chunk.offset).min(chunk.data.len() as u64);
+            held_at = chunk.offset + skip;
+            skip
+        } else {
+            0 // the held header's rest: this chunk follows it
+        };
+        held.extend_from_slice(&chunk.data[skip as usize..]);
     }
 }
 
