@@ -237,13 +237,11 @@ impl Client {
     }
 
     /// The members skipped now: they failed a call and have not answered a health
-    /// check since, or they were demoted for losing their hedges.
+    /// check since, or they were demoted for losing their hedges and no call has found
+    /// them answering first since (on probation, one call at a time tries them).
     pub fn failing_members(&self) -> Vec<String> {
         let list = self.router.members().current();
-        list.iter()
-            .filter(|m| m.health.has_failed() || m.health.is_demoted())
-            .map(|m| m.url.clone())
-            .collect()
+        list.iter().filter(|m| m.health.is_suspect()).map(|m| m.url.clone()).collect()
     }
 
     /// What hedging has done: hedges sent, hedges that answered first, members demoted.

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use futures::{StreamExt, stream::BoxStream};
 use shardcache_proto::v1::{
     DatasetStatus, EpochPlan, EvictRequest, EvictResponse, JobStatus, MemberStatus, PinRequest, PlanRequest,
-    PrefetchProgress, PrefetchRequest, ShardRef, StatusRequest, StatusResponse,
+    PrefetchProgress, PrefetchRequest, PrincipalStatus, ShardRef, StatusRequest, StatusResponse,
     cache_control_client::CacheControlClient,
 };
 
@@ -196,18 +196,29 @@ impl CacheClient {
         dataset: &str,
         epochs: &[PlannedEpoch],
     ) -> Result<u64> {
+        // Each shard once in a table, each position its index there: a plan of a million
+        // positions is four megabytes on the wire and in the spoke's hands, not a
+        // million pairs of names.
+        let mut table: Vec<ShardRef> = Vec::new();
+        let mut index: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
         let epochs: Vec<EpochPlan> = epochs
             .iter()
             .map(|planned| EpochPlan {
-                shards: planned
+                shard_index: planned
                     .shards
                     .iter()
-                    .map(|shard| ShardRef { dataset: dataset.to_owned(), shard: shard.clone() })
+                    .map(|shard| {
+                        *index.entry(shard.as_str()).or_insert_with(|| {
+                            table.push(ShardRef { dataset: dataset.to_owned(), shard: shard.clone() });
+                            table.len() as u32 - 1
+                        })
+                    })
                     .collect(),
                 until: planned.until.clone(),
+                ..Default::default()
             })
             .collect();
-        let request = PlanRequest { job: job.to_owned(), epoch, epochs };
+        let request = PlanRequest { job: job.to_owned(), epoch, epochs, shard_table: table };
         let answers = self
             .on_all(|mut control| {
                 let request = request.clone();
@@ -244,8 +255,10 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
     let mut merged = StatusResponse::default();
     let mut datasets: BTreeMap<String, DatasetStatus> = BTreeMap::new();
     let mut jobs: BTreeMap<(String, String, u64), JobStatus> = BTreeMap::new();
+    let mut principals: BTreeMap<String, PrincipalStatus> = BTreeMap::new();
     merged.server_view = !answers.is_empty() && answers.iter().all(|a| a.server_view);
     merged.principal = answers.first().map(|a| a.principal.clone()).unwrap_or_default();
+    let count = answers.len().max(1) as f64;
     for answer in answers {
         merged.capacity_bytes += answer.capacity_bytes;
         merged.used_bytes += answer.used_bytes;
@@ -285,6 +298,14 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
             sum.bytes += j.bytes;
             sum.hit_bytes += j.hit_bytes;
             sum.hub_bytes += j.hub_bytes;
+            sum.link_bytes += j.link_bytes;
+        }
+        for p in answer.principals {
+            let sum = principals
+                .entry(p.principal.clone())
+                .or_insert_with(|| PrincipalStatus { principal: p.principal.clone(), ..Default::default() });
+            sum.held_bytes += p.held_bytes;
+            sum.share_bytes += p.share_bytes;
         }
         merged.plans.extend(answer.plans);
         // Each member's view of the group, as it sees it.
@@ -294,9 +315,13 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
             merged.hub_trouble_age_s = answer.hub_trouble_age_s;
         }
         merged.peer_refusals += answer.peer_refusals;
+        merged.speculation_unread_bytes += answer.speculation_unread_bytes;
+        // The members' mean: each speculates for its own readers.
+        merged.speculation_useful_share += answer.speculation_useful_share / count;
     }
     merged.datasets = datasets.into_values().collect();
     merged.jobs = jobs.into_values().collect();
+    merged.principals = principals.into_values().collect();
     merged
 }
 

@@ -15,3 +15,10 @@ pub const MAX_AVOIDED: usize = 16;
 pub fn parse_avoided(value: &str) -> Vec<String> {
     value.split(',').map(str::trim).filter(|u| !u.is_empty()).take(MAX_AVOIDED).map(str::to_owned).collect()
 }
+
+/// Request header of a `ReadCached` a member sends the owner of a shard when a client's
+/// hedge (or failover) reached it with the owner in `AVOID_HEADER`: the owner answers
+/// from its store, or with the bytes of a fetch of that range it is running, waiting
+/// for them, and says "not here" only when it neither holds nor fetches them. So a hedge
+/// costs the long link nothing when the owner is merely slow.
+pub const JOIN_HEADER: &str = "shardcache-join-fetch";

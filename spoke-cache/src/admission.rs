@@ -2,7 +2,9 @@
 //! capacity, kept in step.
 //!
 //! - [`Admission::admit`]: a verified chunk is written (one file, `store/ingest.rs`),
-//!   then made visible (its presence bit) and counted against the capacity;
+//!   then made visible (its presence bit) and counted against the capacity, in the share
+//!   of the principal that holds its shard (`policy::shares`), and as unread speculation
+//!   when no read asked for it (`policy::speculation`);
 //! - [`Admission::forget_chunk`]: a stored chunk that failed its check is made absent
 //!   and its file removed, so that a refetch can store it again;
 //! - [`Admission::remove`]: a shard version leaves the index, its files the disk, its
@@ -25,8 +27,10 @@ use crate::{
     Error, Result,
     capacity::Capacity,
     entry::Entry,
+    entry::set_bit,
     index::Index,
     metrics::Metrics,
+    policy::speculation::Speculation,
     store::{Store, blocking},
 };
 
@@ -37,6 +41,7 @@ pub struct Admission {
     index: Arc<Index>,
     capacity: Arc<Capacity>,
     metrics: Arc<Metrics>,
+    speculation: Arc<Speculation>,
     /// Removed shards whose pages could not be deleted: (store id, bytes), counted in
     /// `used` until deleted.
     undeleted: Mutex<Vec<(u64, u64)>>,
@@ -49,8 +54,18 @@ pub fn filesystem_available(dir: &std::path::Path) -> Option<u64> {
 }
 
 impl Admission {
-    pub fn new(store: Arc<Store>, index: Arc<Index>, capacity: Arc<Capacity>, metrics: Arc<Metrics>) -> Self {
-        Self { store, index, capacity, metrics, undeleted: Mutex::default() }
+    pub fn new(
+        store: Arc<Store>,
+        index: Arc<Index>,
+        (capacity, speculation): (Arc<Capacity>, Arc<Speculation>),
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self { store, index, capacity, metrics, speculation, undeleted: Mutex::default() }
+    }
+
+    /// What speculation brought and what came of it.
+    pub fn speculation(&self) -> &Arc<Speculation> {
+        &self.speculation
     }
 
     /// Storing `what` failed with `error` (the read it was for is served anyway). For
@@ -89,9 +104,18 @@ impl Admission {
         }
     }
 
-    /// Writes verified chunk `index` of `entry`, then makes it visible. Nothing when the
-    /// entry was removed meanwhile or the chunk is already there.
-    pub async fn admit(&self, entry: &Arc<Entry>, index: u64, chunk: Checked) -> Result<()> {
+    /// Writes verified chunk `index` of `entry`, then makes it visible, held by
+    /// `principal` if the shard had no holder, marked `unread` speculation when no read
+    /// asked for it. Nothing when the entry was removed meanwhile or the chunk is
+    /// already there.
+    pub async fn admit(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        chunk: Checked,
+        principal: &str,
+        unread: bool,
+    ) -> Result<()> {
         let _sharing = entry.chunk_writes.read().await;
         {
             let state = entry.state();
@@ -105,7 +129,19 @@ impl Admission {
             self.storing_failed("a fetched chunk", &e);
             return Err(e);
         }
-        entry.state().record.set_chunk(index, true);
+        {
+            let mut state = entry.state();
+            state.record.set_chunk(index, true);
+            if unread {
+                set_bit(&mut state.unread, index, true);
+            }
+        }
+        if unread {
+            self.speculation.stored(length);
+        }
+        if let Err(e) = self.index.set_holder(entry, principal).await {
+            self.storing_failed("a shard record", &e);
+        }
         self.capacity.added(length);
         // Checked here, not in the task: below the threshold (most caches) no task is
         // spawned, so none outlives the spoke holding its store open.
@@ -145,6 +181,9 @@ impl Admission {
                 return;
             }
             state.record.set_chunk(index, false);
+            if set_bit(&mut state.unread, index, false) {
+                self.speculation.forgotten(entry.chunk_range(index).1);
+            }
         }
         let (offset, length) = entry.chunk_range(index);
         self.capacity.removed(length);
@@ -155,19 +194,36 @@ impl Admission {
     }
 
     /// Evicts `entries` (their chunks and records); returns (shards, bytes) evicted.
-    /// Shared by the evictor and the `Evict` call.
+    /// Shared by the evictor and the `Evict` call. Speculative chunks evicted unread
+    /// are lost bets (`policy::speculation`).
     pub async fn evict(&self, entries: &[Arc<Entry>]) -> (u64, u64) {
         let _running = self.capacity.evicting();
         let (mut shards, mut bytes) = (0, 0);
         for entry in entries {
+            let unread = self.take_unread(entry);
             bytes += self.remove(entry, true).await;
             shards += 1;
+            self.speculation.wasted(unread);
         }
         if shards > 0 {
             self.metrics.evicted_shards.fetch_add(shards, Relaxed);
             self.metrics.evicted_bytes.fetch_add(bytes, Relaxed);
         }
         (shards, bytes)
+    }
+
+    /// Clears `entry`'s unread speculative chunks; their bytes.
+    fn take_unread(&self, entry: &Entry) -> u64 {
+        let unread = std::mem::take(&mut entry.state().unread);
+        let mut bytes = 0;
+        for (byte, bits) in unread.iter().enumerate() {
+            for bit in 0..8 {
+                if bits & (1 << bit) != 0 {
+                    bytes += entry.chunk_range(byte as u64 * 8 + bit).1;
+                }
+            }
+        }
+        bytes
     }
 
     /// Removes `entry` from the index and its pages from the store; returns the bytes it
@@ -185,6 +241,10 @@ impl Admission {
             state.evicted = true;
             state.record.cached_bytes()
         };
+        // Unread speculation that leaves for another reason than eviction (a new
+        // version, a shard gone from the hub) is no lost bet.
+        let unread = self.take_unread(entry);
+        self.speculation.forgotten(unread);
         self.index.remove(entry);
         let (store, id, dataset, shard) =
             (self.store.clone(), entry.id, entry.dataset.clone(), entry.shard.clone());

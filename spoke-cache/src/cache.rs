@@ -18,8 +18,9 @@
 //! - [`Capacity`] (`capacity.rs`) and the [`Evictor`] (`evict.rs`); the [`PlanFetcher`]
 //!   (`plan_fetch.rs`), each given the parts it uses.
 //!
-//! Here: chunks asked for alongside a first stat, read-ahead and whole-shard fetches
-//! after a read, pins; in `cache/read.rs` the read path.
+//! Here: chunks asked for alongside a first stat, which misses are stored (the
+//! admission, `policy::admit`), read-ahead and whole-shard fetches after a read under
+//! their feedback (`policy::speculation`), pins; in `cache/read.rs` the read path.
 //!
 //! - An [`Entry`] is one shard *version* with its own store id. A new version found at
 //!   revalidation replaces the entry (new id), so bytes of two versions never mix.
@@ -27,8 +28,9 @@
 //!   fail with UNAVAILABLE.
 
 use std::{
-    sync::{Arc, atomic::Ordering::Relaxed},
-    time::Duration,
+    collections::HashMap,
+    sync::{Arc, Mutex, atomic::Ordering::Relaxed},
+    time::{Duration, Instant},
 };
 
 use shardcache_proto::names::{DatasetName, ShardName};
@@ -44,13 +46,14 @@ use crate::{
     capacity::Capacity,
     entry::Entry,
     evict::Evictor,
-    fetch::FetchOwner,
+    fetch::{FetchFor, FetchOwner},
     index::Index,
     jobs::JobRow,
     lookup::Lookups,
     metrics::Metrics,
     plan::{PlanLimits, PlanWindow, Plans},
     plan_fetch::PlanFetcher,
+    policy::{admit::AdmissionFilter, shares::Shares, speculation::Speculation},
     store::Store,
     suppliers::{Chain, hubs::Hubs},
 };
@@ -88,6 +91,8 @@ pub struct CacheConfig {
     /// Index entries that hold no bytes (a stat's, a plan's) kept at most; the least
     /// recently used beyond it are removed (`lookup.rs`).
     pub empty_entries_kept: usize,
+    /// Each tenant's share of the capacity (`--tenant-shares`, `policy::shares`).
+    pub tenant_shares: Shares,
 }
 
 /// [`CacheConfig::empty_entries_kept`] of a spoke: ~300 bytes of memory each.
@@ -111,7 +116,18 @@ pub struct Cache {
     whole_fetches: Arc<std::sync::atomic::AtomicUsize>,
     /// What index reads fetched as read (`index_reads.rs`).
     index_reads: index_reads::IndexReads,
+    /// How much each chunk has been read lately, and which misses that makes worth
+    /// storing (`policy::admit`).
+    filter: AdmissionFilter,
+    shares: Arc<Shares>,
+    /// Per principal: what the chunks its admission would displace were read lately,
+    /// and when that was found (recomputed every [`VICTIM_REFRESH`]).
+    victims: Mutex<HashMap<String, (Instant, u64)>>,
 }
+
+/// How long the value of the chunks an admission would displace is taken as known:
+/// finding the victim walks every entry, which a miss must not do each time.
+pub const VICTIM_REFRESH: Duration = Duration::from_millis(100);
 
 /// Whole-shard background fetches at once: each keeps `--shard-fetch-parallelism`
 /// chunks in flight, so a few dozen fill the link; more only queue behind them and hold
@@ -128,8 +144,13 @@ impl Cache {
         let index = Arc::new(index);
         let capacity =
             Arc::new(Capacity::new(config.capacity, config.high_watermark, config.low_watermark, used));
-        let admission =
-            Arc::new(Admission::new(store.clone(), index.clone(), capacity.clone(), metrics.clone()));
+        let speculation = Arc::new(Speculation::new(config.capacity));
+        let admission = Arc::new(Admission::new(
+            store.clone(),
+            index.clone(),
+            (capacity.clone(), speculation),
+            metrics.clone(),
+        ));
         let chain = Arc::new(chain);
         let lookups = Arc::new(Lookups::new(
             index.clone(),
@@ -141,13 +162,18 @@ impl Cache {
         ));
         let fetch = FetchOwner::new(
             chain,
-            admission.clone(),
+            (admission.clone(), capacity.clone()),
             metrics.clone(),
             config.upstream_bytes_in_flight,
             config.chunk_size,
         );
         let plans = Arc::new(Plans::new(config.plan_limits));
+        let filter = AdmissionFilter::new(config.capacity, config.chunk_size);
+        let shares = Arc::new(config.tenant_shares.clone());
         Ok(Arc::new(Self {
+            filter,
+            shares,
+            victims: Mutex::default(),
             config,
             store,
             index,
@@ -226,6 +252,25 @@ impl Cache {
         self.index.is_fresh(entry)
     }
 
+    /// What speculation brought and what came of it (`policy::speculation`).
+    pub fn speculation(&self) -> &Speculation {
+        self.admission.speculation()
+    }
+
+    /// Bytes held per principal (`Entry::holder`), and each one's share of the capacity
+    /// now (`policy::shares`).
+    pub fn held_and_shares(&self) -> (HashMap<String, u64>, HashMap<String, u64>) {
+        let mut held: HashMap<String, u64> = HashMap::new();
+        for entry in self.index.entries() {
+            let bytes = entry.cached_bytes();
+            if bytes > 0 {
+                *held.entry(entry.holder()).or_default() += bytes;
+            }
+        }
+        let shares = self.shares.of(&held, self.capacity.capacity());
+        (held, shares)
+    }
+
     /// The jobs' access plans (`SetPlan`).
     pub fn plans(&self) -> &Plans {
         &self.plans
@@ -238,6 +283,7 @@ impl Cache {
             index: self.index.clone(),
             plans: self.plans.clone(),
             admission: self.admission.clone(),
+            shares: self.shares.clone(),
         }
     }
 
@@ -281,30 +327,31 @@ impl Cache {
     }
 
     /// [`Cache::entry`] for a call that will read `reads` (`(offset, length)` pairs) of
-    /// the shard. When the cache has never seen the shard, the chunks those reads cover
-    /// entirely are read upstream alongside its `StatShard` rather than after it, and
-    /// kept when they were read at the version the stat returns: a cold read costs one
-    /// round trip to the hub, not two. Only whole chunks that end within a read are
-    /// asked for (a read inside the shard proves they exist), at most what the in-flight
-    /// byte bound has room for.
+    /// the shard, for `reader`. When the cache has never seen the shard, the chunks those
+    /// reads cover entirely are read upstream alongside its `StatShard` rather than after
+    /// it, and taken up when they were read at the version the stat returns: a cold read
+    /// costs one round trip to the hub, not two. Only whole chunks that end within a
+    /// read are asked for (a read inside the shard proves they exist), at most what the
+    /// in-flight byte bound has room for. The reads are kept until the request ends
+    /// ([`Alongside`], in `ReadFor`): a chunk the admission stores takes its read up at
+    /// once, one it does not store is served from it by the read path.
     pub async fn entry_for(
         &self,
         dataset: &DatasetName,
         shard: &ShardName,
         reads: &[(u64, u64)],
-        row: &JobRow,
-        index_read: bool,
-    ) -> Result<Arc<Entry>> {
+        reader: &ReadFor,
+    ) -> Result<(Arc<Entry>, Option<Arc<Alongside>>)> {
         let key = (dataset.to_string(), shard.to_string());
         // The warm path: one look at the index (not again in `entry`).
         if let Some(entry) = self.index.fresh(&key) {
-            return Ok(entry);
+            return Ok((entry, None));
         }
         if self.index.get(&key).is_some() {
-            return self.entry(dataset, shard).await;
+            return Ok((self.entry(dataset, shard).await?, None));
         }
-        if index_read {
-            return self.entry_for_index(dataset, shard, reads, row).await;
+        if reader.index_read {
+            return Ok((self.entry_for_index(dataset, shard, reads, &reader.row).await?, None));
         }
         let chunk_size = self.config.chunk_size;
         let mut chunks: Vec<u64> = reads
@@ -316,23 +363,30 @@ impl Cache {
         chunks.dedup();
         // A shard another member owns is read from it (by the fetch owner), not the hub.
         if chunks.is_empty() || !self.owns(dataset.as_str(), shard.as_str()) {
-            return self.entry(dataset, shard).await;
+            return Ok((self.entry(dataset, shard).await?, None));
         }
         for &index in &chunks {
-            self.fetch.speculate(dataset.as_str(), shard.as_str(), index * chunk_size, chunk_size, row);
+            self.fetch.speculate(
+                dataset.as_str(),
+                shard.as_str(),
+                index * chunk_size,
+                chunk_size,
+                &reader.row,
+            );
         }
-        // Forgotten however this call ends; by then the chunks' fetches that take them
-        // up are registered.
-        let parts: Vec<(u64, u64)> = chunks.iter().map(|&i| (i * chunk_size, chunk_size)).collect();
-        let _forget = Forget { fetch: &self.fetch, key: &key, parts: &parts };
+        // Forgotten however this call ends, or when the request does.
+        let parts = chunks.iter().map(|&i| (i * chunk_size, chunk_size)).collect();
+        let alongside = Arc::new(Alongside { fetch: self.fetch.clone(), key, parts });
         let entry = self.entry(dataset, shard).await?;
         for &index in &chunks {
             // Past the end (the read was invalid): nothing to take up.
-            if entry.chunk_range(index) == (index * chunk_size, chunk_size) {
-                drop(self.fetch.chunk(&entry, index, row, &[]));
+            if entry.chunk_range(index) == (index * chunk_size, chunk_size)
+                && self.stores(&entry, index, &reader.principal)
+            {
+                drop(self.fetch.chunk(&entry, index, reader.fetch()));
             }
         }
-        Ok(entry)
+        Ok((entry, Some(alongside)))
     }
 
     /// [`Cache::entry_for`] for a format's index reads of a shard never seen: the reads,
@@ -368,7 +422,7 @@ impl Cache {
             self.fetch.speculate(ds, sh, offset, length, row);
         }
         let key = (dataset.to_string(), shard.to_string());
-        let _forget = Forget { fetch: &self.fetch, key: &key, parts: &parts };
+        let _forget = Alongside { fetch: self.fetch.clone(), key, parts: parts.clone() };
         let entry = self.entry(dataset, shard).await?;
         for &(offset, length) in &parts {
             let Some(read) = self.fetch.speculation(ds, sh, offset, length) else { continue };
@@ -382,65 +436,140 @@ impl Cache {
         Ok(entry)
     }
 
+    /// Whether a miss of chunk `index` of `entry` by `principal` is stored (its chunk
+    /// fetched whole) rather than fetched as read (`policy::admit`): while the cache has
+    /// room below its low watermark; when a plan reads the shard (the plans decide what
+    /// stays); or when the chunk has been read lately far more than what its admission
+    /// would displace.
+    pub fn stores(&self, entry: &Entry, index: u64, principal: &str) -> bool {
+        self.capacity.has_room(entry.chunk_range(index).1)
+            || self.plans.next_use(&(entry.dataset.clone(), entry.shard.clone())).is_some()
+            || self.filter.admits(entry.chunk_key(index), self.victim_value(principal))
+    }
+
+    /// Bytes read lately per chunk of the shard an admission by `principal` would
+    /// displace (its eviction's next victim), known within [`VICTIM_REFRESH`].
+    fn victim_value(&self, principal: &str) -> u64 {
+        let mut victims = self.victims.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&(at, value)) = victims.get(principal)
+            && at.elapsed() < VICTIM_REFRESH
+        {
+            return value;
+        }
+        let value = self.evictor().victim_for(Some(principal)).map_or(0, |victim| {
+            let present: Vec<u64> = (0..victim.chunk_count()).filter(|&i| victim.has_chunk(i)).collect();
+            self.filter.mean_value(present.into_iter().map(|i| victim.chunk_key(i)))
+        });
+        // Principals are an operator's names (a token file's lines): few.
+        if victims.len() > 4096 {
+            victims.clear();
+        }
+        victims.insert(principal.to_owned(), (Instant::now(), value));
+        value
+    }
+
+    /// The bytes of `[offset, offset + length)` of `entry` from a fetch running now, if
+    /// one is (see `FetchOwner::running_range`).
+    pub fn running_range(
+        &self,
+        entry: &Entry,
+        offset: u64,
+        length: u64,
+    ) -> Option<futures::future::BoxFuture<'static, Result<shardcache_proto::checksum::Checked>>> {
+        self.fetch.running_range(entry, offset, length)
+    }
+
     /// Evicts `entries` (their chunks and records); returns (shards, bytes) evicted.
     pub async fn evict(&self, entries: &[Arc<Entry>]) -> (u64, u64) {
         self.admission.evict(entries).await
     }
 
     /// Fetches every absent chunk of `entry`, `--shard-fetch-parallelism` at a time, and
-    /// returns once they are stored, with the bytes that crossed the link (counted in
-    /// `row`).
-    pub async fn fetch_shard(&self, entry: &Arc<Entry>, row: &JobRow) -> Result<u64> {
-        self.fetch.fetch_shard(entry, self.config.shard_fetch_parallelism, row).await
+    /// returns once they are stored, held by `principal`, with the bytes that crossed the
+    /// link (counted in `row`).
+    pub async fn fetch_shard(&self, entry: &Arc<Entry>, row: &JobRow, principal: &str) -> Result<u64> {
+        let fetch = FetchFor::read(row, principal, &[]);
+        self.fetch.fetch_shard(entry, self.config.shard_fetch_parallelism, fetch).await
     }
 
-    /// Read-ahead and whole-shard fetch, in the background.
-    fn after_read(&self, entry: &Arc<Entry>, last: u64, missed: bool, row: &JobRow) {
-        // At most WHOLE_SHARD_FETCHES run; past it a miss reads ahead instead, and its
-        // shard's whole fetch may start on a later miss.
-        let whole = missed
-            && self.config.fetch_whole_shard
-            && self.whole_fetches.fetch_add(1, Relaxed) < WHOLE_SHARD_FETCHES
-            && {
-                let mut state = entry.state();
-                !std::mem::replace(&mut state.whole_fetch_started, true)
-            };
-        if !whole && missed && self.config.fetch_whole_shard {
-            self.whole_fetches.fetch_sub(1, Relaxed);
-        }
-        if whole {
+    /// Speculation after a read of `entry` that ended in chunk `last` (`run`: the reads in
+    /// a row of the shard that began where the one before ended; `stored_miss`: a chunk
+    /// it missed is being stored): the rest of the shard fetched in the background on its
+    /// first stored miss, or chunks read ahead of a sequential reader; each only while
+    /// such bets pay and within speculation's share of the capacity
+    /// (`policy::speculation`), and only into room below the low watermark, so that
+    /// speculation never evicts.
+    fn after_read(&self, entry: &Arc<Entry>, last: u64, run: u32, stored_miss: bool, reader: &ReadFor) {
+        let speculation = self.admission.speculation();
+        let fits = |bytes: u64| {
+            self.capacity.has_room(bytes) && speculation.has_room(bytes, self.capacity.reserved())
+        };
+        let fetch = FetchFor::speculation(&reader.row, &reader.principal);
+        if stored_miss && self.config.fetch_whole_shard && self.start_whole_fetch(entry, &fits) {
             self.metrics.whole_shard_fetches.fetch_add(1, Relaxed);
-            let (fetch, entry, row) = (self.fetch.clone(), entry.clone(), row.clone());
-            let (parallelism, running) = (self.config.shard_fetch_parallelism, self.whole_fetches.clone());
+            let (owner, entry, row) = (self.fetch.clone(), entry.clone(), reader.row.clone());
+            let (principal, parallelism) = (reader.principal.clone(), self.config.shard_fetch_parallelism);
+            let running = self.whole_fetches.clone();
             tokio::spawn(async move {
-                if let Err(e) = fetch.fetch_shard(&entry, parallelism, &row).await {
+                let fetch = FetchFor::speculation(&row, &principal);
+                if let Err(e) = owner.fetch_shard(&entry, parallelism, fetch).await {
                     tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, error = %e, "background shard fetch failed");
                 }
                 running.fetch_sub(1, Relaxed);
             });
             return;
         }
-        for index in
-            (last + 1..=last + self.config.read_ahead_chunks).take_while(|&i| i < entry.chunk_count())
-        {
+        let ahead = speculation.read_ahead(self.config.read_ahead_chunks, run);
+        for index in (last + 1..=last.saturating_add(ahead)).take_while(|&i| i < entry.chunk_count()) {
+            if entry.has_chunk(index) || self.fetch.running(entry, index).is_some() {
+                continue;
+            }
+            if !fits(entry.chunk_range(index).1) {
+                break;
+            }
             // Started by `chunk` itself; the result is only wanted in the store.
-            drop(self.fetch.chunk(entry, index, row, &[]));
+            drop(self.fetch.chunk(entry, index, fetch));
         }
+    }
+
+    /// Whether a whole-shard fetch of `entry` may start now, counted as running if so:
+    /// its first, at most [`WHOLE_SHARD_FETCHES`] at once, when the rest of the shard
+    /// `fits`, while such fetches pay (`Speculation::whole_shards`).
+    fn start_whole_fetch(&self, entry: &Entry, fits: &dyn Fn(u64) -> bool) -> bool {
+        if entry.state().whole_fetch_started || !fits(entry.size.saturating_sub(entry.cached_bytes())) {
+            return false;
+        }
+        if self.whole_fetches.fetch_add(1, Relaxed) >= WHOLE_SHARD_FETCHES
+            || !self.admission.speculation().whole_shards()
+        {
+            self.whole_fetches.fetch_sub(1, Relaxed);
+            return false;
+        }
+        // Once per entry (a lost race here costs a fetch that finds its chunks running).
+        let mut state = entry.state();
+        if std::mem::replace(&mut state.whole_fetch_started, true) {
+            drop(state);
+            self.whole_fetches.fetch_sub(1, Relaxed);
+            return false;
+        }
+        true
     }
 }
 
-/// Forgets `entry_for`'s speculative reads when it ends (see
-/// `FetchOwner::forget_speculation`).
-struct Forget<'a> {
-    fetch: &'a FetchOwner,
-    key: &'a (String, String),
+/// The reads `entry_for` started alongside a first stat, forgotten when the request that
+/// started them ends (see `FetchOwner::forget_speculation`): until then, a part of them
+/// the read path fetches as read takes them up rather than crossing the link again.
+#[derive(Debug)]
+pub struct Alongside {
+    fetch: FetchOwner,
+    key: (String, String),
     /// (offset, length) of each read.
-    parts: &'a [(u64, u64)],
+    parts: Vec<(u64, u64)>,
 }
 
-impl Drop for Forget<'_> {
+impl Drop for Alongside {
     fn drop(&mut self) {
-        for &(offset, length) in self.parts {
+        for &(offset, length) in &self.parts {
             self.fetch.forget_speculation(&self.key.0, &self.key.1, offset, length);
         }
     }

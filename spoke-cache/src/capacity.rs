@@ -10,6 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use tokio::sync::Notify;
 
+/// Eviction starts above 95% of the capacity and frees down to 85%: a 10% band means one
+/// eviction pass (and one compaction) per ~10% of capacity written, not one per chunk.
+pub const HIGH_WATERMARK: f64 = 0.95;
+pub const LOW_WATERMARK: f64 = 0.85;
+
 /// The bytes the cache holds against its capacity and watermarks.
 #[derive(Debug)]
 pub struct Capacity {
@@ -22,6 +27,9 @@ pub struct Capacity {
     /// ...and stops at or below this one.
     low_watermark: f64,
     used: AtomicU64,
+    /// Bytes being fetched to be stored (not yet in `used`): what has room is decided
+    /// before the bytes arrive, so concurrent misses must see each other's.
+    reserved: AtomicU64,
     /// Evictions running (the evictor's pass, an `Evict` call).
     evicting: AtomicU64,
     wakeup: Notify,
@@ -37,6 +45,7 @@ impl Capacity {
             high_watermark,
             low_watermark,
             used: AtomicU64::new(used),
+            reserved: AtomicU64::new(0),
             evicting: AtomicU64::new(0),
             wakeup: Notify::new(),
         }
@@ -80,6 +89,23 @@ impl Capacity {
         self.used.load(Relaxed)
     }
 
+    /// Bytes being fetched to be stored.
+    pub fn reserved(&self) -> u64 {
+        self.reserved.load(Relaxed)
+    }
+
+    /// Whether `bytes` more fit below the low watermark, with what is held and what is
+    /// being fetched to be stored: while they do, every miss is stored (`policy::admit`).
+    pub fn has_room(&self, bytes: u64) -> bool {
+        self.used().saturating_add(self.reserved()).saturating_add(bytes) <= self.low_watermark()
+    }
+
+    /// Counts `bytes` as being fetched to be stored until the guard is dropped.
+    pub fn reserve(self: &std::sync::Arc<Self>, bytes: u64) -> Reservation {
+        self.reserved.fetch_add(bytes, Relaxed);
+        Reservation { capacity: self.clone(), bytes }
+    }
+
     /// Above the low watermark: eviction has work.
     pub fn over_low(&self) -> bool {
         self.used() > self.low_watermark()
@@ -117,6 +143,19 @@ impl Capacity {
     pub fn evicting(&self) -> Evicting<'_> {
         self.evicting.fetch_add(1, Relaxed);
         Evicting(self)
+    }
+}
+
+/// Bytes being fetched to be stored (see [`Capacity::reserve`]).
+#[derive(Debug)]
+pub struct Reservation {
+    capacity: std::sync::Arc<Capacity>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.capacity.reserved.fetch_sub(self.bytes, Relaxed);
     }
 }
 

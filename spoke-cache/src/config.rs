@@ -126,6 +126,15 @@ pub struct SpokeArgs {
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     pub plan_idle_expiry: Duration,
 
+    /// Each tenant's share of the capacity, as weights of principals (the names of
+    /// token-file lines or certificates): `alice=3,bob=1`, `*=W` for those not named (1
+    /// by default: equal shares). A principal's share is its weight over the weights of
+    /// the principals holding bytes now, so an unused share is lent out; eviction takes
+    /// from principals over their share first, so one tenant's scan cannot evict
+    /// another's working set below its share.
+    #[arg(long, default_value = "", value_parser = parse_shares)]
+    pub tenant_shares: crate::policy::shares::Shares,
+
     /// Jobs whose counters get their own `job_id` label in the metrics (comma-separated,
     /// e.g. llama-pretrain,eval); the others are summed under `job_id="other"`, since a
     /// client chooses its job's name. `Status` shows every job either way.
@@ -228,10 +237,10 @@ fn parse_plan_window(text: &str) -> Result<PlanWindow, String> {
     }
 }
 
-/// Eviction starts above 95% of the capacity and frees down to 85%: a 10% band means one
-/// eviction pass (and one compaction) per ~10% of capacity written, not one per chunk.
-pub const HIGH_WATERMARK: f64 = 0.95;
-pub const LOW_WATERMARK: f64 = 0.85;
+/// `--tenant-shares`.
+fn parse_shares(text: &str) -> Result<crate::policy::shares::Shares, String> {
+    crate::policy::shares::Shares::parse(text)
+}
 
 impl SpokeArgs {
     pub fn hub_transport(&self) -> Result<HubTransport, Error> {
@@ -335,8 +344,8 @@ impl SpokeArgs {
         }
         Ok(CacheConfig {
             capacity: self.capacity.0,
-            high_watermark: HIGH_WATERMARK,
-            low_watermark: LOW_WATERMARK,
+            high_watermark: crate::capacity::HIGH_WATERMARK,
+            low_watermark: crate::capacity::LOW_WATERMARK,
             chunk_size: chunk,
             revalidate_after: self.revalidate_after,
             fetch_whole_shard: self.fetch_whole_shard,
@@ -353,6 +362,7 @@ impl SpokeArgs {
             },
             metric_jobs: self.metric_jobs.iter().filter(|j| !j.is_empty()).cloned().collect(),
             empty_entries_kept: crate::cache::EMPTY_ENTRIES_KEPT,
+            tenant_shares: self.tenant_shares.clone(),
         })
     }
 }

@@ -11,8 +11,8 @@ use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::{
         Chunk, DatasetStatus, EvictRequest, EvictResponse, JobStatus, MemberStatus, PinRequest, PinResponse,
-        PlanRequest, PlanResponse, PlanStatus, PrefetchProgress, PrefetchRequest, ReadRangeRequest,
-        StatusRequest, StatusResponse, cache_control_server::CacheControl,
+        PlanRequest, PlanResponse, PlanStatus, PrefetchProgress, PrefetchRequest, PrincipalStatus,
+        ReadRangeRequest, StatusRequest, StatusResponse, cache_control_server::CacheControl,
     },
 };
 use shardcache_serving::auth::Grant;
@@ -24,8 +24,7 @@ use crate::{
     Result,
     cache::Cache,
     entry::Entry,
-    entry::ShardKey,
-    plan::{MAX_PLAN_POSITIONS, PlanRefused, Planned, Use},
+    plan::{MAX_PLAN_POSITIONS, NewPlan, PlanRefused},
 };
 
 /// Shards a prefetch fetches at once when the request does not say. Each shard fetch
@@ -114,6 +113,7 @@ impl CacheControl for Control {
         let cache = self.cache.clone();
         // A prefetch names no job: what it fetches counts in the untagged row.
         let row = cache.metrics().jobs.row(grant.principal(), None);
+        let principal: Arc<str> = grant.principal().into();
         let entries: Vec<Arc<Entry>> = stream::iter(plan)
             .map(|(d, s)| {
                 let cache = cache.clone();
@@ -138,8 +138,8 @@ impl CacheControl for Control {
             // In plan order, `parallelism` shards at a time.
             let mut fetches = stream::iter(entries.iter().cloned())
                 .map(|entry| {
-                    let (cache, row) = (cache.clone(), row.clone());
-                    async move { (cache.fetch_shard(&entry, &row).await, entry) }
+                    let (cache, row, principal) = (cache.clone(), row.clone(), principal.clone());
+                    async move { (cache.fetch_shard(&entry, &row, &principal).await, entry) }
                 })
                 .buffered(parallelism);
             let mut failed = false;
@@ -217,6 +217,7 @@ impl CacheControl for Control {
         };
         let mut status = StatusResponse {
             datasets,
+            principals: principal_statuses(cache).into_iter().filter(|p| whose(&p.principal)).collect(),
             jobs: job_statuses(cache).into_iter().filter(|j| whose(&j.principal)).collect(),
             plans: plan_statuses(cache).into_iter().filter(|p| whose(&p.principal)).collect(),
             principal: grant.principal().to_owned(),
@@ -235,6 +236,8 @@ impl CacheControl for Control {
                 hubs: cache.hubs().urls(),
                 hub_trouble,
                 hub_trouble_age_s: age.as_secs(),
+                speculation_useful_share: cache.speculation().useful_share(),
+                speculation_unread_bytes: cache.speculation().unread(),
                 server_view: true,
                 ..status
             };
@@ -269,6 +272,8 @@ impl CacheControl for Control {
 
     async fn read_cached(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
         Grant::of(&request)?.check(&request.get_ref().dataset)?;
+        // A member hedged to asks the owner to join its fetch (`shardcache_proto::hedge`).
+        let join = request.metadata().get(shardcache_proto::hedge::JOIN_HEADER).is_some();
         let req = request.into_inner();
         let (dataset, shard) = (DatasetName::new(&req.dataset)?, ShardName::new(&req.shard)?);
         shardcache_proto::range::check_total(req.length, MAX_CACHED_READ.min(self.max_read))
@@ -283,11 +288,19 @@ impl CacheControl for Control {
             )));
         }
         shardcache_proto::range::check_within(req.offset, req.length, entry.size).map_err(Status::from)?;
-        let Some(data) = self.cache.read_cached(&entry, req.offset, req.length).await? else {
+        let mut data = self.cache.read_cached(&entry, req.offset, req.length).await?;
+        if data.is_none()
+            && join
+            && let Some(running) = self.cache.running_range(&entry, req.offset, req.length)
+        {
+            data = Some(running.await?);
+        }
+        let Some(data) = data else {
             return Err(Status::failed_precondition(format!(
-                "{dataset}/{shard} [{}, {}) is not all cached here",
+                "{dataset}/{shard} [{}, {}) is not all cached here{}",
                 req.offset,
-                req.offset + req.length
+                req.offset + req.length,
+                if join { " nor being fetched" } else { "" }
             )));
         };
         Ok(Response::new(Chunk {
@@ -303,7 +316,7 @@ impl CacheControl for Control {
         let grant = Grant::of(&request)?;
         let req = request.into_inner();
         shardcache_proto::job::check_job_name(&req.job).map_err(Status::invalid_argument)?;
-        let positions: usize = req.epochs.iter().map(|e| e.shards.len()).sum();
+        let positions: usize = req.epochs.iter().map(|e| e.shards.len() + e.shard_index.len()).sum();
         if positions > MAX_PLAN_POSITIONS {
             return Err(Status::invalid_argument(format!(
                 "a plan of {positions} reads is over the limit of {MAX_PLAN_POSITIONS}; send the current and the \
@@ -312,38 +325,12 @@ impl CacheControl for Control {
         }
         let refused = |e: PlanRefused| Status::resource_exhausted(e.to_string());
         self.cache.plans().admits(grant.principal(), &req.job, positions).map_err(refused)?;
-        // Each position's shard and use, the epochs one after another.
-        let mut order = Vec::with_capacity(positions);
-        for (number, epoch) in req.epochs.iter().enumerate() {
-            let count = epoch.shards.len();
-            if !epoch.until.is_empty() && epoch.until.len() != count {
-                return Err(Status::invalid_argument(format!(
-                    "epoch {} of the plan has {count} shards but {} `until` entries; send one per shard or none",
-                    req.epoch + number as u64,
-                    epoch.until.len()
-                )));
-            }
-            let offset = order.len();
-            for (i, shard) in epoch.shards.iter().enumerate() {
-                grant.check(&shard.dataset)?;
-                let until = epoch.until.get(i).map_or(i, |&u| u as usize);
-                if until < i || until >= count {
-                    return Err(Status::invalid_argument(format!(
-                        "`until` of shard {i} ({}/{}) in epoch {} of the plan is {until}: it must be from {i} to {}",
-                        shard.dataset,
-                        shard.shard,
-                        req.epoch + number as u64,
-                        count - 1
-                    )));
-                }
-                let key = (DatasetName::new(&shard.dataset)?, ShardName::new(&shard.shard)?);
-                let at = Use { first: offset + i, until: offset + until };
-                order.push((key, at, req.epoch + number as u64));
-            }
+        let (table, mut plan) = plan_positions(&req, positions)?;
+        for (dataset, _) in &table {
+            grant.check(dataset.as_str())?;
         }
         // Every shard the plan names must exist (its StatShard, as a prefetch's).
-        let distinct: std::collections::BTreeSet<_> = order.iter().map(|(key, ..)| key.clone()).collect();
-        let resolved = stream::iter(distinct)
+        let resolved = stream::iter(table)
             .map(|(dataset, shard)| {
                 let cache = self.cache.clone();
                 async move {
@@ -359,16 +346,8 @@ impl CacheControl for Control {
             .buffered(STAT_PARALLELISM)
             .collect::<Vec<_>>()
             .await;
-        let sizes: HashMap<ShardKey, u64> = resolved.into_iter().collect::<Result<_, Status>>()?;
-        let order = order
-            .into_iter()
-            .map(|((d, s), at, epoch)| {
-                let key = (d.to_string(), s.to_string());
-                let size = sizes.get(&key).copied().unwrap_or_default();
-                Planned { key, at, size, epoch }
-            })
-            .collect();
-        let shards = self.cache.plans().set(grant.principal(), &req.job, order).map_err(refused)? as u64;
+        plan.shards = resolved.into_iter().collect::<Result<_, Status>>()?;
+        let shards = self.cache.plans().set(grant.principal(), &req.job, plan).map_err(refused)? as u64;
         tracing::info!(principal = grant.principal(), job = %req.job, epoch = req.epoch, reads = positions, shards, "access plan set");
         Ok(Response::new(PlanResponse { shards }))
     }
@@ -378,6 +357,66 @@ impl CacheControl for Control {
         set_pins(&self.cache, self.cached(&request.get_ref().dataset, &request.get_ref().shards)?, false)
             .await
     }
+}
+
+/// A plan request's shards (each once) and positions: from its table and each position's
+/// index in it (the SDK's form), or from each position's names; `until`s checked.
+fn plan_positions(
+    req: &PlanRequest,
+    positions: usize,
+) -> Result<(Vec<(DatasetName, ShardName)>, NewPlan), Status> {
+    let mut table: Vec<(DatasetName, ShardName)> = Vec::new();
+    let mut index: HashMap<(&str, &str), u32> = HashMap::new();
+    for shard in &req.shard_table {
+        table.push((DatasetName::new(&shard.dataset)?, ShardName::new(&shard.shard)?));
+    }
+    let mut plan = NewPlan { positions: Vec::with_capacity(positions), ..NewPlan::default() };
+    for (number, epoch) in req.epochs.iter().enumerate() {
+        let epoch_number = req.epoch + number as u64;
+        let count = if req.shard_table.is_empty() { epoch.shards.len() } else { epoch.shard_index.len() };
+        if !epoch.until.is_empty() && epoch.until.len() != count {
+            return Err(Status::invalid_argument(format!(
+                "epoch {epoch_number} of the plan has {count} shards but {} `until` entries; send one per shard or none",
+                epoch.until.len()
+            )));
+        }
+        let offset = plan.positions.len();
+        plan.epochs.push((offset as u32, epoch_number));
+        for i in 0..count {
+            let local = if req.shard_table.is_empty() {
+                let shard = &epoch.shards[i];
+                match index.get(&(shard.dataset.as_str(), shard.shard.as_str())) {
+                    Some(&local) => local,
+                    None => {
+                        table.push((DatasetName::new(&shard.dataset)?, ShardName::new(&shard.shard)?));
+                        index.insert((shard.dataset.as_str(), shard.shard.as_str()), table.len() as u32 - 1);
+                        table.len() as u32 - 1
+                    }
+                }
+            } else {
+                let local = epoch.shard_index[i];
+                if local as usize >= table.len() {
+                    return Err(Status::invalid_argument(format!(
+                        "position {i} of epoch {epoch_number} of the plan names shard {local} of a table of {}",
+                        table.len()
+                    )));
+                }
+                local
+            };
+            let until = epoch.until.get(i).map_or(i, |&u| u as usize);
+            if until < i || until >= count {
+                let (dataset, shard) = &table[local as usize];
+                return Err(Status::invalid_argument(format!(
+                    "`until` of shard {i} ({dataset}/{shard}) in epoch {epoch_number} of the plan is {until}: it must be \
+                     from {i} to {}",
+                    count - 1
+                )));
+            }
+            plan.positions.push(local);
+            plan.until.push((offset + until) as u32);
+        }
+    }
+    Ok((table, plan))
 }
 
 /// Every plan's progress.
@@ -395,6 +434,21 @@ fn plan_statuses(cache: &Cache) -> Vec<PlanStatus> {
         .collect()
 }
 
+/// Every principal holding bytes, with its share (`policy::shares`).
+fn principal_statuses(cache: &Cache) -> Vec<PrincipalStatus> {
+    let (held, shares) = cache.held_and_shares();
+    let mut out: Vec<PrincipalStatus> = held
+        .into_iter()
+        .map(|(principal, held_bytes)| PrincipalStatus {
+            share_bytes: shares.get(&principal).copied().unwrap_or_default(),
+            principal,
+            held_bytes,
+        })
+        .collect();
+    out.sort_by(|a, b| a.principal.cmp(&b.principal));
+    out
+}
+
 /// Every (job, epoch) row (see `jobs.rs`).
 fn job_statuses(cache: &Cache) -> Vec<JobStatus> {
     let rows = cache.metrics().jobs.snapshot();
@@ -408,6 +462,7 @@ fn job_statuses(cache: &Cache) -> Vec<JobStatus> {
             bytes: row.bytes,
             hit_bytes: row.hit_bytes,
             hub_bytes: row.hub_bytes,
+            link_bytes: row.link_bytes,
         })
         .collect()
 }

@@ -1,5 +1,7 @@
 //! One cached shard *version*: its identity (id, version, size, chunk size), which of
-//! its chunks are present, and the locks that order writes to its record and its chunks.
+//! its chunks are present (and which of those speculation brought and no read has
+//! used), where its last read ended, and the locks that order writes to its record and
+//! its chunks.
 //! A new version of a shard is a new `Entry` with a new store id, so bytes of two versions
 //! never mix.
 
@@ -20,6 +22,9 @@ pub struct Entry {
     pub size: u64,
     pub chunk_size: u64,
     pub record_size: u32,
+    /// `policy::frequency::shard_hash` of the name: its chunks' keys in the admission
+    /// filter, the same for every version.
+    pub name_hash: u64,
     state: Mutex<EntryState>,
     /// Serialises writes of this entry's record; each writes the record as it is once
     /// the lock is held, so the record on disk is never older than one written before.
@@ -38,11 +43,19 @@ pub(crate) struct EntryState {
     pub(crate) prefetching: u32,
     pub(crate) evicted: bool,
     pub(crate) whole_fetch_started: bool,
+    /// Bit `i` set: chunk `i` was stored by speculation (read-ahead, a whole-shard
+    /// fetch) and no read has used it yet (`policy::speculation`).
+    pub(crate) unread: Vec<u8>,
+    /// Where the last read of the shard ended, and how many reads in a row began
+    /// where the one before ended (a sequential reader: read-ahead grows with it).
+    pub(crate) next_offset: u64,
+    pub(crate) sequential_run: u32,
 }
 
 impl Entry {
     /// The entry of the shard version `record` describes.
     pub(crate) fn new(dataset: String, shard: String, record: ShardRecord, last_access: u64) -> Self {
+        let name_hash = crate::policy::frequency::shard_hash(&dataset, &shard);
         Self {
             dataset,
             shard,
@@ -51,12 +64,16 @@ impl Entry {
             size: record.size,
             chunk_size: u64::from(record.chunk_size),
             record_size: record.record_size,
+            name_hash,
             state: Mutex::new(EntryState {
                 record,
                 last_access,
                 prefetching: 0,
                 evicted: false,
                 whole_fetch_started: false,
+                unread: Vec::new(),
+                next_offset: 0,
+                sequential_run: 0,
             }),
             record_writes: tokio::sync::Mutex::new(()),
             chunk_writes: tokio::sync::RwLock::new(()),
@@ -70,6 +87,16 @@ impl Entry {
     pub fn has_chunk(&self, index: u64) -> bool {
         let state = self.state();
         !state.evicted && state.record.has_chunk(index)
+    }
+
+    /// Whether chunk `index` is stored, for a read of it: and whether it was unread
+    /// speculation until now (the read uses it: `policy::speculation`).
+    pub fn has_chunk_for_read(&self, index: u64) -> (bool, bool) {
+        let mut state = self.state();
+        if state.evicted || !state.record.has_chunk(index) {
+            return (false, false);
+        }
+        (true, set_bit(&mut state.unread, index, false))
     }
 
     pub fn cached_bytes(&self) -> u64 {
@@ -110,4 +137,47 @@ impl Entry {
         let offset = index * self.chunk_size;
         (offset, self.size.saturating_sub(offset).min(self.chunk_size))
     }
+
+    /// Chunk `index`'s key in the admission filter.
+    pub fn chunk_key(&self, index: u64) -> u64 {
+        crate::policy::frequency::chunk_key(self.name_hash, index)
+    }
+
+    /// The principal whose share the entry's bytes count in ("" before any is stored, and
+    /// on an open server).
+    pub fn holder(&self) -> String {
+        self.state().record.holder.clone()
+    }
+
+    /// A read of `[offset, end)` began: whether it continues where the last one ended,
+    /// with the length of that run of reads (0 for a read that does not).
+    pub fn read_from(&self, offset: u64, end: u64) -> u32 {
+        let mut state = self.state();
+        state.sequential_run = if offset == state.next_offset && offset > 0 {
+            state.sequential_run.saturating_add(1)
+        } else {
+            0
+        };
+        state.next_offset = end;
+        state.sequential_run
+    }
+}
+
+/// Bit `index` of `bits`, set or cleared; whether it was set.
+pub(crate) fn set_bit(bits: &mut Vec<u8>, index: u64, set: bool) -> bool {
+    let byte = (index / 8) as usize;
+    let mask = 1 << (index % 8);
+    if bits.len() <= byte {
+        if !set {
+            return false;
+        }
+        bits.resize(byte + 1, 0);
+    }
+    let was = bits[byte] & mask != 0;
+    if set {
+        bits[byte] |= mask;
+    } else {
+        bits[byte] &= !mask;
+    }
+    was
 }

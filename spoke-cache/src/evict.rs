@@ -1,48 +1,103 @@
 //! Keeps the cache under its capacity: when an admission crosses the high watermark
 //! (`capacity.rs`), the evictor evicts shards until under the low watermark: by the
 //! jobs' access plans (the one read again furthest in the future first, `plan.rs`), and
-//! least recently used where no plan says. A shard's chunk files leave the disk as it is
-//! evicted (see `store`), so nothing is compacted afterwards.
+//! least recently used where no plan says, taking from the principals that hold more
+//! than their share of the capacity first (`policy::shares`), so one tenant's scan
+//! cannot push another's working set below its share. A shard's chunk files leave the
+//! disk as it is evicted (see `store`), so nothing is compacted afterwards.
 //!
 //! Whole shards go first (a training epoch reads whole shards, so half a shard is worth
 //! little); pinned shards never; shards held by a running prefetch only when nothing
 //! else is left (a plan larger than the cache must not push it past its capacity).
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
-use crate::{admission::Admission, capacity::Capacity, entry::Entry, index::Index, plan::Plans};
+use crate::{
+    admission::Admission, capacity::Capacity, entry::Entry, index::Index, plan::Plans, policy::shares::Shares,
+};
 
-/// What eviction uses: the capacity, the index and the plans to choose, the admission
-/// sink to remove.
+/// What eviction uses: the capacity, the index, the plans and the shares to choose, the
+/// admission sink to remove.
 #[derive(Debug, Clone)]
 pub struct Evictor {
     pub capacity: Arc<Capacity>,
     pub index: Arc<Index>,
     pub plans: Arc<Plans>,
     pub admission: Arc<Admission>,
+    pub shares: Arc<Shares>,
+}
+
+/// An entry eviction may take.
+struct Candidate {
+    entry: Arc<Entry>,
+    holder: String,
+    bytes: u64,
 }
 
 impl Evictor {
-    /// The entry to evict next: never a pinned one; one held by a prefetch only when
-    /// nothing else is left; among the rest, shards no plan reads again first, least
-    /// recently used first, then the one whose next planned read is furthest away (see
-    /// `plan::evict_before`).
-    pub fn victim(&self) -> Option<Arc<Entry>> {
-        let candidates = self.index.entries().into_iter().filter_map(|e| {
-            let (held, last_access) = {
-                let state = e.state();
-                let evictable = !state.record.pinned && !state.evicted && state.record.cached_bytes() > 0;
-                if !evictable {
-                    return None;
-                }
-                (state.prefetching > 0, state.last_access)
-            };
-            let next_use = self.plans.next_use(&(e.dataset.clone(), e.shard.clone()));
-            Some((held, (next_use, last_access), e))
-        });
+    /// Every entry eviction may take, in the order it takes them where no share says
+    /// otherwise: never a pinned one; one held by a prefetch last; among the rest, shards
+    /// no plan reads again first, least recently used first, then the one whose next
+    /// planned read is furthest away (see `plan::evict_before`).
+    fn candidates(&self) -> Vec<Candidate> {
+        let mut candidates: Vec<_> = self
+            .index
+            .entries()
+            .into_iter()
+            .filter_map(|e| {
+                let (held, last_access, holder, bytes) = {
+                    let state = e.state();
+                    let bytes = state.record.cached_bytes();
+                    if state.record.pinned || state.evicted || bytes == 0 {
+                        return None;
+                    }
+                    (state.prefetching > 0, state.last_access, state.record.holder.clone(), bytes)
+                };
+                let next_use = self.plans.next_use(&(e.dataset.clone(), e.shard.clone()));
+                Some(((held, (next_use, last_access)), Candidate { entry: e, holder, bytes }))
+            })
+            .collect();
+        candidates.sort_by(|(a, _), (b, _)| a.0.cmp(&b.0).then_with(|| crate::plan::evict_before(a.1, b.1)));
+        candidates.into_iter().map(|(_, c)| c).collect()
+    }
+
+    /// Bytes each principal holds among `candidates`.
+    fn held(candidates: &[Candidate]) -> HashMap<String, u64> {
+        let mut held: HashMap<String, u64> = HashMap::new();
+        for c in candidates {
+            *held.entry(c.holder.clone()).or_default() += c.bytes;
+        }
+        held
+    }
+
+    /// Where in `candidates` eviction takes next, `held` bytes per principal: the first
+    /// of a principal over its share, else (`principal`: for an admission of its) the
+    /// first of its own, else the first.
+    fn pick(
+        &self,
+        candidates: &[Candidate],
+        held: &HashMap<String, u64>,
+        principal: Option<&str>,
+    ) -> Option<usize> {
+        let over = self.shares.over(held, self.capacity.capacity());
         candidates
-            .min_by(|a, b| a.0.cmp(&b.0).then_with(|| crate::plan::evict_before(a.1, b.1)))
-            .map(|(_, _, e)| e)
+            .iter()
+            .position(|c| over.contains(&c.holder))
+            .or_else(|| principal.and_then(|p| candidates.iter().position(|c| c.holder == p)))
+            .or(if candidates.is_empty() { None } else { Some(0) })
+    }
+
+    /// The entry eviction would take next: for an admission by `principal`, the one its
+    /// admission would displace (`policy::admit` weighs the two).
+    pub fn victim_for(&self, principal: Option<&str>) -> Option<Arc<Entry>> {
+        let candidates = self.candidates();
+        let held = Self::held(&candidates);
+        self.pick(&candidates, &held, principal).map(|at| candidates[at].entry.clone())
+    }
+
+    /// The entry to evict next.
+    pub fn victim(&self) -> Option<Arc<Entry>> {
+        self.victim_for(None)
     }
 
     /// Evicts until the cache holds at most the low watermark; returns (shards, bytes).
@@ -51,8 +106,15 @@ impl Evictor {
         self.admission.retry_deletions().await;
         self.plans.expire();
         let (mut shards, mut bytes) = (0, 0);
+        let mut candidates = self.candidates();
+        let mut held = Self::held(&candidates);
         while self.capacity.over_low() {
-            let Some(victim) = self.victim() else {
+            if candidates.is_empty() {
+                // Taken since the pass began (or admitted meanwhile): look again.
+                candidates = self.candidates();
+                held = Self::held(&candidates);
+            }
+            let Some(at) = self.pick(&candidates, &held, None) else {
                 tracing::warn!(
                     used = self.capacity.used(),
                     target = self.capacity.low_watermark(),
@@ -60,8 +122,12 @@ impl Evictor {
                 );
                 break;
             };
-            let (evicted, freed) = self.admission.evict(std::slice::from_ref(&victim)).await;
-            tracing::debug!(dataset = %victim.dataset, shard = %victim.shard, freed, "evicted");
+            let victim = candidates.remove(at);
+            if let Some(h) = held.get_mut(&victim.holder) {
+                *h = h.saturating_sub(victim.bytes);
+            }
+            let (evicted, freed) = self.admission.evict(std::slice::from_ref(&victim.entry)).await;
+            tracing::debug!(dataset = %victim.entry.dataset, shard = %victim.entry.shard, freed, "evicted");
             shards += evicted;
             bytes += freed;
         }

@@ -130,6 +130,7 @@ impl Index {
                 present: Vec::new(),
                 pinned: false,
                 validated_at_ms: now_ms(),
+                holder: String::new(),
             };
             let now = self.started.elapsed().as_millis() as u64;
             let entry = Arc::new(Entry::new(key.0.clone(), key.1.clone(), record, now));
@@ -156,6 +157,21 @@ impl Index {
                 return Ok(false);
             }
             state.record.pinned = pinned;
+        }
+        self.persist(entry).await?;
+        Ok(true)
+    }
+
+    /// Makes `principal` the holder of `entry`'s bytes unless it has one; true when it
+    /// changed (the record is written then, once per entry). An open server's principal
+    /// is "", as is an entry's before it has a holder: nothing to write.
+    pub async fn set_holder(&self, entry: &Arc<Entry>, principal: &str) -> Result<bool> {
+        {
+            let mut state = entry.state();
+            if principal.is_empty() || !state.record.holder.is_empty() {
+                return Ok(false);
+            }
+            state.record.holder = principal.to_owned();
         }
         self.persist(entry).await?;
         Ok(true)

@@ -39,7 +39,20 @@ pub struct JobCounters {
     pub bytes: AtomicU64,
     pub hit_bytes: AtomicU64,
     pub hub_bytes: AtomicU64,
+    /// What `hub_bytes` took on the long link (less where the hub compressed them).
+    pub link_bytes: AtomicU64,
+    /// When the spoke last warned that the job's reads cost more over the link than
+    /// they read (ms since the Unix epoch; 0: never).
+    warned_at_ms: AtomicU64,
 }
+
+/// Bytes over the link beyond those read before a job's reads count as costing more
+/// than they read: a plan's prefetch runs a block or two ahead of the reads, and a first
+/// read of a chunk the cache stores brings the whole chunk.
+pub const AMPLIFICATION_SLACK: u64 = 256 << 20;
+
+/// A job is warned about at most this often.
+pub const AMPLIFICATION_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A row's values at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,6 +62,7 @@ pub struct JobSnapshot {
     pub bytes: u64,
     pub hit_bytes: u64,
     pub hub_bytes: u64,
+    pub link_bytes: u64,
 }
 
 impl JobSnapshot {
@@ -59,6 +73,18 @@ impl JobSnapshot {
         self.bytes += other.bytes;
         self.hit_bytes += other.hit_bytes;
         self.hub_bytes += other.hub_bytes;
+        self.link_bytes += other.link_bytes;
+    }
+
+    /// Bytes over the long link per byte read (0 before any read).
+    pub fn amplification(&self) -> f64 {
+        if self.bytes == 0 { 0.0 } else { self.link_bytes as f64 / self.bytes as f64 }
+    }
+
+    /// Bytes over the long link per byte read that missed the cache (0 before any miss).
+    pub fn miss_amplification(&self) -> f64 {
+        let missed = self.bytes - self.hit_bytes.min(self.bytes);
+        if missed == 0 { 0.0 } else { self.link_bytes as f64 / missed as f64 }
     }
 }
 
@@ -80,7 +106,22 @@ impl JobCounters {
             bytes: self.bytes.load(Relaxed),
             hit_bytes: self.hit_bytes.load(Relaxed),
             hub_bytes: self.hub_bytes.load(Relaxed),
+            link_bytes: self.link_bytes.load(Relaxed),
         }
+    }
+
+    /// Whether to warn now that this row's reads cost more over the link than they read
+    /// (by more than [`AMPLIFICATION_SLACK`]): at most once per
+    /// [`AMPLIFICATION_WARNING_EVERY`]; `now_ms` since the Unix epoch.
+    pub fn warn_amplified(&self, now_ms: u64) -> bool {
+        let (read, link) = (self.bytes.load(Relaxed), self.link_bytes.load(Relaxed));
+        if link <= read.saturating_add(AMPLIFICATION_SLACK) {
+            return false;
+        }
+        let last = self.warned_at_ms.load(Relaxed);
+        let every = AMPLIFICATION_WARNING_EVERY.as_millis() as u64;
+        (last == 0 || now_ms.saturating_sub(last) >= every)
+            && self.warned_at_ms.compare_exchange(last, now_ms.max(1), Relaxed, Relaxed).is_ok()
     }
 
     fn add(&self, other: JobSnapshot) {
@@ -89,6 +130,7 @@ impl JobCounters {
         self.bytes.fetch_add(other.bytes, Relaxed);
         self.hit_bytes.fetch_add(other.hit_bytes, Relaxed);
         self.hub_bytes.fetch_add(other.hub_bytes, Relaxed);
+        self.link_bytes.fetch_add(other.link_bytes, Relaxed);
     }
 }
 
@@ -183,6 +225,21 @@ impl Rows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_whose_reads_cost_more_over_the_link_than_they_read_is_warned_about_once_a_minute() {
+        let row = JobCounters::default();
+        row.read(100 << 20, false);
+        row.link_bytes.fetch_add(300 << 20, Relaxed);
+        assert!(!row.warn_amplified(1_000), "within the slack");
+        row.link_bytes.fetch_add(100 << 20, Relaxed);
+        assert!(row.warn_amplified(1_000));
+        assert!(!row.warn_amplified(30_000), "not again within a minute");
+        assert!(row.warn_amplified(61_000));
+        let snapshot = row.snapshot();
+        assert_eq!((snapshot.amplification(), snapshot.miss_amplification()), (4.0, 4.0));
+        assert_eq!(JobSnapshot::default().amplification(), 0.0);
+    }
 
     #[test]
     fn old_rows_fold_into_one_and_nothing_is_lost() {

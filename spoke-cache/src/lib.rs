@@ -41,6 +41,7 @@ pub mod lookup;
 pub mod metrics;
 pub mod plan;
 pub mod plan_fetch;
+pub mod policy;
 pub mod revalidation;
 pub mod server;
 pub mod shared;

@@ -26,6 +26,9 @@ pub const OTHER_JOBS: &str = "other";
 /// Picks one value of a job row.
 type JobField = fn(&JobSnapshot) -> u64;
 
+/// Picks one of a principal's (held, share) bytes.
+type PrincipalField = fn(&(u64, u64)) -> u64;
+
 /// Per-dataset counters.
 #[derive(Debug, Default)]
 pub struct DatasetCounters {
@@ -81,6 +84,12 @@ pub struct Occupancy {
     pub disk_bytes: u64,
     /// Per dataset: (cached shards, cached bytes, pinned shards).
     pub datasets: BTreeMap<String, (u64, u64, u64)>,
+    /// Per principal holding bytes: (bytes held, its share of the capacity now). Its
+    /// names are the operator's (token-file lines, certificate names), so few.
+    pub principals: BTreeMap<String, (u64, u64)>,
+    /// Of what speculation brought lately, the share reads used; bytes it holds unread.
+    pub speculation_useful_share: f64,
+    pub speculation_unread_bytes: u64,
     /// The token file no longer loads, so requests with tokens are refused (an alarm).
     pub token_file_broken: bool,
     /// Members of the spoke's group as it sees them now (itself included); 0 alone.
@@ -269,6 +278,36 @@ fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
     for (dataset, (_, bytes, _)) in &occupancy.datasets {
         let _ = writeln!(out, "{name}{{dataset=\"{}\"}} {bytes}", escape(dataset));
     }
+    let per_principal: [(&str, &str, PrincipalField); 2] = [
+        ("shardcache_spoke_principal_held_bytes", "Bytes of the shards each principal's reads stored", |p| {
+            p.0
+        }),
+        (
+            "shardcache_spoke_principal_share_bytes",
+            "Each principal's share of the capacity now (--tenant-shares; an unused share is lent out)",
+            |p| p.1,
+        ),
+    ];
+    for (name, help, field) in per_principal {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (principal, values) in &occupancy.principals {
+            let _ = writeln!(out, "{name}{{principal=\"{}\"}} {}", escape(principal), field(values));
+        }
+    }
+    let name = "shardcache_spoke_speculation_useful_ratio";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Of the bytes read-ahead and whole-shard fetches brought lately, the share reads used before \
+         eviction (below 0.5 they back off)\n# TYPE {name} gauge\n{name} {}",
+        occupancy.speculation_useful_share
+    );
+    let name = "shardcache_spoke_speculation_unread_bytes";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Bytes read-ahead and whole-shard fetches stored that no read has used yet\n\
+         # TYPE {name} gauge\n{name} {}",
+        occupancy.speculation_unread_bytes
+    );
 }
 
 impl Metrics {
@@ -288,7 +327,7 @@ impl Metrics {
             };
             rows.entry(label).or_default().add(row);
         }
-        let series: [(&str, &str, JobField); 5] = [
+        let series: [(&str, &str, JobField); 6] = [
             ("shardcache_spoke_job_reads_total", "Reads per job and epoch", |r| r.reads),
             (
                 "shardcache_spoke_job_hit_reads_total",
@@ -303,6 +342,11 @@ impl Metrics {
                 "shardcache_spoke_job_hub_bytes_total",
                 "Bytes fetched from the hub for a job's reads and plan, per epoch",
                 |r| r.hub_bytes,
+            ),
+            (
+                "shardcache_spoke_job_link_bytes_total",
+                "What a job's hub bytes took on the long link, per epoch (over its bytes read: its amplification)",
+                |r| r.link_bytes,
             ),
         ];
         for (name, help, field) in series {

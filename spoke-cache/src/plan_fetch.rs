@@ -97,7 +97,7 @@ impl PlanFetcher {
             }
             let (this, row) = (self.clone(), self.metrics.jobs.planned(&principal, &job, epoch));
             tokio::spawn(async move {
-                if let Err(e) = this.fetch_whole(&key, row).await {
+                if let Err(e) = this.fetch_whole(&key, row, &principal).await {
                     tracing::debug!(dataset = %key.0, shard = %key.1, job, error = %e, "planned fetch failed");
                 }
                 this.plans.fetched(&key);
@@ -105,14 +105,16 @@ impl PlanFetcher {
         }
     }
 
-    /// Fetches `key` whole, held against eviction while it runs; counted in `row`.
-    async fn fetch_whole(&self, key: &ShardKey, row: JobRow) -> crate::Result<u64> {
+    /// Fetches `key` whole for `principal`'s plan, held against eviction while it runs;
+    /// counted in `row`.
+    async fn fetch_whole(&self, key: &ShardKey, row: JobRow, principal: &str) -> crate::Result<u64> {
         if self.plans.next_use(key).is_none() {
             return Ok(0); // read and done since it was listed
         }
         let entry = self.lookups.entry(&DatasetName::new(&key.0)?, &ShardName::new(&key.1)?).await?;
         entry.hold_for_prefetch(true);
-        let fetched = self.fetch.fetch_shard(&entry, self.parallelism, &row).await;
+        let fetch = crate::fetch::FetchFor::read(&row, principal, &[]);
+        let fetched = self.fetch.fetch_shard(&entry, self.parallelism, fetch).await;
         entry.hold_for_prefetch(false);
         fetched
     }

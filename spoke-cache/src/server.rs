@@ -284,6 +284,16 @@ fn occupancy(cache: &Cache) -> Occupancy {
             .map_or(0, |p| p.states().iter().filter(|m| m.state == "refusing this spoke").count() as u64),
         ..Default::default()
     };
+    let (held, shares) = cache.held_and_shares();
+    occupancy.principals = held
+        .into_iter()
+        .map(|(principal, bytes)| {
+            let share = shares.get(&principal).copied().unwrap_or_default();
+            (principal, (bytes, share))
+        })
+        .collect();
+    occupancy.speculation_useful_share = cache.speculation().useful_share();
+    occupancy.speculation_unread_bytes = cache.speculation().unread();
     for entry in cache.entries() {
         let slot = occupancy.datasets.entry(entry.dataset.clone()).or_default();
         let bytes = entry.cached_bytes();

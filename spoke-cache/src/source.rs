@@ -58,12 +58,13 @@ impl CachedSource {
         context: &ReadContext,
     ) -> Result<CachedShard> {
         let row = self.0.metrics().jobs.row(&context.principal, context.job.as_ref());
-        let entry = self.0.entry_for(dataset, shard, reads, &row, context.index_read).await?;
-        let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
         let job = context.job.as_ref().map(|tag| tag.job.clone());
         let principal = context.principal.as_str().into();
         let (avoid, index_read) = (context.avoid.clone().into(), context.index_read);
-        let reader = ReadFor { job, principal, row, avoid, index_read };
+        let mut reader = ReadFor { job, principal, row, avoid, index_read, alongside: None };
+        let (entry, alongside) = self.0.entry_for(dataset, shard, reads, &reader).await?;
+        reader.alongside = alongside;
+        let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
         Ok(CachedShard { cache: self.0.clone(), entry, meta, reader })
     }
 }

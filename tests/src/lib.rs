@@ -163,6 +163,7 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
             plan_limits: Default::default(),
             metric_jobs: ["trainer".to_owned()].into(),
             empty_entries_kept: spoke_cache::cache::EMPTY_ENTRIES_KEPT,
+            tenant_shares: Default::default(),
         },
         store: StoreOptions::default(),
         max_read: 1 << 20,

@@ -33,8 +33,13 @@ async fn a_full_disk_degrades_to_pass_through_and_every_read_is_served() {
     assert_dataset_reads_back(&client, "big", &dataset).await;
     spoke.settled().await;
 
-    // Another tenant of the disk takes all but 1 MiB: reads go on, served from the hub
-    // where storing fails, and the spoke comes down to what the disk holds.
+    // Another tenant of the disk takes all but 1 MiB of what the cache does not hold
+    // (emptied first, so that its misses are stored: a full cache stores none of a scan):
+    // reads go on, served from the hub where storing fails, and the spoke comes down to
+    // what the disk holds.
+    let evicted = spoke.control().await.evict("big", &[]).await.unwrap();
+    assert!(evicted.shards > 0);
+    spoke.settled().await;
     let tenant = fill(disk.path(), 1 << 20);
     for _ in 0..2 {
         assert_dataset_reads_back(&client, "big", &dataset).await;

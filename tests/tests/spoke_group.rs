@@ -143,20 +143,22 @@ async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping
         "the members still up served every read: {served} served for {reads} reads, {hedges} hedges"
     );
 
-    // Back on its address with its cache: the client that saw it fail finds it serving
-    // again (its health check, every 500 ms), and it serves its shards from its cache.
+    // Back on its address with its cache: the client that saw it fail (or that found
+    // its calls hanging and demoted it: either way it is failing until it answers)
+    // finds it serving again (its health check, every 500 ms), and it serves its shards
+    // from its cache.
     assert_eq!(node_a.failing_members(), [group.urls[stopped].clone()]);
     let addr = group.urls[stopped].trim_start_matches("http://").to_owned();
     let listener = TcpListener::bind(&addr).await.unwrap();
     group.spokes[stopped] = Some(group.start_member(stopped, listener).await);
-    let before = hub.stats.snapshot().bytes_served;
-    let back = group.spokes[stopped].as_ref().unwrap();
-    let hits_before =
-        back.cache.metrics().dataset("ds").hit_requests.load(std::sync::atomic::Ordering::Relaxed);
     shardcache_tests::until("the client seeing the member serve again", || {
         node_a.failing_members().is_empty()
     })
     .await;
+    let before = hub.stats.snapshot().bytes_served;
+    let back = group.spokes[stopped].as_ref().unwrap();
+    let hits_before =
+        back.cache.metrics().dataset("ds").hit_requests.load(std::sync::atomic::Ordering::Relaxed);
     let hedges_before = node_a.hedges().sent.load(std::sync::atomic::Ordering::Relaxed);
     read_all(&node_a, &files).await;
     group.settled().await;

@@ -1,7 +1,8 @@
 //! Access plans (`SetPlan`): a cache smaller than the data keeps what the jobs read
-//! again soonest. Read the same way twice, a spoke evicting least recently used fetches
-//! the whole dataset again in the second epoch; one that knows the plan keeps part of
-//! it. Plans are checked: shards that do not exist and bad job names are refused.
+//! again soonest. Read the same way twice, a spoke evicting least recently used would
+//! fetch the whole dataset again in the second epoch; one that knows the plan keeps part
+//! of it, and one without stops storing once full (its admission) and keeps what it
+//! stored. Plans are checked: shards that do not exist and bad job names are refused.
 
 #![allow(clippy::unwrap_used)]
 
@@ -46,10 +47,13 @@ async fn second_epoch_hub_bytes(with_plan: bool) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plan_keeps_what_is_read_again_soonest_where_lru_keeps_nothing() {
-    let lru = second_epoch_hub_bytes(false).await;
+async fn a_plan_keeps_what_is_read_again_soonest_where_lru_would_keep_nothing() {
+    let unplanned = second_epoch_hub_bytes(false).await;
     let planned = second_epoch_hub_bytes(true).await;
-    assert_eq!(lru, 6 * MIB, "least recently used evicts each shard just before it is read again");
+    // Least recently used would evict each shard just before it is read again (6 MiB).
+    // Without a plan the spoke stores what fits, then fetches the rest as read: the
+    // shards it kept are hits.
+    assert!(unplanned <= 3 * MIB, "the spoke without a plan fetched {unplanned} bytes again");
     // The plan keeps two shards through the first epoch and the last one of the second
     // (Belady's choice, see plan.rs): half the second epoch is a hit.
     assert!((MIB..=3 * MIB).contains(&planned), "the plan-aware spoke fetched {planned} bytes again");

@@ -192,21 +192,31 @@ async fn first_touch_fetches_the_whole_shard_or_reads_ahead_when_configured() {
     eventually("whole-shard fetch", || entry.is_complete()).await;
     assert_eq!(hub.stats.snapshot().bytes_served, 4 << 20);
 
-    // Whole-shard fetch off, read-ahead of 2: reading chunk 5 brings chunks 6 and 7.
+    // Whole-shard fetch off, read-ahead of 2: a reader going on where its last read
+    // ended in chunk 5 brings chunk 6, then 6 and 7 (the window grows with the run).
     let cache = tempfile::tempdir().unwrap();
     let mut options = spoke_options(&hub.endpoint);
     options.cache.fetch_whole_shard = false;
     let spoke = TestSpoke::start(cache.path(), options).await;
-    spoke
-        .client()
-        .await
-        .read_range(&Range::new("ds", "shard-00001.bin", 5 * (256 << 10), 16384))
-        .await
-        .unwrap();
+    let client = spoke.client().await;
+    let read = |offset: u64| {
+        let client = client.clone();
+        async move { client.read_range(&Range::new("ds", "shard-00001.bin", offset, 16384)).await.unwrap() }
+    };
+    read(5 * (256 << 10)).await;
+    spoke.settled().await;
     let entry = spoke.cache.cached_entry("ds", "shard-00001.bin").unwrap();
+    let present = || (0..16).filter(|&i| entry.has_chunk(i)).collect::<Vec<u64>>();
+    assert_eq!(present(), [5], "one read is no sequential reader: nothing read ahead");
+    read(5 * (256 << 10) + 16384).await;
+    read(5 * (256 << 10) + 2 * 16384).await;
     eventually("read-ahead", || entry.has_chunk(6) && entry.has_chunk(7)).await;
-    let present: Vec<u64> = (0..16).filter(|&i| entry.has_chunk(i)).collect();
-    assert_eq!(present, [5, 6, 7]);
+    spoke.settled().await;
+    assert_eq!(present(), [5, 6, 7]);
+    // A read elsewhere starts no run.
+    read(12 * (256 << 10) + 100).await;
+    spoke.settled().await;
+    assert_eq!(present(), [5, 6, 7, 12]);
 }
 
 #[tokio::test]

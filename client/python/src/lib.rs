@@ -414,6 +414,8 @@ impl Client {
             item.set_item("miss_requests", s.miss_requests)?;
             item.set_item("upstream_bytes", s.upstream_bytes)?;
             item.set_item("upstream_wire_bytes", s.upstream_wire_bytes)?;
+            item.set_item("hit_bytes", s.hit_bytes)?;
+            item.set_item("miss_bytes", s.miss_bytes)?;
             item.set_item("peer_bytes", s.peer_bytes)?;
             datasets.set_item(s.dataset, item)?;
         }
@@ -429,9 +431,21 @@ impl Client {
             item.set_item("bytes", j.bytes)?;
             item.set_item("hit_bytes", j.hit_bytes)?;
             item.set_item("hub_bytes", j.hub_bytes)?;
+            item.set_item("link_bytes", j.link_bytes)?;
             jobs.append(item)?;
         }
         d.set_item("jobs", jobs)?;
+        let principals = PyList::empty(py);
+        for p in status.principals {
+            let item = PyDict::new(py);
+            item.set_item("principal", p.principal)?;
+            item.set_item("held_bytes", p.held_bytes)?;
+            item.set_item("share_bytes", p.share_bytes)?;
+            principals.append(item)?;
+        }
+        d.set_item("principals", principals)?;
+        d.set_item("speculation_useful_share", status.speculation_useful_share)?;
+        d.set_item("speculation_unread_bytes", status.speculation_unread_bytes)?;
         let plans = PyList::empty(py);
         for p in status.plans {
             let item = PyDict::new(py);

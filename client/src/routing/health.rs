@@ -30,6 +30,15 @@ pub const DEMOTE_AFTER: u32 = 3;
 /// try it: a call that was given the member and then dropped must not end its probes.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Hedges a member's slow calls may send, in thousandths of the calls it is asked first, and
+/// at most this many saved up: gRPC's hedging is throttled the same way (a token bucket
+/// per server, `retryThrottling`), so a healthy group whose cold reads often outlast
+/// twice their p95 sends a few hedges, not one call in six (`group-bench`,
+/// BENCHMARKS.md). A member that has lost a race since it last won one, or is on
+/// probation, is hedged whenever its delay passes: that is a gray failure being found.
+pub const HEDGE_SHARE_PER_MILLE: u32 = 50;
+pub const HEDGE_BURST: u32 = 10;
+
 /// Answer times kept per member for its hedge delay.
 const LATENCY_SAMPLES: usize = 64;
 /// Answers needed before the learned delay replaces the policy's initial one.
@@ -124,6 +133,9 @@ pub struct Health {
     latencies: Mutex<Latencies>,
     /// The learned hedge delay in microseconds (0: not learned yet).
     learned_micros: AtomicU64,
+    /// Thousandths of the hedges its slow calls may send now
+    /// ([`HEDGE_SHARE_PER_MILLE`]); `None` until first asked (a full [`HEDGE_BURST`]).
+    hedge_tokens: Mutex<Option<u32>>,
 }
 
 #[derive(Debug, Default)]
@@ -172,6 +184,12 @@ impl Health {
         self.demotion.paused()
     }
 
+    /// Failed, demoted or on probation, and not proven well since: a member a client
+    /// skips, or tries with one call at a time.
+    pub fn is_suspect(&self) -> bool {
+        self.has_failed() || self.demotion.is_set()
+    }
+
     /// A call failed as a down member's would: skip it for a while, longer each time.
     pub fn failed(&self) {
         self.failures.fail();
@@ -206,9 +224,16 @@ impl Health {
     }
 
     /// A health check said SERVING: the failures' pause ends (a demotion does not: such
-    /// a member answers health checks and still hangs on reads).
+    /// a member answers health checks and still hangs on reads), and so does the
+    /// probation of a member that failed since its demotion (down, then back: a new
+    /// process, not the gray one).
     pub fn serving_again(&self) -> bool {
-        self.failures.reset()
+        let failed = self.failures.reset();
+        if failed && self.on_probation() {
+            self.demotion.reset();
+            self.lost.store(0, Relaxed);
+        }
+        failed
     }
 
     /// It answered before the hedge sent after it did.
@@ -235,10 +260,38 @@ impl Health {
     /// answer times, at least `policy.floor`; `policy.initial` until it has answered
     /// enough calls.
     pub fn hedge_delay(&self, policy: &HedgePolicy) -> Duration {
+        self.learned_delay().unwrap_or(policy.initial).max(policy.floor)
+    }
+
+    /// Twice the p95 of its recent answer times, once it has answered enough calls.
+    pub fn learned_delay(&self) -> Option<Duration> {
         match self.learned_micros.load(Relaxed) {
-            0 => policy.initial.max(policy.floor),
-            micros => Duration::from_micros(micros).max(policy.floor),
+            0 => None,
+            micros => Some(Duration::from_micros(micros)),
         }
+    }
+
+    /// A call asked it first: it earns [`HEDGE_SHARE_PER_MILLE`] thousandths of a hedge.
+    pub fn asked(&self) {
+        let mut tokens = lock(&self.hedge_tokens);
+        *tokens =
+            Some((tokens.unwrap_or(HEDGE_BURST * 1000) + HEDGE_SHARE_PER_MILLE).min(HEDGE_BURST * 1000));
+    }
+
+    /// Whether a call it has not answered in time may be hedged now (spending one of its
+    /// hedges): within its share of hedges, or always while it is suspect (a race lost
+    /// since it last won one, or on probation).
+    pub fn may_hedge(&self) -> bool {
+        if self.lost.load(Relaxed) > 0 || self.on_probation() {
+            return true;
+        }
+        let mut tokens = lock(&self.hedge_tokens);
+        let left = tokens.unwrap_or(HEDGE_BURST * 1000);
+        if left < 1000 {
+            return false;
+        }
+        *tokens = Some(left - 1000);
+        true
     }
 }
 
@@ -281,6 +334,7 @@ mod tests {
         assert!(!health.is_live() && health.is_demoted());
         health.serving_again();
         assert!(!health.is_live(), "SERVING does not end a demotion");
+        assert!(health.is_suspect());
         for _ in 0..DEMOTE_AFTER - 1 {
             health.lost_race();
         }
@@ -315,6 +369,38 @@ mod tests {
             "an answer ends the probation: every call may ask it"
         );
         assert!(!health.is_demoted());
+    }
+
+    #[test]
+    fn a_demoted_member_that_went_down_and_came_back_is_well_again_once_it_says_serving() {
+        let health =
+            Health { demotion: Backoff::new(Duration::from_millis(1), MAX_BACKOFF), ..Health::default() };
+        for _ in 0..DEMOTE_AFTER {
+            health.lost_race();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(health.is_suspect() && !health.is_live(), "on probation");
+        health.serving_again();
+        assert!(health.is_suspect(), "a gray member says SERVING too: still on probation");
+        health.failed();
+        health.serving_again();
+        assert!(health.is_live() && !health.is_suspect(), "down, then back: a new process");
+    }
+
+    #[test]
+    fn hedges_are_a_share_of_the_calls_except_for_a_suspect_member() {
+        let health = Health::default();
+        let sent = (0..100).filter(|_| health.may_hedge()).count();
+        assert_eq!(sent, HEDGE_BURST as usize, "a burst saved up, then nothing");
+        for _ in 0..100 {
+            health.asked();
+        }
+        let sent = (0..100).filter(|_| health.may_hedge()).count();
+        assert_eq!(sent, (100 * HEDGE_SHARE_PER_MILLE / 1000) as usize, "a share of the calls asked");
+        assert!(health.lost_race().is_none());
+        assert!((0..10).all(|_| health.may_hedge()), "a member that lost a race is hedged whenever slow");
+        health.won_race();
+        assert!(!health.may_hedge(), "and within its share again once it wins one");
     }
 
     #[test]

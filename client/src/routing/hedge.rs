@@ -34,12 +34,21 @@ pub struct HedgeCounters {
 pub struct Candidate<'a> {
     pub health: &'a Health,
     pub name: &'a str,
+    /// Hedge after this rather than the member's learned delay (a call whose answer is
+    /// known to come within it, or not at all).
+    pub delay: Option<std::time::Duration>,
+}
+
+impl<'a> Candidate<'a> {
+    pub fn new(health: &'a Health, name: &'a str) -> Self {
+        Self { health, name, delay: None }
+    }
 }
 
 /// Asks `candidates` in order until one answers: the next one when a call fails (its
 /// member unwell or without the answer) or has not answered within its hedge delay
-/// (`policy`); at most [`MAX_IN_FLIGHT`] calls at once; the first answer wins and the
-/// rest are cancelled. `call(i)` asks candidate `i`. Answer times, failures and races go
+/// (`policy`) while its member's hedge budget allows (`Health::may_hedge`); at most
+/// [`MAX_IN_FLIGHT`] calls at once; the first answer wins and the rest are cancelled. `call(i)` asks candidate `i`. Answer times, failures and races go
 /// into each candidate's health, hedges into `counters`. `Err(None)`: no candidates.
 pub async fn hedged<T, E, F, Fut>(
     candidates: &[Candidate<'_>],
@@ -60,9 +69,12 @@ where
     let mut last_error = None;
     let mut launch = |i: usize, running: &mut FuturesUnordered<_>, in_flight: &mut Vec<(usize, Instant)>| {
         let now = Instant::now();
+        if i == 0 {
+            candidates[i].health.asked();
+        }
         in_flight.push((i, now));
         running.push(call(i).map(move |result| (i, result)));
-        now + candidates[i].health.hedge_delay(policy)
+        now + candidates[i].delay.unwrap_or_else(|| candidates[i].health.hedge_delay(policy))
     };
     loop {
         if in_flight.is_empty() {
@@ -110,6 +122,13 @@ where
                 }
             }
             () = timer => {
+                // The member last asked has not answered in time; without budget for a
+                // hedge, its answer (or failure) is waited for.
+                let slow = in_flight.last().map_or(next - 1, |&(c, _)| c);
+                if !candidates[slow].health.may_hedge() {
+                    hedge_at = None;
+                    continue;
+                }
                 counters.sent.fetch_add(1, Relaxed);
                 tracing::debug!(member = candidates[next - 1].name, next = candidates[next].name, "no answer within the hedge delay: asking the next member too");
                 hedge_at = Some(launch(next, &mut running, &mut in_flight));
@@ -172,7 +191,7 @@ mod tests {
     ) -> (Result<usize, Option<Failure>>, HedgeCounters, usize) {
         let names = ["a", "b", "c"];
         let candidates: Vec<Candidate> =
-            healths.iter().zip(names).map(|(health, name)| Candidate { health, name }).collect();
+            healths.iter().zip(names).map(|(health, name)| Candidate::new(health, name)).collect();
         let counters = HedgeCounters::default();
         let calls = AtomicUsize::new(0);
         let result = hedged(&candidates, &POLICY, &counters, |i| {

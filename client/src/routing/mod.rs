@@ -82,8 +82,7 @@ impl<T> Router<T> {
         F: FnMut(usize, &Arc<Slot<T>>) -> Fut,
         Fut: std::future::Future<Output = Result<R, E>>,
     {
-        let candidates: Vec<Candidate> =
-            route.iter().map(|m| Candidate { health: &m.health, name: &m.url }).collect();
+        let candidates: Vec<Candidate> = route.iter().map(|m| Candidate::new(&m.health, &m.url)).collect();
         hedged(&candidates, &self.policy, &self.counters, |i| call(i, &route[i])).await
     }
 }

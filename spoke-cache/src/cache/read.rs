@@ -1,6 +1,11 @@
 //! The read path of the cache: stored parts from the store in one hop to the blocking
 //! pool, missing chunks from the fetch owner (all started at once), parts of fetched
 //! chunks copied out; a stored chunk that fails its check is forgotten and refetched.
+//!
+//! A missing chunk is fetched whole and stored only when the admission says it pays
+//! (`policy::admit`: room below the low watermark, a plan, or a chunk read far more than
+//! what it would displace); otherwise the part the read wants is fetched as read and
+//! served without being stored. Every part read, stored or not, counts in the filter.
 
 use std::sync::{Arc, atomic::Ordering::Relaxed};
 
@@ -10,9 +15,11 @@ use super::Cache;
 use crate::{
     Error, Result,
     entry::Entry,
-    fetch::ChunkFetch,
+    fetch::{ChunkFetch, FetchFor},
     jobs::JobRow,
+    policy::admit,
     store::{PageFault, blocking},
+    suppliers::Joined,
 };
 
 /// Who a read is for: its job (a plan's straggler is told by it), the row its reads
@@ -29,6 +36,16 @@ pub struct ReadFor {
     /// read and kept in memory (`index_reads.rs`), and start no read-ahead or
     /// whole-shard fetch.
     pub index_read: bool,
+    /// The reads started alongside the shard's first stat for this request, kept until
+    /// it ends (so that a part fetched as read takes them up: `Cache::entry_for`).
+    pub alongside: Option<Arc<super::Alongside>>,
+}
+
+impl ReadFor {
+    /// A fetch for this reader's reads.
+    pub fn fetch(&self) -> FetchFor<'_> {
+        FetchFor::read(&self.row, &self.principal, &self.avoid)
+    }
 }
 
 /// Shards one read call may start read-ahead or a whole-shard fetch for (the rest of a
@@ -64,7 +81,6 @@ impl Cache {
         wants: &[(&Arc<Entry>, u64, u64)],
         reader: &ReadFor,
     ) -> Result<Vec<Checked>> {
-        let row = &reader.row;
         // The jobs that planned these shards have reached them (before any admission
         // this read causes makes room by the plans). A straggler's miss (the reader's own
         // plan has moved past the shard) is fetched as read and not stored: its room is
@@ -81,26 +97,27 @@ impl Cache {
             }
         }
         let mut parts = Vec::new();
+        // Per range, the reads in a row of its shard that began where the one before
+        // ended (0: not sequential): what read-ahead follows, and what the filter counts.
+        let mut runs = vec![0; wants.len()];
         for (want, &(entry, offset, length)) in wants.iter().enumerate() {
             if length == 0 {
                 continue;
             }
             let end = offset + length;
+            if !reader.index_read {
+                runs[want] = entry.read_from(offset, end);
+            }
             for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
                 let (chunk_start, chunk_len) = entry.chunk_range(index);
                 let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
-                let kept = || self.index_reads.get((entry.id, from, to - from));
-                let (source, bytes) = if entry.has_chunk(index) {
-                    (Source::Stored, None)
-                } else if let Some(bytes) = reader.index_read.then(kept).flatten() {
-                    (Source::Kept, Some(bytes))
-                } else if stragglers.contains(&entry.id) || reader.index_read {
-                    (Source::Direct, None)
-                } else {
-                    let fetch = self.fetch.chunk(entry, index, row, &reader.avoid);
-                    (fetch.map_or(Source::Stored, Source::Chunk), None)
-                };
-                let missed = matches!(source, Source::Chunk(_) | Source::Direct);
+                if !reader.index_read && admit::counts(runs[want] > 0, from == chunk_start) {
+                    // Every part read counts, hit or miss: a stored chunk's count is what
+                    // an admission would weigh against.
+                    self.filter.read(entry.chunk_key(index), to - from);
+                }
+                let (source, bytes) = self.source(entry, index, (from, to), reader, &stragglers);
+                let missed = matches!(source, Source::Chunk(_) | Source::Direct | Source::Hedged);
                 parts.push(Part { want, entry, index, from, to, source, missed, bytes });
             }
         }
@@ -110,9 +127,10 @@ impl Cache {
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
             let chunk = match &part.source {
                 Source::Chunk(fetch) => Some(fetch.fetched.clone()),
-                Source::Stored | Source::Direct | Source::Kept => None,
+                Source::Stored | Source::Direct | Source::Kept | Source::Hedged => None,
             };
-            let (entry, from, length) = (part.entry, part.from, part.to - part.from);
+            let hedged = matches!(part.source, Source::Hedged);
+            let (entry, index, from, length) = (part.entry, part.index, part.from, part.to - part.from);
             async move {
                 match chunk {
                     // A part of a chunk is copied out rather than sliced: a slice would
@@ -120,8 +138,9 @@ impl Cache {
                     // small reads in many chunks would hold chunk size x ranges instead
                     // of what it returns.
                     Some(chunk) => Ok::<_, Error>(chunk.await?.part(range.start, range.end)),
+                    None if hedged => self.hedged_part(entry, index, (from, length), range, reader).await,
                     None => {
-                        let bytes = self.fetch.direct(entry, from, length, row, &reader.avoid).await?;
+                        let bytes = self.fetch.direct(entry, from, length, reader.fetch()).await?;
                         if reader.index_read {
                             self.index_reads.put((entry.id, from, length), bytes.clone());
                         }
@@ -134,7 +153,80 @@ impl Cache {
         for part in parts.iter_mut().filter(|p| p.bytes.is_none()) {
             part.bytes = fetched.next();
         }
-        Ok(self.assemble(wants, parts, row, &stragglers, !reader.index_read))
+        Ok(self.assemble(wants, (parts, &runs), reader, &stragglers))
+    }
+
+    /// Where the part `[from, to)` of chunk `index` of `entry` comes from for `reader`
+    /// (and its bytes when they are at hand): the store; an index read kept in memory; a
+    /// fetch running now; a fetch started to store the chunk, if the admission says it
+    /// pays (`Cache::stores`); else the part fetched as read (always for a plan's
+    /// stragglers and for index reads).
+    fn source(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        (from, to): (u64, u64),
+        reader: &ReadFor,
+        stragglers: &std::collections::HashSet<u64>,
+    ) -> (Source, Option<Checked>) {
+        let (stored, unread) = entry.has_chunk_for_read(index);
+        if stored {
+            if unread {
+                self.admission.speculation().used(entry.chunk_range(index).1);
+            }
+            return (Source::Stored, None);
+        }
+        if reader.index_read {
+            return match self.index_reads.get((entry.id, from, to - from)) {
+                Some(bytes) => (Source::Kept, Some(bytes)),
+                None => (Source::Direct, None),
+            };
+        }
+        if stragglers.contains(&entry.id) {
+            return (Source::Direct, None);
+        }
+        // A read a client sent the owner first (a hedge, a failover): the owner's fetch
+        // is joined (`suppliers`).
+        if self.chain().owner_was_asked(&entry.dataset, &entry.shard, &reader.avoid) {
+            return (Source::Hedged, None);
+        }
+        if let Some(running) = self.fetch.running(entry, index) {
+            return (Source::Chunk(running), None);
+        }
+        if self.stores(entry, index, &reader.principal) {
+            // `None`: stored since it was looked at.
+            return (
+                self.fetch.chunk(entry, index, reader.fetch()).map_or(Source::Stored, Source::Chunk),
+                None,
+            );
+        }
+        (Source::Direct, None)
+    }
+
+    /// The part `[from, from + length)` (`range` of chunk `index`) of a read a client sent
+    /// the owner first: the owner's bytes when it serves; when it is down, the chunk as
+    /// any miss of this spoke's (it may own the shard now); else fetched as read.
+    async fn hedged_part(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        (from, length): (u64, u64),
+        range: std::ops::Range<usize>,
+        reader: &ReadFor,
+    ) -> Result<Checked> {
+        match self.fetch.join_owner(entry, from, length, reader.fetch()).await {
+            Joined::Bytes(supplied) => return Ok(supplied.data),
+            Joined::Down if self.stores(entry, index, &reader.principal) => {
+                if let Some(fetch) = self.fetch.chunk(entry, index, reader.fetch()) {
+                    return Ok(fetch.fetched.await?.part(range.start, range.end));
+                }
+                if let Some(stored) = self.read_stored(entry, index, from, from + length).await? {
+                    return Ok(stored);
+                }
+            }
+            Joined::Down | Joined::NotThere => {}
+        }
+        self.fetch.direct(entry, from, length, reader.fetch()).await
     }
 
     /// Reads the parts that are stored, in one trip to the blocking pool; a part whose
@@ -174,7 +266,7 @@ impl Cache {
         reader: &ReadFor,
     ) -> Result<Checked> {
         for _ in 0..FAULT_RETRIES {
-            match self.fetch.chunk(entry, index, &reader.row, &reader.avoid) {
+            match self.fetch.chunk(entry, index, reader.fetch()) {
                 Some(fetch) => {
                     let start = (from - index * entry.chunk_size) as usize;
                     return Ok(fetch.fetched.await?.part(start, start + (to - from) as usize));
@@ -192,35 +284,36 @@ impl Cache {
         )))
     }
 
-    /// Each range's parts joined, counted as hits or misses; starts read-ahead (not for a
-    /// plan's stragglers, nor when the reads may not `speculate`).
+    /// Each range's parts joined, counted as hits or misses; starts speculation (not for a
+    /// plan's stragglers, nor for index reads).
     fn assemble(
         &self,
         wants: &[(&Arc<Entry>, u64, u64)],
-        parts: Vec<Part<'_>>,
-        row: &JobRow,
+        (parts, runs): (Vec<Part<'_>>, &[u32]),
+        reader: &ReadFor,
         stragglers: &std::collections::HashSet<u64>,
-        speculate: bool,
     ) -> Vec<Checked> {
+        let row = &reader.row;
         // Parts were planned in the order of the ranges: each range takes its run.
         let mut parts = parts.into_iter().peekable();
         let mut out = Vec::with_capacity(wants.len());
         let mut speculated = std::collections::HashSet::new();
         for (want, &(entry, _, length)) in wants.iter().enumerate() {
-            let (mut mine, mut missed, mut last) = (Vec::new(), false, None);
+            let (mut mine, mut missed, mut stored_miss, mut last) = (Vec::new(), false, false, None);
             while let Some(part) = parts.next_if(|p| p.want == want) {
                 missed |= part.missed;
+                stored_miss |= matches!(part.source, Source::Chunk(_));
                 last = Some(part.index);
                 mine.extend(part.bytes);
             }
             // One call starts read-ahead or a whole-shard fetch for a bounded number of
             // shards: a batch of 1-byte reads over thousands of cold shards must not
             // start a background fetch of each.
-            let share = speculate
+            let share = !reader.index_read
                 && (speculated.len() < SPECULATIVE_SHARDS_PER_CALL || speculated.contains(&entry.id));
             if let Some(last) = last.filter(|_| share && !stragglers.contains(&entry.id)) {
                 speculated.insert(entry.id);
-                self.after_read(entry, last, missed, row);
+                self.after_read(entry, last, runs[want], stored_miss, reader);
             }
             let counters = self.metrics.dataset(&entry.dataset);
             let (requests, bytes) = if missed {
@@ -232,6 +325,19 @@ impl Cache {
             bytes.fetch_add(length, Relaxed);
             row.read(length, !missed);
             out.push(Checked::concat(mine));
+        }
+        if row.warn_amplified(crate::index::now_ms()) {
+            let snapshot = row.snapshot();
+            tracing::warn!(
+                principal = %reader.principal,
+                job = reader.job.as_deref().unwrap_or("(untagged)"),
+                read = snapshot.bytes,
+                over_the_link = snapshot.link_bytes,
+                amplification = format_args!("{:.2}", snapshot.amplification()),
+                "this job's reads cost more over the long link than they read: its reads are small and scattered \
+                 over a cache smaller than what they read. Send an access plan (StreamingShardDataset with \
+                 plan=True), read in larger pieces, or give the spoke a --capacity that holds what the job reads"
+            );
         }
         out
     }
@@ -302,8 +408,11 @@ enum Source {
     Stored,
     /// The chunk's fetch (it is stored once fetched).
     Chunk(ChunkFetch),
-    /// Fetched as read, not stored (a plan's straggler, an index read).
+    /// Fetched as read, not stored (not admitted, a plan's straggler, an index read).
     Direct,
+    /// Asked of the owner the reader's client asked first (a hedge, a failover), else as
+    /// any miss (`Cache::hedged_part`).
+    Hedged,
     /// An index read's bytes kept in memory.
     Kept,
 }

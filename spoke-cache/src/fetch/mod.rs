@@ -8,7 +8,13 @@
 //! others waiting on the same chunk. Readers get the verified bytes as soon as they
 //! arrive; the task then admits the chunk and only then leaves `inflight`, after its
 //! presence bit is set, so a chunk is always either present or being fetched by exactly
-//! one task (and a reader arriving meanwhile takes the bytes from memory).
+//! one task (and a reader arriving meanwhile takes the bytes from memory). While it runs,
+//! its bytes are reserved in the capacity (`Capacity::reserve`), so that the misses
+//! deciding meanwhile whether the cache has room see them.
+//!
+//! A miss the cache does not store (`policy::admit`) is fetched as read ([`FetchOwner::
+//! direct`]): just the range, shared by concurrent readers of the same range, never
+//! stored.
 
 mod speculation;
 
@@ -30,11 +36,12 @@ use self::speculation::Speculations;
 use crate::{
     Error, Result,
     admission::Admission,
+    capacity::Capacity,
     entry::Entry,
     jobs::JobRow,
     metrics::Metrics,
     shared::spawn_shared,
-    suppliers::{Chain, Origin, Supplied, Want},
+    suppliers::{Chain, Joined, Origin, Supplied, Want},
 };
 
 /// Chunk requests upstream in flight at once, whatever their size. The byte bound alone
@@ -56,6 +63,33 @@ pub struct ChunkFetch {
     /// Bytes that crossed the link, once the chunk is stored (what a prefetch waits for:
     /// when it reports a shard done, the shard is on disk).
     pub(crate) stored: Shared<BoxFuture<'static, Result<u64>>>,
+    /// A read has used (or waits for) its bytes: stored, it is no unread speculation.
+    read: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Whom a fetch is for.
+#[derive(Debug, Clone, Copy)]
+pub struct FetchFor<'a> {
+    /// The row its bytes over the link are counted in.
+    pub row: &'a JobRow,
+    /// The principal whose share the chunk it stores counts in (`policy::shares`).
+    pub principal: &'a str,
+    /// Group members its caller's client already asked (`shardcache_proto::hedge`).
+    pub avoid: &'a [String],
+    /// No read waits for it: read-ahead or a whole-shard fetch (`policy::speculation`).
+    pub speculative: bool,
+}
+
+impl<'a> FetchFor<'a> {
+    /// For a read (or a prefetch or plan someone asked for) by `principal`.
+    pub fn read(row: &'a JobRow, principal: &'a str, avoid: &'a [String]) -> Self {
+        Self { row, principal, avoid, speculative: false }
+    }
+
+    /// For speculation on behalf of `principal`'s reads.
+    pub fn speculation(row: &'a JobRow, principal: &'a str) -> Self {
+        Self { row, principal, avoid: &[], speculative: true }
+    }
 }
 
 /// The fetches of the spoke's missing chunks.
@@ -68,8 +102,11 @@ pub struct FetchOwner {
 struct Inner {
     chain: Arc<Chain>,
     admission: Arc<Admission>,
+    capacity: Arc<Capacity>,
     /// Running fetches by `(entry id, chunk index)`.
     inflight: Mutex<HashMap<(u64, u64), ChunkFetch>>,
+    /// Running fetches of ranges as read, by `(entry id, offset, length)`.
+    direct: Mutex<HashMap<(u64, u64, u64), SharedFetch>>,
     /// Room for `--upstream-bytes-in-flight`, in KiB permits: a fetch waits for room
     /// before it asks upstream, and holds it until its chunk is on disk.
     budget: Arc<Semaphore>,
@@ -84,7 +121,7 @@ impl FetchOwner {
     /// not yet stored (never less than one `chunk_size`).
     pub fn new(
         chain: Arc<Chain>,
-        admission: Arc<Admission>,
+        (admission, capacity): (Arc<Admission>, Arc<Capacity>),
         metrics: Arc<Metrics>,
         bytes_in_flight: u64,
         chunk_size: u64,
@@ -92,7 +129,9 @@ impl FetchOwner {
         let inner = Inner {
             chain,
             admission,
+            capacity,
             inflight: Mutex::default(),
+            direct: Mutex::default(),
             budget: Arc::new(Semaphore::new((bytes_in_flight.max(chunk_size) >> 10) as usize)),
             requests: Arc::new(Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT)),
             metrics,
@@ -111,20 +150,23 @@ impl FetchOwner {
         self.inner.inflight().len()
     }
 
-    /// The shared fetch of chunk `index` of `entry`: started here unless one is already
-    /// running (then the bytes it fetches are counted in `row`, and `avoid` names group
-    /// members its caller's client already asked). `None` when the chunk is stored: read
-    /// it from the store.
-    pub fn chunk(
-        &self,
-        entry: &Arc<Entry>,
-        index: u64,
-        row: &JobRow,
-        avoid: &[String],
-    ) -> Option<ChunkFetch> {
+    /// The running fetch of chunk `index` of `entry`, if there is one (a read joining it).
+    pub fn running(&self, entry: &Entry, index: u64) -> Option<ChunkFetch> {
+        let running = self.inner.inflight().get(&(entry.id, index)).cloned()?;
+        running.read.store(true, Relaxed);
+        Some(running)
+    }
+
+    /// The shared fetch of chunk `index` of `entry`, to be stored: started here unless
+    /// one is already running (then the bytes it fetches are counted in `fetch.row`).
+    /// `None` when the chunk is stored: read it from the store.
+    pub fn chunk(&self, entry: &Arc<Entry>, index: u64, fetch: FetchFor<'_>) -> Option<ChunkFetch> {
         let key = (entry.id, index);
         let mut inflight = self.inner.inflight();
         if let Some(running) = inflight.get(&key) {
+            if !fetch.speculative {
+                running.read.store(true, Relaxed);
+            }
             return Some(running.clone());
         }
         // Checked under the lock: a fetch sets the presence bit before it leaves
@@ -134,12 +176,18 @@ impl FetchOwner {
         }
         // A read of this chunk that started alongside the shard's stat: its bytes, when
         // at this version, are this fetch's (not a second trip over the link). Taken now:
-        // the read is forgotten once its first reader has registered this fetch.
+        // the read is forgotten once the request that started it has ended.
         let (offset, length) = entry.chunk_range(index);
         let speculated = self.inner.speculations.get(&entry.dataset, &entry.shard, offset, length);
         let (bytes_tx, bytes_rx) = tokio::sync::oneshot::channel();
-        let job =
-            self.inner.clone().fetch(entry.clone(), index, row.clone(), avoid.to_vec(), speculated, bytes_tx);
+        let read = Arc::new(std::sync::atomic::AtomicBool::new(!fetch.speculative));
+        let job = self.inner.clone().fetch(
+            entry.clone(),
+            index,
+            Owned::of(fetch),
+            (speculated, read.clone(), self.inner.capacity.reserve(length)),
+            bytes_tx,
+        );
         // Removed only after this fetch was registered: the lock is held until then.
         let done = self.inner.clone();
         let stored = spawn_shared("chunk fetch", job, move || {
@@ -150,18 +198,46 @@ impl FetchOwner {
                 .await
                 .unwrap_or_else(|_| Err(Error::Internal("a chunk fetch ended without an answer".into())))
         };
-        let fetch = ChunkFetch { fetched: fetched.boxed().shared(), stored };
+        let fetch = ChunkFetch { fetched: fetched.boxed().shared(), stored, read };
         inflight.insert(key, fetch.clone());
         Some(fetch)
     }
 
+    /// The bytes of `[offset, offset + length)` of `entry` from a fetch running now (of
+    /// its chunk, or of exactly that range as read), if there is one: what a member
+    /// hedged to asks the owner for, so that the hedge does not fetch it again.
+    pub fn running_range(
+        &self,
+        entry: &Entry,
+        offset: u64,
+        length: u64,
+    ) -> Option<BoxFuture<'static, Result<Checked>>> {
+        let index = offset / entry.chunk_size;
+        let (start, chunk_len) = entry.chunk_range(index);
+        if length > 0
+            && offset + length <= start + chunk_len
+            && let Some(running) = self.running(entry, index)
+        {
+            let from = (offset - start) as usize;
+            let fetched = running.fetched;
+            return Some(async move { Ok(fetched.await?.part(from, from + length as usize)) }.boxed());
+        }
+        let direct = self.inner.direct().get(&(entry.id, offset, length)).cloned()?;
+        Some(direct.boxed())
+    }
+
     /// Fetches every absent chunk of `entry`, `parallelism` at a time, and returns once
-    /// they are stored, with the bytes that crossed the link (counted in `row`).
-    pub async fn fetch_shard(&self, entry: &Arc<Entry>, parallelism: usize, row: &JobRow) -> Result<u64> {
+    /// they are stored, with the bytes that crossed the link (counted in `fetch.row`).
+    pub async fn fetch_shard(
+        &self,
+        entry: &Arc<Entry>,
+        parallelism: usize,
+        fetch: FetchFor<'_>,
+    ) -> Result<u64> {
         use futures::stream::{self, StreamExt, TryStreamExt};
         let missing: Vec<u64> = (0..entry.chunk_count()).filter(|&i| !entry.has_chunk(i)).collect();
         stream::iter(missing)
-            .map(|index| match self.chunk(entry, index, row, &[]) {
+            .map(|index| match self.chunk(entry, index, fetch) {
                 Some(fetch) => fetch.stored,
                 None => futures::future::ready(Ok(0)).boxed().shared(),
             })
@@ -171,23 +247,48 @@ impl FetchOwner {
     }
 
     /// `[offset, offset + length)` of `entry` fetched as it is asked for and not stored
-    /// (a plan's straggler reading a shard whose room the plan has given to what is read
-    /// next): counted in `row`, within the byte and request bounds, never coalesced.
+    /// (a miss the cache does not admit, a plan's straggler, an index read): counted in
+    /// `fetch.row`, within the byte and request bounds, one fetch for concurrent readers of
+    /// the same range; a read of it started alongside the shard's stat is taken up.
     pub async fn direct(
         &self,
         entry: &Arc<Entry>,
         offset: u64,
         length: u64,
-        row: &JobRow,
-        avoid: &[String],
+        fetch: FetchFor<'_>,
     ) -> Result<Checked> {
-        let _room = self
-            .inner
-            .budget
-            .acquire_many(length.div_ceil(1024) as u32)
-            .await
-            .map_err(|_| Error::Internal("upstream budget closed".into()))?;
-        self.inner.supply(entry, offset, length, row, avoid).await
+        let key = (entry.id, offset, length);
+        let shared = {
+            let mut direct = self.inner.direct();
+            match direct.get(&key) {
+                Some(running) => running.clone(),
+                None => {
+                    let (inner, entry, owned) = (self.inner.clone(), entry.clone(), Owned::of(fetch));
+                    let job = async move { inner.fetch_as_read(&entry, offset, length, &owned).await };
+                    let done = self.inner.clone();
+                    let shared = spawn_shared("range fetch", job, move || {
+                        done.direct().remove(&key);
+                    });
+                    direct.insert(key, shared.clone());
+                    shared
+                }
+            }
+        };
+        shared.await
+    }
+
+    /// `[offset, offset + length)` of `entry` from the owner its reader's client asked
+    /// first, out of its store or the fetch of it that it runs (`Chain::join_owner`): a
+    /// hedge or failover that reached this spoke costs the long link nothing while the
+    /// owner serves. What a member sent counts as a member's bytes in `fetch.row`.
+    pub async fn join_owner(&self, entry: &Entry, offset: u64, length: u64, fetch: FetchFor<'_>) -> Joined {
+        let started = Instant::now();
+        let want = want(entry, offset, length);
+        let joined = self.inner.chain.join_owner(want, fetch.avoid).await;
+        if let Joined::Bytes(supplied) = &joined {
+            self.inner.count(&entry.dataset, supplied, fetch.row, started.elapsed());
+        }
+        joined
     }
 
     /// Starts reading `[offset, offset + length)` of a shard the cache has no entry for
@@ -220,15 +321,40 @@ impl Inner {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn direct(&self) -> MutexGuard<'_, HashMap<(u64, u64, u64), SharedFetch>> {
+        self.direct.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The body of [`FetchOwner::direct`]'s shared fetch.
+    async fn fetch_as_read(&self, entry: &Entry, offset: u64, length: u64, fetch: &Owned) -> Result<Checked> {
+        if let Some(read) = self.speculations.get(&entry.dataset, &entry.shard, offset, length)
+            && let Some((data, version)) = read.await
+            && version == entry.version
+            && data.data.len() as u64 == length
+        {
+            return Ok(data);
+        }
+        let _room = self
+            .budget
+            .acquire_many(length.div_ceil(1024) as u32)
+            .await
+            .map_err(|_| Error::Internal("upstream budget closed".into()))?;
+        self.supply(entry, offset, length, &fetch.row, &fetch.avoid).await
+    }
+
     /// The fetch of chunk `index` of `entry`: its bytes to `readers` as soon as they are
-    /// verified, then to the store; the bytes that crossed the link once stored.
+    /// verified, then to the store (as unread speculation unless a read joined it); the
+    /// bytes that crossed the link once stored.
     async fn fetch(
         self: Arc<Self>,
         entry: Arc<Entry>,
         index: u64,
-        row: JobRow,
-        avoid: Vec<String>,
-        speculated: Option<speculation::SpeculativeRead>,
+        fetch: Owned,
+        (speculated, read, _reserved): (
+            Option<speculation::SpeculativeRead>,
+            Arc<std::sync::atomic::AtomicBool>,
+            crate::capacity::Reservation,
+        ),
         readers: tokio::sync::oneshot::Sender<Result<Checked>>,
     ) -> Result<u64> {
         let (offset, length) = entry.chunk_range(index);
@@ -246,12 +372,13 @@ impl Inner {
         };
         let fetched = match speculated {
             Some((data, _)) => Ok(data),
-            None => self.supply(&entry, offset, length, &row, &avoid).await,
+            None => self.supply(&entry, offset, length, &fetch.row, &fetch.avoid).await,
         };
         let _ = readers.send(fetched.clone());
         // Serving the verified bytes was still right when caching them failed (counted
         // and logged by the admission, which also acts on a full disk).
-        let _ = self.admission.admit(&entry, index, fetched?).await;
+        let unread = !read.load(Relaxed);
+        let _ = self.admission.admit(&entry, index, fetched?, &fetch.principal, unread).await;
         Ok(length)
     }
 
@@ -268,13 +395,7 @@ impl Inner {
         let _request =
             self.requests.acquire().await.map_err(|_| Error::Internal("upstream requests closed".into()))?;
         let started = Instant::now();
-        let want = Want {
-            dataset: &entry.dataset,
-            shard: &entry.shard,
-            offset,
-            length,
-            version: Some(&entry.version),
-        };
+        let want = want(entry, offset, length);
         match self.chain.fetch(want, avoid).await {
             Ok(supplied) => {
                 self.count(&entry.dataset, &supplied, row, started.elapsed());
@@ -309,7 +430,27 @@ impl Inner {
                 counters.upstream_bytes.fetch_add(length, Relaxed);
                 counters.upstream_wire_bytes.fetch_add(supplied.wire_len, Relaxed);
                 row.hub_bytes.fetch_add(length, Relaxed);
+                row.link_bytes.fetch_add(supplied.wire_len, Relaxed);
             }
         }
+    }
+}
+
+/// `[offset, offset + length)` of `entry`, at its version.
+fn want(entry: &Entry, offset: u64, length: u64) -> Want<'_> {
+    Want { dataset: &entry.dataset, shard: &entry.shard, offset, length, version: Some(&entry.version) }
+}
+
+/// A [`FetchFor`] a fetch task keeps.
+#[derive(Debug)]
+struct Owned {
+    row: JobRow,
+    principal: String,
+    avoid: Vec<String>,
+}
+
+impl Owned {
+    fn of(fetch: FetchFor<'_>) -> Self {
+        Self { row: fetch.row.clone(), principal: fetch.principal.to_owned(), avoid: fetch.avoid.to_vec() }
     }
 }

@@ -29,7 +29,14 @@ use std::{
 
 use tokio::sync::Notify;
 
+use self::{
+    job::{JobPlan, Seen},
+    table::ShardTable,
+};
 use crate::entry::ShardKey;
+
+mod job;
+mod table;
 
 /// How far ahead of a job's cursor a read may be and still move it: reads arrive out of
 /// order by what a trainer has in flight (ranks x batches x shards per batch), far less
@@ -37,7 +44,7 @@ use crate::entry::ShardKey;
 pub const CURSOR_REACH: usize = 256;
 
 /// Most positions one plan may have (two epochs of a large dataset: the seed's C4 at 64
-/// MiB shards is ~12k shards an epoch).
+/// MiB shards is ~12k shards an epoch). Positions are counted in 32 bits.
 pub const MAX_PLAN_POSITIONS: usize = 1 << 20;
 
 /// One planned use of a shard: from the read that first touches it (`first`) to the
@@ -51,7 +58,7 @@ pub struct Use {
 }
 
 /// One position of a plan: the shard first read there, its use, its size and the
-/// epoch of the read.
+/// epoch of the read (a plan position by position, as tests write one).
 #[derive(Debug, Clone)]
 pub struct Planned {
     pub key: ShardKey,
@@ -60,129 +67,48 @@ pub struct Planned {
     pub epoch: u64,
 }
 
-#[derive(Debug)]
-struct JobPlan {
-    /// Each shard's uses, ascending.
-    uses: HashMap<ShardKey, Vec<Use>>,
-    /// Each position in order: the shard first read there, its use, size and epoch.
-    order: Vec<Planned>,
-    /// The block of each position, and the last position of each block: a block runs
-    /// until every shard first read in it has been read for the last time (the `until`
-    /// of each position it spans, transitively); a shard read whole before the next is
-    /// its own block. Under a block shuffle, a block's shards are read together.
-    block_of: Vec<usize>,
-    block_ends: Vec<usize>,
-    cursor: usize,
-    /// The furthest behind the cursor a straggler's read was seen, in positions (kept
-    /// when the job sends its next plan): reported, so an operator sees how far apart
-    /// the job's readers are.
-    lag: usize,
-    /// When the plan was set or a read last met it: a plan idle for
-    /// [`PlanLimits::idle_expiry`] is a finished job's, and is dropped.
-    touched: std::time::Instant,
+/// A plan as [`Plans::set`] takes it: its distinct shards once each, and per position
+/// the one first read there (its index in `shards`) and the end of its use.
+#[derive(Debug, Clone, Default)]
+pub struct NewPlan {
+    /// Each shard the plan names, with its size.
+    pub shards: Vec<(ShardKey, u64)>,
+    /// Per position, the index in `shards` of the shard first read there.
+    pub positions: Vec<u32>,
+    /// Per position, the last position of its use (`Use::until`); empty: each its own.
+    pub until: Vec<u32>,
+    /// (first position, epoch) of each epoch, in order.
+    pub epochs: Vec<(u32, u64)>,
 }
 
-impl JobPlan {
-    fn new(order: Vec<Planned>, lag: usize) -> Self {
-        let mut uses: HashMap<ShardKey, Vec<Use>> = HashMap::new();
-        let (mut block_of, mut block_ends) = (Vec::with_capacity(order.len()), Vec::new());
-        for (at, planned) in order.iter().enumerate() {
-            uses.entry(planned.key.clone()).or_default().push(planned.at);
-            match block_ends.last_mut() {
-                Some(end) if at <= *end => *end = (*end).max(planned.at.until),
-                _ => block_ends.push(planned.at.until),
-            }
-            block_of.push(block_ends.len() - 1);
-        }
-        Self { uses, order, block_of, block_ends, cursor: 0, lag, touched: std::time::Instant::now() }
+impl NewPlan {
+    pub fn len(&self) -> usize {
+        self.positions.len()
     }
 
-    /// The last position of the block that holds position `at`.
-    fn block_end(&self, at: usize) -> usize {
-        self.block_of.get(at).map_or(at, |&block| self.block_ends[block])
-    }
-
-    /// Whether the cursor is in the last block of its epoch (the epoch's reads are
-    /// ending, and a read of the next epoch's shards is the next epoch's start).
-    fn in_last_block_of_epoch(&self) -> bool {
-        let next = self.block_end(self.cursor) + 1;
-        self.order.get(next).is_none_or(|p| p.epoch != self.order[self.cursor].epoch)
-    }
-
-    /// The positions to have in the cache now: the shards in use (begun and not ended),
-    /// the rest of the block being read, and the next block, each with its distance from
-    /// the cursor and whether it is in the next block (ahead).
-    fn window(&self) -> Vec<(usize, bool, &Planned)> {
-        let mut near = Vec::new();
-        let behind = self.cursor.saturating_sub(CURSOR_REACH);
-        let mut current_end = self.cursor;
-        for position in &self.order[behind..self.cursor.min(self.order.len())] {
-            if self.next_use(&position.key) == Some(0) {
-                current_end = current_end.max(position.at.until);
-                near.push((0, false, position));
-            }
-        }
-        if self.cursor >= self.order.len() {
-            return near;
-        }
-        let current_end = self.block_end(self.cursor).max(current_end);
-        let next_end = self.block_end(current_end + 1).min(self.order.len() - 1);
-        for (at, position) in self.order.iter().enumerate().take(next_end + 1).skip(self.cursor) {
-            near.push((at - self.cursor, at > current_end, position));
-        }
-        near
-    }
-
-    /// The use of `key` the cursor is in, else its next one.
-    fn current_or_next(&self, key: &ShardKey) -> Option<Use> {
-        let uses = self.uses.get(key)?;
-        let at = uses.partition_point(|u| u.until < self.cursor);
-        uses.get(at).copied()
-    }
-
-    /// Distance from the cursor to `key`'s next use; 0 while in use.
-    fn next_use(&self, key: &ShardKey) -> Option<usize> {
-        self.current_or_next(key).map(|u| u.first.saturating_sub(self.cursor))
-    }
-
-    /// A client read `key`: moves the cursor to its next use if that is a little ahead
-    /// (not while it is in use; into the next epoch only from the last block of this
-    /// one). A read of a shard whose use ended in the block the cursor is in or the one
-    /// before is a straggler's: readers are not in lockstep (ranks, workers and their
-    /// read-ahead reach the next block at different times), so the cursor stays, and the
-    /// read is reported as a straggler's (its misses are fetched as read and not stored:
-    /// the plan needs that room for what is read next).
-    fn read(&mut self, key: &ShardKey) -> Seen {
-        let Some(uses) = self.uses.get(key) else { return Seen::Other };
-        let at = uses.partition_point(|u| u.until < self.cursor);
-        let next = uses.get(at).copied();
-        if next.is_some_and(|u| u.first <= self.cursor) {
-            return Seen::Other; // in use
-        }
-        if let Some(before) = at.checked_sub(1).map(|before| uses[before])
-            && self.block_of[before.until] + 1 >= self.block_of[self.cursor]
-        {
-            self.lag = self.lag.max(self.cursor - before.until);
-            return Seen::Straggler;
-        }
-        let Some(next) = next else { return Seen::Other };
-        let same_epoch = self.order[next.first].epoch == self.order[self.cursor].epoch;
-        if next.first - self.cursor > CURSOR_REACH || !(same_epoch || self.in_last_block_of_epoch()) {
-            return Seen::Other;
-        }
-        self.cursor = next.first;
-        Seen::Moved
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
     }
 }
 
-/// What a read was to a job's plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seen {
-    /// It moved the cursor.
-    Moved,
-    /// A straggler's read of a shard whose use has just ended.
-    Straggler,
-    Other,
+impl From<Vec<Planned>> for NewPlan {
+    fn from(order: Vec<Planned>) -> Self {
+        let mut plan = NewPlan::default();
+        let mut index: HashMap<ShardKey, u32> = HashMap::new();
+        for (at, planned) in order.into_iter().enumerate() {
+            let next = plan.shards.len() as u32;
+            let local = *index.entry(planned.key.clone()).or_insert_with(|| {
+                plan.shards.push((planned.key, planned.size));
+                next
+            });
+            plan.positions.push(local);
+            plan.until.push(planned.at.until as u32);
+            if plan.epochs.last().is_none_or(|&(_, epoch)| epoch != planned.epoch) {
+                plan.epochs.push((at as u32, planned.epoch));
+            }
+        }
+        plan
+    }
 }
 
 /// A plan's owner and name: (principal, job). Each principal names its jobs in its own
@@ -190,7 +116,8 @@ enum Seen {
 pub type PlanKey = (String, String);
 
 /// How many plans, and plan positions, the spoke keeps: per principal (one tenant cannot
-/// take the room of the others) and in all (a position costs ~150 bytes of memory).
+/// take the room of the others) and in all (a position costs 8 to ~16 bytes of memory:
+/// `job.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanLimits {
     pub plans_per_principal: usize,
@@ -239,38 +166,68 @@ pub struct Progress {
 
 #[derive(Debug, Default)]
 struct Book {
-    plans: HashMap<PlanKey, JobPlan>,
-    /// The plans that name each shard: a read or an eviction looks at those only, not
-    /// at every plan.
-    by_shard: HashMap<ShardKey, Vec<PlanKey>>,
+    /// Every shard the plans name.
+    table: ShardTable,
+    /// Plans by id (`None`: an id free to take again), and ids by owner.
+    plans: Vec<Option<(PlanKey, JobPlan)>>,
+    ids: HashMap<PlanKey, u32>,
+    free: Vec<u32>,
+    /// The plans that name each shard (by table id): a read or an eviction looks at those
+    /// only, not at every plan.
+    by_shard: Vec<Vec<u32>>,
 }
 
 impl Book {
+    fn plan(&self, id: u32) -> Option<&(PlanKey, JobPlan)> {
+        self.plans.get(id as usize)?.as_ref()
+    }
+
+    fn live(&self) -> impl Iterator<Item = &(PlanKey, JobPlan)> {
+        self.plans.iter().flatten()
+    }
+
     fn remove(&mut self, owner: &PlanKey) -> Option<JobPlan> {
-        let plan = self.plans.remove(owner)?;
-        for key in plan.uses.keys() {
-            if let Some(owners) = self.by_shard.get_mut(key) {
-                owners.retain(|o| o != owner);
-                if owners.is_empty() {
-                    self.by_shard.remove(key);
-                }
+        let id = self.ids.remove(owner)?;
+        let (_, plan) = self.plans.get_mut(id as usize)?.take()?;
+        for shard in plan.distinct() {
+            if let Some(plans) = self.by_shard.get_mut(shard as usize) {
+                plans.retain(|&p| p != id);
             }
+            self.table.release(shard);
         }
+        self.free.push(id);
         Some(plan)
     }
 
-    fn insert(&mut self, owner: PlanKey, plan: JobPlan) {
-        for key in plan.uses.keys() {
-            self.by_shard.entry(key.clone()).or_default().push(owner.clone());
+    fn insert(&mut self, owner: PlanKey, new: NewPlan, lag: usize) -> usize {
+        let NewPlan { shards, positions, until, epochs } = new;
+        let ids: Vec<u32> = shards.into_iter().map(|(key, size)| self.table.intern(key, size)).collect();
+        let distinct = ids.len();
+        let plan = JobPlan::new((positions, until, epochs), &ids, lag);
+        let id = self.free.pop().unwrap_or(self.plans.len() as u32);
+        if self.by_shard.len() < self.table.len() {
+            self.by_shard.resize_with(self.table.len(), Vec::new);
         }
-        self.plans.insert(owner, plan);
+        for &shard in &ids {
+            self.by_shard[shard as usize].push(id);
+        }
+        match self.plans.get_mut(id as usize) {
+            Some(free) => *free = Some((owner.clone(), plan)),
+            None => self.plans.push(Some((owner.clone(), plan))),
+        }
+        self.ids.insert(owner, id);
+        distinct
+    }
+
+    /// The plans that name `key`, by id.
+    fn naming(&self, key: &ShardKey) -> &[u32] {
+        self.table.id(key).and_then(|id| self.by_shard.get(id as usize)).map_or(&[], Vec::as_slice)
     }
 
     /// Drops the plans idle for `expiry` or longer.
     fn expire(&mut self, expiry: std::time::Duration) {
         let idle: Vec<PlanKey> = self
-            .plans
-            .iter()
+            .live()
             .filter(|(_, plan)| plan.touched.elapsed() >= expiry)
             .map(|(k, _)| k.clone())
             .collect();
@@ -287,14 +244,14 @@ impl Book {
     /// Refuses a plan of `positions` for `owner` that would cross a bound of `limits`
     /// (the plan it replaces does not count).
     fn check(&self, owner: &PlanKey, positions: usize, limits: &PlanLimits) -> Result<(), PlanRefused> {
-        let others = self.plans.iter().filter(|(key, _)| *key != owner);
+        let others = self.live().filter(|(key, _)| key != owner);
         let (mut plans, mut all_positions, mut mine, mut my_positions) = (1, positions, 1, positions);
         for (key, plan) in others {
             plans += 1;
-            all_positions += plan.order.len();
+            all_positions += plan.len();
             if key.0 == owner.0 {
                 mine += 1;
-                my_positions += plan.order.len();
+                my_positions += plan.len();
             }
         }
         let who = |what: &str| format!("{what} of principal {:?}", owner.0);
@@ -343,25 +300,23 @@ impl Plans {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sets `principal`'s plan for `job` (`order`: each position, in order); an empty
-    /// order withdraws it. Returns the distinct shards it names, or the bound it would
+    /// Sets `principal`'s plan for `job` (`plan`: each position, in order); an empty
+    /// one withdraws it. Returns the distinct shards it names, or the bound it would
     /// cross.
-    pub fn set(&self, principal: &str, job: &str, order: Vec<Planned>) -> Result<usize, PlanRefused> {
+    pub fn set(&self, principal: &str, job: &str, plan: impl Into<NewPlan>) -> Result<usize, PlanRefused> {
+        let plan = plan.into();
         let owner = (principal.to_owned(), job.to_owned());
         let mut book = self.book();
         book.expire(self.limits.idle_expiry);
-        let distinct = if order.is_empty() {
+        let distinct = if plan.is_empty() {
             book.remove(&owner);
             0
         } else {
-            book.check(&owner, order.len(), &self.limits)?;
+            book.check(&owner, plan.len(), &self.limits)?;
             let lag = book.remove(&owner).map_or(0, |old| old.lag);
-            let plan = JobPlan::new(order, lag);
-            let distinct = plan.uses.len();
-            book.insert(owner, plan);
-            distinct
+            book.insert(owner, plan, lag)
         };
-        self.any.store(!book.plans.is_empty(), Relaxed);
+        self.any.store(!book.ids.is_empty(), Relaxed);
         drop(book);
         self.changed.notify_one();
         Ok(distinct)
@@ -388,11 +343,14 @@ impl Plans {
         let key = (dataset.to_owned(), shard.to_owned());
         let (mut moved, mut straggler) = (false, false);
         let mut book = self.book();
-        let Book { plans, by_shard } = &mut *book;
-        for owner in by_shard.get(&key).into_iter().flatten() {
-            let Some(plan) = plans.get_mut(owner) else { continue };
+        let Some(id) = book.table.id(&key) else { return false };
+        let naming = book.naming(&key).to_vec();
+        for plan_id in naming {
+            let Some((owner, plan)) = book.plans.get_mut(plan_id as usize).and_then(Option::as_mut) else {
+                continue;
+            };
             plan.touched = std::time::Instant::now();
-            match plan.read(&key) {
+            match plan.read(id) {
                 Seen::Moved => moved = true,
                 Seen::Straggler => {
                     straggler |=
@@ -415,8 +373,8 @@ impl Plans {
             return None;
         }
         let book = self.book();
-        let owners = book.by_shard.get(key)?;
-        owners.iter().filter_map(|owner| book.plans.get(owner)?.next_use(key)).min()
+        let id = book.table.id(key)?;
+        book.naming(key).iter().filter_map(|&p| book.plan(p)?.1.next_use(id)).min()
     }
 
     /// Drops the plans no read has met for `--plan-idle-expiry` (the evictor's pass and
@@ -424,7 +382,7 @@ impl Plans {
     pub fn expire(&self) {
         let mut book = self.book();
         book.expire(self.limits.idle_expiry);
-        self.any.store(!book.plans.is_empty(), Relaxed);
+        self.any.store(!book.ids.is_empty(), Relaxed);
     }
 
     /// Each plan's progress, in (principal, job) order.
@@ -432,18 +390,22 @@ impl Plans {
         self.expire();
         let mut out: Vec<_> = self
             .book()
-            .plans
-            .iter()
+            .live()
             .map(|((principal, job), plan)| Progress {
                 principal: principal.clone(),
                 job: job.clone(),
                 cursor: plan.cursor,
-                positions: plan.order.len(),
+                positions: plan.len(),
                 lag: plan.lag,
             })
             .collect();
         out.sort();
         out
+    }
+
+    /// Bytes of memory the plans' positions hold (their arrays), for `plan-memory-bench`.
+    pub fn positions_memory(&self) -> usize {
+        self.book().live().map(|(_, plan)| plan.memory()).sum()
     }
 
     /// Whether any job has a plan.
@@ -489,36 +451,40 @@ impl Plans {
         }
         let book = self.book();
         // (distance, ahead, plan, position) of each plan's shards in use and ahead.
-        let mut near: Vec<(usize, bool, &PlanKey, &Planned)> = Vec::new();
-        for (owner, plan) in book.plans.iter() {
+        let mut near: Vec<(usize, bool, &(PlanKey, JobPlan), usize)> = Vec::new();
+        for entry in book.live() {
+            let plan = &entry.1;
             let positions = match window {
                 PlanWindow::Blocks => plan.window(),
-                PlanWindow::Bytes(ahead) => plan.ahead(ahead),
+                PlanWindow::Bytes(ahead) => plan.ahead(ahead, |shard| book.table.size(shard)),
             };
-            near.extend(positions.into_iter().map(|(d, ahead, p)| (d, ahead, owner, p)));
+            near.extend(positions.into_iter().map(|(d, ahead, at)| (d, ahead, entry, at)));
         }
         near.sort_by_key(|&(distance, ..)| distance);
         let mut seen = std::collections::HashSet::new();
         let mut listed = 0;
         let mut out = Vec::new();
-        for (distance, ahead, (principal, job), planned) in near {
-            if !seen.insert(&planned.key) {
+        for (distance, ahead, ((principal, job), plan), at) in near {
+            let shard = plan.shard_at(at);
+            if !seen.insert(shard) {
                 continue;
             }
+            let size = book.table.size(shard);
             if let PlanWindow::Bytes(ahead) = window
                 && distance > 0
             {
-                listed += planned.size;
+                listed += size;
                 if listed > ahead {
                     break;
                 }
             }
+            let Some(key) = book.table.key(shard) else { continue };
             out.push(Upcoming {
-                key: planned.key.clone(),
-                size: planned.size,
+                key: key.clone(),
+                size,
                 principal: principal.clone(),
                 job: job.clone(),
-                epoch: planned.epoch,
+                epoch: plan.epoch_at(at),
                 ahead,
             });
         }
@@ -533,32 +499,6 @@ pub enum PlanWindow {
     Blocks,
     /// This many bytes of shards beyond those in use; 0 turns planned prefetch off.
     Bytes(u64),
-}
-
-impl JobPlan {
-    /// The shards in use, then those from the cursor on until `ahead` bytes beyond the
-    /// one at the cursor are listed (the one that crosses it included), each with its
-    /// distance and whether it is ahead of the one being read.
-    fn ahead(&self, ahead: u64) -> Vec<(usize, bool, &Planned)> {
-        let mut near = Vec::new();
-        let behind = self.cursor.saturating_sub(CURSOR_REACH);
-        for position in &self.order[behind..self.cursor.min(self.order.len())] {
-            if self.next_use(&position.key) == Some(0) {
-                near.push((0, false, position));
-            }
-        }
-        let mut walked = 0;
-        for (at, position) in self.order.iter().enumerate().skip(self.cursor) {
-            if walked > ahead {
-                break;
-            }
-            // The shard at the cursor is being read: not ahead.
-            let distance = at - self.cursor;
-            walked += if distance == 0 { 0 } else { position.size };
-            near.push((distance, distance > 0, position));
-        }
-        near
-    }
 }
 
 /// A shard a job reads next (see [`Plans::upcoming`]).

@@ -143,7 +143,7 @@ fn the_window_is_the_block_being_read_and_the_next_one() {
     let plans = Plans::default();
     let blocks = [(0, 2), (1, 2), (2, 2), (3, 4), (4, 4), (5, 6), (6, 6)];
     plans
-        .set("", "job", blocks.iter().map(|&(i, until)| planned(i, i as usize, until)).collect())
+        .set("", "job", blocks.iter().map(|&(i, until)| planned(i, i as usize, until)).collect::<Vec<_>>())
         .expect("within the bounds");
     let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
     assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"]);

@@ -127,6 +127,10 @@ pub struct ShardRecord {
     /// Unix time (ms) of the last successful check of `version` with the hub.
     #[prost(uint64, tag = "8")]
     pub validated_at_ms: u64,
+    /// The principal whose share of the capacity the shard's bytes count in
+    /// (`policy::shares`): whose read first stored a chunk of it. Empty until then.
+    #[prost(string, tag = "9")]
+    pub holder: String,
 }
 
 impl ShardRecord {

@@ -159,6 +159,12 @@ impl Hubs {
         self.router.route(shard, &[])
     }
 
+    /// How long a fetch of `dataset/shard` from its hub takes as a rule: twice the p95 of
+    /// the hub's recent answer times, once it has answered enough.
+    pub fn fetch_time(&self, dataset: &str, shard: &str) -> Option<Duration> {
+        self.route(Some((dataset, shard))).first()?.health.learned_delay()
+    }
+
     /// Runs `call` on a hub, bounded by `--hub-timeout`; its failure as the spoke's error.
     pub async fn ask<T, F, Fut>(&self, hub: &HubSlot, call: F) -> Result<T>
     where

@@ -12,13 +12,22 @@
 //! says SERVING costs a chunk one hedge delay, and after a few lost races it is demoted
 //! and not asked at all for a while.
 //!
+//! A read a client's hedge (or failover) brought here names the members it asked
+//! already (`shardcache_proto::hedge`). A member among them ranked before this spoke is
+//! the one fetching the chunk, most likely: [`Chain::join_owner`] asks it to join that
+//! fetch (`ReadCached` with `JOIN_HEADER`), for as long as a fetch from the hub takes as
+//! a rule, so that a hedge to a slow but healthy owner costs the long link nothing; one
+//! that neither holds nor fetches it, or does not answer in that time (a gray member,
+//! whose own link hangs), is passed over for the next supplier, and one that is down
+//! leaves its shards to this spoke.
+//!
 //! The chain only answers where bytes came from ([`Origin`]); the fetch owner
 //! (`fetch/`) counts them, bounds what is in flight and hands them to the store.
 
 pub mod hubs;
 pub mod peers;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use shardcache_client::{
     ConnectOptions,
@@ -91,6 +100,23 @@ impl Judged for Failed {
     }
 }
 
+/// How long a member asked to join its fetch is waited for before the next supplier,
+/// until the hub's answer times are learned; and the bounds of the learned wait.
+pub const JOIN_WAIT: Duration = Duration::from_millis(500);
+pub const JOIN_WAIT_MIN: Duration = Duration::from_millis(50);
+pub const JOIN_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// What the owner a client asked first answered [`Chain::join_owner`].
+#[derive(Debug)]
+pub enum Joined {
+    /// The bytes, from its store or the fetch it was running.
+    Bytes(Supplied),
+    /// It is down (or was found unwell): this spoke may take its shard over.
+    Down,
+    /// It neither holds nor fetches them, or did not answer within a fetch's time.
+    NotThere,
+}
+
 /// One supplier asked for one chunk.
 enum Ask {
     /// A member ranked before this spoke.
@@ -103,8 +129,8 @@ enum Ask {
 impl Ask {
     fn candidate(&self) -> Candidate<'_> {
         match self {
-            Ask::Ahead(m) | Ask::Held(m) => Candidate { health: &m.health, name: &m.url },
-            Ask::Hub(h) => Candidate { health: &h.health, name: &h.url },
+            Ask::Ahead(m) | Ask::Held(m) => Candidate::new(&m.health, &m.url),
+            Ask::Hub(h) => Candidate::new(&h.health, &h.url),
         }
     }
 }
@@ -154,6 +180,54 @@ impl Chain {
         self.hubs.stat(dataset, shard).await
     }
 
+    /// Whether a read that names `avoid` (members its client already asked) was sent
+    /// to the owner of `dataset/shard` first: one of them ranks before this spoke. Its
+    /// misses then ask that owner to join its fetch ([`Chain::join_owner`]) and are not
+    /// stored here while it serves: the owner keeps the group's copy.
+    pub fn owner_was_asked(&self, dataset: &str, shard: &str, avoid: &[String]) -> bool {
+        !avoid.is_empty()
+            && self.peers.as_ref().is_some_and(|peers| peers.asked_before(dataset, shard, avoid).is_some())
+    }
+
+    /// `want` from the owner the client asked first (the first member of `avoid` ranked
+    /// before this spoke): from its store, or the fetch of it that it is running, waited
+    /// for as long as a fetch from the hub takes as a rule (twice its p95, learned; within
+    /// [`JOIN_WAIT_MIN`]..[`JOIN_WAIT_MAX`]). A join not answered in that time is a race
+    /// the owner lost (`Health::lost_race`: a gray owner is demoted after a few).
+    pub async fn join_owner(&self, want: Want<'_>, avoid: &[String]) -> Joined {
+        let Some(owner) = self.peers.as_ref().and_then(|p| p.asked_before(want.dataset, want.shard, avoid))
+        else {
+            return Joined::NotThere;
+        };
+        if !owner.health.is_live() || want.version.is_none() {
+            return if owner.health.is_live() { Joined::NotThere } else { Joined::Down };
+        }
+        let wait = self
+            .hubs
+            .fetch_time(want.dataset, want.shard)
+            .map_or(JOIN_WAIT, |t| t.clamp(JOIN_WAIT_MIN, JOIN_WAIT_MAX));
+        let started = std::time::Instant::now();
+        match tokio::time::timeout(wait, Peers::held(&owner, want, true)).await {
+            Ok(Ok((data, version))) => {
+                owner.health.answered(started.elapsed());
+                let wire_len = data.data.len() as u64;
+                Joined::Bytes(Supplied { data, version, from: Origin::Peer, wire_len })
+            }
+            Ok(Err(failed)) if failed.verdict == Verdict::Unwell => {
+                owner.health.failed();
+                Joined::Down
+            }
+            Ok(Err(_)) => Joined::NotThere,
+            Err(_) => {
+                if let Some(pause) = owner.health.lost_race() {
+                    self.counters.demotions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(member = owner.url, pause = ?pause, "it does not answer joins within a fetch's time (its link to the hub hangs?): skipped for a while");
+                }
+                Joined::NotThere
+            }
+        }
+    }
+
     /// `want` from the first supplier that has it (hedged), leaving out the members
     /// named in `avoid` (a client already asked them: `shardcache_proto::hedge`).
     /// Members ranked before this spoke are asked only for a known version.
@@ -184,7 +258,7 @@ impl Chain {
                 Ok(Supplied { data, version: version.to_owned(), from: Origin::Peer, wire_len })
             }
             Ask::Held(member) => {
-                let (data, version) = Peers::held(member, dataset, shard, offset, length, version).await?;
+                let (data, version) = Peers::held(member, want, false).await?;
                 let wire_len = data.data.len() as u64;
                 Ok(Supplied { data, version, from: Origin::Peer, wire_len })
             }

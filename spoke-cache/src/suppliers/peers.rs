@@ -256,6 +256,16 @@ impl Peers {
         (ahead, behind.into_iter().filter(live).collect())
     }
 
+    /// The first member named in `urls` that is ranked before this spoke for
+    /// `dataset/shard` (live or not): the owner a client asked before this spoke.
+    pub fn asked_before(&self, dataset: &str, shard: &str, urls: &[String]) -> Option<Arc<Member>> {
+        let ranked = self.router.ranked(Some((dataset, shard)));
+        ranked
+            .into_iter()
+            .take_while(|m| m.url != self.me)
+            .find(|m| m.conn.is_some() && urls.contains(&m.url))
+    }
+
     /// Whether this spoke owns `dataset/shard`: no live member is ranked before it.
     pub fn owns(&self, dataset: &str, shard: &str) -> bool {
         self.around(dataset, shard).0.is_empty()
@@ -309,28 +319,33 @@ impl Peers {
         }
     }
 
-    /// `[offset, offset + length)` of `dataset/shard` from what `member`, a member ranked
-    /// after this spoke, holds (`ReadCached`: nothing is fetched for it), at `version` or,
-    /// when `None`, at whatever version it holds (a first read's speculation, checked
-    /// against the hub's answer later); with the version.
+    /// `want` from what `member` holds (`ReadCached`: nothing is fetched for it), at its
+    /// version or, when it names none, at whatever version it holds (a first read's
+    /// speculation, checked against the hub's answer later); with the version. A member
+    /// ranked after this spoke is asked for what it holds; with `join`, the owner the
+    /// client already asked, for what it holds or is fetching (`JOIN_HEADER`).
     pub async fn held(
         member: &Member,
-        dataset: &str,
-        shard: &str,
-        offset: u64,
-        length: u64,
-        version: Option<&str>,
+        want: super::Want<'_>,
+        join: bool,
     ) -> std::result::Result<(Checked, String), Failed> {
+        let super::Want { dataset, shard, offset, length, version } = want;
         let Some(peer) = &member.conn else {
             return Err(Failed::not_here(Error::Internal("asked itself".into())));
         };
-        let request = ReadRangeRequest {
+        let mut request = tonic::Request::new(ReadRangeRequest {
             dataset: dataset.to_owned(),
             shard: shard.to_owned(),
             offset,
             length,
             expected_version: version.unwrap_or_default().to_owned(),
-        };
+        });
+        if join {
+            request.metadata_mut().insert(
+                shardcache_proto::hedge::JOIN_HEADER,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
+        }
         let peer_error = |message: String| Error::Peer { peer: member.url.clone(), message };
         let mut control = peer.control.clone();
         match tokio::time::timeout(PEER_TIMEOUT, control.read_cached(request)).await {

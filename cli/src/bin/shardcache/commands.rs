@@ -305,6 +305,11 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
         if !status.hub_trouble.is_empty() {
             println!("{}", hubs_unreachable(status.hub_trouble_age_s, &status.hub_trouble));
         }
+        println!(
+            "speculation: {:.0}% of what read-ahead and whole-shard fetches brought lately was read, {} unread",
+            status.speculation_useful_share * 100.0,
+            ByteSize(status.speculation_unread_bytes).human()
+        );
     } else {
         println!(
             "cache: as {:?}: your datasets, jobs and plans (capacity, hubs and global counters need a token with \
@@ -312,9 +317,35 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             status.principal
         );
     }
+    print_datasets(&status);
+    print_principals(&status);
+    print_jobs(&status);
+    print_group(&status);
+    if !status.plans.is_empty() {
+        println!();
+        println!("{:<32} {:>10} {:>10} {:>6}", "PLAN", "CURSOR", "POSITIONS", "LAG");
+        for p in &status.plans {
+            let job = owned_by(&p.principal, &p.job, &status.principal);
+            println!("{job:<32} {:>10} {:>10} {:>6}", p.cursor, p.positions, p.lag);
+        }
+    }
+    Ok(())
+}
+
+/// A row per dataset: what is cached, hits and misses, bytes fetched and on the link.
+fn print_datasets(status: &shardcache_proto::v1::StatusResponse) {
     println!(
-        "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14} {:>14}",
-        "DATASET", "SHARDS", "CACHED", "PINNED", "HITS", "MISSES", "HIT%", "UPSTREAM", "ON THE LINK"
+        "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14} {:>14} {:>10}",
+        "DATASET",
+        "SHARDS",
+        "CACHED",
+        "PINNED",
+        "HITS",
+        "MISSES",
+        "HIT%",
+        "UPSTREAM",
+        "ON THE LINK",
+        "LINK/READ"
     );
     for d in &status.datasets {
         let total = d.hit_requests + d.miss_requests;
@@ -324,7 +355,7 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             format!("{:.1}", d.hit_requests as f64 * 100.0 / total as f64)
         };
         println!(
-            "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14} {:>14}",
+            "{:<24} {:>7} {:>14} {:>6} {:>10} {:>10} {:>8} {:>14} {:>14} {:>10}",
             d.dataset,
             d.cached_shards,
             ByteSize(d.cached_bytes).human(),
@@ -338,16 +369,35 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             match (d.upstream_wire_bytes, d.upstream_bytes) {
                 (0, fetched) if fetched > 0 => "-".to_owned(),
                 (wire, _) => ByteSize(wire).human(),
-            }
+            },
+            // Bytes over the long link per byte read: 1 is what reading with no cache
+            // would cost, less is what the cache saves.
+            per_byte(d.upstream_wire_bytes, d.hit_bytes + d.miss_bytes),
         );
     }
+}
+
+/// What each principal holds against its share of the capacity.
+fn print_principals(status: &shardcache_proto::v1::StatusResponse) {
+    if !status.principals.is_empty() {
+        println!();
+        println!("{:<32} {:>14} {:>14}", "PRINCIPAL", "HELD", "SHARE");
+        for p in &status.principals {
+            let name = if p.principal.is_empty() { "(open)" } else { p.principal.as_str() };
+            let (held, share) = (ByteSize(p.held_bytes).human(), ByteSize(p.share_bytes).human());
+            println!("{name:<32} {held:>14} {share:>14}");
+        }
+    }
+}
+
+/// Per job and epoch (reads say which with the SDK's job headers; "" for those that do
+/// not, and for Prefetch calls).
+fn print_jobs(status: &shardcache_proto::v1::StatusResponse) {
     if !status.jobs.is_empty() {
-        // Per job and epoch (reads say which with the SDK's job headers; "" for those
-        // that do not, and for Prefetch calls).
         println!();
         println!(
-            "{:<32} {:>6} {:>10} {:>8} {:>14} {:>14}",
-            "JOB", "EPOCH", "READS", "HIT%", "BYTES", "HUB BYTES"
+            "{:<32} {:>6} {:>10} {:>8} {:>14} {:>14} {:>10}",
+            "JOB", "EPOCH", "READS", "HIT%", "BYTES", "HUB BYTES", "LINK/READ"
         );
         for j in &status.jobs {
             let hit = if j.reads == 0 {
@@ -358,19 +408,18 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             let job = if j.job.is_empty() { "(untagged)" } else { j.job.as_str() };
             let job = owned_by(&j.principal, job, &status.principal);
             let (bytes, hub_bytes) = (ByteSize(j.bytes).human(), ByteSize(j.hub_bytes).human());
-            println!("{job:<32} {:>6} {:>10} {hit:>8} {bytes:>14} {hub_bytes:>14}", j.epoch, j.reads);
+            let link = per_byte(j.link_bytes, j.bytes);
+            println!(
+                "{job:<32} {:>6} {:>10} {hit:>8} {bytes:>14} {hub_bytes:>14} {link:>10}",
+                j.epoch, j.reads
+            );
         }
     }
-    print_group(&status);
-    if !status.plans.is_empty() {
-        println!();
-        println!("{:<32} {:>10} {:>10} {:>6}", "PLAN", "CURSOR", "POSITIONS", "LAG");
-        for p in &status.plans {
-            let job = owned_by(&p.principal, &p.job, &status.principal);
-            println!("{job:<32} {:>10} {:>10} {:>6}", p.cursor, p.positions, p.lag);
-        }
-    }
-    Ok(())
+}
+
+/// `over` per byte of `per`, two decimals ("-" for nothing read).
+fn per_byte(over: u64, per: u64) -> String {
+    if per == 0 { "-".to_owned() } else { format!("{:.2}", over as f64 / per as f64) }
 }
 
 /// Each member's view of the group: a member refusing another's credentials means the

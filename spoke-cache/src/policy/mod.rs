@@ -1,0 +1,16 @@
+//! The cache's policies, each a part with no I/O of its own, so that it is tested alone
+//! over traces (`simulate.rs`, against Belady's optimum) and used by the read path and
+//! the evictor as it is tested:
+//!
+//! - [`admit`]: which missed chunks are stored, and which are fetched as read;
+//! - [`frequency`]: how much of each chunk has been read lately (the filter's sketch);
+//! - [`shares`]: each tenant's share of the capacity, which eviction keeps;
+//! - [`speculation`]: read-ahead and whole-shard fetches, sized by what they brought that
+//!   was read;
+//! - [`simulate`]: the model of the cache these run in, the traces, Belady's MIN.
+
+pub mod admit;
+pub mod frequency;
+pub mod shares;
+pub mod simulate;
+pub mod speculation;
