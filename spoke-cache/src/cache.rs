@@ -125,6 +125,11 @@ pub struct Cache {
     victims: Mutex<HashMap<String, (Instant, u64)>>,
 }
 
+/// Looks for a fetch a joining member asks for, and the pause between two: a read opens a
+/// shard and starts its fetches within microseconds of the lookup it waited for.
+pub const JOIN_ATTEMPTS: usize = 3;
+pub const JOIN_RETRY: Duration = Duration::from_millis(5);
+
 /// How long the value of the chunks an admission would displace is taken as known:
 /// finding the victim walks every entry, which a miss must not do each time.
 pub const VICTIM_REFRESH: Duration = Duration::from_millis(100);
@@ -468,15 +473,37 @@ impl Cache {
         value
     }
 
-    /// The bytes of `[offset, offset + length)` of `entry` from a fetch running now, if
-    /// one is (see `FetchOwner::running_range`).
-    pub fn running_range(
+    /// The entry of `dataset/shard`: the cached one, or the one a lookup running now (a
+    /// first read's `StatShard`) brings; `None` when neither is there. Never a lookup of
+    /// its own.
+    pub async fn known_entry(&self, dataset: &str, shard: &str) -> Option<Arc<Entry>> {
+        let key = (dataset.to_owned(), shard.to_owned());
+        match self.index.get(&key) {
+            Some(entry) => Some(entry),
+            None => self.lookups.running(&key).await,
+        }
+    }
+
+    /// The bytes of `[offset, offset + length)` of `entry` from a fetch running now (see
+    /// `FetchOwner::running_range`), looked for again for a moment when there is none:
+    /// a member hedged to may ask just as the read that will fetch them is opening the
+    /// shard. `None`: nothing here fetches them, or the fetch failed (the member asking
+    /// goes on to the hub; the failure is this spoke's reader's to report).
+    pub async fn join_running(
         &self,
         entry: &Entry,
         offset: u64,
         length: u64,
-    ) -> Option<futures::future::BoxFuture<'static, Result<shardcache_proto::checksum::Checked>>> {
-        self.fetch.running_range(entry, offset, length)
+    ) -> Option<shardcache_proto::checksum::Checked> {
+        for attempt in 0..JOIN_ATTEMPTS {
+            if let Some(running) = self.fetch.running_range(entry, offset, length) {
+                return running.await.ok();
+            }
+            if attempt + 1 < JOIN_ATTEMPTS {
+                tokio::time::sleep(JOIN_RETRY).await;
+            }
+        }
+        None
     }
 
     /// Evicts `entries` (their chunks and records); returns (shards, bytes) evicted.

@@ -278,7 +278,13 @@ impl CacheControl for Control {
         let (dataset, shard) = (DatasetName::new(&req.dataset)?, ShardName::new(&req.shard)?);
         shardcache_proto::range::check_total(req.length, MAX_CACHED_READ.min(self.max_read))
             .map_err(Status::from)?;
-        let Some(entry) = self.cache.cached_entry(dataset.as_str(), shard.as_str()) else {
+        // One joining waits for a first read's lookup of the shard running here.
+        let known = if join {
+            self.cache.known_entry(dataset.as_str(), shard.as_str()).await
+        } else {
+            self.cache.cached_entry(dataset.as_str(), shard.as_str())
+        };
+        let Some(entry) = known else {
             return Err(Status::failed_precondition(format!("{dataset}/{shard} is not cached here")));
         };
         if !req.expected_version.is_empty() && req.expected_version != entry.version {
@@ -289,11 +295,8 @@ impl CacheControl for Control {
         }
         shardcache_proto::range::check_within(req.offset, req.length, entry.size).map_err(Status::from)?;
         let mut data = self.cache.read_cached(&entry, req.offset, req.length).await?;
-        if data.is_none()
-            && join
-            && let Some(running) = self.cache.running_range(&entry, req.offset, req.length)
-        {
-            data = Some(running.await?);
+        if data.is_none() && join {
+            data = self.cache.join_running(&entry, req.offset, req.length).await;
         }
         let Some(data) = data else {
             return Err(Status::failed_precondition(format!(

@@ -126,6 +126,13 @@ impl Lookups {
         }
     }
 
+    /// The entry of `key` once the lookup of it running now (a first read's `StatShard`)
+    /// is done; `None` when none is running.
+    pub async fn running(&self, key: &ShardKey) -> Option<Arc<Entry>> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()?;
+        running.await.ok()
+    }
+
     /// The slow path of [`Lookups::entry`]: ask the hub.
     async fn lookup(&self, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());

@@ -45,6 +45,15 @@ fn query(port: u16, query: &str) -> Vec<(serde_json::Value, f64)> {
         .collect()
 }
 
+/// What the spoke at `endpoint` counted of its one dataset: (hit reads, reads, bytes on
+/// the link, bytes read).
+async fn counted(endpoint: &str) -> (f64, f64, f64, f64) {
+    let status = shardcache_client::CacheClient::connect(endpoint).await.unwrap().status().await.unwrap();
+    let d = &status.datasets[0];
+    let reads = (d.hit_requests + d.miss_requests) as f64;
+    (d.hit_requests as f64, reads, d.upstream_wire_bytes as f64, (d.hit_bytes + d.miss_bytes) as f64)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_records_the_hit_ratio_per_dataset_and_per_member() {
     let binary = std::env::var("SHARDCACHE_PROMETHEUS").unwrap_or_else(|_| "/usr/bin/prometheus".into());
@@ -73,15 +82,11 @@ async fn prometheus_records_the_hit_ratio_per_dataset_and_per_member() {
     }
     let shard1 = Range::new("ds", "shard-00001.bin", 0, 4096);
     Client::connect(&b.endpoint).await.unwrap().read_range(&shard1).await.unwrap();
-    let counted = |endpoint: String| async move {
-        let status =
-            shardcache_client::CacheClient::connect(&endpoint).await.unwrap().status().await.unwrap();
-        let d = &status.datasets[0];
-        (d.hit_requests as f64, (d.hit_requests + d.miss_requests) as f64)
-    };
-    let ((hits_a, reads_a), (hits_b, reads_b)) =
-        (counted(a.endpoint.clone()).await, counted(b.endpoint.clone()).await);
+    let ((hits_a, reads_a, link_a, read_a), (hits_b, reads_b, link_b, read_b)) =
+        (counted(&a.endpoint).await, counted(&b.endpoint).await);
     assert_eq!((reads_a, reads_b, hits_b), (3.0, 1.0, 0.0));
+    // Bytes on the link per byte read, as both spokes counted them.
+    let (link, read) = (link_a + link_b, read_a + read_b);
 
     let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/rules.yml");
     let hub_metrics = hub.metrics_addr.clone().unwrap();
@@ -130,4 +135,13 @@ async fn prometheus_records_the_hit_ratio_per_dataset_and_per_member() {
     // The hub's page was scraped too: it served both shards whole.
     let served = query(port, "shardcache_hub_bytes_served_total");
     assert_eq!(served[0].1, f64::from(2 << 20), "{served:?}");
+    // What the link cost per byte read (a whole 1 MiB shard for each 4 KiB read here).
+    let amplification = query(port, "shardcache:link_per_read:total");
+    assert_eq!(amplification.len(), 1, "{amplification:?}");
+    assert!(
+        (amplification[0].1 - link / read).abs() < 1e-9,
+        "{amplification:?}, the spokes counted {}",
+        link / read
+    );
+    assert!(amplification[0].1 > 1.0, "small reads of whole chunks: {amplification:?}");
 }

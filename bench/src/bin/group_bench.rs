@@ -11,7 +11,8 @@
 //! and SERVING. One client
 //! reads every sample of the dataset once in random batches (the cold epoch: misses
 //! fetched through the group), then once more (warm); samples/s of each group and their
-//! ratio. Checks every byte read against the dataset's files.
+//! ratio, the hedges the client sent, and what the group fetched from the hub in the cold
+//! epoch per byte of the dataset. Checks every byte read against the dataset's files.
 //!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/group-bench [--gray]
@@ -190,23 +191,28 @@ async fn gray() {
         "{GRAY_SHARDS} shards x 16 MiB, cold groups of 3 over a 60 ms 2 Gbit/s link; every sample once in random batches of {BATCH} x 16 KiB, {IN_FLIGHT} in flight, then again warm"
     );
     println!(
-        "| round | healthy group: cold / warm samples/s | one member gray: cold / warm samples/s | gray / healthy: cold / warm | hedges sent (healthy / gray) |"
+        "| round | healthy group: cold / warm samples/s | one member gray: cold / warm samples/s | gray / healthy: cold / warm | hedges sent (healthy / gray) | hub bytes / dataset, cold (healthy / gray) |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     for round in 0..3 {
         let mut rates = Vec::new();
         for gray in [false, true] {
             let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
             let (peers, members, links) = start_group(&hub, gray, &dirs);
             let client = Client::connect(&peers).await.unwrap();
+            let control = CacheClient::connect(&peers).await.unwrap();
             let cold = epoch(&client, &files, 2 * round + 1).await;
+            let fetched: u64 =
+                control.status().await.unwrap().datasets.iter().map(|d| d.upstream_bytes).sum();
             let warm = epoch(&client, &files, 2 * round + 2).await;
-            rates.push((cold, warm, client.hedges().sent.load(std::sync::atomic::Ordering::Relaxed)));
+            let hedges = client.hedges().sent.load(std::sync::atomic::Ordering::Relaxed);
+            let dataset = u64::from(GRAY_SHARDS) * SHARD;
+            rates.push((cold, warm, hedges, fetched as f64 / dataset as f64));
             drop((members, links));
         }
-        let ((hc, hw, hh), (gc, gw, gh)) = (rates[0], rates[1]);
+        let ((hc, hw, hh, hf), (gc, gw, gh, gf)) = (rates[0], rates[1]);
         println!(
-            "| {} | {hc:.0} / {hw:.0} | {gc:.0} / {gw:.0} | {:.2} / {:.2} | {hh} / {gh} |",
+            "| {} | {hc:.0} / {hw:.0} | {gc:.0} / {gw:.0} | {:.2} / {:.2} | {hh} / {gh} | {hf:.3} / {gf:.3} |",
             round + 1,
             gc / hc,
             gw / hw

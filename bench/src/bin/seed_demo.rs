@@ -102,6 +102,10 @@ struct Args {
     /// Skip the link-compression setups.
     #[arg(long)]
     skip_compression: bool,
+    /// The hub's --link-compression-level for the seed's and the later setups (the
+    /// hub's own default when not given; 0 turns compression off).
+    #[arg(long)]
+    hub_compression_level: Option<i32>,
     /// The small-cache spoke's --plan-window: `auto` (the spoke's default: the next block
     /// of the plan) or bytes of shards fetched ahead of the block being read.
     #[arg(long, default_value = "auto")]
@@ -180,7 +184,12 @@ async fn main() -> anyhow::Result<()> {
     };
 
     // Its metrics count what crossed the link in the group setups.
-    let hub = HubProcess::start(&data, &["--metrics-listen", "127.0.0.1:0"]);
+    let level = demo.args.hub_compression_level.map(|l| l.to_string());
+    let mut hub_args = vec!["--metrics-listen", "127.0.0.1:0"];
+    if let Some(level) = &level {
+        hub_args.extend(["--link-compression-level", level.as_str()]);
+    }
+    let hub = HubProcess::start(&data, &hub_args);
     let hub_addr = hub.endpoint.trim_start_matches("http://").parse()?;
     let rtt = demo.args.rtt.clone();
     let link = ["--rtt", rtt.as_str()];

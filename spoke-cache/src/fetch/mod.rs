@@ -212,18 +212,34 @@ impl FetchOwner {
         offset: u64,
         length: u64,
     ) -> Option<BoxFuture<'static, Result<Checked>>> {
+        if let Some(direct) = self.inner.direct().get(&(entry.id, offset, length)).cloned() {
+            return Some(direct.boxed());
+        }
         let index = offset / entry.chunk_size;
         let (start, chunk_len) = entry.chunk_range(index);
-        if length > 0
-            && offset + length <= start + chunk_len
-            && let Some(running) = self.running(entry, index)
-        {
-            let from = (offset - start) as usize;
+        if length == 0 || offset + length > start + chunk_len {
+            return None;
+        }
+        let from = (offset - start) as usize;
+        if let Some(running) = self.running(entry, index) {
             let fetched = running.fetched;
             return Some(async move { Ok(fetched.await?.part(from, from + length as usize)) }.boxed());
         }
-        let direct = self.inner.direct().get(&(entry.id, offset, length)).cloned()?;
-        Some(direct.boxed())
+        // Its whole chunk read alongside the shard's first stat (taken up by the read that
+        // started it a moment later).
+        let read = self.inner.speculations.get(&entry.dataset, &entry.shard, start, chunk_len)?;
+        let version = entry.version.clone();
+        Some(
+            async move {
+                match read.await {
+                    Some((data, v)) if v == version && data.data.len() as u64 == chunk_len => {
+                        Ok(data.part(from, from + length as usize))
+                    }
+                    _ => Err(Error::Internal("the read alongside the stat brought another version".into())),
+                }
+            }
+            .boxed(),
+        )
     }
 
     /// Fetches every absent chunk of `entry`, `parallelism` at a time, and returns once

@@ -174,17 +174,17 @@ impl Sim<'_> {
     }
 
     /// The shard eviction takes next for an admission by `principal` (`None`: any
-    /// principal's eviction), never `keep`: principals over their share first, then (for
-    /// an admission) the principal's own, then any, least recently used first.
+    /// principal's eviction), never `keep`: least recently used first, by the shares
+    /// (`Shares::pick`, as the evictor).
     fn victim(&self, principal: Option<u8>, keep: u32) -> Option<u32> {
-        let over = self.shares.over(&self.held(), self.model.capacity);
-        let candidates = || self.shards.iter().filter(|(id, s)| **id != keep && !s.present.is_empty());
-        let lru = |filter: &dyn Fn(&Shard) -> bool| {
-            candidates().filter(|(_, s)| filter(s)).min_by_key(|(_, s)| s.last_access).map(|(id, _)| *id)
-        };
-        lru(&|s| over.contains(&s.holder.to_string()))
-            .or_else(|| principal.and_then(|p| lru(&|s| s.holder == p)))
-            .or_else(|| lru(&|_| true))
+        let mut candidates: Vec<(&u32, &Shard)> =
+            self.shards.iter().filter(|(id, s)| **id != keep && !s.present.is_empty()).collect();
+        candidates.sort_by_key(|(_, s)| s.last_access);
+        let names: Vec<String> = candidates.iter().map(|(_, s)| s.holder.to_string()).collect();
+        let holders: Vec<&str> = names.iter().map(String::as_str).collect();
+        let principal = principal.map(|p| p.to_string());
+        let at = self.shares.pick(&holders, &self.held(), self.model.capacity, principal.as_deref())?;
+        Some(*candidates[at].0)
     }
 
     fn has_room(&self, bytes: u64) -> bool {

@@ -227,7 +227,8 @@ class ShardDataset(_MapBase):
     """Map-style dataset of a dataset's fixed-size records, in shard-name order.
 
     ``ds[i]`` reads record ``i`` (one request); ``ds.get_batch(indices)`` reads many in
-    one round trip. Use a sampler (``DistributedSampler``) to split it across ranks.
+    one round trip, and so does a ``DataLoader``'s batch (its fetcher calls
+    ``__getitems__``). Use a sampler (``DistributedSampler``) to split it across ranks.
     """
 
     def __init__(
@@ -259,6 +260,12 @@ class ShardDataset(_MapBase):
     def get_batch(self, indices: List[int]) -> List[Any]:
         records = self._records
         return records.load([records.locate(i) for i in indices])
+
+    def __getitems__(self, indices: List[int]) -> List[Any]:
+        """A batch in one round trip: what ``torch.utils.data.DataLoader`` asks a map-style
+        dataset for when it has this method (PyTorch 2.0 and later), in place of one
+        ``ds[i]`` (one request, one round trip to a far spoke) per sample."""
+        return self.get_batch(indices)
 
 
 class StreamingShardDataset(_IterableBase):

@@ -1,0 +1,353 @@
+//! `link-bench`: what readers the spoke was not built around cost the long link. A hub
+//! behind a 60 ms, 2 Gbit/s link (`wan-proxy`; the hub's compression off, so that bytes
+//! on the link are the bytes fetched), 256 MiB of 16 KiB records (16 shards of 16 MiB),
+//! and a spoke with room for half of it; two shuffled epochs through a fresh spoke per
+//! reader:
+//!
+//! - `sdk`: the Rust SDK's random `ReadRanges`, batches of 32 records, 4 in flight;
+//! - `mount`: 16 KiB `pread`s through `shardcache mount`, 64 threads (as `fio
+//!   --bs=16k --rw=randread --numjobs=64`), every record once an epoch;
+//! - `python` (with `--python PY`, a Python with this repo's SDK and torch:
+//!   `scripts/link-bench.sh`): `shardcache.ShardDataset` under
+//!   `DataLoader(shuffle=True, batch_size=32, num_workers=2)`, as a new user writes it;
+//! - `tenants`: on a spoke with tokens, Alice trains on 64 MiB (half the cache) for an
+//!   epoch, then reads her next epoch while Bob scans 384 MiB (three times the cache)
+//!   once: Alice's hits in her second epoch, and what Bob's scan cost.
+//!
+//! Per epoch: bytes read, bytes on the link, their ratio, the bound the issue set (what
+//! was read plus the capacity), samples/s. Every byte read is checked against the files.
+//!
+//! ```sh
+//! cargo build --release --workspace --bins && target/release/link-bench [--readers sdk,mount]
+//! scripts/link-bench.sh   # all four, with the Python SDK built release
+//! ```
+
+#![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
+
+use std::{os::unix::fs::FileExt, path::Path, time::Instant};
+
+use futures::{StreamExt, stream};
+use shardcache_client::{CacheClient, Client, ConnectOptions, Range};
+use shardcache_tests::{
+    HubProcess, MountProcess, ProxyProcess, SpokeProcess, make_dataset, next_random, token_file,
+};
+
+const MIB: u64 = 1 << 20;
+const RECORD: u64 = 16 << 10;
+const SHARDS: u32 = 16;
+const SHARD: u64 = 16 * MIB;
+const CAPACITY: u64 = SHARDS as u64 * SHARD / 2;
+const MOUNT_THREADS: usize = 64;
+
+/// One epoch of one reader.
+struct Row {
+    reader: String,
+    epoch: u32,
+    read: u64,
+    link: u64,
+    seconds: f64,
+    /// The bound the issue set for the first epoch: what was read plus the capacity.
+    bound: Option<u64>,
+    note: String,
+}
+
+/// Every record of `shards` shards, in a shuffled order (shard, offset).
+fn shuffled(shards: u32, shard: u64, seed: u64) -> Vec<(u32, u64)> {
+    let per = shard / RECORD;
+    let mut order: Vec<(u32, u64)> =
+        (0..shards).flat_map(|s| (0..per).map(move |i| (s, i * RECORD))).collect();
+    let mut rng = seed;
+    for i in (1..order.len()).rev() {
+        order.swap(i, (next_random(&mut rng) % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
+fn name(shard: u32) -> String {
+    shardcache_cli::dataset_gen::shard_name(shard)
+}
+
+/// Bytes the spoke's fetches of `dataset` took on the link so far.
+async fn on_the_link(control: &CacheClient, dataset: &str) -> u64 {
+    let status = control.status().await.unwrap();
+    status.datasets.iter().find(|d| d.dataset == dataset).map_or(0, |d| d.upstream_wire_bytes)
+}
+
+/// `order` read in batches of 32 through `client`, 4 in flight, checked against `files`.
+async fn read_batches(client: &Client, dataset: &str, files: &[Vec<u8>], order: &[(u32, u64)]) {
+    stream::iter(order.chunks(32))
+        .map(|batch| {
+            let client = client.clone();
+            let ranges: Vec<Range> =
+                batch.iter().map(|&(s, o)| Range::new(dataset, name(s), o, RECORD)).collect();
+            async move { (batch, client.read_ranges(&ranges).await.unwrap()) }
+        })
+        .buffer_unordered(4)
+        .for_each(|(batch, read)| {
+            for (&(s, o), got) in batch.iter().zip(read) {
+                assert!(got.data == files[s as usize][o as usize..(o + RECORD) as usize], "shard {s} at {o}");
+            }
+            async {}
+        })
+        .await;
+}
+
+/// The hub behind the link, and a fresh spoke with room for half the dataset.
+struct Setup {
+    _hub: HubProcess,
+    link: ProxyProcess,
+    root: tempfile::TempDir,
+    files: Vec<Vec<u8>>,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let dir = make_dataset(root.path(), "c4", SHARDS, SHARD);
+        make_dataset(root.path(), "train", 4, SHARD);
+        make_dataset(root.path(), "scan", 24, SHARD);
+        let files = (0..SHARDS).map(|s| std::fs::read(dir.join(name(s))).unwrap()).collect();
+        let hub = HubProcess::start(root.path(), &["--link-compression-level", "0"]);
+        let addr = hub.endpoint.trim_start_matches("http://").parse().unwrap();
+        let link = ProxyProcess::start(addr, &["--rtt", "60ms", "--rate", "2Gbit"]);
+        Self { _hub: hub, link, root, files }
+    }
+
+    fn spoke(&self, cache: &Path, extra: &[&str]) -> SpokeProcess {
+        let capacity = format!("{CAPACITY}B");
+        let mut args = vec!["--capacity", capacity.as_str()];
+        args.extend_from_slice(extra);
+        SpokeProcess::start(&self.link.endpoint, cache, &args)
+    }
+}
+
+async fn sdk(setup: &Setup) -> Vec<Row> {
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = setup.spoke(cache.path(), &[]);
+    let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    let mut rows = Vec::new();
+    for epoch in 1..=2 {
+        let order = shuffled(SHARDS, SHARD, u64::from(epoch));
+        let (before, started) = (on_the_link(&control, "c4").await, Instant::now());
+        read_batches(&client.for_job("sdk", u64::from(epoch)).unwrap(), "c4", &setup.files, &order).await;
+        let seconds = started.elapsed().as_secs_f64();
+        let link = on_the_link(&control, "c4").await - before;
+        let read = order.len() as u64 * RECORD;
+        rows.push(Row {
+            reader: "SDK ReadRanges".into(),
+            epoch,
+            read,
+            link,
+            seconds,
+            bound: (epoch == 1).then_some(read + CAPACITY),
+            note: String::new(),
+        });
+    }
+    rows
+}
+
+/// Every record of `order` read with `pread` through the mount at `mnt`, by
+/// [`MOUNT_THREADS`] threads taking them in turn; checked against `files`.
+fn preads(mnt: &Path, files: &[Vec<u8>], order: &[(u32, u64)]) {
+    std::thread::scope(|scope| {
+        for t in 0..MOUNT_THREADS {
+            scope.spawn(move || {
+                let opened: Vec<std::fs::File> =
+                    (0..SHARDS).map(|s| std::fs::File::open(mnt.join("c4").join(name(s))).unwrap()).collect();
+                let mut buffer = vec![0; RECORD as usize];
+                for &(s, o) in order.iter().skip(t).step_by(MOUNT_THREADS) {
+                    opened[s as usize].read_exact_at(&mut buffer, o).unwrap();
+                    assert!(
+                        buffer == files[s as usize][o as usize..(o + RECORD) as usize],
+                        "shard {s} at {o}"
+                    );
+                }
+            });
+        }
+    });
+}
+
+async fn mount(setup: &Setup) -> Vec<Row> {
+    if let Some(why) = MountProcess::unavailable() {
+        eprintln!("mount: skipped ({why})");
+        return Vec::new();
+    }
+    let (cache, mnt, logs) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spoke = setup.spoke(cache.path(), &[]);
+    let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
+    let mut rows = Vec::new();
+    for epoch in 1..=2 {
+        // A fresh mount each epoch: the kernel's page cache starts empty.
+        let _mount = MountProcess::start(
+            &spoke.endpoint,
+            mnt.path(),
+            &[],
+            &logs.path().join(format!("mount-{epoch}.log")),
+        );
+        let order = shuffled(SHARDS, SHARD, 10 + u64::from(epoch));
+        let (before, started) = (on_the_link(&control, "c4").await, Instant::now());
+        tokio::task::block_in_place(|| preads(mnt.path(), &setup.files, &order));
+        let seconds = started.elapsed().as_secs_f64();
+        let link = on_the_link(&control, "c4").await - before;
+        let read = order.len() as u64 * RECORD;
+        rows.push(Row {
+            reader: "mount pread".into(),
+            epoch,
+            read,
+            link,
+            seconds,
+            bound: (epoch == 1).then_some(read + CAPACITY),
+            note: String::new(),
+        });
+    }
+    rows
+}
+
+async fn python(setup: &Setup, python: &str) -> Vec<Row> {
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = setup.spoke(cache.path(), &[]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/link/map_style.py");
+    let files = setup.root.path().join("c4");
+    let out = std::process::Command::new(python)
+        .args([script, "--endpoint", &spoke.endpoint, "--dataset", "c4", "--files", files.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let read = v["read"].as_u64().unwrap();
+            let epoch = v["epoch"].as_u64().unwrap() as u32;
+            Row {
+                reader: "Python ShardDataset, DataLoader(shuffle=True)".into(),
+                epoch,
+                read,
+                link: v["link"].as_u64().unwrap(),
+                seconds: v["seconds"].as_f64().unwrap(),
+                bound: (epoch == 1).then_some(read + CAPACITY),
+                note: String::new(),
+            }
+        })
+        .collect()
+}
+
+/// Alice's 64 MiB for an epoch, then her next epoch while Bob scans 384 MiB.
+async fn tenants(setup: &Setup) -> Vec<Row> {
+    let (cache, secrets) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let tokens_path = secrets.path().join("tokens");
+    let tokens = token_file(&tokens_path, &[("alice", "train"), ("bob", "scan"), ("ops", "* control")]);
+    let spoke = setup.spoke(cache.path(), &["--token-file", tokens_path.to_str().unwrap()]);
+    let with = |t: &str| ConnectOptions { tls: None, token: Some(t.to_owned()) };
+    let alice = Client::connect_with(&spoke.endpoint, &with(&tokens[0])).await.unwrap();
+    let bob = Client::connect_with(&spoke.endpoint, &with(&tokens[1])).await.unwrap();
+    let ops = CacheClient::connect_with(&spoke.endpoint, &with(&tokens[2])).await.unwrap();
+    let train: Vec<Vec<u8>> =
+        (0..4).map(|s| std::fs::read(setup.root.path().join("train").join(name(s))).unwrap()).collect();
+    let mut rows = Vec::new();
+    for epoch in 1..=2u32 {
+        let order = shuffled(4, SHARD, 20 + u64::from(epoch));
+        let (before, started) = (on_the_link(&ops, "train").await, Instant::now());
+        let reader = alice.for_job("train", u64::from(epoch)).unwrap();
+        let scanning = (epoch == 2).then(|| {
+            let (bob, root) = (bob.clone(), setup.root.path().join("scan"));
+            tokio::spawn(async move {
+                let started = Instant::now();
+                for s in 0..24 {
+                    let mut stream = bob.stream_shard("scan", &name(s), 0, None).await.unwrap();
+                    let mut got = Vec::new();
+                    while let Some(chunk) = stream.next_chunk().await.unwrap() {
+                        got.extend_from_slice(&chunk.data);
+                    }
+                    assert!(got == std::fs::read(root.join(name(s))).unwrap(), "scan shard {s}");
+                }
+                started.elapsed().as_secs_f64()
+            })
+        });
+        read_batches(&reader, "train", &train, &order).await;
+        let seconds = started.elapsed().as_secs_f64();
+        let link = on_the_link(&ops, "train").await - before;
+        let status = ops.status().await.unwrap();
+        let row = status.jobs.iter().find(|j| j.job == "train" && j.epoch == u64::from(epoch)).unwrap();
+        let hits = row.hit_bytes as f64 * 100.0 / row.bytes.max(1) as f64;
+        let read = order.len() as u64 * RECORD;
+        rows.push(Row {
+            reader: "tenant Alice (64 MiB, half the cache)".into(),
+            epoch,
+            read,
+            link,
+            seconds,
+            bound: None,
+            note: format!("{hits:.1}% hits"),
+        });
+        if let Some(scan) = scanning {
+            let scan_seconds = scan.await.unwrap();
+            let status = ops.status().await.unwrap();
+            let scanned = status.datasets.iter().find(|d| d.dataset == "scan").unwrap();
+            rows.push(Row {
+                reader: "tenant Bob (scans 384 MiB once, beside her epoch 2)".into(),
+                epoch: 1,
+                read: 24 * SHARD,
+                link: scanned.upstream_wire_bytes,
+                seconds: scan_seconds,
+                bound: None,
+                note: String::new(),
+            });
+        }
+    }
+    rows
+}
+
+#[tokio::main]
+async fn main() {
+    let arg = |flag: &str| {
+        let args: Vec<String> = std::env::args().collect();
+        args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1).cloned())
+    };
+    let python_bin = arg("--python");
+    let wanted = arg("--readers").unwrap_or_else(|| "sdk,mount,python,tenants".into());
+    let setup = Setup::new();
+    let mut rows = Vec::new();
+    for reader in wanted.split(',') {
+        match reader {
+            "sdk" => rows.extend(sdk(&setup).await),
+            "mount" => rows.extend(mount(&setup).await),
+            "python" => match &python_bin {
+                Some(bin) => rows.extend(python(&setup, bin).await),
+                None => eprintln!("python: skipped (give --python PY, or run scripts/link-bench.sh)"),
+            },
+            "tenants" => rows.extend(tenants(&setup).await),
+            other => panic!("unknown reader {other:?}: sdk, mount, python, tenants"),
+        }
+    }
+    println!(
+        "256 MiB of 16 KiB records, a spoke with room for 128 MiB, a 60 ms 2 Gbit/s link, the hub's compression off"
+    );
+    println!(
+        "| reader | epoch | MiB read | MiB on the link | link / read | bound (read + capacity) | samples/s | |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        let bound = r.bound.map_or("-".to_owned(), |b| {
+            format!("{:.0} MiB: {}", b as f64 / MIB as f64, if r.link <= b { "met" } else { "NOT met" })
+        });
+        println!(
+            "| {} | {} | {:.0} | {:.1} | {:.3} | {bound} | {:.0} | {} |",
+            r.reader,
+            r.epoch,
+            r.read as f64 / MIB as f64,
+            r.link as f64 / MIB as f64,
+            r.link as f64 / r.read.max(1) as f64,
+            (r.read / RECORD) as f64 / r.seconds,
+            r.note
+        );
+    }
+    // What the bench claims, checked: every first epoch went through a cold spoke.
+    assert!(
+        rows.iter().filter(|r| r.epoch == 1 && r.bound.is_some()).all(|r| r.link > 0),
+        "cold epochs fetched"
+    );
+}
