@@ -195,6 +195,11 @@ impl Client {
         Self { plain: true, ..self.clone() }
     }
 
+    /// This client saying its reads take zstd again (undoes [`Client::plain`]).
+    pub fn compressing(&self) -> Self {
+        Self { plain: false, ..self.clone() }
+    }
+
     /// This client without its job (`for_job`): reads that are no step of the job's
     /// plan (opening a dataset's index) are neither counted as its reads nor move it.
     pub fn untagged(&self) -> Self {

@@ -188,10 +188,12 @@ pub struct SpokeArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub hub_timeout: Duration,
 
-    /// Whether the hubs may send what they fetch compressed (zstd, where it pays; the
-    /// cache stores the decoded bytes): `zstd` or `off`.
-    #[arg(long, default_value = "zstd", value_parser = ["zstd", "off"])]
-    pub hub_compression: String,
+    /// Whether chunk fetches ask the hubs for zstd (the hub compresses what shrinks; the
+    /// cache stores the decoded bytes): `auto`, whichever of the two fetches faster per
+    /// byte, measured per hub as fetches go (compression pays where the link, not the
+    /// CPU, bounds delivery); `zstd` always (where the link's bytes are billed); `off`.
+    #[arg(long, default_value = "auto", value_parser = crate::suppliers::compression::HubCompression::parse)]
+    pub hub_compression: crate::suppliers::compression::HubCompression,
 
     /// CA that signs the hubs' certificates (for https:// hubs; system roots when unset).
     #[arg(long)]
@@ -249,7 +251,7 @@ impl SpokeArgs {
                 connections: 1,
                 http2: Http2Settings::DEFAULTS,
                 timeout: self.hub_timeout,
-                compression: self.hub_compression == "zstd",
+                compression: self.hub_compression,
             });
         }
         if self.hub_connections == 0 {
@@ -269,7 +271,7 @@ impl SpokeArgs {
             connections: self.hub_connections,
             http2,
             timeout: self.hub_timeout,
-            compression: self.hub_compression == "zstd",
+            compression: self.hub_compression,
         })
     }
 

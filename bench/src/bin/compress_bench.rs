@@ -86,7 +86,11 @@ async fn cold_fill(root: &Path, dataset: &str, level: i32, link: bool) -> (f64, 
     // COMPRESS_BENCH_IN_FLIGHT=SIZE: the spoke's --upstream-bytes-in-flight (decoded bytes
     // fetched and not yet stored), to see whether it bounds the fill.
     let in_flight = std::env::var("COMPRESS_BENCH_IN_FLIGHT").ok();
-    let args: Vec<&str> = in_flight.iter().flat_map(|v| ["--upstream-bytes-in-flight", v.as_str()]).collect();
+    let mut args: Vec<&str> =
+        in_flight.iter().flat_map(|v| ["--upstream-bytes-in-flight", v.as_str()]).collect();
+    // Every fetch asks for zstd: what the hub's level does, not what the spoke's `auto`
+    // would choose.
+    args.extend(["--hub-compression", "zstd"]);
     let spoke = SpokeProcess::start(upstream, cache.path(), &args);
     let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
     let cpu = cpu_seconds(hub.child.id());

@@ -316,7 +316,9 @@ impl Demo {
             let hub_addr = hub.endpoint.trim_start_matches("http://").parse()?;
             let proxy = ProxyProcess::start(hub_addr, &["--rtt", self.args.rtt.as_str(), "--rate", "2Gbit"]);
             let cache = tempfile::tempdir_in(work)?;
-            let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &["--capacity", "8GiB"]);
+            // Every fetch asks for zstd: the hub's level decides, not the spoke's `auto`.
+            let spoke_args = ["--capacity", "8GiB", "--hub-compression", "zstd"];
+            let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &spoke_args);
             let read =
                 readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, self.names.clone(), SAMPLE);
             let control = CacheClient::connect(&spoke.endpoint).await?;

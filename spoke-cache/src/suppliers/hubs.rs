@@ -53,9 +53,9 @@ pub struct HubTransport {
     pub http2: Http2Settings,
     /// Deadline of every call to a hub (`--hub-timeout`).
     pub timeout: Duration,
-    /// Whether reads say they take zstd, so the hub compresses what pays on the link
-    /// (`--hub-compression`).
-    pub compression: bool,
+    /// Whether chunk fetches say they take zstd, so the hub compresses what pays on the
+    /// link (`--hub-compression`: measured, always or never; `compression.rs`).
+    pub compression: super::compression::HubCompression,
 }
 
 impl Default for HubTransport {
@@ -64,17 +64,19 @@ impl Default for HubTransport {
             connections: DEFAULT_HUB_CONNECTIONS,
             http2: Http2Settings::TUNED,
             timeout: DEFAULT_HUB_TIMEOUT,
-            compression: true,
+            compression: super::compression::HubCompression::Auto,
         }
     }
 }
 
-/// One hub: its connections, used in turn, and its health check.
+/// One hub: its connections, used in turn, its health check, and whether its chunk
+/// fetches ask for zstd.
 #[derive(Debug)]
 pub struct Hub {
     connections: Vec<Client>,
     next: AtomicUsize,
     health: members::HealthClient,
+    compression: super::compression::Chooser,
 }
 
 /// A hub as the router holds it.
@@ -99,15 +101,16 @@ impl Hub {
             .map(|_| endpoint.connect_with_connector_lazy(transport.http2.connector(tls.clone())))
             .collect();
         let health = members::HealthClient::new(channels[0].clone());
+        // Listings and stats ask for bytes as they are; chunk fetches as the chooser says.
         let connections = channels
             .into_iter()
-            .map(|channel| Client::from_channel_with(channel, url, token.clone()))
-            .map(|client| if transport.compression { client } else { client.plain() })
+            .map(|channel| Client::from_channel_with(channel, url, token.clone()).plain())
             .collect();
-        Ok(Self { connections, next: AtomicUsize::new(0), health })
+        let compression = super::compression::Chooser::new(transport.compression);
+        Ok(Self { connections, next: AtomicUsize::new(0), health, compression })
     }
 
-    /// The next connection in turn.
+    /// The next connection in turn (for listings and stats).
     pub fn client(&self) -> Client {
         let turn = self.next.fetch_add(1, Relaxed) % self.connections.len();
         self.connections[turn].clone()
@@ -163,6 +166,36 @@ impl Hubs {
     /// the hub's recent answer times, once it has answered enough.
     pub fn fetch_time(&self, dataset: &str, shard: &str) -> Option<Duration> {
         self.route(Some((dataset, shard))).first()?.health.learned_delay()
+    }
+
+    /// `range` from `hub` (`Hubs::ask`), asking for zstd as its chooser says and timing
+    /// the fetch for it (`compression.rs`).
+    pub async fn fetch(
+        &self,
+        hub: &HubSlot,
+        range: &shardcache_client::Range,
+    ) -> Result<shardcache_client::Verified> {
+        let compressed = hub.conn.compression.compress();
+        let started = std::time::Instant::now();
+        let read = self
+            .ask(hub, |client| async move {
+                let client = if compressed { client.compressing() } else { client };
+                client.read_range(range).await
+            })
+            .await?;
+        if let Some((plain, zstd)) =
+            hub.conn.compression.fetched(compressed, started.elapsed(), read.data.len() as u64)
+        {
+            let asks = if zstd < plain { "zstd" } else { "bytes as they are" };
+            let (plain_mb_s, zstd_mb_s) = ((1e-6 / plain) as u64, (1e-6 / zstd) as u64);
+            tracing::info!(
+                hub = hub.url,
+                plain_mb_s,
+                zstd_mb_s,
+                "chunk fetches now ask for {asks} (--hub-compression auto)"
+            );
+        }
+        Ok(read)
     }
 
     /// Runs `call` on a hub, bounded by `--hub-timeout`; its failure as the spoke's error.

@@ -24,6 +24,7 @@
 //! The chain only answers where bytes came from ([`Origin`]); the fetch owner
 //! (`fetch/`) counts them, bounds what is in flight and hands them to the store.
 
+pub mod compression;
 pub mod hubs;
 pub mod peers;
 
@@ -265,9 +266,7 @@ impl Chain {
             Ask::Hub(hub) => {
                 let mut range = shardcache_client::Range::new(dataset, shard, offset, length);
                 range.expected_version = version.map(str::to_owned);
-                let range = &range;
-                let read = self.hubs.ask(hub, |client| async move { client.read_range(range).await }).await;
-                let read = read.map_err(Failed::judged)?;
+                let read = self.hubs.fetch(hub, &range).await.map_err(Failed::judged)?;
                 let data = Checked { data: read.data, crc32c: read.crc32c };
                 Ok(Supplied { data, version: read.version, from: Origin::Hub, wire_len: read.wire_len })
             }
