@@ -43,8 +43,13 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Streams a client may open and reset before the server answers them (the HTTP/2
-/// "rapid reset" attack, CVE-2023-44487); hyper's default is 20.
-pub const MAX_PENDING_RESETS: usize = 20;
+/// "rapid reset" attack, CVE-2023-44487); past it the connection is closed (GOAWAY
+/// ENHANCE_YOUR_CALM) with every stream on it. hyper's default, 20, is what an honest
+/// client trips on busy cores: a group client cancels a hedge's loser, a DataLoader its
+/// batch, often before a starved server has read their headers (`make demo`'s group of
+/// three on two cores logged it). A few hundred still bounds the
+/// work a client can make the server do for nothing.
+pub const MAX_PENDING_RESETS: usize = 256;
 
 /// How a server bounds its work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

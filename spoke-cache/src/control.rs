@@ -111,8 +111,8 @@ impl CacheControl for Control {
         // Resolve every shard first (size and version), so progress has a total. Across
         // a 60 ms link that is one round trip per STAT_PARALLELISM shards.
         let cache = self.cache.clone();
-        // A prefetch names no job: what it fetches counts in the untagged row.
-        let row = cache.metrics().jobs.row(grant.principal(), None);
+        // A prefetch is no job's reads: what it fetches counts in a row of its own.
+        let row = cache.metrics().jobs.prefetched(grant.principal());
         let principal: Arc<str> = grant.principal().into();
         let entries: Vec<Arc<Entry>> = stream::iter(plan)
             .map(|(d, s)| {

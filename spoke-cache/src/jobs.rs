@@ -31,6 +31,10 @@ pub const MAX_JOB_ROWS: usize = 512;
 /// The job name of the row older rows are folded into.
 pub const FOLDED_JOB: &str = "(older)";
 
+/// The job name of the row a principal's prefetches count in: what an operator asked to
+/// be fetched is no job's reads, and must not make the reads beside it look amplified.
+pub const PREFETCH_JOB: &str = "(prefetch)";
+
 /// One (job, epoch)'s counters.
 #[derive(Debug, Default)]
 pub struct JobCounters {
@@ -177,6 +181,11 @@ impl Jobs {
         rows.made.push_back(key);
         rows.fold_oldest();
         row
+    }
+
+    /// The row `principal`'s prefetches count in ([`PREFETCH_JOB`]).
+    pub fn prefetched(&self, principal: &str) -> JobRow {
+        self.row(principal, Some(&JobTag { job: PREFETCH_JOB.into(), epoch: 0 }))
     }
 
     /// The row a fetch for `principal`'s plan `plan` (`JOB` or `JOB/READER`) at plan

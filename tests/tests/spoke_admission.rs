@@ -101,6 +101,24 @@ async fn a_random_reader_through_a_half_size_spoke_brings_what_it_reads_plus_one
     assert!(status.used_bytes <= capacity);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefetch_counts_in_its_own_row_not_in_the_reads_beside_it() {
+    // An operator's prefetch brings the dataset; the reads after it cost the link nothing
+    // and must not be shown (or warned about) as reads that cost more than they read.
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = make_dataset(root.path(), "pre", 4, MIB);
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    spoke.control().await.prefetch("pre", &[], 0).await.unwrap().finish().await.unwrap();
+    read_records(&spoke.client().await, "pre", &dir, &shuffled(4, MIB, 7)).await;
+    let status = spoke.control().await.status().await.unwrap();
+    let prefetch = job(&status, spoke_cache::jobs::PREFETCH_JOB, 0);
+    assert_eq!((prefetch.bytes, prefetch.hub_bytes), (0, 4 * MIB), "{status:?}");
+    assert!(prefetch.link_bytes > 0 && hub.stats.snapshot().bytes_served == 4 * MIB, "{prefetch:?}");
+    let reads = job(&status, "", 0);
+    assert_eq!((reads.bytes, reads.hit_bytes, reads.link_bytes), (4 * MIB, 4 * MIB, 0), "{reads:?}");
+}
+
 fn tenant(token: &str) -> ConnectOptions {
     ConnectOptions { tls: None, token: Some(token.to_owned()) }
 }

@@ -326,7 +326,10 @@ impl Cache {
             row.read(length, !missed);
             out.push(Checked::concat(mine));
         }
-        if row.warn_amplified(crate::index::now_ms()) {
+        // While the cache has room what crossed beyond the reads is kept for later reads
+        // (whole shards fetched for a reader that reads half of each): an investment, not
+        // a waste. Once it evicts, bytes brought and not read are lost.
+        if self.capacity.over_low() && row.warn_amplified(crate::index::now_ms()) {
             let snapshot = row.snapshot();
             tracing::warn!(
                 principal = %reader.principal,

@@ -6,10 +6,11 @@
 //! (BENCHMARKS.md).
 //!
 //! `auto` (the default) measures it per hub, as it goes: fetches of a chunk or more
-//! alternate between the two until each has been timed, then take the one whose
-//! fetches cost less time per byte lately (the mean of its last [`SAMPLES`]), the other
-//! one fetch in [`EXPLORE_EVERY`] so that a change (the link filling, the hub freeing
-//! its cores) is seen within a few dozen fetches. `zstd` always asks (where the link is billed by the byte,
+//! alternate between the two until each has been timed, then ask for zstd while its
+//! fetches cost clearly less time per byte lately (below [`ZSTD_WINS_BELOW`] of plain's,
+//! each the mean of its last [`SAMPLES`]), the other one fetch in [`EXPLORE_EVERY`] so
+//! that a change (the link filling, the hub freeing its cores) is seen within a few
+//! dozen fetches. `zstd` always asks (where the link is billed by the byte,
 //! bytes matter more than time); `off` never does.
 
 use std::{sync::Mutex, time::Duration};
@@ -34,6 +35,15 @@ impl HubCompression {
         }
     }
 }
+
+/// Compressed fetches are taken only while they cost less than this share of a plain
+/// fetch's time per byte. A fetch's time leaves out what compression costs the cores (the
+/// hub's encoding, the spoke's decoding): on a link bound by its round trip, not its
+/// bytes, the two measure within noise of each other, and taking zstd for a few percent
+/// would spend those cores for nothing (`make demo`'s cold spoke shares its two with the
+/// trainer and the hub). A link that bounds delivery by its bytes halves the time of a
+/// chunk that compresses to half.
+pub const ZSTD_WINS_BELOW: f64 = 0.8;
 
 /// One fetch in this many takes the mode measured slower, to keep measuring it.
 pub const EXPLORE_EVERY: u64 = 8;
@@ -89,7 +99,7 @@ impl Chooser {
                 state.fetches += 1;
                 let turn = state.fetches;
                 match state.costs() {
-                    Some((plain, zstd)) => (zstd < plain) != turn.is_multiple_of(EXPLORE_EVERY),
+                    Some(costs) => zstd_wins(costs) != turn.is_multiple_of(EXPLORE_EVERY),
                     None => turn.is_multiple_of(2),
                 }
             }
@@ -105,14 +115,14 @@ impl Chooser {
         }
         let cost = elapsed.as_secs_f64() / bytes as f64;
         let mut state = self.state();
-        let before = state.costs().map(|(plain, zstd)| zstd < plain);
+        let before = state.costs().map(zstd_wins);
         let samples = &mut state.costs[usize::from(compressed)];
         if samples.len() == SAMPLES {
             samples.pop_front();
         }
         samples.push_back(cost);
         let now = state.costs()?;
-        (before != Some(now.1 < now.0)).then_some(now)
+        (before != Some(zstd_wins(now))).then_some(now)
     }
 
     /// Whether fetches ask for zstd now: the mode, or in `auto` the one measured faster
@@ -121,9 +131,14 @@ impl Chooser {
         match self.mode {
             HubCompression::Always => Some(true),
             HubCompression::Off => Some(false),
-            HubCompression::Auto => self.state().costs().map(|(plain, zstd)| zstd < plain),
+            HubCompression::Auto => self.state().costs().map(zstd_wins),
         }
     }
+}
+
+/// Whether compressed fetches win, from `(plain, zstd)` seconds per byte.
+fn zstd_wins((plain, zstd): (f64, f64)) -> bool {
+    zstd < plain * ZSTD_WINS_BELOW
 }
 
 #[cfg(test)]
@@ -156,6 +171,9 @@ mod tests {
         let compressed = asked(&chooser, 80, 64, 73);
         assert_eq!(compressed, 5, "back to plain within the first 40: {compressed} of the last 40");
         assert_eq!(chooser.compressing(), Some(false));
+        // A few percent faster does not pay for the cores compression takes.
+        let compressed = asked(&chooser, 80, 100, 90);
+        assert_eq!(compressed, 5, "plain but for one in {EXPLORE_EVERY}: {compressed} of the last 40");
         // Small fetches say nothing about it.
         chooser.fetched(true, Duration::from_millis(1), MIB / 8);
         assert_eq!(chooser.compressing(), Some(false));

@@ -186,7 +186,8 @@ impl Hubs {
         if let Some((plain, zstd)) =
             hub.conn.compression.fetched(compressed, started.elapsed(), read.data.len() as u64)
         {
-            let asks = if zstd < plain { "zstd" } else { "bytes as they are" };
+            let asks =
+                if zstd < plain * super::compression::ZSTD_WINS_BELOW { "zstd" } else { "bytes as they are" };
             let (plain_mb_s, zstd_mb_s) = ((1e-6 / plain) as u64, (1e-6 / zstd) as u64);
             tracing::info!(
                 hub = hub.url,
