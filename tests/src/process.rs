@@ -126,6 +126,17 @@ impl HubProcess {
         let metrics_addr = words.last().filter(|_| rest.contains(" metrics on ")).map(str::to_owned);
         Self { endpoint: format!("{scheme}://{addr}"), child, metrics_addr }
     }
+
+    /// Bytes it has served (`shardcache_hub_bytes_served_total`); it must have been
+    /// started with `--metrics-listen`.
+    pub async fn bytes_served(&self) -> u64 {
+        let addr = self.metrics_addr.as_deref().expect("the hub was started with --metrics-listen");
+        let page = crate::scrape_metrics(addr).await.unwrap();
+        page.lines()
+            .find_map(|l| l.strip_prefix("shardcache_hub_bytes_served_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap() as u64
+    }
 }
 
 impl Drop for HubProcess {

@@ -61,9 +61,9 @@ async fn main() {
         ("variable", Format::Megatron),
     ] {
         let index = SampleIndex::open(&client, dataset, &format).await.unwrap();
-        let before = hub_bytes(&hub).await;
+        let before = hub.bytes_served().await;
         let (samples, bytes, secs) = read_shuffled(&client, &index).await;
-        assert_eq!(hub_bytes(&hub).await, before, "{dataset}: the measured reads were not all hits");
+        assert_eq!(hub.bytes_served().await, before, "{dataset}: the measured reads were not all hits");
         let rate = samples as f64 / secs;
         println!(
             "| {dataset}: {} samples, mean {:.1} KiB | {rate:.0} | {:.0} |",
@@ -111,15 +111,6 @@ async fn read_shuffled(client: &Client, index: &SampleIndex) -> (u64, u64, f64) 
     let done = join_all(reads).await;
     let secs = started.elapsed().as_secs_f64();
     (done.iter().map(|d| d.0).sum(), done.iter().map(|d| d.1).sum(), secs)
-}
-
-/// Bytes the hub has served (its metrics).
-async fn hub_bytes(hub: &HubProcess) -> u64 {
-    let page = shardcache_tests::scrape_metrics(hub.metrics_addr.as_deref().unwrap()).await.unwrap();
-    page.lines()
-        .find_map(|l| l.strip_prefix("shardcache_hub_bytes_served_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap() as u64
 }
 
 /// Plain files of the same total size (records of the variable samples' mean size).

@@ -28,7 +28,7 @@ pub mod compression;
 pub mod hubs;
 pub mod peers;
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use shardcache_client::{
     ConnectOptions,
@@ -142,6 +142,40 @@ pub struct Chain {
     peers: Option<Peers>,
     hubs: Hubs,
     counters: Arc<HedgeCounters>,
+    late_joins: Arc<LateJoins>,
+}
+
+/// A join's states ([`Chain::join_owner`]).
+const WAITED: u8 = 0;
+const GIVEN_UP: u8 = 1;
+const FINISHED: u8 = 2;
+
+/// Joins given up on and still running, per owner ([`Chain::join_owner`]).
+#[derive(Debug, Default)]
+struct LateJoins(std::sync::Mutex<HashMap<String, u32>>);
+
+impl LateJoins {
+    fn joins(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_late(&self, owner: &str) -> bool {
+        self.joins().contains_key(owner)
+    }
+
+    fn started(&self, owner: &str) {
+        *self.joins().entry(owner.to_owned()).or_default() += 1;
+    }
+
+    fn done(&self, owner: &str) {
+        let mut joins = self.joins();
+        if let Some(late) = joins.get_mut(owner) {
+            *late -= 1;
+            if *late == 0 {
+                joins.remove(owner);
+            }
+        }
+    }
 }
 
 impl Chain {
@@ -158,7 +192,7 @@ impl Chain {
         let peers = peers
             .map(|(spec, me, credentials)| Peers::new(spec, me, credentials, counters.clone()))
             .transpose()?;
-        Ok(Self { peers, hubs, counters })
+        Ok(Self { peers, hubs, counters, late_joins: Arc::default() })
     }
 
     /// The hubs (stats and listings go to them only: they are the authority).
@@ -193,36 +227,77 @@ impl Chain {
     /// `want` from the owner the client asked first (the first member of `avoid` ranked
     /// before this spoke): from its store, or the fetch of it that it is running, waited
     /// for as long as a fetch from the hub takes as a rule (twice its p95, learned; within
-    /// [`JOIN_WAIT_MIN`]..[`JOIN_WAIT_MAX`]). A join not answered in that time is a race
-    /// the owner lost (`Health::lost_race`: a gray owner is demoted after a few).
+    /// [`JOIN_WAIT_MIN`]..[`JOIN_WAIT_MAX`]); then `NotThere` (the read is fetched as read,
+    /// not stored). A join not answered in that time goes on in the background: a slow
+    /// owner (a link that fills, queued fetches) answers it late and stays the owner, so
+    /// the group keeps one copy; one that does not answer it at all ([`PEER_TIMEOUT`]:
+    /// its link to the hub hangs) lost the race (`Health::lost_race`: demoted after a few,
+    /// and then its shards are this spoke's to store). While a join to an owner is late,
+    /// the next ones skip it (a gray owner costs a read one wait, not one each).
+    ///
+    /// [`PEER_TIMEOUT`]: peers::PEER_TIMEOUT
     pub async fn join_owner(&self, want: Want<'_>, avoid: &[String]) -> Joined {
         let Some(owner) = self.peers.as_ref().and_then(|p| p.asked_before(want.dataset, want.shard, avoid))
         else {
             return Joined::NotThere;
         };
-        if !owner.health.is_live() || want.version.is_none() {
-            return if owner.health.is_live() { Joined::NotThere } else { Joined::Down };
+        if !owner.health.is_live() {
+            return Joined::Down;
+        }
+        let Some(version) = want.version.map(str::to_owned) else {
+            return Joined::NotThere;
+        };
+        if self.late_joins.is_late(&owner.url) {
+            return Joined::NotThere;
         }
         let wait = self
             .hubs
             .fetch_time(want.dataset, want.shard)
             .map_or(JOIN_WAIT, |t| t.clamp(JOIN_WAIT_MIN, JOIN_WAIT_MAX));
         let started = std::time::Instant::now();
-        match tokio::time::timeout(wait, Peers::held(&owner, want, true)).await {
-            Ok(Ok((data, version))) => {
+        // WAITED, then GIVEN_UP by this call or FINISHED by the join, whichever is first.
+        let state = Arc::new(std::sync::atomic::AtomicU8::new(WAITED));
+        let join = {
+            let (owner, state, late_joins, counters) =
+                (owner.clone(), state.clone(), self.late_joins.clone(), self.counters.clone());
+            let (dataset, shard, offset, length) =
+                (want.dataset.to_owned(), want.shard.to_owned(), want.offset, want.length);
+            tokio::spawn(async move {
+                let want = Want { dataset: &dataset, shard: &shard, offset, length, version: Some(&version) };
+                let answer = Peers::held(&owner, want, true).await;
+                if state.swap(FINISHED, std::sync::atomic::Ordering::AcqRel) == GIVEN_UP {
+                    late_joins.done(&owner.url);
+                    if matches!(&answer, Err(failed) if failed.verdict == Verdict::Unwell)
+                        && let Some(pause) = owner.health.lost_race()
+                    {
+                        counters.demotions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!(member = owner.url, pause = ?pause, "it did not answer a join at all (its link to the hub hangs?): skipped for a while");
+                    }
+                }
+                answer
+            })
+        };
+        match tokio::time::timeout(wait, join).await {
+            Ok(Ok(Ok((data, version)))) => {
                 owner.health.answered(started.elapsed());
                 let wire_len = data.data.len() as u64;
                 Joined::Bytes(Supplied { data, version, from: Origin::Peer, wire_len })
             }
-            Ok(Err(failed)) if failed.verdict == Verdict::Unwell => {
+            Ok(Ok(Err(failed))) if failed.verdict == Verdict::Unwell => {
                 owner.health.failed();
                 Joined::Down
             }
-            Ok(Err(_)) => Joined::NotThere,
+            Ok(_) => Joined::NotThere,
             Err(_) => {
-                if let Some(pause) = owner.health.lost_race() {
-                    self.counters.demotions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::warn!(member = owner.url, pause = ?pause, "it does not answer joins within a fetch's time (its link to the hub hangs?): skipped for a while");
+                // The join's task goes on and judges the owner by how it ends (unless it
+                // ended just now).
+                self.late_joins.started(&owner.url);
+                let ordering = std::sync::atomic::Ordering::AcqRel;
+                if state
+                    .compare_exchange(WAITED, GIVEN_UP, ordering, std::sync::atomic::Ordering::Acquire)
+                    .is_err()
+                {
+                    self.late_joins.done(&owner.url);
                 }
                 Joined::NotThere
             }
