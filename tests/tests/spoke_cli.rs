@@ -33,8 +33,8 @@ fn warm_status_pin_evict_and_get_through_the_spoke() {
     let line = out.lines().find(|l| l.starts_with("c4")).unwrap_or_else(|| panic!("{out}"));
     let columns: Vec<_> = line.split_whitespace().collect();
     assert_eq!(&columns[1..3], ["3", "3MiB"], "sizes for people: {out}");
-    // The warm-up's fetches count under the untagged job row.
-    let jobs = out.lines().find(|l| l.starts_with("(untagged)")).unwrap_or_else(|| panic!("{out}"));
+    // The warm-up's fetches count in the prefetch row, not as any job's reads.
+    let jobs = out.lines().find(|l| l.starts_with("(prefetch)")).unwrap_or_else(|| panic!("{out}"));
     assert_eq!(jobs.split_whitespace().nth(5), Some("3MiB"), "its hub bytes: {out}");
 
     // With its hub answering: the hub's listing, unmarked, and health says only SERVING.

@@ -243,6 +243,14 @@ impl Health {
         lock(&self.probe).take();
     }
 
+    /// Demoted at once: it left a call unanswered for good (a join it never answered,
+    /// `spoke-cache`'s `Chain::join_owner`), which no slow member does. Returns the pause.
+    pub fn demote(&self) -> Duration {
+        lock(&self.probe).take();
+        self.lost.store(0, Relaxed);
+        self.demotion.fail()
+    }
+
     /// A hedge sent after it answered first. Returns the demotion's pause when this
     /// loss demotes it: the third in a row, or the first on probation.
     pub fn lost_race(&self) -> Option<Duration> {

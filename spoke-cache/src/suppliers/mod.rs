@@ -145,6 +145,10 @@ pub struct Chain {
     late_joins: Arc<LateJoins>,
 }
 
+/// A join not answered in this many of its waits was never going to be: the owner is
+/// demoted (a healthy owner behind a full link answers within a few).
+pub const JOIN_GIVE_UP_AFTER_WAITS: u32 = 8;
+
 /// A join's states ([`Chain::join_owner`]).
 const WAITED: u8 = 0;
 const GIVEN_UP: u8 = 1;
@@ -230,12 +234,11 @@ impl Chain {
     /// [`JOIN_WAIT_MIN`]..[`JOIN_WAIT_MAX`]); then `NotThere` (the read is fetched as read,
     /// not stored). A join not answered in that time goes on in the background: a slow
     /// owner (a link that fills, queued fetches) answers it late and stays the owner, so
-    /// the group keeps one copy; one that does not answer it at all ([`PEER_TIMEOUT`]:
-    /// its link to the hub hangs) lost the race (`Health::lost_race`: demoted after a few,
-    /// and then its shards are this spoke's to store). While a join to an owner is late,
-    /// the next ones skip it (a gray owner costs a read one wait, not one each).
-    ///
-    /// [`PEER_TIMEOUT`]: peers::PEER_TIMEOUT
+    /// the group keeps one copy; one that does not answer it in
+    /// [`JOIN_GIVE_UP_AFTER_WAITS`] waits (its link to the hub hangs) is demoted
+    /// (`Health::demote`), and its shards are this spoke's to store (`Joined::Down`)
+    /// until it answers again. While a join to an owner is late, the next ones skip it
+    /// (a gray owner costs a read one wait, not one each).
     pub async fn join_owner(&self, want: Want<'_>, avoid: &[String]) -> Joined {
         let Some(owner) = self.peers.as_ref().and_then(|p| p.asked_before(want.dataset, want.shard, avoid))
         else {
@@ -257,6 +260,9 @@ impl Chain {
         let started = std::time::Instant::now();
         // WAITED, then GIVEN_UP by this call or FINISHED by the join, whichever is first.
         let state = Arc::new(std::sync::atomic::AtomicU8::new(WAITED));
+        // Within the member's own bound on a peer's answer, so that this one decides.
+        let give_up =
+            (wait * JOIN_GIVE_UP_AFTER_WAITS).clamp(Duration::from_secs(1), peers::PEER_TIMEOUT / 2);
         let join = {
             let (owner, state, late_joins, counters) =
                 (owner.clone(), state.clone(), self.late_joins.clone(), self.counters.clone());
@@ -264,16 +270,25 @@ impl Chain {
                 (want.dataset.to_owned(), want.shard.to_owned(), want.offset, want.length);
             tokio::spawn(async move {
                 let want = Want { dataset: &dataset, shard: &shard, offset, length, version: Some(&version) };
-                let answer = Peers::held(&owner, want, true).await;
-                if state.swap(FINISHED, std::sync::atomic::Ordering::AcqRel) == GIVEN_UP {
+                let answer = tokio::time::timeout(give_up, Peers::held(&owner, want, true)).await;
+                let given_up = state.swap(FINISHED, std::sync::atomic::Ordering::AcqRel) == GIVEN_UP;
+                if given_up {
                     late_joins.done(&owner.url);
-                    if matches!(&answer, Err(failed) if failed.verdict == Verdict::Unwell)
-                        && let Some(pause) = owner.health.lost_race()
-                    {
-                        counters.demotions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!(member = owner.url, pause = ?pause, "it did not answer a join at all (its link to the hub hangs?): skipped for a while");
-                    }
                 }
+                let Ok(answer) = answer else {
+                    // Never answered: no slow owner takes this long. Its shards are
+                    // the next member's to fetch and store until it answers again.
+                    // Joins that were late together end together: one demotion, one line.
+                    if !owner.health.is_demoted() {
+                        let pause = owner.health.demote();
+                        counters.demotions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!(member = owner.url, pause = ?pause, "it did not answer a join at all (its link to the hub hangs?): its shards are taken over for a while");
+                    }
+                    return Err(Failed::unwell(Error::Peer {
+                        peer: owner.url.clone(),
+                        message: "did not answer a join".into(),
+                    }));
+                };
                 answer
             })
         };
