@@ -189,9 +189,9 @@ pub struct SpokeArgs {
     pub hub_timeout: Duration,
 
     /// Whether chunk fetches ask the hubs for zstd (the hub compresses what shrinks; the
-    /// cache stores the decoded bytes): `auto`, whichever of the two fetches faster per
-    /// byte, measured per hub as fetches go (compression pays where the link, not the
-    /// CPU, bounds delivery); `zstd` always (where the link's bytes are billed); `off`.
+    /// cache stores the decoded bytes): `auto`, zstd only while it fetches clearly faster
+    /// per byte, measured per hub as fetches go (compression pays where the link, not
+    /// the CPU, bounds delivery); `zstd` always (where the link's bytes are billed); `off`.
     #[arg(long, default_value = "auto", value_parser = crate::suppliers::compression::HubCompression::parse)]
     pub hub_compression: crate::suppliers::compression::HubCompression,
 
