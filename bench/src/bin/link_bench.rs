@@ -51,6 +51,15 @@ struct Row {
     note: String,
 }
 
+impl Row {
+    /// `reader`'s `epoch` through the half-size spoke: its first epoch is held to the
+    /// bound (what it read plus the capacity).
+    fn half_size(reader: &str, epoch: u32, read: u64, link: u64, seconds: f64) -> Self {
+        let bound = (epoch == 1).then_some(read + CAPACITY);
+        Row { reader: reader.into(), epoch, read, link, seconds, bound, note: String::new() }
+    }
+}
+
 /// Every record of `shards` shards, in a shuffled order (shard, offset).
 fn shuffled(shards: u32, shard: u64, seed: u64) -> Vec<(u32, u64)> {
     let per = shard / RECORD;
@@ -134,15 +143,7 @@ async fn sdk(setup: &Setup) -> Vec<Row> {
         let seconds = started.elapsed().as_secs_f64();
         let link = on_the_link(&control, "c4").await - before;
         let read = order.len() as u64 * RECORD;
-        rows.push(Row {
-            reader: "SDK ReadRanges".into(),
-            epoch,
-            read,
-            link,
-            seconds,
-            bound: (epoch == 1).then_some(read + CAPACITY),
-            note: String::new(),
-        });
+        rows.push(Row::half_size("SDK ReadRanges", epoch, read, link, seconds));
     }
     rows
 }
@@ -192,15 +193,7 @@ async fn mount(setup: &Setup) -> Vec<Row> {
         let seconds = started.elapsed().as_secs_f64();
         let link = on_the_link(&control, "c4").await - before;
         let read = order.len() as u64 * RECORD;
-        rows.push(Row {
-            reader: "mount pread".into(),
-            epoch,
-            read,
-            link,
-            seconds,
-            bound: (epoch == 1).then_some(read + CAPACITY),
-            note: String::new(),
-        });
+        rows.push(Row::half_size("mount pread", epoch, read, link, seconds));
     }
     rows
 }
@@ -222,15 +215,8 @@ async fn python(setup: &Setup, python: &str) -> Vec<Row> {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
             let read = v["read"].as_u64().unwrap();
             let epoch = v["epoch"].as_u64().unwrap() as u32;
-            Row {
-                reader: "Python ShardDataset, DataLoader(shuffle=True)".into(),
-                epoch,
-                read,
-                link: v["link"].as_u64().unwrap(),
-                seconds: v["seconds"].as_f64().unwrap(),
-                bound: (epoch == 1).then_some(read + CAPACITY),
-                note: String::new(),
-            }
+            let (link, seconds) = (v["link"].as_u64().unwrap(), v["seconds"].as_f64().unwrap());
+            Row::half_size("Python ShardDataset, DataLoader(shuffle=True)", epoch, read, link, seconds)
         })
         .collect()
 }
