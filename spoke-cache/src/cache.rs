@@ -18,9 +18,10 @@
 //! - [`Capacity`] (`capacity.rs`) and the [`Evictor`] (`evict.rs`); the [`PlanFetcher`]
 //!   (`plan_fetch.rs`), each given the parts it uses.
 //!
-//! Here: chunks asked for alongside a first stat, which misses are stored (the
-//! admission, `policy::admit`), read-ahead and whole-shard fetches after a read under
-//! their feedback (`policy::speculation`), pins; in `cache/read.rs` the read path.
+//! Here: entries, chunks asked for alongside a first stat, pins, joins; in
+//! `cache/read.rs` the read path; in `cache/speculate.rs` which misses are stored (the
+//! admission, `policy::admit`) and the read-ahead and whole-shard fetches after a read
+//! under their feedback (`policy::speculation`).
 //!
 //! - An [`Entry`] is one shard *version* with its own store id. A new version found at
 //!   revalidation replaces the entry (new id), so bytes of two versions never mix.
@@ -29,7 +30,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, atomic::Ordering::Relaxed},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -37,6 +38,9 @@ use shardcache_proto::names::{DatasetName, ShardName};
 
 mod index_reads;
 mod read;
+mod speculate;
+
+pub use speculate::{VICTIM_REFRESH, WHOLE_SHARD_FETCHES};
 
 pub use read::{ReadFor, SPECULATIVE_SHARDS_PER_CALL};
 
@@ -129,15 +133,6 @@ pub struct Cache {
 /// shard and starts its fetches within microseconds of the lookup it waited for.
 pub const JOIN_ATTEMPTS: usize = 3;
 pub const JOIN_RETRY: Duration = Duration::from_millis(5);
-
-/// How long the value of the chunks an admission would displace is taken as known:
-/// finding the victim walks every entry, which a miss must not do each time.
-pub const VICTIM_REFRESH: Duration = Duration::from_millis(100);
-
-/// Whole-shard background fetches at once: each keeps `--shard-fetch-parallelism`
-/// chunks in flight, so a few dozen fill the link; more only queue behind them and hold
-/// memory.
-pub const WHOLE_SHARD_FETCHES: usize = 32;
 
 impl Cache {
     /// Loads what `store` holds; usable at once, before any hub answers. Chunks it lacks
@@ -441,38 +436,6 @@ impl Cache {
         Ok(entry)
     }
 
-    /// Whether a miss of chunk `index` of `entry` by `principal` is stored (its chunk
-    /// fetched whole) rather than fetched as read (`policy::admit`): while the cache has
-    /// room below its low watermark; when a plan reads the shard (the plans decide what
-    /// stays); or when the chunk has been read lately far more than what its admission
-    /// would displace.
-    pub fn stores(&self, entry: &Entry, index: u64, principal: &str) -> bool {
-        self.capacity.has_room(entry.chunk_range(index).1)
-            || self.plans.next_use(&(entry.dataset.clone(), entry.shard.clone())).is_some()
-            || self.filter.admits(entry.chunk_key(index), self.victim_value(principal))
-    }
-
-    /// Bytes read lately per chunk of the shard an admission by `principal` would
-    /// displace (its eviction's next victim), known within [`VICTIM_REFRESH`].
-    fn victim_value(&self, principal: &str) -> u64 {
-        let mut victims = self.victims.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(&(at, value)) = victims.get(principal)
-            && at.elapsed() < VICTIM_REFRESH
-        {
-            return value;
-        }
-        let value = self.evictor().victim_for(Some(principal)).map_or(0, |victim| {
-            let present: Vec<u64> = (0..victim.chunk_count()).filter(|&i| victim.has_chunk(i)).collect();
-            self.filter.mean_value(present.into_iter().map(|i| victim.chunk_key(i)))
-        });
-        // Principals are an operator's names (a token file's lines): few.
-        if victims.len() > 4096 {
-            victims.clear();
-        }
-        victims.insert(principal.to_owned(), (Instant::now(), value));
-        value
-    }
-
     /// The entry of `dataset/shard`: the cached one, or the one a lookup running now (a
     /// first read's `StatShard`) brings; `None` when neither is there. Never a lookup of
     /// its own.
@@ -517,69 +480,6 @@ impl Cache {
     pub async fn fetch_shard(&self, entry: &Arc<Entry>, row: &JobRow, principal: &str) -> Result<u64> {
         let fetch = FetchFor::read(row, principal, &[]);
         self.fetch.fetch_shard(entry, self.config.shard_fetch_parallelism, fetch).await
-    }
-
-    /// Speculation after a read of `entry` that ended in chunk `last` (`run`: the reads in
-    /// a row of the shard that began where the one before ended; `stored_miss`: a chunk
-    /// it missed is being stored): the rest of the shard fetched in the background on its
-    /// first stored miss, or chunks read ahead of a sequential reader; each only while
-    /// such bets pay and within speculation's share of the capacity
-    /// (`policy::speculation`), and only into room below the low watermark, so that
-    /// speculation never evicts.
-    fn after_read(&self, entry: &Arc<Entry>, last: u64, run: u32, stored_miss: bool, reader: &ReadFor) {
-        let speculation = self.admission.speculation();
-        let fits = |bytes: u64| {
-            self.capacity.has_room(bytes) && speculation.has_room(bytes, self.capacity.reserved())
-        };
-        let fetch = FetchFor::speculation(&reader.row, &reader.principal);
-        if stored_miss && self.config.fetch_whole_shard && self.start_whole_fetch(entry, &fits) {
-            self.metrics.whole_shard_fetches.fetch_add(1, Relaxed);
-            let (owner, entry, row) = (self.fetch.clone(), entry.clone(), reader.row.clone());
-            let (principal, parallelism) = (reader.principal.clone(), self.config.shard_fetch_parallelism);
-            let running = self.whole_fetches.clone();
-            tokio::spawn(async move {
-                let fetch = FetchFor::speculation(&row, &principal);
-                if let Err(e) = owner.fetch_shard(&entry, parallelism, fetch).await {
-                    tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, error = %e, "background shard fetch failed");
-                }
-                running.fetch_sub(1, Relaxed);
-            });
-            return;
-        }
-        let ahead = speculation.read_ahead(self.config.read_ahead_chunks, run);
-        for index in (last + 1..=last.saturating_add(ahead)).take_while(|&i| i < entry.chunk_count()) {
-            if entry.has_chunk(index) || self.fetch.running(entry, index).is_some() {
-                continue;
-            }
-            if !fits(entry.chunk_range(index).1) {
-                break;
-            }
-            // Started by `chunk` itself; the result is only wanted in the store.
-            drop(self.fetch.chunk(entry, index, fetch));
-        }
-    }
-
-    /// Whether a whole-shard fetch of `entry` may start now, counted as running if so:
-    /// its first, at most [`WHOLE_SHARD_FETCHES`] at once, when the rest of the shard
-    /// `fits`, while such fetches pay (`Speculation::whole_shards`).
-    fn start_whole_fetch(&self, entry: &Entry, fits: &dyn Fn(u64) -> bool) -> bool {
-        if entry.state().whole_fetch_started || !fits(entry.size.saturating_sub(entry.cached_bytes())) {
-            return false;
-        }
-        if self.whole_fetches.fetch_add(1, Relaxed) >= WHOLE_SHARD_FETCHES
-            || !self.admission.speculation().whole_shards()
-        {
-            self.whole_fetches.fetch_sub(1, Relaxed);
-            return false;
-        }
-        // Once per entry (a lost race here costs a fetch that finds its chunks running).
-        let mut state = entry.state();
-        if std::mem::replace(&mut state.whole_fetch_started, true) {
-            drop(state);
-            self.whole_fetches.fetch_sub(1, Relaxed);
-            return false;
-        }
-        true
     }
 }
 

@@ -373,6 +373,19 @@ pub fn next_random(state: &mut u64) -> u64 {
     *state >> 11
 }
 
+/// Every `record`-byte record of `shards` shards of `shard_size` bytes as (shard,
+/// offset), in an order shuffled by `seed` (a reader that reads each once an epoch).
+pub fn shuffled_records(shards: u32, shard_size: u64, record: u64, seed: u64) -> Vec<(u32, u64)> {
+    let per_shard = shard_size / record;
+    let mut order: Vec<(u32, u64)> =
+        (0..shards).flat_map(|s| (0..per_shard).map(move |i| (s, i * record))).collect();
+    let mut rng = seed;
+    for i in (1..order.len()).rev() {
+        order.swap(i, (next_random(&mut rng) % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
 pub fn sha256(data: &[u8]) -> String {
     Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -13,7 +13,7 @@ use futures::{StreamExt, stream};
 use shardcache_client::{CacheClient, Client, ConnectOptions, Range};
 use shardcache_proto::v1::StatusResponse;
 use shardcache_serving::{auth::Authenticator, server::Security};
-use shardcache_tests::{TestHub, TestSpoke, make_dataset, next_random, spoke_options, token_file};
+use shardcache_tests::{TestHub, TestSpoke, make_dataset, spoke_options, token_file};
 use shardcache_wan::{LinkConfig, WanProxy};
 use spoke_cache::PeerGroup;
 use tokio::net::TcpListener;
@@ -22,16 +22,9 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const RECORD: u64 = 16 * KIB;
 
-/// Every record of `shards` shards of `shard_size` bytes, in a shuffled order.
+/// Every record of `shards` shards, in a shuffled order (shard, offset).
 fn shuffled(shards: u32, shard_size: u64, seed: u64) -> Vec<(u32, u64)> {
-    let per_shard = shard_size / RECORD;
-    let mut order: Vec<(u32, u64)> =
-        (0..shards).flat_map(|s| (0..per_shard).map(move |i| (s, i * RECORD))).collect();
-    let mut rng = seed;
-    for i in (1..order.len()).rev() {
-        order.swap(i, (next_random(&mut rng) % (i as u64 + 1)) as usize);
-    }
-    order
+    shardcache_tests::shuffled_records(shards, shard_size, RECORD, seed)
 }
 
 /// Reads `order` in batches of 32 records (a DataLoader's), 4 in flight, checking every

@@ -28,9 +28,7 @@ use std::{os::unix::fs::FileExt, path::Path, time::Instant};
 
 use futures::{StreamExt, stream};
 use shardcache_client::{CacheClient, Client, ConnectOptions, Range};
-use shardcache_tests::{
-    HubProcess, MountProcess, ProxyProcess, SpokeProcess, make_dataset, next_random, token_file,
-};
+use shardcache_tests::{HubProcess, MountProcess, ProxyProcess, SpokeProcess, make_dataset, token_file};
 
 const MIB: u64 = 1 << 20;
 const RECORD: u64 = 16 << 10;
@@ -62,14 +60,7 @@ impl Row {
 
 /// Every record of `shards` shards, in a shuffled order (shard, offset).
 fn shuffled(shards: u32, shard: u64, seed: u64) -> Vec<(u32, u64)> {
-    let per = shard / RECORD;
-    let mut order: Vec<(u32, u64)> =
-        (0..shards).flat_map(|s| (0..per).map(move |i| (s, i * RECORD))).collect();
-    let mut rng = seed;
-    for i in (1..order.len()).rev() {
-        order.swap(i, (next_random(&mut rng) % (i as u64 + 1)) as usize);
-    }
-    order
+    shardcache_tests::shuffled_records(shards, shard, RECORD, seed)
 }
 
 fn name(shard: u32) -> String {
