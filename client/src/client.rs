@@ -67,6 +67,12 @@ fn is_stale<T>(response: &tonic::Response<T>) -> bool {
     response.metadata().get(shardcache_proto::STALE_METADATA).is_some()
 }
 
+/// Whether a member answered with bytes of the owner it joined (a hedge that cost the
+/// owner no race: `shardcache_proto::hedge::RELAYED_HEADER`).
+fn is_relayed<T>(response: &tonic::Response<T>) -> bool {
+    response.metadata().get(shardcache_proto::hedge::RELAYED_HEADER).is_some()
+}
+
 /// One range of a [`Client::read_ranges`] batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Range {
@@ -275,6 +281,21 @@ impl Client {
             .map_err(|e| e.unwrap_or_else(|| Error::Config("the client has no members to ask".into())))
     }
 
+    /// [`Client::on_members`] for reads whose answer says whether it was relayed from the
+    /// member asked first (`call` answers `(answer, relayed)`: see
+    /// `shardcache_proto::hedge::RELAYED_HEADER`).
+    async fn on_members_relayed<T, F, Fut>(&self, route: &[Arc<Member>], mut call: F) -> Result<T>
+    where
+        F: FnMut(&[Arc<Member>], Arc<Member>) -> Fut,
+        Fut: std::future::Future<Output = Result<(T, bool)>>,
+    {
+        self.router
+            .call_relayed(route, |i, member| call(&route[..i], member.clone()), |(_, relayed)| *relayed)
+            .await
+            .map(|(answer, _)| answer)
+            .map_err(|e| e.unwrap_or_else(|| Error::Config("the client has no members to ask".into())))
+    }
+
     /// Every dataset the server has.
     pub async fn list_datasets(&self) -> Result<Vec<DatasetInfo>> {
         Ok(self.list_datasets_marked().await?.items)
@@ -354,11 +375,12 @@ impl Client {
 
     /// Reads one range in one call (at most the server's `--max-read`).
     pub async fn read_range(&self, range: &Range) -> Result<Verified> {
-        self.on_members(&self.router.route(Some((&range.dataset, &range.shard)), &[]), |asked, m| {
+        self.on_members_relayed(&self.router.route(Some((&range.dataset, &range.shard)), &[]), |asked, m| {
             let request = self.read_request(range.to_request(), asked);
             async move {
                 let chunk = m.reader().read_range(request).await.map_err(|s| m.status(s))?;
-                m.verify(range, chunk.into_inner())
+                let relayed = is_relayed(&chunk);
+                Ok((m.verify(range, chunk.into_inner())?, relayed))
             }
         })
         .await
@@ -380,7 +402,7 @@ impl Client {
         }
         let reads = parts.into_values().map(|(route, indices)| async move {
             let read = self
-                .on_members(&route, |asked, m| {
+                .on_members_relayed(&route, |asked, m| {
                     let request = self.read_request(ReadRangesRequest::default(), asked);
                     let indices = &indices;
                     async move { m.read_batch(request, ranges, indices).await }
@@ -529,14 +551,17 @@ impl Member {
         mut request: tonic::Request<ReadRangesRequest>,
         ranges: &[Range],
         indices: &[usize],
-    ) -> Result<Vec<Verified>> {
+    ) -> Result<(Vec<Verified>, bool)> {
         request.get_mut().ranges = indices.iter().map(|&i| ranges[i].to_request()).collect();
-        let chunks =
-            self.reader().read_ranges(request).await.map_err(|s| self.status(s))?.into_inner().chunks;
+        let response = self.reader().read_ranges(request).await.map_err(|s| self.status(s))?;
+        let relayed = is_relayed(&response);
+        let chunks = response.into_inner().chunks;
         if chunks.len() != indices.len() {
             return Err(self.protocol(format!("{} chunks for {} ranges", chunks.len(), indices.len())));
         }
-        indices.iter().zip(chunks).map(|(&i, chunk)| self.verify(&ranges[i], chunk)).collect()
+        let read: Result<Vec<Verified>> =
+            indices.iter().zip(chunks).map(|(&i, chunk)| self.verify(&ranges[i], chunk)).collect();
+        Ok((read?, relayed))
     }
 
     fn verify(&self, range: &Range, chunk: Chunk) -> Result<Verified> {

@@ -22,3 +22,9 @@ pub fn parse_avoided(value: &str) -> Vec<String> {
 /// for them, and says "not here" only when it neither holds nor fetches them. So a hedge
 /// costs the long link nothing when the owner is merely slow.
 pub const JOIN_HEADER: &str = "shardcache-join-fetch";
+
+/// Response header of a read a member answered with bytes the owner gave it (a join,
+/// above): the owner answered that read, the member only relayed it. A client that
+/// hedged to the member does not count the race as lost by the owner, so a healthy
+/// owner slowed by a cold fetch is not demoted for the hedges that joined it.
+pub const RELAYED_HEADER: &str = "shardcache-relayed";

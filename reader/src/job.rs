@@ -9,7 +9,7 @@ use tonic::{Request, Status};
 pub use shardcache_proto::job::{EPOCH_HEADER, INDEX_READ_HEADER, JOB_HEADER, MAX_JOB_NAME, check_job_name};
 use shardcache_proto::{
     encoding,
-    hedge::{AVOID_HEADER, parse_avoided},
+    hedge::{AVOID_HEADER, RELAYED_HEADER, parse_avoided},
 };
 use shardcache_serving::auth::Grant;
 
@@ -26,7 +26,43 @@ pub struct ReadContext {
     pub index_read: bool,
     /// The reader decodes zstd (`shardcache_proto::encoding::ACCEPT_ENCODING_HEADER`).
     pub accepts_zstd: bool,
+    /// Set by the source when what it answered came from the owner a hedge joined: the
+    /// answer says so (`shardcache_proto::hedge::RELAYED_HEADER`).
+    pub relayed: Relayed,
 }
+
+/// Whether a read's answer came, relayed, from the member its client asked first
+/// (shared by the request and the source that reads for it).
+#[derive(Debug, Clone, Default)]
+pub struct Relayed(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Relayed {
+    /// Some of the answer came from the owner the client asked first.
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `response`, with `RELAYED_HEADER` when it is set.
+    pub fn mark<T>(&self, mut response: tonic::Response<T>) -> tonic::Response<T> {
+        if self.is_set() {
+            response.metadata_mut().insert(RELAYED_HEADER, tonic::metadata::MetadataValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// Two contexts are alike whatever their answers relayed.
+impl PartialEq for Relayed {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Relayed {}
 
 impl ReadContext {
     /// The context `request`'s headers carry (a malformed job header is refused).
@@ -45,6 +81,7 @@ impl ReadContext {
             principal,
             index_read,
             accepts_zstd,
+            relayed: Relayed::default(),
         })
     }
 }

@@ -18,6 +18,6 @@ pub mod service;
 pub mod source;
 
 pub use error::{ReadError, status};
-pub use job::{JobTag, ReadContext};
+pub use job::{JobTag, ReadContext, Relayed};
 pub use service::{Observer, ReadLimits, ReadService};
 pub use source::{DatasetListing, STALE_METADATA, ShardHandle, ShardMeta, ShardPage, ShardStat, Source};

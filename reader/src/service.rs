@@ -275,7 +275,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         self.observer.served(data.data.len());
         let mut sent = self.encoded(vec![chunk(req.offset, data, &meta.version)], &context).await;
         self.observer.read_latency(started.elapsed());
-        Ok(Response::new(sent.pop().unwrap_or_default()))
+        Ok(context.relayed.mark(Response::new(sent.pop().unwrap_or_default())))
     }
 
     async fn read_ranges(
@@ -333,7 +333,7 @@ impl<S: Source> ShardReader for ReadService<S> {
             .collect();
         let chunks = self.encoded(chunks, context).await;
         self.observer.read_latency(started.elapsed());
-        Ok(Response::new(ReadRangesResponse { chunks }))
+        Ok(context.relayed.mark(Response::new(ReadRangesResponse { chunks })))
     }
 
     type StreamShardStream = ReceiverStream<Result<Chunk, Status>>;

@@ -61,7 +61,8 @@ impl CachedSource {
         let job = context.job.as_ref().map(|tag| tag.job.clone());
         let principal = context.principal.as_str().into();
         let (avoid, index_read) = (context.avoid.clone().into(), context.index_read);
-        let mut reader = ReadFor { job, principal, row, avoid, index_read, alongside: None };
+        let relayed = context.relayed.clone();
+        let mut reader = ReadFor { job, principal, row, avoid, index_read, alongside: None, relayed };
         let (entry, alongside) = self.0.entry_for(dataset, shard, reads, &reader).await?;
         reader.alongside = alongside;
         let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };

@@ -10,10 +10,12 @@
 
 pub mod chaos;
 pub mod disk;
+pub mod group;
 pub mod pki;
 pub mod process;
 pub mod s3;
 pub mod soak;
+pub use group::TestGroup;
 pub use process::{HubProcess, MountProcess, ProxyProcess, SpokeProcess, binary};
 /// The WAN emulator (its own crate, `tools/wan-proxy`), under the name the tests use.
 pub use shardcache_wan as wan;

@@ -26,10 +26,13 @@ pub fn binary(name: &str) -> PathBuf {
 }
 
 /// Starts `command` and waits for the line on its stdout that starts with `prefix` (a
-/// server's "listening on" report); returns the child and the rest of that line.
+/// server's "listening on" report); returns the child and the rest of that line. The
+/// child logs warnings and up (to the caller's stderr unless the command says where),
+/// or what `SHARDCACHE_CHILD_LOG` asks for (e.g. `spoke_cache=debug`, to see what a
+/// bench's spokes decide); a command that sets `RUST_LOG` itself keeps it.
 fn spawn_and_wait_for(mut command: Command, prefix: &str) -> (Child, String) {
     if !command.get_envs().any(|(key, _)| key == "RUST_LOG") {
-        command.env("RUST_LOG", "warn");
+        command.env("RUST_LOG", std::env::var("SHARDCACHE_CHILD_LOG").unwrap_or_else(|_| "warn".into()));
     }
     let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();

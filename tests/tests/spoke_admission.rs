@@ -13,10 +13,8 @@ use futures::{StreamExt, stream};
 use shardcache_client::{CacheClient, Client, ConnectOptions, Range};
 use shardcache_proto::v1::StatusResponse;
 use shardcache_serving::{auth::Authenticator, server::Security};
-use shardcache_tests::{TestHub, TestSpoke, make_dataset, spoke_options, token_file};
+use shardcache_tests::{TestGroup, TestHub, TestSpoke, make_dataset, spoke_options, token_file};
 use shardcache_wan::{LinkConfig, WanProxy};
-use spoke_cache::PeerGroup;
-use tokio::net::TcpListener;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -186,21 +184,9 @@ async fn a_hedge_to_another_member_joins_the_owners_fetch_and_the_group_fetches_
     )
     .await
     .unwrap();
-    let mut listeners = Vec::new();
-    for _ in 0..3 {
-        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
-    }
-    let urls: Vec<String> = listeners.iter().map(|l| format!("http://{}", l.local_addr().unwrap())).collect();
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut spokes = Vec::new();
-    for (i, listener) in listeners.into_iter().enumerate() {
-        let mut options = spoke_options(&link.endpoint());
-        options.group =
-            Some(PeerGroup { spec: urls.join(","), me: urls[i].clone(), credentials: Default::default() });
-        spokes.push(TestSpoke::start_on(listener, dirs[i].path(), options).await);
-    }
-    let group = Client::connect(&urls.join(",")).await.unwrap();
-    CacheClient::connect(&urls.join(","))
+    let members = TestGroup::start(3, |_| link.endpoint()).await;
+    let group = Client::connect(&members.spec()).await.unwrap();
+    CacheClient::connect(&members.spec())
         .await
         .unwrap()
         .prefetch("warm", &[], 0)
@@ -231,11 +217,15 @@ async fn a_hedge_to_another_member_joins_the_owners_fetch_and_the_group_fetches_
         .buffer_unordered(8)
         .for_each(|_| async {})
         .await;
-    for spoke in &spokes {
+    for spoke in &members.spokes {
         spoke.settled().await;
     }
     let hedges = group.hedges().sent.load(std::sync::atomic::Ordering::Relaxed) - sent_before;
     assert!(hedges >= 1, "the cold reads were hedged");
+    // The members hedged to answered with the owners' bytes, and said so: no owner lost
+    // a race for it, so none was demoted (its shards then fetched by the next member).
+    let demoted = group.hedges().demotions.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((demoted, group.failing_members()), (0, vec![]), "{hedges} hedges");
     assert_eq!(
         hub.stats.snapshot().bytes_served - before,
         12 * MIB,

@@ -13,11 +13,9 @@ use std::time::{Duration, Instant};
 
 use shardcache_client::{Client, Range};
 use shardcache_tests::{
-    TestHub, TestSpoke, make_dataset, spoke_options,
+    TestGroup, TestHub, make_dataset,
     wan::{Fault, LinkConfig, WanProxy},
 };
-use spoke_cache::PeerGroup;
-use tokio::net::TcpListener;
 
 const MIB: u64 = 1 << 20;
 const SHARDS: u32 = 12;
@@ -74,12 +72,7 @@ async fn a_member_whose_hub_link_hangs_costs_a_hedge_delay_not_a_timeout() {
             .await
             .unwrap();
 
-    let mut listeners = Vec::new();
-    for _ in 0..3 {
-        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
-    }
-    let urls: Vec<String> = listeners.iter().map(|l| format!("http://{}", l.local_addr().unwrap())).collect();
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (listeners, urls) = TestGroup::bind(3).await;
     // The gray member: one that owns shards of both datasets (ownership hashes the
     // URLs, which the ports make different each run; a member owning none of a dataset
     // would prove nothing). The group client connects lazily: nothing is up yet.
@@ -88,14 +81,8 @@ async fn a_member_whose_hub_link_hangs_costs_a_hedge_delay_not_a_timeout() {
         names().iter().filter(|n| ranking.owners(dataset, n)[0] == urls[member]).count()
     };
     let gray = (0..3).rev().find(|&m| owns(m, "one") > 0 && owns(m, "two") > 0 && m != 0).unwrap_or(2);
-    let mut spokes = Vec::new();
-    for (i, listener) in listeners.into_iter().enumerate() {
-        let upstream = if i == gray { gray_link.endpoint() } else { hub.endpoint.clone() };
-        let mut options = spoke_options(&upstream);
-        options.group =
-            Some(PeerGroup { spec: urls.join(","), me: urls[i].clone(), credentials: Default::default() });
-        spokes.push(TestSpoke::start_on(listener, dirs[i].path(), options).await);
-    }
+    let upstream = |i| if i == gray { gray_link.endpoint() } else { hub.endpoint.clone() };
+    let members = TestGroup::start_on(listeners, urls.clone(), upstream).await;
     gray_link.set_fault(Fault::Stall);
     let owned_by_gray = |client: &Client, dataset: &str| {
         names().iter().filter(|n| client.owners(dataset, n)[0] == urls[gray]).count()
@@ -108,8 +95,8 @@ async fn a_member_whose_hub_link_hangs_costs_a_hedge_delay_not_a_timeout() {
     assert!(owned_by_gray(&group, "two") > 0, "the gray member owns some shards of each dataset");
     read_all(&member, "two", &through_a_member).await;
     assert!(serving(&urls[gray]).await, "the gray member still says SERVING");
-    let member_hedges = spokes[0].metric("shardcache_spoke_hedges_total").await;
-    let member_demotions = spokes[0].metric("shardcache_spoke_demotions_total").await;
+    let member_hedges = members.spokes[0].metric("shardcache_spoke_hedges_total").await;
+    let member_demotions = members.spokes[0].metric("shardcache_spoke_demotions_total").await;
     assert!(
         member_hedges >= 1.0 && member_demotions >= 1.0,
         "hedges {member_hedges}, demotions {member_demotions}"

@@ -61,6 +61,12 @@ fn cases() -> Vec<Case> {
             labels: &["3 passes"],
         },
         Case {
+            name: "blocks of 4 shards' records shuffled (plan-bench's planless reader), 4 MiB shards, 2x the cache",
+            model: Model::new(128 * MIB, 4 * MIB, 4 * MIB),
+            phases: traces::block_shuffled_epochs((64, 4 * MIB, RECORD), 4, 3, 11),
+            labels: &["epoch 1", "epoch 2", "epoch 3"],
+        },
+        Case {
             name: "working set of half the cache, a scan of 3x, the next epoch",
             model,
             phases: traces::working_set_and_scan((0, false), 4, 24, 16 * MIB, (RECORD, MIB)),
@@ -81,7 +87,7 @@ fn main() {
         ("frequency filter (the spoke's)", Policy::Frequency),
     ];
     println!(
-        "cache 128 MiB in 4 MiB chunks, shards of 16 MiB; each cell: bytes over the link per byte read / hit ratio"
+        "cache 128 MiB in 4 MiB chunks, shards of 16 MiB (unless the trace says); each cell: bytes over the link per byte read / hit ratio"
     );
     print!("| trace | phase |");
     for (name, _) in &policies {

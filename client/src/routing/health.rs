@@ -252,8 +252,14 @@ impl Health {
     }
 
     /// A hedge sent after it answered first. Returns the demotion's pause when this
-    /// loss demotes it: the third in a row, or the first on probation.
+    /// loss demotes it: the third in a row, or the first on probation. Races lost while
+    /// it is demoted were started before (the calls in flight when it was): they are the
+    /// same finding, and do not lengthen the pause (64 calls in flight to a member that
+    /// hung took its pause from 1 s to 30 s in one second).
     pub fn lost_race(&self) -> Option<Duration> {
+        if self.demotion.paused() {
+            return None;
+        }
         lock(&self.probe).take();
         let on_probation = self.on_probation();
         let lost = self.lost.fetch_add(1, Relaxed) + 1;
@@ -286,11 +292,19 @@ impl Health {
             Some((tokens.unwrap_or(HEDGE_BURST * 1000) + HEDGE_SHARE_PER_MILLE).min(HEDGE_BURST * 1000));
     }
 
+    /// Lost a race since it last won one, or suspect ([`Health::is_suspect`]): a member
+    /// whose slow calls are hedged whatever the budget.
+    pub fn is_losing(&self) -> bool {
+        self.lost.load(Relaxed) > 0 || self.is_suspect()
+    }
+
     /// Whether a call it has not answered in time may be hedged now (spending one of its
-    /// hedges): within its share of hedges, or always while it is suspect (a race lost
-    /// since it last won one, or on probation).
+    /// hedges): within its share of hedges, or always while it is losing
+    /// ([`Health::is_losing`]; a call sent to it before it was demoted is hedged too:
+    /// with the budget spent by the races that demoted it, such calls waited for their
+    /// deadline, a spoke's calls to a gray peer 10 s).
     pub fn may_hedge(&self) -> bool {
-        if self.lost.load(Relaxed) > 0 || self.on_probation() {
+        if self.is_losing() {
             return true;
         }
         let mut tokens = lock(&self.hedge_tokens);
@@ -333,20 +347,22 @@ mod tests {
 
     #[test]
     fn losing_hedges_demotes_a_member_that_health_checks_cannot_revive() {
-        let health = Health::default();
+        let first = Duration::from_millis(50);
+        let health = Health { demotion: Backoff::new(first, MAX_BACKOFF), ..Health::default() };
         assert_eq!(health.lost_race(), None);
         health.won_race();
         assert_eq!(health.lost_race(), None, "a won race starts the count again");
         assert_eq!(health.lost_race(), None);
-        assert_eq!(health.lost_race(), Some(FIRST_BACKOFF), "three lost in a row");
+        assert_eq!(health.lost_race(), Some(first), "three lost in a row");
         assert!(!health.is_live() && health.is_demoted());
         health.serving_again();
         assert!(!health.is_live(), "SERVING does not end a demotion");
         assert!(health.is_suspect());
-        for _ in 0..DEMOTE_AFTER - 1 {
-            health.lost_race();
+        for _ in 0..10 {
+            assert_eq!(health.lost_race(), None, "calls sent before the demotion lose too: no longer pause");
         }
-        assert_eq!(health.lost_race(), Some(FIRST_BACKOFF * 2), "demoted longer each time");
+        std::thread::sleep(first + Duration::from_millis(10));
+        assert_eq!(health.lost_race(), Some(first * 2), "on probation, demoted again and longer");
         health.won_race();
         assert!(health.is_live());
     }
@@ -409,6 +425,11 @@ mod tests {
         assert!((0..10).all(|_| health.may_hedge()), "a member that lost a race is hedged whenever slow");
         health.won_race();
         assert!(!health.may_hedge(), "and within its share again once it wins one");
+        health.demote();
+        assert!((0..10).all(|_| health.may_hedge()), "a demoted member's calls still in flight are hedged");
+        health.won_race();
+        health.failed();
+        assert!(health.may_hedge(), "and a failed one's");
     }
 
     #[test]

@@ -54,7 +54,25 @@ pub async fn hedged<T, E, F, Fut>(
     candidates: &[Candidate<'_>],
     policy: &HedgePolicy,
     counters: &HedgeCounters,
+    call: F,
+) -> Result<T, Option<E>>
+where
+    E: Judged,
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    hedged_relayed(candidates, policy, counters, call, |_| false).await
+}
+
+/// [`hedged`], where an answer for which `relayed` is true came from the member asked
+/// first through the one that answered (`shardcache_proto::hedge::RELAYED_HEADER`): no
+/// race was lost, the member asked first answered.
+pub async fn hedged_relayed<T, E, F, Fut>(
+    candidates: &[Candidate<'_>],
+    policy: &HedgePolicy,
+    counters: &HedgeCounters,
     mut call: F,
+    relayed: impl Fn(&T) -> bool,
 ) -> Result<T, Option<E>>
 where
     E: Judged,
@@ -67,6 +85,8 @@ where
     let mut next = 0;
     let mut hedge_at: Option<Instant> = None;
     let mut last_error = None;
+    // The hedge budget refused this call a hedge (see the timer below).
+    let mut denied = false;
     let mut launch = |i: usize, running: &mut FuturesUnordered<_>, in_flight: &mut Vec<(usize, Instant)>| {
         let now = Instant::now();
         if i == 0 {
@@ -98,7 +118,9 @@ where
                 let elapsed = started.elapsed();
                 match result {
                     Ok(answer) => {
-                        settle_race(candidates, i, started, &in_flight, counters);
+                        if !relayed(&answer) {
+                            settle_race(candidates, i, started, &in_flight, counters);
+                        }
                         candidates[i].health.answered(elapsed);
                         return Ok(answer);
                     }
@@ -122,11 +144,20 @@ where
                 }
             }
             () = timer => {
-                // The member last asked has not answered in time; without budget for a
-                // hedge, its answer (or failure) is waited for.
+                // The member last asked has not answered in time. Without budget for a
+                // hedge, the call waits for it, looking again after each hedge delay:
+                // once other calls' races find the member losing (`Health::is_losing`),
+                // it is hedged after all. Giving up for good left a burst of calls to a
+                // member that hung waiting for their deadline (`group-bench --gray`:
+                // every batch in flight stalled for 20 s). Budget coming back is no
+                // reason: a healthy owner's cold fetch needs no hedge.
                 let slow = in_flight.last().map_or(next - 1, |&(c, _)| c);
-                if !candidates[slow].health.may_hedge() {
-                    hedge_at = None;
+                let health = candidates[slow].health;
+                let hedge = if denied { health.is_losing() } else { health.may_hedge() };
+                if !hedge {
+                    denied = true;
+                    let delay = candidates[slow].delay.unwrap_or_else(|| health.hedge_delay(policy));
+                    hedge_at = Some(Instant::now() + delay);
                     continue;
                 }
                 counters.sent.fetch_add(1, Relaxed);
@@ -268,6 +299,60 @@ mod tests {
         let (result, counters, calls) = run(behaviour, &healths).await;
         assert_eq!((result.unwrap(), calls, counters.sent.load(Relaxed)), (2, 3, 1));
         assert_eq!(started.elapsed(), POLICY.initial + Duration::from_millis(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_over_the_hedge_budget_is_hedged_once_its_member_is_found_hung() {
+        let healths: [Health; 3] = Default::default();
+        // The first member's budget is spent by calls that were hedged and whose races
+        // it did not lose yet (their hedges are slower than it is).
+        while healths[0].may_hedge() {}
+        let started = Instant::now();
+        let names = ["a", "b", "c"];
+        let candidates: Vec<Candidate> =
+            healths.iter().zip(names).map(|(health, name)| Candidate::new(health, name)).collect();
+        let counters = HedgeCounters::default();
+        let call = hedged(&candidates, &POLICY, &counters, |i| async move {
+            tokio::time::sleep(if i == 0 { Duration::from_secs(3600) } else { Duration::from_millis(5) })
+                .await;
+            Ok::<_, Failure>(i)
+        });
+        // Meanwhile another call finds the member hung: it loses a race.
+        let other = async {
+            tokio::time::sleep(POLICY.initial * 3 / 2).await;
+            assert!(healths[0].lost_race().is_none());
+        };
+        let (result, ()) = tokio::join!(call, other);
+        assert_eq!(result.unwrap(), 1, "hedged, not left waiting for the hung member");
+        assert_eq!(
+            started.elapsed(),
+            POLICY.initial * 2 + Duration::from_millis(5),
+            "at the next hedge delay"
+        );
+        assert_eq!(counters.sent.load(Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hedge_answered_with_the_first_members_bytes_is_no_race_it_lost() {
+        let healths: [Health; 3] = Default::default();
+        let candidates: Vec<Candidate> =
+            healths.iter().zip(["a", "b", "c"]).map(|(health, name)| Candidate::new(health, name)).collect();
+        for round in 0..super::super::DEMOTE_AFTER * 2 {
+            let counters = HedgeCounters::default();
+            // The first member is slow; the second answers first with what it relayed
+            // from the first (a join of its fetch).
+            let call = |i: usize| async move {
+                tokio::time::sleep(Duration::from_millis(if i == 0 { 100 } else { 30 })).await;
+                Ok::<_, Failure>(i)
+            };
+            let answer = hedged_relayed(&candidates, &POLICY, &counters, call, |&i| i == 1).await;
+            assert_eq!(answer.unwrap(), 1, "round {round}");
+            assert_eq!(counters.won.load(Relaxed), 0, "round {round}: not a race the first member lost");
+        }
+        assert!(
+            healths[0].is_live() && !healths[0].is_losing(),
+            "never demoted, nor hedged beyond its budget"
+        );
     }
 
     #[tokio::test(start_paused = true)]

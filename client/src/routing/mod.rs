@@ -23,7 +23,7 @@ mod verdict;
 use std::sync::Arc;
 
 pub use health::{Backoff, DEMOTE_AFTER, FIRST_BACKOFF, Health, HedgePolicy, MAX_BACKOFF};
-pub use hedge::{Candidate, HedgeCounters, hedged};
+pub use hedge::{Candidate, HedgeCounters, hedged, hedged_relayed};
 pub use rank::{normalize_url, rendezvous};
 pub use verdict::{Judged, Verdict, of_code};
 
@@ -76,14 +76,30 @@ impl<T> Router<T> {
     /// Asks the members of `route` with [`hedged`] calls; `call(i, member)` asks
     /// `route[i]` (the members before it in the route were asked first). `Err(None)`:
     /// the route was empty.
-    pub async fn call<R, E, F, Fut>(&self, route: &[Arc<Slot<T>>], mut call: F) -> Result<R, Option<E>>
+    pub async fn call<R, E, F, Fut>(&self, route: &[Arc<Slot<T>>], call: F) -> Result<R, Option<E>>
+    where
+        E: Judged,
+        F: FnMut(usize, &Arc<Slot<T>>) -> Fut,
+        Fut: std::future::Future<Output = Result<R, E>>,
+    {
+        self.call_relayed(route, call, |_| false).await
+    }
+
+    /// [`Router::call`], where an answer for which `relayed` is true was relayed from
+    /// the member asked first ([`hedged_relayed`]).
+    pub async fn call_relayed<R, E, F, Fut>(
+        &self,
+        route: &[Arc<Slot<T>>],
+        mut call: F,
+        relayed: impl Fn(&R) -> bool,
+    ) -> Result<R, Option<E>>
     where
         E: Judged,
         F: FnMut(usize, &Arc<Slot<T>>) -> Fut,
         Fut: std::future::Future<Output = Result<R, E>>,
     {
         let candidates: Vec<Candidate> = route.iter().map(|m| Candidate::new(&m.health, &m.url)).collect();
-        hedged(&candidates, &self.policy, &self.counters, |i| call(i, &route[i])).await
+        hedged_relayed(&candidates, &self.policy, &self.counters, |i| call(i, &route[i]), relayed).await
     }
 }
 

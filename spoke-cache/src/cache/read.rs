@@ -39,6 +39,9 @@ pub struct ReadFor {
     /// The reads started alongside the shard's first stat for this request, kept until
     /// it ends (so that a part fetched as read takes them up: `Cache::entry_for`).
     pub alongside: Option<Arc<super::Alongside>>,
+    /// Set when a part of the answer came from the owner its client asked first (a join):
+    /// the answer says so, and the client does not count its race as the owner's loss.
+    pub relayed: shardcache_reader::Relayed,
 }
 
 impl ReadFor {
@@ -200,6 +203,7 @@ impl Cache {
                 None,
             );
         }
+        self.filter.fetched_as_read(entry.chunk_key(index), to - from);
         (Source::Direct, None)
     }
 
@@ -215,7 +219,10 @@ impl Cache {
         reader: &ReadFor,
     ) -> Result<Checked> {
         match self.fetch.join_owner(entry, from, length, reader.fetch()).await {
-            Joined::Bytes(supplied) => return Ok(supplied.data),
+            Joined::Bytes(supplied) => {
+                reader.relayed.set();
+                return Ok(supplied.data);
+            }
             Joined::Down if self.stores(entry, index, &reader.principal) => {
                 if let Some(fetch) = self.fetch.chunk(entry, index, reader.fetch()) {
                     return Ok(fetch.fetched.await?.part(range.start, range.end));

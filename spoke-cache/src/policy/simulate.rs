@@ -313,6 +313,7 @@ impl Sim<'_> {
                 outcome.count((read.principal, read.shard), part, false, fetched);
                 missed = true;
             } else {
+                self.filter.fetched_as_read(key, part);
                 outcome.count((read.principal, read.shard), part, false, part);
             }
         }
@@ -476,6 +477,41 @@ pub mod traces {
             out.extend(order.into_iter().map(|i| nth(0, 0, i, per_shard, record)));
         }
         out
+    }
+
+    /// `epochs` epochs over every `record`-byte record of `shards` shards of `shard_size`
+    /// as the SDK's `StreamingShardDataset` reads them without a plan (and `plan-bench`):
+    /// the shards permuted per epoch, the records of each block of `block` shards
+    /// shuffled together.
+    pub fn block_shuffled_epochs(
+        (shards, shard_size, record): (u32, u64, u64),
+        block: usize,
+        epochs: u32,
+        seed: u64,
+    ) -> Vec<Vec<Read>> {
+        fn shuffle<T>(items: &mut [T], rng: &mut Rng) {
+            for i in (1..items.len()).rev() {
+                items.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+        let per_shard = shard_size / record;
+        let mut rng = Rng::new(seed);
+        (0..epochs)
+            .map(|_| {
+                let mut order: Vec<u32> = (0..shards).collect();
+                shuffle(&mut order, &mut rng);
+                let mut epoch = Vec::new();
+                for block in order.chunks(block.max(1)) {
+                    let mut records: Vec<Read> = block
+                        .iter()
+                        .flat_map(|&s| (0..per_shard).map(move |i| nth(0, s, i, per_shard, record)))
+                        .collect();
+                    shuffle(&mut records, &mut rng);
+                    epoch.extend(records);
+                }
+                epoch
+            })
+            .collect()
     }
 
     /// `passes` over `shards` shards read in order in `piece`-byte reads (a scan, or a

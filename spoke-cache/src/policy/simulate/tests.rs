@@ -122,3 +122,16 @@ fn a_scan_of_four_times_the_cache_in_whole_chunks_costs_what_it_reads_and_keeps_
     let kept = (model.capacity as f64 * model.low_watermark) as u64;
     assert!(out[1].hit >= kept - 64 * MIB, "the second pass reads what the first kept: {out:?}");
 }
+
+#[test]
+fn a_block_shuffled_reader_without_a_plan_brings_no_more_than_no_cache_in_chunk_sized_shards() {
+    // plan-bench's planless reader: 256 MiB in 4 MiB shards (a chunk each), the records of
+    // each block of 4 shards shuffled together, three epochs, through half the size.
+    let model = Model::new(128 * MIB, 4 * MIB, 4 * MIB);
+    let phases = block_shuffled_epochs((64, 4 * MIB, RECORD), 4, 3, 11);
+    let spoke = simulate(model, SPOKE, &Shares::default(), &phases);
+    for (epoch, outcome) in spoke.iter().enumerate().skip(1) {
+        assert!(outcome.link <= outcome.read, "epoch {}: {spoke:?}", epoch + 1);
+    }
+    assert!(spoke[1].link < spoke[0].link, "{spoke:?}");
+}
