@@ -31,12 +31,39 @@ pub enum Error {
     /// number of chunks, a stream that ended early).
     #[error("{endpoint} broke the protocol: {detail}")]
     Protocol { endpoint: String, detail: String },
+    /// A dataset's file that does not hold what its format says (a truncated upload, a
+    /// buggy writer, a hostile file): which file, the byte where it goes wrong when
+    /// known, and what is wrong. Nothing of such a file is handed out as samples.
+    #[error("{file}: damaged{}: {what}", at_byte(*offset))]
+    Damaged { file: String, offset: Option<u64>, what: String },
+    /// Decoding would hold more memory than the reader's budget allows
+    /// (`SHARDCACHE_MEMORY_BUDGET`, Python `memory_budget=`): what, how much, the budget.
+    #[error("{what} needs {needed} bytes of memory, past the budget of {budget} (SHARDCACHE_MEMORY_BUDGET; Python: Client.samples(memory_budget=...)){}", advise_budget(*needed, *budget))]
+    OverBudget { what: String, needed: u64, budget: u64 },
     /// The shard changed between two messages of one read.
     #[error("shard {shard:?} changed during the read: version {expected} then {found}; read it again")]
     VersionChanged { shard: String, expected: String, found: String },
 }
 
 pub use shardcache_serving::report::chain;
+
+/// ` at byte N`, when the byte is known.
+fn at_byte(offset: Option<u64>) -> String {
+    offset.map(|at| format!(" at byte {at}")).unwrap_or_default()
+}
+
+/// What to do about an allocation over the budget: a larger budget where the file is
+/// plausible, nothing where it claims more than any machine has.
+fn advise_budget(needed: u64, budget: u64) -> String {
+    if needed >= 1 << 40 {
+        "; no dataset file needs that much: the file is damaged or was not written by the format's writer"
+            .into()
+    } else {
+        format!(
+            "; raise the budget past {needed} bytes if this machine has the memory, or read smaller batches (budget {budget})"
+        )
+    }
+}
 
 /// `ENDPOINT answered CODE: MESSAGE (CAUSES); ADVICE`, the parts a status has.
 fn describe(endpoint: &str, status: &tonic::Status) -> String {
@@ -137,6 +164,8 @@ impl Error {
         match self {
             Error::Status { status, .. } => Some(status.code()),
             Error::VersionChanged { .. } => Some(tonic::Code::Aborted),
+            Error::Damaged { .. } => Some(tonic::Code::InvalidArgument),
+            Error::OverBudget { .. } => Some(tonic::Code::ResourceExhausted),
             _ => None,
         }
     }

@@ -20,7 +20,7 @@ use pyo3::{
 };
 use shardcache_client::{
     CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, Range, ShardStream,
-    samples::SampleIndex,
+    samples::{Budget, SampleIndex},
 };
 use shardcache_serving::tls::ClientTlsFiles;
 use tokio::runtime::Runtime;
@@ -77,7 +77,8 @@ fn to_py(err: Error) -> PyErr {
         Error::Connect { .. } => "UNAVAILABLE".into(),
         Error::VersionChanged { .. } => "ABORTED".into(),
         Error::Checksum { .. } | Error::Protocol { .. } => "DATA_LOSS".into(),
-        Error::Config(_) | Error::Endpoint { .. } => "INVALID_ARGUMENT".into(),
+        Error::Config(_) | Error::Endpoint { .. } | Error::Damaged { .. } => "INVALID_ARGUMENT".into(),
+        Error::OverBudget { .. } => "RESOURCE_EXHAUSTED".into(),
     };
     let message = err.to_string();
     Python::attach(|py| {
@@ -87,6 +88,27 @@ fn to_py(err: Error) -> PyErr {
         let _ = value.setattr("code", code);
         let _ = value.setattr("message", message);
         err
+    })
+}
+
+/// `work`'s result, or a panic in it (a bug) as `ShardcacheError` with code `INTERNAL`:
+/// pyo3 would raise `PanicException`, a `BaseException` that a trainer's `except
+/// Exception` does not catch, from a file a DataLoader worker merely read.
+pub(crate) fn no_panic<T>(work: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|payload| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        let message =
+            format!("shardcache failed inside (a bug; please report it with the file read): {what}");
+        Python::attach(|py| {
+            let err = ShardcacheError::new_err(format!("INTERNAL: {message}"));
+            let _ = err.value(py).setattr("code", "INTERNAL");
+            let _ = err.value(py).setattr("message", message);
+            Err(err)
+        })
     })
 }
 
@@ -119,7 +141,7 @@ impl Client {
         if let Some((job, epoch)) = self.job.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             reader = reader.for_job(job, *epoch).map_err(to_py)?;
         }
-        py.detach(|| runtime.block_on(work(reader))).map_err(to_py)
+        py.detach(|| no_panic(|| runtime.block_on(work(reader)).map_err(to_py)))
     }
 
     fn reader(&self, py: Python<'_>, runtime: &Runtime) -> PyResult<RustClient> {
@@ -302,8 +324,12 @@ impl Client {
     /// `"megatron-gpt"` (one such dataset packed as Megatron's GPTDataset packs it:
     /// `seq_len`, `seed` its random_seed, 1234 by default, `num_samples`), `"mds"`,
     /// `"webdataset"`, `"parquet"` (a sample per row) or `"tokens"` (.npy files, or raw files of `dtype`: windows of `seq_len + 1` tokens
-    /// every `seq_len`).
-    #[pyo3(signature = (dataset, format="records", record_size=None, seq_len=None, dtype=None, seed=None, num_samples=None))]
+    /// every `seq_len`). `memory_budget`: the bytes the reader may hold for what it
+    /// decodes from the files (decompressed MDS shards, decoded Parquet row groups, the
+    /// index); `SHARDCACHE_MEMORY_BUDGET`, else 4 GiB. A damaged file raises
+    /// `ShardcacheError` (`INVALID_ARGUMENT`, naming the file and byte); one that needs
+    /// more than the budget, `RESOURCE_EXHAUSTED`.
+    #[pyo3(signature = (dataset, format="records", record_size=None, seq_len=None, dtype=None, seed=None, num_samples=None, memory_budget=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn samples(
         slf: Bound<'_, Self>,
@@ -314,10 +340,16 @@ impl Client {
         dtype: Option<String>,
         seed: Option<u32>,
         num_samples: Option<u64>,
+        memory_budget: Option<u64>,
     ) -> PyResult<samples::Samples> {
         let format = samples::format(format, record_size, seq_len, dtype, seed, num_samples)?;
-        let index =
-            slf.get().run(slf.py(), |c| async move { SampleIndex::open(&c, &dataset, &format).await })?;
+        let budget = match memory_budget {
+            Some(bytes) => Budget::new(bytes),
+            None => Budget::from_env().map_err(to_py)?,
+        };
+        let index = slf
+            .get()
+            .run(slf.py(), |c| async move { SampleIndex::open_with(&c, &dataset, &format, budget).await })?;
         Ok(samples::Samples { client: slf.unbind(), index: Arc::new(index) })
     }
 

@@ -100,8 +100,10 @@ impl Samples {
         data: &[u8],
         allow_unsafe_types: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let fields = self.index.decode(&bytes::Bytes::copy_from_slice(data)).map_err(crate::to_py)?;
-        columns_dict(py, &fields, allow_unsafe_types)
+        crate::no_panic(|| {
+            let fields = self.index.decode(&bytes::Bytes::copy_from_slice(data)).map_err(crate::to_py)?;
+            columns_dict(py, &fields, allow_unsafe_types)
+        })
     }
 
     /// `samples` read and decoded as `decode` does, without handing their bytes to
@@ -116,11 +118,13 @@ impl Samples {
     ) -> PyResult<Bound<'py, PyList>> {
         let index = self.index.clone();
         let rows = self.client.get().run(py, |c| async move { index.read_decoded(&c, &samples).await })?;
-        let out = PyList::empty(py);
-        for fields in &rows {
-            out.append(columns_dict(py, fields, allow_unsafe_types)?)?;
-        }
-        Ok(out)
+        crate::no_panic(|| {
+            let out = PyList::empty(py);
+            for fields in &rows {
+                out.append(columns_dict(py, fields, allow_unsafe_types)?)?;
+            }
+            Ok(out)
+        })
     }
 
     /// WebDataset samples as webdataset hands them out: dicts of `__key__` and each

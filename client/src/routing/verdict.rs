@@ -68,7 +68,11 @@ impl Judged for crate::Error {
         match self {
             Error::Status { status, .. } => of_code(status.code()),
             Error::Connect { .. } | Error::Checksum { .. } | Error::Protocol { .. } => Verdict::Unwell,
-            Error::Config(_) | Error::Endpoint { .. } | Error::VersionChanged { .. } => Verdict::Answer,
+            Error::Config(_)
+            | Error::Endpoint { .. }
+            | Error::VersionChanged { .. }
+            | Error::Damaged { .. }
+            | Error::OverBudget { .. } => Verdict::Answer,
         }
     }
 }

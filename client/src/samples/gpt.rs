@@ -11,6 +11,9 @@
 //! The whole dataset is the training split (`split="1,0,0"`); blends of several prefixes
 //! are not computed here.
 
+use super::Budget;
+use crate::{Error, Result};
+
 /// numpy's legacy MT19937 (`RandomState`) and its `shuffle`.
 #[derive(Debug, Clone)]
 pub struct Mt19937 {
@@ -90,16 +93,46 @@ pub struct GptIndex {
 
 impl GptIndex {
     /// Samples of `seq_len + 1` tokens over sequences of `lengths` tokens, `seed` as
-    /// Megatron's `random_seed`, enough epochs for `num_samples` (one when `None`).
-    pub fn new(lengths: Vec<u64>, seq_len: u64, seed: u32, num_samples: Option<u64>) -> Self {
-        let (extra, tpe) = (1i64, lengths.iter().sum::<u64>() as i64);
-        let seq = seq_len as i64;
-        let mut epochs = 1i64;
-        if let Some(n) = num_samples {
-            while epochs * tpe < n as i64 * seq + extra {
-                epochs += 1;
-            }
+    /// Megatron's `random_seed`, enough epochs for `num_samples` (one when `None`); an
+    /// error when its tables would not fit in `budget` (4 bytes a sequence an epoch, 12 a
+    /// sample) or count past Megatron's 32-bit sample index.
+    pub fn new(
+        lengths: Vec<u64>,
+        seq_len: u64,
+        seed: u32,
+        num_samples: Option<u64>,
+        budget: &Budget,
+    ) -> Result<Self> {
+        let too_many = |what: String| Error::Config(format!("GPT packing: {what}"));
+        // i64 as Megatron computes; the tokens are the .bin's (at most its bytes).
+        let tpe =
+            i64::try_from(lengths.iter().sum::<u64>()).map_err(|_| too_many("over 2^63 tokens".into()))?;
+        let seq = i64::try_from(seq_len).map_err(|_| too_many(format!("seq_len {seq_len}")))?;
+        let extra = 1i64;
+        if tpe == 0 {
+            return Err(too_many("no tokens to pack".into()));
         }
+        // The fewest epochs whose tokens give num_samples samples (Megatron counts up to it).
+        let epochs = match num_samples {
+            Some(n) => i64::try_from(n)
+                .ok()
+                .and_then(|n| n.checked_mul(seq)?.checked_add(extra))
+                .map(|needed| ((needed + tpe - 1) / tpe).max(1))
+                .ok_or_else(|| too_many(format!("{n} samples of {seq_len} tokens")))?,
+            None => 1,
+        };
+        let total = epochs.checked_mul(tpe).map(|t| (t - extra) / seq);
+        let documents = epochs.checked_mul(lengths.len() as i64);
+        let (Some(total), Some(documents)) = (total, documents) else {
+            return Err(too_many(format!("{epochs} epochs of {tpe} tokens")));
+        };
+        if total >= i64::from(u32::MAX) || documents >= i64::from(u32::MAX) {
+            return Err(too_many(format!(
+                "{total} samples over {documents} documents (at most 2^32 of each)"
+            )));
+        }
+        let memory = (total as u64 + 1) * 12 + documents as u64 * 4;
+        budget.admits(memory, || format!("the GPT sample index ({total} samples of {seq_len} tokens)"))?;
         let separate = match num_samples {
             Some(n) if epochs > 1 => {
                 let before_last = ((epochs - 1) * tpe - extra) / seq;
@@ -133,7 +166,7 @@ impl GptIndex {
             rs.shuffle(&mut rest);
             shuffle.extend(rest);
         }
-        Self { lengths, documents, starts, shuffle }
+        Ok(Self { lengths, documents, starts, shuffle })
     }
 
     pub fn len(&self) -> usize {
@@ -147,13 +180,15 @@ impl GptIndex {
     /// Sample `i` as (sequence, token offset, tokens) spans, in order.
     pub fn spans(&self, i: usize) -> Option<Vec<(u32, u64, u64)>> {
         let j = *self.shuffle.get(i)? as usize;
-        let ((d_first, o_first), (d_last, o_last)) = (self.starts[j], self.starts[j + 1]);
+        let ((d_first, o_first), (d_last, o_last)) = (*self.starts.get(j)?, *self.starts.get(j + 1)?);
         let mut spans = Vec::new();
         for d in d_first..=d_last {
-            let sequence = self.documents[d as usize];
+            let sequence = *self.documents.get(d as usize)?;
             let offset = if d == d_first { u64::from(o_first) } else { 0 };
-            let end = if d == d_last { u64::from(o_last) + 1 } else { self.lengths[sequence as usize] };
-            spans.push((sequence, offset, end - offset));
+            let end =
+                if d == d_last { u64::from(o_last) + 1 } else { *self.lengths.get(sequence as usize)? };
+            // Checked: sequences of no tokens can put a sample's end before its start.
+            spans.push((sequence, offset, end.checked_sub(offset)?));
         }
         Some(spans)
     }
@@ -198,11 +233,20 @@ mod tests {
 
     #[test]
     fn samples_are_seq_len_plus_one_tokens_sharing_one() {
-        let index = GptIndex::new(vec![5, 3, 7, 2, 9, 4], 4, 1234, Some(20));
+        let index = GptIndex::new(vec![5, 3, 7, 2, 9, 4], 4, 1234, Some(20), &Budget::default()).unwrap();
         assert!(index.len() >= 20);
         for i in 0..index.len() {
             let spans = index.spans(i).unwrap();
             assert_eq!(spans.iter().map(|s| s.2).sum::<u64>(), 5, "sample {i}: {spans:?}");
         }
+    }
+
+    #[test]
+    fn a_claim_of_more_samples_than_memory_holds_is_refused_at_once() {
+        // 2^62 samples used to count epochs one at a time (a hang), then overflow.
+        let err = GptIndex::new(vec![5, 3], 4, 1234, Some(1 << 62), &Budget::default()).unwrap_err();
+        assert!(err.to_string().contains("GPT packing"), "{err}");
+        let err = GptIndex::new(vec![1 << 20; 64], 1, 1234, None, &Budget::new(1 << 20)).unwrap_err();
+        assert!(matches!(err, Error::OverBudget { .. }), "{err}");
     }
 }

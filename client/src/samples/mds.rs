@@ -20,8 +20,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Layout, SampleIndex, Value, listed_range, read_batched};
-use crate::{Client, Error, Result};
+use super::{Budget, Fetch, Layout, SampleIndex, Value, budget::Held, damaged, listed_range};
+use crate::{Error, Result};
 
 /// The index file at the top of an MDS dataset.
 pub const INDEX: &str = "index.json";
@@ -71,7 +71,12 @@ pub struct Column {
 }
 
 /// The samples of the shards `index.json` lists, and their columns.
-pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
+pub async fn open<F: Fetch>(
+    client: &F,
+    dataset: &str,
+    listed: &[ShardInfo],
+    budget: &Budget,
+) -> Result<SampleIndex> {
     let Some(index) = listed.iter().find(|s| s.shard == INDEX) else {
         return Err(Error::Config(format!(
             "dataset {dataset:?} has no {INDEX} at its top (not an MDS dataset)"
@@ -81,17 +86,18 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     let plain: Vec<&ShardInfo> = listed.iter().filter(|s| s.shard.ends_with(".mds")).collect();
     let mut reads = vec![listed_range(dataset, index, 0, index.size)];
     reads.extend(plain.iter().map(|s| listed_range(dataset, s, 0, head_guess(s.size))));
-    let mut read = read_batched(client, reads).await?.into_iter();
+    budget.admits(index.size, || format!("reading {dataset}/{INDEX}"))?;
+    let mut read = client.fetch(reads).await?.into_iter();
     let index_bytes = read.next().unwrap_or_default();
     let guessed: std::collections::HashMap<&str, Bytes> =
         plain.iter().map(|s| s.shard.as_str()).zip(read).collect();
     let file: IndexFile = serde_json::from_slice(&index_bytes)
-        .map_err(|e| Error::Config(format!("{dataset}/{INDEX} is not MDS's index: {e}")))?;
+        .map_err(|e| damaged(dataset, INDEX, None, format!("not MDS's index: {e}")))?;
     let columns = columns(dataset, &file)?;
     // The files the index names, as listed (their versions pin every read).
     let find = |name: &str| {
         listed.iter().find(|s| s.shard == name).ok_or_else(|| {
-            Error::Config(format!("{dataset}/{INDEX} names {name}, which the dataset does not have"))
+            damaged(dataset, INDEX, None, format!("it names {name}, which the dataset does not have"))
         })
     };
     if file.shards.iter().any(|s| s.compression.is_some()) {
@@ -101,6 +107,22 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     }
     let shards: Vec<&ShardEntry> = file.shards.iter().collect();
     let files: Vec<&ShardInfo> = shards.iter().map(|s| find(&s.raw_data.basename)).collect::<Result<_>>()?;
+    // A count index.json gives is believed only as far as the file could hold its table
+    // (and the table is the file's own: offsets checked below).
+    for (shard, listed) in shards.iter().zip(&files) {
+        let table = shard.samples.checked_add(2).and_then(|n| n.checked_mul(4));
+        if table.is_none_or(|t| t > listed.size) || shard.raw_data.bytes != listed.size {
+            return Err(damaged(
+                dataset,
+                INDEX,
+                None,
+                format!(
+                    "{} of {} bytes with {} samples, where the file has {} bytes",
+                    listed.shard, shard.raw_data.bytes, shard.samples, listed.size
+                ),
+            ));
+        }
+    }
     // The tables the guessed heads did not hold whole, read in one more batch.
     let table = |s: &ShardEntry| 4 * (s.samples + 2);
     let short: Vec<usize> = (0..shards.len())
@@ -112,14 +134,14 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
         .collect();
     let again = short.iter().map(|&i| listed_range(dataset, files[i], 0, table(shards[i]))).collect();
     let mut again: std::collections::HashMap<usize, Bytes> =
-        short.iter().copied().zip(read_batched(client, again).await?).collect();
+        short.iter().copied().zip(client.fetch(again).await?).collect();
     let mut bounds = Vec::with_capacity(shards.len());
     for (i, shard) in shards.iter().enumerate() {
         let head = match again.remove(&i) {
             Some(head) => head,
             None => guessed[shard.raw_data.basename.as_str()].clone(),
         };
-        bounds.push(offsets(dataset, shard, &head)?);
+        bounds.push(offsets(dataset, &shard.raw_data.basename, shard.samples, shard.raw_data.bytes, &head)?);
     }
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
@@ -128,6 +150,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
         layout: Layout::Bounds(bounds),
         dtype: None,
         columns: Some(columns),
+        budget: budget.clone(),
     })
 }
 
@@ -137,7 +160,7 @@ fn columns(dataset: &str, file: &IndexFile) -> Result<Vec<Column>> {
     for shard in &file.shards {
         let name = &shard.raw_data.basename;
         if shard.format != "mds" {
-            return Err(Error::Config(format!("{dataset}/{name}: format {:?}, not mds", shard.format)));
+            return Err(damaged(dataset, INDEX, None, format!("{name}: format {:?}, not mds", shard.format)));
         }
         match (shard.compression.as_deref(), &shard.zip_data) {
             (None, _) => {}
@@ -150,7 +173,7 @@ fn columns(dataset: &str, file: &IndexFile) -> Result<Vec<Column>> {
             }
         }
         if shard.compression.is_some() != file.shards[0].compression.is_some() {
-            return Err(Error::Config(format!("{dataset}/{name}: some shards compressed, others not")));
+            return Err(damaged(dataset, INDEX, None, format!("{name}: some shards compressed, others not")));
         }
         let these: Vec<Column> =
             (shard.column_names.iter().zip(&shard.column_encodings).zip(&shard.column_sizes))
@@ -162,16 +185,21 @@ fn columns(dataset: &str, file: &IndexFile) -> Result<Vec<Column>> {
                 .collect();
         if these.len() != shard.column_names.len() || shard.column_encodings.len() != shard.column_sizes.len()
         {
-            return Err(Error::Config(format!("{dataset}/{INDEX}: {name} lists columns of unequal counts")));
+            return Err(damaged(dataset, INDEX, None, format!("{name} lists columns of unequal counts")));
         }
         match &columns {
             Some(first) if *first != these => {
-                return Err(Error::Config(format!("{dataset}/{name}: columns unlike the first shard's")));
+                return Err(damaged(
+                    dataset,
+                    INDEX,
+                    None,
+                    format!("{name}: columns unlike the first shard's"),
+                ));
             }
             _ => columns = Some(these),
         }
     }
-    columns.ok_or_else(|| Error::Config(format!("{dataset}/{INDEX} lists no shards")))
+    columns.ok_or_else(|| damaged(dataset, INDEX, None, "it lists no shards"))
 }
 
 /// The index of a dataset of zstd-compressed shards: counts from `index.json`, the
@@ -182,6 +210,24 @@ fn compressed(
     files: &[&ShardInfo],
     columns: Vec<Column>,
 ) -> Result<SampleIndex> {
+    // A count is believed only as far as the decompressed file could hold its offset table.
+    for shard in &file.shards {
+        let table = shard.samples.checked_add(2).and_then(|n| n.checked_mul(4));
+        if table.is_none_or(|t| t > shard.raw_data.bytes) {
+            return Err(damaged(
+                dataset,
+                INDEX,
+                None,
+                format!(
+                    "{} says {} samples in {} bytes, more than its offset table could list",
+                    shard.raw_data.basename, shard.samples, shard.raw_data.bytes
+                ),
+            ));
+        }
+    }
+    if files.len() != file.shards.len() {
+        return Err(damaged(dataset, INDEX, None, "a compressed shard without its zip_data"));
+    }
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
         shards: files.iter().map(|f| f.shard.clone()).collect(),
@@ -203,6 +249,7 @@ fn compressed(
         },
         dtype: None,
         columns: Some(columns),
+        budget: Budget::default(),
     })
 }
 
@@ -211,6 +258,8 @@ fn compressed(
 pub struct Unpacked {
     pub bounds: Vec<u64>,
     pub data: Bytes,
+    /// The budget's bytes for `data`, given back when the last handle is dropped.
+    _held: Held,
 }
 
 /// How a shard was compressed whole: MosaicML's `compression` (`zstd:7`, `gz`...).
@@ -246,13 +295,15 @@ pub struct Raw {
     pub codec: Codec,
 }
 
-/// Decompresses `zipped` into the shard `raw` names, checking its size and offset table.
-pub fn unpack(dataset: &str, raw: &Raw, zipped: &[u8]) -> Result<Unpacked> {
+/// Decompresses `zipped` into the shard `raw` names, checking its size and offset table;
+/// `held`: the budget's bytes for what it decompresses to (`raw.bytes`).
+pub fn unpack(dataset: &str, raw: &Raw, zipped: &[u8], held: Held) -> Result<Unpacked> {
     use std::io::Read;
     let Raw { name, bytes, samples, codec } = raw;
-    let bad = |why: String| Error::Config(format!("{dataset}/{name}: {why}"));
-    // Never more than index.json says (a hostile file cannot make it allocate more).
-    let mut data = Vec::with_capacity(*bytes as usize);
+    let bad = |why: String| damaged(dataset, name, None, why);
+    // Never more than index.json says, which the budget had room for (held): a hostile
+    // file cannot make it allocate more.
+    let mut data = Vec::with_capacity(usize::try_from(*bytes).map_err(|_| bad(format!("{bytes} bytes")))?);
     let mut limited = |reader: &mut dyn Read| reader.take(*bytes + 1).read_to_end(&mut data).map(|_| ());
     match codec {
         Codec::Zstd => limited(
@@ -273,50 +324,60 @@ pub fn unpack(dataset: &str, raw: &Raw, zipped: &[u8]) -> Result<Unpacked> {
     if data.len() as u64 != *bytes {
         return Err(bad(format!("decompresses to {} bytes where {INDEX} says {bytes}", data.len())));
     }
-    let entry = ShardEntry {
-        format: "mds".into(),
-        samples: *samples,
-        column_names: Vec::new(),
-        column_encodings: Vec::new(),
-        column_sizes: Vec::new(),
-        compression: None,
-        raw_data: FileEntry { basename: name.clone(), bytes: *bytes },
-        zip_data: None,
-    };
-    let bounds = offsets(dataset, &entry, &data)?;
-    Ok(Unpacked { bounds, data: Bytes::from(data) })
+    let bounds = offsets(dataset, name, *samples, *bytes, &data)?;
+    Ok(Unpacked { bounds, data: Bytes::from(data), _held: held })
 }
 
-/// Sample bounds from the start of `shard`'s file (`head`).
-fn offsets(dataset: &str, shard: &ShardEntry, head: &[u8]) -> Result<Vec<u64>> {
-    let name = &shard.raw_data.basename;
-    let u32_at = |i: usize| {
-        head.get(i * 4..i * 4 + 4).map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+/// Sample bounds from the start of the shard file `name` (`head`), which `index.json`
+/// says holds `samples` samples in `bytes` bytes: its count, then an offset table whose
+/// offsets are sorted, start past the table itself and end at the file's end.
+fn offsets(dataset: &str, name: &str, samples: u64, bytes: u64, head: &[u8]) -> Result<Vec<u64>> {
+    let u32_at = |i: u64| {
+        let at = usize::try_from(i.checked_mul(4)?).ok()?;
+        head.get(at..at.checked_add(4)?).map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
     };
-    if u32_at(0) != Some(shard.samples) {
-        return Err(Error::Config(format!(
-            "{dataset}/{name} holds {:?} samples where {INDEX} says {}",
-            u32_at(0),
-            shard.samples
-        )));
+    if u32_at(0) != Some(samples) {
+        return Err(damaged(
+            dataset,
+            name,
+            0,
+            format!(
+                "{} samples where {INDEX} says {samples}",
+                u32_at(0).map_or("no count of".into(), |n| n.to_string())
+            ),
+        ));
     }
-    let bounds: Option<Vec<u64>> = (1..=shard.samples as usize + 1).map(u32_at).collect();
+    // Checked by the caller against the file's size: the table fits.
+    let table_end = samples.checked_add(2).and_then(|n| n.checked_mul(4)).unwrap_or(u64::MAX);
+    let bounds: Option<Vec<u64>> = (1..=samples.saturating_add(1)).map(u32_at).collect();
     let bounds =
-        bounds.ok_or_else(|| Error::Config(format!("{dataset}/{name}: its offset table is cut short")))?;
-    let sorted = bounds.windows(2).all(|w| w[0] <= w[1]);
-    if !sorted || bounds.last() != Some(&shard.raw_data.bytes) {
-        return Err(Error::Config(format!(
-            "{dataset}/{name}: its offsets do not end at its {} bytes",
-            shard.raw_data.bytes
-        )));
+        bounds.ok_or_else(|| damaged(dataset, name, head.len() as u64, "its offset table is cut short"))?;
+    if let Some(i) = bounds.windows(2).position(|w| w[0] > w[1]) {
+        let what =
+            format!("offset {} of sample {} comes before sample {i}'s ({})", bounds[i + 1], i + 1, bounds[i]);
+        return Err(damaged(dataset, name, 4 * (i as u64 + 2), what));
+    }
+    if bounds.first().is_some_and(|&first| first < table_end) {
+        let what = format!(
+            "the first sample starts at byte {}, inside its offset table (ends at {table_end})",
+            bounds[0]
+        );
+        return Err(damaged(dataset, name, 4, what));
+    }
+    if bounds.last() != Some(&bytes) {
+        return Err(damaged(
+            dataset,
+            name,
+            4 * (samples + 1),
+            format!("its offsets do not end at its {bytes} bytes"),
+        ));
     }
     Ok(bounds)
 }
 
 /// Decodes one sample's bytes into its columns' values, in column order.
 pub fn decode(columns: &[Column], sample: &Bytes) -> Result<Vec<(String, Value)>> {
-    let bad =
-        |why: String| Error::Protocol { endpoint: String::new(), detail: format!("an MDS sample: {why}") };
+    let bad = |why: String| Error::Damaged { file: "an MDS sample".into(), offset: None, what: why };
     let variable = columns.iter().filter(|c| c.size.is_none()).count();
     let mut at = 4 * variable;
     if sample.len() < at {
@@ -326,14 +387,19 @@ pub fn decode(columns: &[Column], sample: &Bytes) -> Result<Vec<(String, Value)>
         .map(|i| u64::from(u32::from_le_bytes(sample[i * 4..i * 4 + 4].try_into().unwrap_or_default())));
     let mut out = Vec::with_capacity(columns.len());
     for column in columns {
-        let size = column.size.or_else(|| sizes.next()).unwrap_or_default() as usize;
-        let data = sample
-            .get(at..at + size)
+        let size = column.size.or_else(|| sizes.next()).unwrap_or_default();
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        let data = at
+            .checked_add(size)
+            .and_then(|end| sample.get(at..end))
             .ok_or_else(|| bad(format!("column {} runs past the sample", column.name)))?;
         let value = value(&column.encoding, sample.slice(at..at + data.len()))
             .map_err(|why| bad(format!("column {} ({}): {why}", column.name, column.encoding)))?;
         out.push((column.name.clone(), value));
         at += size;
+    }
+    if at != sample.len() {
+        return Err(bad(format!("{} bytes where its columns take {at}", sample.len())));
     }
     Ok(out)
 }
@@ -414,6 +480,7 @@ fn ndarray(encoding: &str, data: Bytes) -> std::result::Result<Value, String> {
             let mut dims = Vec::with_capacity(ndim);
             for _ in 0..ndim {
                 let bytes = data.get(at..at + width).ok_or("shape cut short")?;
+                // (at most 63 dims of 8 bytes: no overflow)
                 let mut word = [0u8; 8];
                 word[..width].copy_from_slice(bytes);
                 dims.push(u64::from_le_bytes(word));
@@ -423,9 +490,11 @@ fn ndarray(encoding: &str, data: Bytes) -> std::result::Result<Value, String> {
         }
     };
     let item = super::tokens::item_size(&dtype).ok_or_else(|| format!("dtype {dtype}"))?;
-    let expected = shape.iter().product::<u64>() * item;
-    if (data.len() - at) as u64 != expected {
-        return Err(format!("{} bytes of values where the shape needs {expected}", data.len() - at));
+    let expected = shape.iter().try_fold(item, |n, &d| n.checked_mul(d));
+    let values = data.len().checked_sub(at).ok_or("shape cut short")? as u64;
+    if expected != Some(values) {
+        let needs = expected.map_or_else(|| "more than 2^64".to_owned(), |e| e.to_string());
+        return Err(format!("{values} bytes of values where the shape {shape:?} needs {needs}"));
     }
     Ok(Value::NdArray { dtype, shape, data: data.slice(at..) })
 }
@@ -479,6 +548,38 @@ mod tests {
         let Value::NdArray { dtype, shape, data } = &values[3].1 else { panic!("{values:?}") };
         assert_eq!((dtype.as_str(), shape.as_slice(), data.len()), ("int32", &[3u64][..], 12));
         assert!(decode(&columns, &Bytes::from_static(&[9, 0, 0, 0])).is_err(), "cut short");
+    }
+
+    #[test]
+    fn offsets_must_be_sorted_start_past_their_table_and_end_at_the_file() {
+        let table = |offsets: &[u32]| -> Vec<u8> {
+            let mut head = ((offsets.len() - 1) as u32).to_le_bytes().to_vec();
+            offsets.iter().for_each(|o| head.extend_from_slice(&o.to_le_bytes()));
+            head
+        };
+        // Two samples: the table is 16 bytes, the file 30.
+        assert_eq!(offsets("d", "s", 2, 30, &table(&[16, 20, 30])).unwrap(), [16, 20, 30]);
+        let inside = offsets("d", "s", 2, 30, &table(&[4, 20, 30])).unwrap_err();
+        assert!(inside.to_string().contains("inside its offset table"), "{inside}");
+        assert!(offsets("d", "s", 2, 30, &table(&[16, 25, 20])).is_err(), "unsorted");
+        assert!(offsets("d", "s", 2, 31, &table(&[16, 20, 30])).is_err(), "short of the file's end");
+        assert!(offsets("d", "s", 3, 30, &table(&[16, 20, 30])).is_err(), "count unlike index.json's");
+        let huge = offsets("d", "s", u64::MAX, 30, &table(&[16, 20, 30])).unwrap_err();
+        assert!(matches!(huge, Error::Damaged { .. }), "{huge}");
+    }
+
+    #[test]
+    fn fixed_columns_that_do_not_fill_the_sample_are_refused() {
+        let columns = [Column { name: "id".into(), encoding: "int".into(), size: Some(8) }];
+        assert!(decode(&columns, &Bytes::from(vec![0u8; 8])).is_ok());
+        let err = decode(&columns, &Bytes::from(vec![0u8; 12])).unwrap_err();
+        assert!(err.to_string().contains("12 bytes where its columns take 8"), "{err}");
+        // An ndarray whose shape's product wraps past 2^64.
+        let columns =
+            [Column { name: "a".into(), encoding: "ndarray:uint8:4294967296,4294967296".into(), size: None }];
+        let mut sample = 0u32.to_le_bytes().to_vec();
+        sample[0] = 0;
+        assert!(decode(&columns, &Bytes::from(sample)).is_err());
     }
 
     #[test]

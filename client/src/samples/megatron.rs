@@ -19,8 +19,8 @@
 
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Layout, SampleIndex, listed_range, read_batched};
-use crate::{Client, Error, Result};
+use super::{Budget, Fetch, Layout, SampleIndex, damaged, listed_range};
+use crate::{Error, Result};
 
 const MAGIC: &[u8] = b"MMIDIDX\x00\x00";
 const HEADER: usize = 9 + 8 + 1 + 8 + 8;
@@ -50,21 +50,33 @@ pub struct Idx {
 
 impl Idx {
     pub fn parse(name: &str, bytes: &[u8]) -> Result<Self> {
-        let bad = |why: String| Error::Config(format!("{name} is not a Megatron .idx file: {why}"));
+        let bad = |at: u64, why: String| Error::Damaged {
+            file: name.to_owned(),
+            offset: Some(at),
+            what: format!("not a Megatron .idx file: {why}"),
+        };
         if bytes.len() < HEADER || !bytes.starts_with(MAGIC) {
-            return Err(bad("no MMIDIDX magic".into()));
+            return Err(bad(0, "no MMIDIDX magic".into()));
         }
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default());
         let version = u64_at(9);
         if version != 1 {
-            return Err(bad(format!("version {version}")));
+            return Err(bad(9, format!("version {version}")));
         }
-        let (dtype, item) = dtype(bytes[17]).ok_or_else(|| bad(format!("dtype code {}", bytes[17])))?;
-        let (sequences, documents) = (u64_at(18) as usize, u64_at(26) as usize);
-        let need = HEADER + sequences * 12 + documents * 8;
-        if bytes.len() < need {
-            return Err(bad(format!("{} bytes where its counts need {need}", bytes.len())));
+        let (dtype, item) = dtype(bytes[17]).ok_or_else(|| bad(17, format!("dtype code {}", bytes[17])))?;
+        let (sequences, documents) = (u64_at(18), u64_at(26));
+        // Checked: counts near 2^64 must not wrap past the size check (then index out of
+        // bounds); the counts are believed only as far as the file holds their entries.
+        let need = sequences
+            .checked_mul(12)
+            .and_then(|n| n.checked_add(documents.checked_mul(8)?))
+            .and_then(|n| n.checked_add(HEADER as u64));
+        if need.is_none_or(|need| need > bytes.len() as u64) {
+            let what =
+                format!("{sequences} sequences and {documents} documents in a file of {} bytes", bytes.len());
+            return Err(bad(18, what));
         }
+        let sequences = sequences as usize; // at most the file's bytes / 12
         let lengths = &bytes[HEADER..HEADER + sequences * 4];
         let pointers = &bytes[HEADER + sequences * 4..HEADER + sequences * 12];
         let mut bounds = Vec::with_capacity(sequences + 1);
@@ -73,13 +85,18 @@ impl Idx {
             let length =
                 u64::from(u32::from_le_bytes(lengths[i * 4..i * 4 + 4].try_into().unwrap_or_default()));
             let pointer = u64::from_le_bytes(pointers[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+            let at = (HEADER + sequences * 4 + i * 8) as u64;
             if i > 0 && pointer != end {
-                return Err(bad(format!(
-                    "sequence {i} starts at byte {pointer}, not where the one before ends ({end})"
-                )));
+                return Err(bad(
+                    at,
+                    format!("sequence {i} starts at byte {pointer}, not where the one before ends ({end})"),
+                ));
             }
             bounds.push(pointer);
-            end = pointer + length * item;
+            // Checked: the .bin's size is compared with the last end by the caller.
+            end = (length * item)
+                .checked_add(pointer)
+                .ok_or_else(|| bad(at, format!("sequence {i} ends past 2^64")))?;
         }
         bounds.push(end);
         Ok(Self { dtype, bounds })
@@ -87,18 +104,19 @@ impl Idx {
 }
 
 /// One Megatron prefix packed as `GPTDataset` packs it ([`super::gpt`]).
-pub async fn open_gpt(
-    client: &Client,
+pub async fn open_gpt<F: Fetch>(
+    client: &F,
     dataset: &str,
     listed: &[ShardInfo],
     seq_len: u64,
     seed: u32,
     num_samples: Option<u64>,
+    budget: &Budget,
 ) -> Result<SampleIndex> {
     if seq_len == 0 {
         return Err(Error::Config("seq_len must be at least 1 token".into()));
     }
-    let SampleIndex { dataset: name, shards, versions, layout, dtype, columns } =
+    let SampleIndex { dataset: name, shards, versions, layout, dtype, columns, .. } =
         open(client, dataset, listed).await?;
     let (Layout::Bounds(mut bounds), 1) = (layout, shards.len()) else {
         return Err(Error::Config(format!(
@@ -111,14 +129,20 @@ pub async fn open_gpt(
     if lengths.iter().sum::<u64>() == 0 {
         return Err(Error::Config(format!("dataset {dataset:?} holds no tokens: nothing to pack")));
     }
-    let index = super::gpt::GptIndex::new(lengths, seq_len, seed, num_samples);
+    let index =
+        super::gpt::GptIndex::new(lengths, seq_len, seed, num_samples, budget).map_err(|e| match e {
+            Error::OverBudget { what, needed, budget } => {
+                Error::OverBudget { what: format!("{what} of {dataset:?}"), needed, budget }
+            }
+            e => e,
+        })?;
     let layout = Layout::Gpt { index: std::sync::Arc::new(index), bounds, item };
-    Ok(SampleIndex { dataset: name, shards, versions, layout, dtype, columns })
+    Ok(SampleIndex { dataset: name, shards, versions, layout, dtype, columns, budget: budget.clone() })
 }
 
 /// The sequences of every `PREFIX.bin` that has its `PREFIX.idx` in `listed`; the
 /// `.idx` files are read in one batch.
-pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
+pub async fn open<F: Fetch>(client: &F, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
     let names: std::collections::HashMap<&str, &ShardInfo> =
         listed.iter().map(|s| (s.shard.as_str(), s)).collect();
     let pairs: Vec<(&ShardInfo, &ShardInfo)> = listed
@@ -133,19 +157,20 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     }
     let reads = pairs.iter().map(|(_, idx)| listed_range(dataset, idx, 0, idx.size)).collect();
     let (mut bounds, mut kind) = (Vec::new(), None);
-    for ((bin, idx), bytes) in pairs.iter().zip(read_batched(client, reads).await?) {
-        let parsed = Idx::parse(&idx.shard, &bytes)?;
-        if parsed.bounds.last().is_some_and(|&end| end > bin.size) {
-            return Err(Error::Config(format!(
-                "{} ends before {} says its sequences end",
-                bin.shard, idx.shard
-            )));
+    for ((bin, idx), bytes) in pairs.iter().zip(client.fetch(reads).await?) {
+        let parsed = Idx::parse(&format!("{dataset}/{}", idx.shard), &bytes)?;
+        if let Some(&end) = parsed.bounds.last().filter(|&&end| end > bin.size) {
+            let what =
+                format!("its sequences end at byte {end} of {}, which has {} bytes", bin.shard, bin.size);
+            return Err(damaged(dataset, &idx.shard, None, what));
         }
         if kind.is_some_and(|k| k != parsed.dtype) {
-            return Err(Error::Config(format!(
-                "{}: dtype {} unlike the other files'",
-                idx.shard, parsed.dtype
-            )));
+            return Err(damaged(
+                dataset,
+                &idx.shard,
+                17,
+                format!("dtype {} unlike the other files'", parsed.dtype),
+            ));
         }
         kind = Some(parsed.dtype);
         bounds.push(parsed.bounds);
@@ -157,6 +182,7 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
         layout: Layout::Bounds(bounds),
         dtype: kind.map(str::to_owned),
         columns: None,
+        budget: Budget::default(),
     })
 }
 
@@ -193,5 +219,10 @@ mod tests {
         let mut other = idx(&[3]);
         other[17] = 99;
         assert!(Idx::parse("x.idx", &other).is_err(), "unknown dtype code");
+        // A sequence count whose product with 12 wraps to 8, past the size check before.
+        let mut wrapped = idx(&[3, 1, 5]);
+        wrapped[18..26].copy_from_slice(&0x1555_5555_5555_5556u64.to_le_bytes());
+        let err = Idx::parse("x.idx", &wrapped).unwrap_err();
+        assert!(matches!(err, Error::Damaged { offset: Some(18), .. }), "{err}");
     }
 }

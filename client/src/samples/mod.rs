@@ -23,9 +23,12 @@
 //! so a block shuffle over shards (the Python datasets') works for every format.
 
 mod batch;
+pub mod budget;
+mod fetch;
 pub mod gpt;
 pub mod mds;
 pub mod megatron;
+mod pages;
 pub mod parquet;
 mod recent;
 pub mod tokens;
@@ -42,6 +45,8 @@ use crate::{Client, Error, Range, Result};
 pub(crate) use self::batch::{listed_range, pinned};
 pub use self::{
     batch::{BATCH_BYTES, read_batched},
+    budget::Budget,
+    fetch::{Fetch, Files},
     recent::Recent,
     tokens::NpyHeader,
     values::{Fields, Value},
@@ -122,28 +127,90 @@ pub struct SampleIndex {
     dtype: Option<String>,
     /// The columns of a sample (MDS).
     columns: Option<Vec<mds::Column>>,
+    /// What the index and the values decoded from its files may hold.
+    budget: Budget,
 }
+
+/// A decoding task that did not finish (it panicked: a bug, reported as an error, never
+/// as a crash of the trainer).
+fn panicked(file: &str, doing: &str, e: tokio::task::JoinError) -> Error {
+    Error::Config(format!(
+        "{file}: {doing} failed inside shardcache (a bug; please report it with the file): {e}"
+    ))
+}
+
+/// A damaged file of `dataset`: [`Error::Damaged`] naming it, the byte where it goes
+/// wrong (when known) and what is wrong.
+pub(crate) fn damaged(
+    dataset: &str,
+    file: &str,
+    offset: impl Into<Option<u64>>,
+    what: impl Into<String>,
+) -> Error {
+    Error::Damaged { file: format!("{dataset}/{file}"), offset: offset.into(), what: what.into() }
+}
+
+/// Bytes of memory an index entry (a sample's bounds) is counted as.
+const ENTRY_BYTES: u64 = 16;
 
 impl SampleIndex {
     /// Reads `dataset`'s index in `format` through `client`.
     /// Index reads say so (`Client::for_index`): a spoke does not start fetching every
     /// shard whose header was read.
+    /// The memory budget is `SHARDCACHE_MEMORY_BUDGET`'s, else [`budget::DEFAULT_BUDGET`].
     pub async fn open(client: &Client, dataset: &str, format: &Format) -> Result<Self> {
-        let (plain, client) = (client, &client.for_index());
+        Self::open_with(client, dataset, format, Budget::from_env()?).await
+    }
+
+    /// [`SampleIndex::open`] with a memory budget of its own.
+    pub async fn open_with(client: &Client, dataset: &str, format: &Format, budget: Budget) -> Result<Self> {
         let listed = client.list_shards(dataset).await?;
-        match format {
-            Format::Records { record_size } => Ok(Self::records(dataset, &listed, *record_size)?),
-            Format::Megatron => megatron::open(client, dataset, &listed).await,
+        // A tar's walk reads every byte, as the epoch will: not index reads.
+        let index_reads = match format {
+            Format::WebDataset => client.untagged(),
+            _ => client.for_index(),
+        };
+        Self::open_listed(&index_reads, dataset, &listed, format, budget).await
+    }
+
+    /// The index of `listed` (the dataset's files, as listed) in `format`, read through
+    /// `fetch`: a server, or [`Files`] in memory.
+    pub async fn open_listed<F: Fetch>(
+        fetch: &F,
+        dataset: &str,
+        listed: &[ShardInfo],
+        format: &Format,
+        budget: Budget,
+    ) -> Result<Self> {
+        let index = match format {
+            Format::Records { record_size } => Self::records(dataset, listed, *record_size)?,
+            Format::Megatron => megatron::open(fetch, dataset, listed).await?,
             Format::MegatronGpt { seq_len, seed, num_samples } => {
-                megatron::open_gpt(client, dataset, &listed, *seq_len, *seed, *num_samples).await
+                megatron::open_gpt(fetch, dataset, listed, *seq_len, *seed, *num_samples, &budget).await?
             }
-            Format::Mds => mds::open(client, dataset, &listed).await,
-            // A tar's walk reads every byte, as the epoch will: not index reads.
-            Format::WebDataset => webdataset::open(plain, dataset, &listed).await,
-            Format::Parquet => parquet::open(client, dataset, &listed).await,
+            Format::Mds => mds::open(fetch, dataset, listed, &budget).await?,
+            Format::WebDataset => webdataset::open(fetch, dataset, listed).await?,
+            Format::Parquet => parquet::open(fetch, dataset, listed, &budget).await?,
             Format::Tokens { seq_len, dtype } => {
-                tokens::open(client, dataset, &listed, *seq_len, dtype).await
+                tokens::open(fetch, dataset, listed, *seq_len, dtype).await?
             }
+        };
+        // The index's entries count against the budget: each was read from the files
+        // (at least 4 bytes of them an entry), so this bounds what the files' sizes already
+        // bound, by what this process may hold.
+        let entries = index.entries();
+        budget.admits(entries.saturating_mul(ENTRY_BYTES), || {
+            format!("the index of {dataset:?} ({entries} entries)")
+        })?;
+        Ok(Self { budget, ..index })
+    }
+
+    /// Entries the index holds (sample bounds, a tar's fields); computed layouts hold none.
+    fn entries(&self) -> u64 {
+        match &self.layout {
+            Layout::Bounds(bounds) => bounds.iter().map(|b| b.len() as u64).sum(),
+            Layout::Groups(groups) => groups.iter().flatten().map(|g| g.fields.len() as u64 + 1).sum(),
+            _ => 0,
         }
     }
 
@@ -170,7 +237,15 @@ impl SampleIndex {
         }
         let layout = Layout::Windows { regions, step, window, counts, firsts };
         let (shards, versions) = shards.into_iter().unzip();
-        Self { dataset: dataset.to_owned(), shards, versions, layout, dtype, columns: None }
+        Self {
+            dataset: dataset.to_owned(),
+            shards,
+            versions,
+            layout,
+            dtype,
+            columns: None,
+            budget: Budget::default(),
+        }
     }
 
     /// Fixed-size records in every listed file.
@@ -196,7 +271,13 @@ impl SampleIndex {
             },
             dtype: None,
             columns: None,
+            budget: Budget::default(),
         })
+    }
+
+    /// The memory budget of what this index decodes.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     pub fn dataset(&self) -> &str {
@@ -247,41 +328,65 @@ impl SampleIndex {
     }
 
     /// `samples` read and decoded by column (MDS, Parquet), in order.
-    pub async fn read_decoded(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Arc<Fields>>> {
+    pub async fn read_decoded<F: Fetch>(
+        &self,
+        client: &F,
+        samples: &[(usize, u64)],
+    ) -> Result<Vec<Arc<Fields>>> {
         if let Layout::Rows { .. } = self.layout {
             return self.read_rows(client, samples).await;
         }
         let data = self.read(client, samples).await?;
-        data.iter().map(|sample| Ok(Arc::new(self.decode(sample)?))).collect()
+        let decoded = data.iter().zip(samples).map(|(sample, &(shard, k))| match self.decode(sample) {
+            Ok(fields) => Ok(Arc::new(fields)),
+            // The sample's file and where the sample starts in it.
+            Err(Error::Damaged { what, .. }) => {
+                let at = self.pieces(shard, k).ok().and_then(|p| p.first().map(|p| p.offset));
+                Err(damaged(&self.dataset, &self.shards[shard], at, format!("sample {k}: {what}")))
+            }
+            Err(e) => Err(e),
+        });
+        decoded.collect()
     }
 
     /// Parquet rows: the row groups not kept decoded read in one batch and decoded off
     /// the runtime's threads, side by side.
-    async fn read_rows(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Arc<Fields>>> {
+    async fn read_rows<F: Fetch>(&self, client: &F, samples: &[(usize, u64)]) -> Result<Vec<Arc<Fields>>> {
         let Layout::Rows { files, decoded } = &self.layout else { return Err(self.rows_are_values()) };
         let needed = parquet::groups_of(files, &self.dataset, samples)?;
         let mut have = decoded.find(&needed);
         let missing: Vec<(usize, usize)> =
             needed.iter().copied().filter(|key| !have.iter().any(|(k, _)| k == key)).collect();
+        // What the row groups will take decoded, taken from the budget before they are
+        // read: the values kept that this read does not need let go first when short.
+        let mut held = Vec::with_capacity(missing.len());
+        for &(s, g) in &missing {
+            let what = || format!("decoding {}/{} row group {g}", self.dataset, self.shards[s]);
+            let bytes = parquet::decoded_bytes(&files[s], g);
+            held.push(self.budget.take(bytes, what).or_else(|_| {
+                decoded.shed(&needed);
+                self.budget.take(bytes, what)
+            })?);
+        }
         let ranges = missing.iter().map(|&(s, g)| {
             let (offset, length) = parquet::group_at(&files[s], g);
             self.range(s, offset, length)
         });
-        let data = read_batched(client, ranges.collect()).await?;
+        let data = client.fetch(ranges.collect()).await?;
         let decoding: Vec<_> = missing
             .iter()
             .zip(data)
-            .map(|(&(s, g), bytes)| {
-                let file = files[s].clone();
+            .zip(held)
+            .map(|((&(s, g), bytes), held)| {
+                let (file, name) = (files[s].clone(), format!("{}/{}", self.dataset, self.shards[s]));
                 tokio::task::spawn_blocking(move || {
-                    parquet::decode_group(&file, g, parquet::group_at(&file, g).0, bytes)
+                    parquet::decode_group(&name, &file, g, parquet::group_at(&file, g).0, bytes, held)
                 })
             })
             .collect();
         for (&(s, g), done) in missing.iter().zip(decoding) {
             let shard = format!("{}/{}", self.dataset, self.shards[s]);
-            let rows = done.await.map_err(|e| Error::Config(format!("{shard}: row group {g}: {e}")))?;
-            let rows = rows.map_err(|e| Error::Config(format!("{shard}: {e}")))?;
+            let rows = done.await.map_err(|e| panicked(&shard, &format!("decoding row group {g}"), e))??;
             have.push(((s, g), Arc::new(rows)));
         }
         decoded.keep(&have);
@@ -291,7 +396,7 @@ impl SampleIndex {
                 let (g, r) = parquet::locate(files, s, k).ok_or_else(|| self.rows_are_values())?;
                 let (_, rows) =
                     have.iter().find(|(key, _)| *key == (s, g)).ok_or_else(|| self.rows_are_values())?;
-                Ok(rows[r as usize].clone())
+                rows.rows.get(r as usize).cloned().ok_or_else(|| self.rows_are_values())
             })
             .collect()
     }
@@ -392,7 +497,11 @@ impl SampleIndex {
     }
 
     /// Each of `samples` as its pieces' bytes (a WebDataset sample's fields), in order.
-    pub async fn read_pieces(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Vec<Bytes>>> {
+    pub async fn read_pieces<F: Fetch>(
+        &self,
+        client: &F,
+        samples: &[(usize, u64)],
+    ) -> Result<Vec<Vec<Bytes>>> {
         if let Layout::Packed { .. } = &self.layout {
             return Ok(self.read_packed(client, samples).await?.into_iter().map(|b| vec![b]).collect());
         }
@@ -408,7 +517,7 @@ impl SampleIndex {
                 ranges.push(self.range(piece.shard, piece.offset, piece.length));
             }
         }
-        let mut data = read_batched(client, ranges).await?.into_iter();
+        let mut data = client.fetch(ranges).await?.into_iter();
         Ok(counts.into_iter().map(|n| data.by_ref().take(n).collect()).collect())
     }
 
@@ -422,7 +531,7 @@ impl SampleIndex {
 
     /// Samples of compressed shards: the shards not kept decompressed fetched whole (one
     /// batch) and decompressed off the runtime's threads.
-    async fn read_packed(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Bytes>> {
+    async fn read_packed<F: Fetch>(&self, client: &F, samples: &[(usize, u64)]) -> Result<Vec<Bytes>> {
         let Layout::Packed { counts, sizes, raw, unpacked } = &self.layout else { return Ok(Vec::new()) };
         let mut needed: Vec<usize> = Vec::new();
         for &(shard, k) in samples {
@@ -436,19 +545,32 @@ impl SampleIndex {
         let mut have: std::collections::HashMap<usize, Arc<mds::Unpacked>> =
             unpacked.find(&needed).into_iter().collect();
         let missing: Vec<usize> = needed.iter().copied().filter(|s| !have.contains_key(s)).collect();
+        // What they decompress to, taken from the budget before they are read (the kept
+        // shards this read does not need let go first when short): a decompression stops
+        // at what index.json said, which the budget has room for.
+        let mut held = Vec::with_capacity(missing.len());
+        for &s in &missing {
+            let what = || format!("decompressing {}/{}", self.dataset, self.shards[s]);
+            held.push(self.budget.take(raw[s].bytes, what).or_else(|_| {
+                unpacked.shed(&needed);
+                self.budget.take(raw[s].bytes, what)
+            })?);
+        }
         let files = missing.iter().map(|&s| self.range(s, 0, sizes[s]));
-        let files = read_batched(client, files.collect()).await?;
+        let files = client.fetch(files.collect()).await?;
         // Every missing shard decompressed at once, side by side, then taken in turn.
         let unpacking: Vec<_> = missing
             .iter()
             .zip(files)
-            .map(|(&shard, zipped)| {
+            .zip(held)
+            .map(|((&shard, zipped), held)| {
                 let (dataset, raw) = (self.dataset.clone(), raw[shard].clone());
-                tokio::task::spawn_blocking(move || mds::unpack(&dataset, &raw, &zipped))
+                tokio::task::spawn_blocking(move || mds::unpack(&dataset, &raw, &zipped, held))
             })
             .collect();
         for (&shard, done) in missing.iter().zip(unpacking) {
-            let unpacked = Arc::new(done.await.map_err(|e| Error::Config(format!("decompression: {e}")))??);
+            let name = format!("{}/{}", self.dataset, self.shards[shard]);
+            let unpacked = Arc::new(done.await.map_err(|e| panicked(&name, "decompressing", e))??);
             have.insert(shard, unpacked);
         }
         unpacked.keep(&needed.iter().map(|s| (*s, have[s].clone())).collect::<Vec<_>>());
@@ -456,6 +578,7 @@ impl SampleIndex {
             .iter()
             .map(|&(shard, k)| {
                 let unpacked = &have[&shard];
+                // Checked when unpacked: sorted, within the data, one more than the count.
                 let (start, end) = (unpacked.bounds[k as usize], unpacked.bounds[k as usize + 1]);
                 unpacked.data.slice(start as usize..end as usize)
             })
@@ -465,7 +588,7 @@ impl SampleIndex {
     /// The bytes of `samples` ((shard, k) each), in order, verified; batched into as few
     /// `ReadRanges` calls as the servers' bounds allow. A sample of several pieces (a
     /// window across shards, a WebDataset sample's fields) is their bytes joined.
-    pub async fn read(&self, client: &Client, samples: &[(usize, u64)]) -> Result<Vec<Bytes>> {
+    pub async fn read<F: Fetch>(&self, client: &F, samples: &[(usize, u64)]) -> Result<Vec<Bytes>> {
         let pieces = self.read_pieces(client, samples).await?;
         Ok(pieces
             .into_iter()

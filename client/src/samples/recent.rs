@@ -35,6 +35,11 @@ impl<K: PartialEq + Copy, V> Recent<K, V> {
         self.lock().iter().filter(|(k, _)| keys.contains(k)).map(|(k, v)| (*k, v.clone())).collect()
     }
 
+    /// Lets go of every value but those of `keys` (a read short of memory).
+    pub(super) fn shed(&self, keys: &[K]) {
+        self.lock().retain(|(k, _)| keys.contains(k));
+    }
+
     /// `used` (the values a read needed) kept as the most recent, the oldest dropped
     /// past the bound (never one of `used`).
     pub(super) fn keep(&self, used: &[(K, Arc<V>)]) {

@@ -8,8 +8,8 @@
 
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Piece, SampleIndex, listed_range, read_batched};
-use crate::{Client, Error, Result};
+use super::{Fetch, Piece, SampleIndex, damaged, listed_range};
+use crate::{Error, Result};
 
 /// Bytes read from the start of each `.npy` file for its header: NumPy pads headers to
 /// a multiple of 64 bytes and they rarely pass 128; a longer one is read again whole.
@@ -34,7 +34,11 @@ impl NpyHeader {
     /// part of it (then `needed` bytes must be read): returns `Err` for a file that is
     /// not a little-endian, C-order `.npy` of integers or floats.
     pub fn parse(name: &str, bytes: &[u8]) -> Result<Result<Self, u64>> {
-        let bad = |why: &str| Error::Config(format!("{name} is not a .npy file this reader takes: {why}"));
+        let bad = |why: &str| Error::Damaged {
+            file: name.to_owned(),
+            offset: None,
+            what: format!("not a .npy file this reader takes: {why}"),
+        };
         if bytes.len() < 10 || !bytes.starts_with(MAGIC) {
             return Err(bad("no \\x93NUMPY magic"));
         }
@@ -60,8 +64,16 @@ impl NpyHeader {
         let shape = shape.trim_start_matches('(').split(')').next().unwrap_or_default();
         let mut count = 1u64;
         for dim in shape.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-            count = count.saturating_mul(dim.parse().map_err(|_| bad(&format!("shape ({shape})")))?);
+            let dim: u64 = dim.parse().map_err(|_| bad(&format!("shape ({shape})")))?;
+            // Checked: a product past 2^64 must not wrap into a small count.
+            count = count
+                .checked_mul(dim)
+                .ok_or_else(|| bad(&format!("shape ({shape}) of more than 2^64 values")))?;
         }
+        count
+            .checked_mul(item_size)
+            .and_then(|bytes| bytes.checked_add(end))
+            .ok_or_else(|| bad(&format!("shape ({shape}) of more than 2^64 bytes")))?;
         Ok(Ok(Self { data_offset: end, dtype, item_size, count }))
     }
 }
@@ -96,13 +108,14 @@ pub fn npy_header(descr: &str, shape: &str) -> Vec<u8> {
 
 /// numpy's dtype name and size for a little-endian (or one-byte) `descr` like `<u2`.
 fn dtype_of_descr(descr: &str) -> Option<(String, u64)> {
-    let (order, code) = descr.split_at(1);
+    // Not split_at: an empty or non-ASCII descr is refused, not a panic.
+    let (order, code) = (descr.get(..1)?, descr.get(1..)?);
     // Little-endian, or one byte (no order); "=" is the writer's own order, little here.
     let little = matches!(order, "<" | "|") || (order == "=" && cfg!(target_endian = "little"));
     if !little {
         return None;
     }
-    let (kind, size) = code.split_at(1);
+    let (kind, size) = (code.get(..1)?, code.get(1..)?);
     let size: u64 = size.parse().ok()?;
     let name = match kind {
         "u" => "uint",
@@ -123,8 +136,8 @@ pub fn item_size(dtype: &str) -> Option<u64> {
 
 /// The windows index over `listed`: `.npy` files (headers read), or every file as raw
 /// `dtype` values.
-pub async fn open(
-    client: &Client,
+pub async fn open<F: Fetch>(
+    client: &F,
     dataset: &str,
     listed: &[ShardInfo],
     seq_len: u64,
@@ -144,14 +157,17 @@ pub async fn open(
         }
         None => npy_regions(client, dataset, listed).await?,
     };
-    let window = (seq_len + 1) * item;
+    let window = seq_len
+        .checked_add(1)
+        .and_then(|n| n.checked_mul(item))
+        .ok_or_else(|| Error::Config(format!("seq_len {seq_len}: windows of more than 2^64 bytes")))?;
     Ok(SampleIndex::windows(dataset, shards, regions, seq_len * item, window, Some(dtype)))
 }
 
 /// The `.npy` files of `listed` (with their versions), their data regions, and their one
 /// dtype and its size.
-async fn npy_regions(
-    client: &Client,
+async fn npy_regions<F: Fetch>(
+    client: &F,
     dataset: &str,
     listed: &[ShardInfo],
 ) -> Result<(Vec<(String, String)>, Vec<(u64, u64)>, String, u64)> {
@@ -162,31 +178,34 @@ async fn npy_regions(
         )));
     }
     let heads = files.iter().map(|s| listed_range(dataset, s, 0, s.size.min(HEADER_READ))).collect();
-    let heads = read_batched(client, heads).await?;
+    let heads = client.fetch(heads).await?;
     let (mut regions, mut kind) = (Vec::new(), None::<(String, u64)>);
     for (file, head) in files.iter().zip(heads) {
-        let header = match NpyHeader::parse(&file.shard, &head)? {
+        let name = format!("{dataset}/{}", file.shard);
+        let header = match NpyHeader::parse(&name, &head)? {
             Ok(header) => header,
-            Err(needed) => {
-                let whole = client.read_range(&listed_range(dataset, file, 0, needed)).await?;
-                NpyHeader::parse(&file.shard, &whole.data)?.map_err(|_| {
-                    Error::Config(format!("{}: the .npy header runs past its stated length", file.shard))
+            Err(needed) if needed <= file.size => {
+                let whole = client.fetch(vec![listed_range(dataset, file, 0, needed)]).await?;
+                let whole = whole.into_iter().next().unwrap_or_default();
+                NpyHeader::parse(&name, &whole)?.map_err(|_| {
+                    damaged(dataset, &file.shard, 8, "the .npy header runs past its stated length")
                 })?
             }
+            Err(needed) => {
+                let what = format!("a header of {needed} bytes in a file of {}", file.size);
+                return Err(damaged(dataset, &file.shard, 8, what));
+            }
         };
+        // Checked in parse: no overflow.
         let end = header.data_offset + header.count * header.item_size;
         if end > file.size {
-            return Err(Error::Config(format!(
-                "{}: its header says {end} bytes, the file has {}",
-                file.shard, file.size
-            )));
+            let what = format!("its header says {end} bytes, the file has {}", file.size);
+            return Err(damaged(dataset, &file.shard, 8, what));
         }
         match &kind {
             Some((dtype, _)) if *dtype != header.dtype => {
-                return Err(Error::Config(format!(
-                    "{}: dtype {} where the other files have {dtype}",
-                    file.shard, header.dtype
-                )));
+                let what = format!("dtype {} where the other files have {dtype}", header.dtype);
+                return Err(damaged(dataset, &file.shard, None, what));
             }
             _ => kind = Some((header.dtype.clone(), header.item_size)),
         }
@@ -231,6 +250,13 @@ mod tests {
         assert_eq!(item_size("uint16"), Some(2));
         assert_eq!(item_size("float64"), Some(8));
         assert_eq!(item_size("u2"), None);
+        // Damaged headers: an error, never a panic or a wrapped count.
+        for (descr, shape) in
+            [("", "(4,)"), ("<", "(4,)"), ("é2", "(4,)"), ("<u2", "(4294967296, 4294967296, 16)")]
+        {
+            let err = NpyHeader::parse("f.npy", &npy_header(descr, shape)).unwrap_err();
+            assert!(matches!(err, Error::Damaged { .. }), "{descr} {shape}: {err}");
+        }
     }
 
     #[test]

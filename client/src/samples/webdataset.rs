@@ -19,12 +19,16 @@ use bytes::{Buf, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 use shardcache_proto::v1::ShardInfo;
 
-use super::{Layout, SampleIndex, listed_range};
-use crate::{Client, Error, Result};
+use super::{Budget, Fetch, Layout, SampleIndex, damaged, listed_range};
+use crate::{Error, Result};
 
 /// Shards walked at once: enough streams to fill a long link, each holding one message.
 pub const WALKS: usize = 16;
 const BLOCK: u64 = 512;
+/// The longest name (GNU `L`) or pax record set an entry may have: a header is held
+/// whole until parsed, so this bounds what a walk holds ([`WALKS`] at a time). libarchive
+/// refuses pax headers over 1 MiB too; a real name is at most PATH_MAX (4 KiB).
+pub const MAX_EXTENSION: u64 = 1 << 20;
 
 /// One sample: its key and its fields' (name, offset, length) in the shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +68,7 @@ enum Step {
 
 /// The samples of every `.tar` of `listed`; `client` reads as the epoch will (not
 /// marked as index reads: the walk reads every byte, which the epoch reads again).
-pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
+pub async fn open<F: Fetch>(client: &F, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
     let tars: Vec<&ShardInfo> = listed.iter().filter(|s| s.shard.ends_with(".tar")).collect();
     if tars.is_empty() {
         return Err(Error::Config(format!("dataset {dataset:?} has no .tar shards")));
@@ -72,13 +76,11 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
     // Owned shards: a closure over borrowed ones makes a future rustc cannot prove Send
     // for every lifetime (the Python binding runs it on the runtime).
     let owned: Vec<ShardInfo> = tars.iter().map(|&tar| tar.clone()).collect();
-    // Not the job's reads either: opening a dataset does not move its plans.
-    let client = &client.untagged();
     let walks = futures::stream::iter(owned.into_iter().map(|tar| walk(client, dataset, tar)));
     let members: Vec<Vec<Member>> = walks.buffered(WALKS).try_collect().await?;
     let mut groups = Vec::with_capacity(tars.len());
     for (tar, members) in tars.iter().zip(&members) {
-        groups.push(group(&tar.shard, members)?);
+        groups.push(group(dataset, &tar.shard, members)?);
     }
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
@@ -87,57 +89,66 @@ pub async fn open(client: &Client, dataset: &str, listed: &[ShardInfo]) -> Resul
         layout: Layout::Groups(groups),
         dtype: None,
         columns: None,
+        budget: Budget::default(),
     })
 }
 
 /// The members of `tar`, its headers parsed from one stream of it (at its listed
 /// version); only a header not yet whole is held, the members' bytes pass by.
-async fn walk(client: &Client, dataset: &str, tar: ShardInfo) -> Result<Vec<Member>> {
-    let mut stream = client.stream_range(&listed_range(dataset, &tar, 0, tar.size)).await?;
+async fn walk<F: Fetch>(client: &F, dataset: &str, tar: ShardInfo) -> Result<Vec<Member>> {
     let (mut walk, mut held, mut held_at) = (Walk::default(), BytesMut::new(), 0u64);
-    loop {
+    let name = format!("{dataset}/{}", tar.shard);
+    let headers = |held: &BytesMut, held_at: u64, walk: &mut Walk| -> Result<()> {
         // Every header the held bytes hold whole.
         while !walk.done {
-            if walk.at + BLOCK > tar.size {
+            if walk.at.checked_add(BLOCK).is_none_or(|end| end > tar.size) {
                 walk.done = true; // no room for another header: the end (however marked)
             } else if walk.at >= held_at + held.len() as u64 {
                 break;
             } else {
                 let from = (walk.at - held_at) as usize;
-                match header(&tar.shard, &mut walk, &held[from..], tar.size)? {
+                match header(&name, walk, &held[from..], tar.size)? {
                     Step::End => walk.done = true,
                     Step::More => break,
                     Step::Next(next) => walk.at = next,
                 }
             }
         }
-        if walk.done {
-            return Ok(walk.members);
-        }
-        let Some(chunk) = stream.next_chunk().await? else {
-            return Err(Error::Config(format!("{dataset}/{}: the tar ends inside a header", tar.shard)));
-        };
-        // Bytes before the next header are a member's: not kept, nor copied. What is held
-        // then starts at the next header, or nothing is.
-        let passed = walk.at.saturating_sub(held_at).min(held.len() as u64);
-        held.advance(passed as usize);
-        held_at += passed;
-        let skip = if held.is_empty() {
-            let skip = walk.at.saturating_sub(chunk.offset).min(chunk.data.len() as u64);
-            held_at = chunk.offset + skip;
-            skip
-        } else {
-            0 // the held header's rest: this chunk follows it
-        };
-        held.extend_from_slice(&chunk.data[skip as usize..]);
+        Ok(())
+    };
+    headers(&held, held_at, &mut walk)?;
+    let range = listed_range(dataset, &tar, 0, tar.size);
+    let ended = walk.done
+        || client
+            .scan(&range, |offset, data| {
+                // Bytes before the next header are a member's: not kept, nor copied. What
+                // is held then starts at the next header, or nothing is.
+                let passed = walk.at.saturating_sub(held_at).min(held.len() as u64);
+                held.advance(passed as usize);
+                held_at += passed;
+                let skip = if held.is_empty() {
+                    let skip = walk.at.saturating_sub(offset).min(data.len() as u64);
+                    held_at = offset + skip;
+                    skip
+                } else {
+                    0 // the held header's rest: this chunk follows it
+                };
+                held.extend_from_slice(&data[skip as usize..]);
+                headers(&held, held_at, &mut walk)?;
+                Ok(!walk.done)
+            })
+            .await?;
+    match walk.done {
+        true => Ok(walk.members),
+        false if ended => Err(damaged(dataset, &tar.shard, walk.at, "the tar ends inside a header")),
+        false => Err(damaged(dataset, &tar.shard, walk.at, "the walk stopped before the archive's end")),
     }
 }
 
-/// The header at the start of `bytes` (at `walk.at` in the shard).
-fn header(shard: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step> {
-    let bad = |why: String| {
-        Error::Config(format!("{shard} is not a tar this reader takes: {why} at byte {}", walk.at))
-    };
+/// The header at the start of `bytes` (at `walk.at` in the shard `name`, a file of `size`
+/// bytes).
+fn header(name: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step> {
+    let bad = |why: String| Error::Damaged { file: name.to_owned(), offset: Some(walk.at), what: why };
     if (bytes.len() as u64) < BLOCK {
         return Ok(Step::More);
     }
@@ -160,7 +171,11 @@ fn header(shard: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step>
     if data.checked_add(length).is_none_or(|end| end > size) {
         return Err(bad(format!("an entry of {length} bytes past the end of the file ({size})")));
     }
-    let next = data + length.div_ceil(BLOCK) * BLOCK;
+    // Past the end of the file the check above allowed: the next header (or the end).
+    let next = data.saturating_add(length.div_ceil(BLOCK) * BLOCK);
+    if matches!(block[156], b'L' | b'x' | b'K' | b'g') && length > MAX_EXTENSION {
+        return Err(bad(format!("an extension header of {length} bytes (at most {MAX_EXTENSION} are read)")));
+    }
     let body = || -> Option<&[u8]> { bytes.get(BLOCK as usize..(BLOCK + length) as usize) };
     match block[156] {
         b'L' => {
@@ -169,7 +184,7 @@ fn header(shard: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step>
         }
         b'x' => {
             let Some(records) = body() else { return Ok(Step::More) };
-            walk.pax = pax(records);
+            walk.pax = pax(records).map_err(bad)?;
         }
         b'0' | 0 | b'7' => {
             let mut name = text(&block[..100]);
@@ -209,22 +224,31 @@ fn number(field: &[u8]) -> Option<u64> {
     (seen || field.iter().all(|&b| b == 0 || b == b' ')).then_some(value)
 }
 
-/// pax records: "LENGTH KEY=VALUE\n" each.
-fn pax(records: &[u8]) -> HashMap<String, String> {
+/// pax records: "LENGTH KEY=VALUE\n" each, LENGTH counting the whole record. A record
+/// whose length does not cover its own length field and a key (a length of 0 would
+/// never advance: CPython's tarfile hung on it, CVE-2019-20907), or runs past the
+/// records, ends the parse as tarfile's does: an error.
+fn pax(records: &[u8]) -> std::result::Result<HashMap<String, String>, String> {
     let mut out = HashMap::new();
     let mut rest = records;
-    while let Some(space) = rest.iter().position(|&b| b == b' ') {
-        let Some(length) = std::str::from_utf8(&rest[..space]).ok().and_then(|l| l.parse::<usize>().ok())
-        else {
-            break;
-        };
-        let Some(record) = rest.get(space + 1..length.saturating_sub(1).max(space + 1)) else { break };
+    let mut at = 0usize;
+    // As tarfile: records until the end or a NUL byte; each at least "5 x=\n".
+    while rest.first().is_some_and(|&b| b != 0) {
+        let space =
+            rest.iter().position(|&b| b == b' ').ok_or_else(|| format!("pax record at {at}: no length"))?;
+        let length = std::str::from_utf8(&rest[..space])
+            .ok()
+            .and_then(|l| l.parse::<usize>().ok())
+            .filter(|&length| length >= 5 && length > space + 2 && length <= rest.len())
+            .ok_or_else(|| format!("pax record at {at}: a length that does not fit its record"))?;
+        let record = &rest[space + 1..length - 1];
         if let Some((key, value)) = String::from_utf8_lossy(record).split_once('=') {
             out.insert(key.to_owned(), value.to_owned());
         }
-        rest = &rest[length.min(rest.len())..];
+        rest = &rest[length..];
+        at += length;
     }
-    out
+    Ok(out)
 }
 
 /// The key and field of a file name as webdataset splits it (`^((?:.*/|)[^.]+)[.]([^/]*)$`),
@@ -246,7 +270,7 @@ fn is_meta(name: &str) -> bool {
 }
 
 /// Consecutive members with one key, as samples.
-fn group(shard: &str, members: &[Member]) -> Result<Vec<Group>> {
+fn group(dataset: &str, shard: &str, members: &[Member]) -> Result<Vec<Group>> {
     let mut groups: Vec<Group> = Vec::new();
     for member in members.iter().filter(|m| !is_meta(&m.name)) {
         let Some((key, field)) = key_and_field(&member.name) else { continue };
@@ -255,10 +279,8 @@ fn group(shard: &str, members: &[Member]) -> Result<Vec<Group>> {
         }
         let current = groups.last_mut().ok_or_else(|| Error::Config("no sample".into()))?;
         if current.fields.iter().any(|(f, _, _)| *f == field) {
-            return Err(Error::Config(format!(
-                "{shard}: {}: field {field} twice in sample {key}",
-                member.name
-            )));
+            let what = format!("{}: field {field} twice in sample {key}", member.name);
+            return Err(damaged(dataset, shard, member.offset.saturating_sub(BLOCK), what));
         }
         current.fields.push((field, member.offset, member.size));
     }
@@ -279,7 +301,13 @@ mod tests {
         assert!(is_meta("__index__") && is_meta("__meta__/x") && !is_meta("__x") && !is_meta("a/__m__"));
         assert_eq!(number(b"0000644\0"), Some(0o644));
         assert_eq!(number(b"     17 \0"), Some(0o17));
-        assert_eq!(pax(b"20 path=some/name.x\n11 size=42\n").get("size").map(String::as_str), Some("42"));
+        assert_eq!(
+            pax(b"20 path=some/name.x\n11 size=42\n").unwrap().get("size").map(String::as_str),
+            Some("42")
+        );
+        // A zero length never advanced the parse (CVE-2019-20907's hang): an error now.
+        assert!(pax(b"0 path=x\n").is_err());
+        assert!(pax(b"99 path=x\n").is_err(), "a length past the records");
     }
 
     #[test]

@@ -293,15 +293,16 @@ fn version_of(m: &Metadata) -> String {
 
 /// `record_size` from a dataset's metadata file; 0 when absent or unreadable.
 fn read_record_size(path: &Path) -> u32 {
-    #[derive(serde::Deserialize)]
-    struct DatasetFile {
-        #[serde(default)]
-        record_size: u32,
+    use std::io::Read;
+    // At most the bound and a byte (a file past it is not metadata): never a file of
+    // any size read whole because of its name.
+    let mut raw = Vec::new();
+    let read =
+        std::fs::File::open(path).and_then(|f| f.take(super::MAX_META_BYTES + 1).read_to_end(&mut raw));
+    match read {
+        Ok(n) if n as u64 <= super::MAX_META_BYTES => super::parse_record_size(&raw),
+        _ => 0,
     }
-    std::fs::read(path)
-        .ok()
-        .and_then(|raw| serde_json::from_slice::<DatasetFile>(&raw).ok())
-        .map_or(0, |f| f.record_size)
 }
 
 /// Runs filesystem work on tokio's blocking pool, off the async workers.

@@ -103,3 +103,18 @@ impl<S: Storage> Source for HubSource<S> {
         Ok(ShardStat { meta: handle.meta().clone(), record_size, stale: false })
     }
 }
+
+/// The most bytes of a dataset's metadata file the hub reads: a few bytes of JSON
+/// (`{"record_size": 16384}`); a larger file is not metadata.
+pub const MAX_META_BYTES: u64 = 64 << 10;
+
+/// `record_size` from a dataset's metadata file's bytes; 0 when it is not JSON with a
+/// `record_size` that fits in 32 bits (the listing then says "unknown").
+pub fn parse_record_size(raw: &[u8]) -> u32 {
+    #[derive(serde::Deserialize)]
+    struct DatasetFile {
+        #[serde(default)]
+        record_size: u32,
+    }
+    serde_json::from_slice::<DatasetFile>(raw).map_or(0, |f| f.record_size)
+}

@@ -247,17 +247,16 @@ impl S3Source {
 
     /// `record_size` from the dataset's metadata object; 0 when absent or unreadable.
     async fn record_size(&self, dataset: &str) -> u32 {
-        #[derive(serde::Deserialize)]
-        struct DatasetFile {
-            #[serde(default)]
-            record_size: u32,
-        }
         let key = format!("{}{DATASET_META_FILE}", self.dataset_prefix(dataset));
         let Ok(object) = self.client.get_object().bucket(&self.location.bucket).key(key).send().await else {
             return 0;
         };
+        // Not read at all past the bound: a metadata object is a few bytes of JSON.
+        if object.content_length().is_none_or(|n| n < 0 || n as u64 > super::MAX_META_BYTES) {
+            return 0;
+        }
         let Ok(body) = object.body.collect().await else { return 0 };
-        serde_json::from_slice::<DatasetFile>(&body.into_bytes()).map_or(0, |f| f.record_size)
+        super::parse_record_size(&body.into_bytes())
     }
 }
 

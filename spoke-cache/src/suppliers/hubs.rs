@@ -340,6 +340,8 @@ fn classify(hub: &str, err: shardcache_client::Error) -> Error {
             Error::HubUnavailable { hub, message }
         }
         E::Config(message) => Error::Config(message),
+        // A dataset file's reader's errors: the spoke reads ranges, not formats.
+        e @ (E::Damaged { .. } | E::OverBudget { .. }) => Error::Config(e.to_string()),
         e @ (E::Checksum { .. } | E::Protocol { .. } | E::VersionChanged { .. }) => {
             Error::HubCorrupt { hub, message: e.to_string() }
         }

@@ -53,13 +53,17 @@ class Client:
         dtype: Optional[str] = None,
         seed: Optional[int] = None,
         num_samples: Optional[int] = None,
+        memory_budget: Optional[int] = None,
     ) -> "Samples":
         """``dataset`` as samples of any size, indexed from its format: ``"records"``
         (fixed ``record_size``, by default the dataset metadata's), ``"megatron"`` (PREFIX.bin + PREFIX.idx, a sample per
         sequence), ``"megatron-gpt"`` (one such dataset packed as Megatron's GPTDataset
         packs it: ``seq_len``, ``seed`` = its random_seed, 1234 by default, ``num_samples``), ``"mds"`` (index.json + shards, decoded with ``Samples.decode``),
         ``"webdataset"`` (tar shards, ``Samples.read_fields``), ``"parquet"`` (a sample per row, ``Samples.read_decoded``) or ``"tokens"`` (.npy files, or raw files of ``dtype``: windows of
-        ``seq_len + 1`` tokens every ``seq_len``)."""
+        ``seq_len + 1`` tokens every ``seq_len``). ``memory_budget``: bytes the reader may
+        hold for what it decodes (``SHARDCACHE_MEMORY_BUDGET``, else 4 GiB); a damaged
+        file raises ``ShardcacheError`` with ``code`` ``"INVALID_ARGUMENT"`` naming the
+        file and byte, one past the budget ``"RESOURCE_EXHAUSTED"``."""
     def read_many(self, ranges: List[Tuple[str, str, int, int]]) -> List[bytes]:
         """A batch of ``(dataset, shard, offset, length)`` in one round trip, in order."""
     def prefetch(

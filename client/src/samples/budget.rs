@@ -1,0 +1,140 @@
+//! The memory a reader may hold for what it makes from a dataset's files: the index's
+//! entries, decompressed MDS shards, decoded Parquet row groups. One bound per
+//! [`SampleIndex`](super::SampleIndex) (`SHARDCACHE_MEMORY_BUDGET`, Python
+//! `Client.samples(memory_budget=...)`), taken before anything is allocated for a number a
+//! file gave: no file can push a reader past it, and a decompression stops at what it
+//! was told, not after.
+//!
+//! What is held is counted until the last handle of it is dropped ([`Held`] lives in the
+//! kept value); a read that needs more than is free first lets go of the values it does
+//! not need, then fails with [`Error::OverBudget`](crate::Error::OverBudget).
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
+
+use crate::{Error, Result};
+
+/// The default: 4 GiB a process (each DataLoader worker has its own). MosaicML's shards
+/// are 64 MiB by default and 4 are kept decompressed; a decoded Parquet row group of
+/// 128 MiB takes a few times that as values.
+pub const DEFAULT_BUDGET: u64 = 4 << 30;
+
+/// The environment variable that sets the budget in bytes (`4294967296`, or with a
+/// `K`, `M` or `G` suffix: `512M`).
+pub const BUDGET_ENV: &str = "SHARDCACHE_MEMORY_BUDGET";
+
+/// Bytes a reader may hold, and what it holds now.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    limit: u64,
+    used: Arc<AtomicU64>,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self::new(DEFAULT_BUDGET)
+    }
+}
+
+impl Budget {
+    pub fn new(limit: u64) -> Self {
+        Self { limit, used: Default::default() }
+    }
+
+    /// The budget `SHARDCACHE_MEMORY_BUDGET` gives, else the default; an error for a
+    /// value that is not a size.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(BUDGET_ENV) {
+            Ok(text) => parse_size(&text).map(Self::new).ok_or_else(|| {
+                Error::Config(format!("{BUDGET_ENV}={text:?}: give bytes, or a size like 512M or 8G"))
+            }),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// `bytes` taken for `what` (a person's words: "decompressing ds/shard.mds"), or
+    /// [`Error::OverBudget`] when they do not fit beside what is held.
+    pub fn take(&self, bytes: u64, what: impl FnOnce() -> String) -> Result<Held> {
+        let taken = self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+            used.checked_add(bytes).filter(|&total| total <= self.limit)
+        });
+        match taken {
+            Ok(_) => Ok(Held { bytes, used: self.used.clone() }),
+            Err(_) => Err(Error::OverBudget { what: what(), needed: bytes, budget: self.limit }),
+        }
+    }
+
+    /// Whether `bytes` could ever fit: a claim checked before anything is read for it.
+    pub fn admits(&self, bytes: u64, what: impl FnOnce() -> String) -> Result<()> {
+        match bytes <= self.limit {
+            true => Ok(()),
+            false => Err(Error::OverBudget { what: what(), needed: bytes, budget: self.limit }),
+        }
+    }
+}
+
+/// Bytes taken from a [`Budget`], given back when dropped.
+#[derive(Debug)]
+pub struct Held {
+    bytes: u64,
+    used: Arc<AtomicU64>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// `4096`, `512K`, `512M`, `8G` (powers of 1024; a trailing `B`/`iB` allowed).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let text = text.strip_suffix("iB").or_else(|| text.strip_suffix('B')).unwrap_or(text);
+    let (digits, shift) = match text.char_indices().last()? {
+        (at, 'k' | 'K') => (&text[..at], 10),
+        (at, 'm' | 'M') => (&text[..at], 20),
+        (at, 'g' | 'G') => (&text[..at], 30),
+        (at, 't' | 'T') => (&text[..at], 40),
+        _ => (text, 0),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_held_counts_until_dropped_and_nothing_passes_the_limit() {
+        let budget = Budget::new(100);
+        let a = budget.take(60, || "a".into()).unwrap();
+        let err = budget.take(41, || "b".into()).unwrap_err();
+        assert!(matches!(err, Error::OverBudget { needed: 41, budget: 100, .. }), "{err}");
+        assert!(budget.take(u64::MAX, || "huge".into()).is_err(), "no wrap past 2^64");
+        drop(a);
+        assert_eq!(budget.used(), 0);
+        let _b = budget.take(100, || "b".into()).unwrap();
+        assert_eq!(budget.used(), 100);
+    }
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("8GiB"), Some(8 << 30));
+        assert_eq!(parse_size("1k"), Some(1024));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("99999999999T"), None, "overflow is not a size");
+    }
+}

@@ -1,0 +1,86 @@
+//! `fuzz-bench`: the long run of the formats' fuzz harness (`shardcache_fuzz`;
+//! `make test` runs 3,000 inputs a format): mutated copies of reference-written seeds read
+//! whole, index and samples, in memory, each under a 64 MiB budget and a time limit.
+//! Prints a markdown table: inputs run, read whole, refused with a clear error, failures
+//! (a panic, a hang, memory past the budget, samples of the wrong shape), the parquet
+//! crate's own panics (caught where it is called and refused: an upstream bug, counted
+//! apart), the most memory one input held, inputs per second.
+//!
+//! ```sh
+//! cargo build --release -p shardcache-fuzz
+//! target/release/fuzz-bench                     # 1,000,000 inputs each target
+//! target/release/fuzz-bench --inputs 10000 --target parquet
+//! target/release/fuzz-bench --target mds --from 123456 --inputs 1   # one input again
+//! ```
+//!
+//! A hang or an allocation past 4 GiB aborts the process with the target's number and
+//! the input's on stderr (inputs are numbered: the same number is the same file).
+
+#![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
+
+use std::path::Path;
+
+use clap::Parser;
+use shardcache_fuzz::{self as fuzz, Counting};
+
+#[global_allocator]
+static ALLOC: Counting = fuzz::counting();
+
+#[derive(Parser)]
+struct Args {
+    /// Inputs per target.
+    #[arg(long, default_value_t = 1_000_000)]
+    inputs: u64,
+    /// The first input's number.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Targets to run (all when none): npy, raw-tokens, megatron, megatron-gpt, mds,
+    /// mds-zstd, mds-gz, mds-snappy, webdataset, webdataset-gnu, parquet, hub-names.
+    #[arg(long, value_delimiter = ',')]
+    target: Vec<String>,
+}
+
+fn main() {
+    let args = Args::parse();
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/seeds"));
+    let wanted = |name: &str| args.target.is_empty() || args.target.iter().any(|t| t == name);
+    println!(
+        "| target | inputs | read whole | refused (clear error) | failures | parquet crate panics caught | peak memory of an input | inputs/s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut failures = Vec::new();
+    let mut upstream = Vec::new();
+    let row = |name: &str, t: &fuzz::Tally| {
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {:.1} MiB | {:.0} |",
+            t.inputs,
+            t.read,
+            t.refused,
+            t.failures.len(),
+            t.upstream.len(),
+            t.peak as f64 / (1 << 20) as f64,
+            t.inputs as f64 / t.elapsed.as_secs_f64()
+        )
+    };
+    for (n, target) in fuzz::targets().iter().enumerate().filter(|(_, t)| wanted(t.name)) {
+        let seeds = fuzz::seeds(root, target).unwrap();
+        let tally = fuzz::run(&ALLOC, n, target, &seeds, args.from, args.inputs);
+        row(target.name, &tally);
+        if !tally.upstream.is_empty() {
+            upstream.push((target.name, tally.upstream.iter().take(20).copied().collect::<Vec<_>>()));
+        }
+        failures.extend(tally.failures);
+    }
+    if wanted("hub-names") {
+        let tally = fuzz::run_hub(args.from, args.inputs);
+        row("hub-names", &tally);
+        failures.extend(tally.failures);
+    }
+    for (target, inputs) in &upstream {
+        println!("parquet crate panics caught ({target}): inputs {inputs:?}");
+    }
+    for failure in failures.iter().take(50) {
+        println!("FAILURE {} input {}: {}", failure.target, failure.input, failure.what);
+    }
+    assert!(failures.is_empty(), "{} failures", failures.len());
+}
