@@ -384,10 +384,18 @@ impl SampleIndex {
                 })
             })
             .collect();
+        // Every task awaited, the first error kept: none goes on decoding (or holding its
+        // budget) after the read that started it has failed.
+        let mut failed = None;
         for (&(s, g), done) in missing.iter().zip(decoding) {
             let shard = format!("{}/{}", self.dataset, self.shards[s]);
-            let rows = done.await.map_err(|e| panicked(&shard, &format!("decoding row group {g}"), e))??;
-            have.push(((s, g), Arc::new(rows)));
+            match done.await.map_err(|e| panicked(&shard, &format!("decoding row group {g}"), e)) {
+                Ok(Ok(rows)) => have.push(((s, g), Arc::new(rows))),
+                Ok(Err(e)) | Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         decoded.keep(&have);
         samples
@@ -568,10 +576,17 @@ impl SampleIndex {
                 tokio::task::spawn_blocking(move || mds::unpack(&dataset, &raw, &zipped, held))
             })
             .collect();
+        // Every task awaited, the first error kept (as for row groups).
+        let mut failed = None;
         for (&shard, done) in missing.iter().zip(unpacking) {
             let name = format!("{}/{}", self.dataset, self.shards[shard]);
-            let unpacked = Arc::new(done.await.map_err(|e| panicked(&name, "decompressing", e))??);
-            have.insert(shard, unpacked);
+            match done.await.map_err(|e| panicked(&name, "decompressing", e)) {
+                Ok(Ok(unpacked)) => drop(have.insert(shard, Arc::new(unpacked))),
+                Ok(Err(e)) | Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         unpacked.keep(&needed.iter().map(|s| (*s, have[s].clone())).collect::<Vec<_>>());
         Ok(samples

@@ -27,7 +27,12 @@ pub(super) struct PageHeader {
     levels: i32,
     /// Whether the values are compressed (data pages v2; true when not said).
     compressed_values: bool,
+    /// The values' encoding (data pages).
+    encoding: Option<i32>,
 }
+
+/// PLAIN_DICTIONARY and RLE_DICTIONARY: values that are indices into the chunk's dictionary.
+const DICTIONARY_ENCODINGS: [i32; 2] = [2, 8];
 
 /// How deep Thrift structs may nest in a page header (the parquet crate skips to 64).
 const MAX_DEPTH: u32 = 32;
@@ -51,7 +56,7 @@ pub(super) fn check(data: &[u8], base: u64, chunk: &Chunk, rows: u64) -> Result<
         chunk.start.checked_sub(base).ok_or((chunk.start, "a column chunk before its row group".into()))?;
     let end = from.checked_add(chunk.length).filter(|&end| end <= data.len() as u64);
     let end = end.ok_or((chunk.start, "a column chunk past its row group's bytes".into()))? as usize;
-    let (mut at, mut unpacked, mut values) = (from as usize, 0u64, 0u64);
+    let (mut at, mut unpacked, mut values, mut dictionary) = (from as usize, 0u64, 0u64, false);
     while at < end {
         let place = base + at as u64;
         let (header, length) =
@@ -78,6 +83,10 @@ pub(super) fn check(data: &[u8], base: u64, chunk: &Chunk, rows: u64) -> Result<
             // A dictionary entry takes at least a byte (booleans have no dictionaries).
             2 if count > header.uncompressed as u64 => {
                 return bad(format!("a dictionary of {count} values in {} bytes", header.uncompressed));
+            }
+            2 => dictionary = true,
+            0 | 3 if header.encoding.is_some_and(|e| DICTIONARY_ENCODINGS.contains(&e)) && !dictionary => {
+                return bad("a dictionary-encoded page with no dictionary page before it".into());
             }
             0 | 3 => {
                 values += count;
@@ -127,6 +136,8 @@ fn read(bytes: &[u8]) -> Result<(PageHeader, usize), String> {
                 input.fields(1, &mut |input, id, kind| {
                     match (id, kind) {
                         (1, I32) => header.values = Some(int(input)?),
+                        (2, I32) if !v2 => header.encoding = Some(int(input)?),
+                        (4, I32) if v2 => header.encoding = Some(int(input)?),
                         (3, I32) if v2 => header.rows = Some(int(input)?),
                         (5 | 6, I32) if v2 => {
                             let levels = int(input)?;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parquet::{
-    basic::{ConvertedType, LogicalType, TimeUnit, Type as Physical},
+    basic::{ConvertedType, LogicalType, Repetition, TimeUnit, Type as Physical},
     file::{
         metadata::{ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData, page_index::RowGroupPageIndex},
         properties::ReaderProperties,
@@ -254,6 +254,10 @@ fn check(file: &str, column: &Schema, path: &[&str]) -> Result<()> {
         )))
     };
     if !column.is_primitive() {
+        if let Some(why) = misshapen(column) {
+            let what = format!("column {} is {why}", path.join("."));
+            return Err(Error::Damaged { file: file.to_owned(), offset: None, what });
+        }
         return column.get_fields().iter().try_for_each(|c| check(file, c, &path));
     }
     if column.get_basic_info().converted_type() == ConvertedType::INTERVAL {
@@ -284,6 +288,39 @@ fn check(file: &str, column: &Schema, path: &[&str]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What is wrong with a group column's shape, where the Parquet spec (and the parquet
+/// crate's record reader, which asserts it) says how a LIST or a MAP is nested: a LIST
+/// holds one repeated field, a MAP one repeated group of a key and a value.
+fn misshapen(group: &Schema) -> Option<&'static str> {
+    let fields = group.get_fields();
+    let repeated = |f: &Schema| {
+        f.get_basic_info().has_repetition() && f.get_basic_info().repetition() == Repetition::REPEATED
+    };
+    if fields.is_empty() {
+        return Some("a group of no fields");
+    }
+    if fields.iter().any(|f| !f.get_basic_info().has_repetition()) {
+        return Some("a group with a field of no repetition");
+    }
+    match group.get_basic_info().converted_type() {
+        ConvertedType::LIST if fields.len() != 1 || !repeated(&fields[0]) => {
+            Some("a LIST not of one repeated field")
+        }
+        ConvertedType::LIST if !fields[0].is_primitive() && fields[0].get_fields().is_empty() => {
+            Some("a LIST of an empty group")
+        }
+        ConvertedType::MAP | ConvertedType::MAP_KEY_VALUE
+            if fields.len() != 1
+                || fields[0].is_primitive()
+                || !repeated(&fields[0])
+                || !matches!(fields[0].get_fields().len(), 1 | 2) =>
+        {
+            Some("a MAP not of one repeated group of a key and a value")
+        }
+        _ => None,
+    }
 }
 
 /// Every file must have the first one's columns: a sample's keys do not depend on the

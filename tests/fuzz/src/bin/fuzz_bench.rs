@@ -11,6 +11,7 @@
 //! target/release/fuzz-bench                     # 1,000,000 inputs each target
 //! target/release/fuzz-bench --inputs 10000 --target parquet
 //! target/release/fuzz-bench --target mds --from 123456 --inputs 1   # one input again
+//! target/release/fuzz-bench --target parquet --from 1129 --inputs 1 --save /tmp/repro
 //! ```
 //!
 //! A hang or an allocation past 4 GiB aborts the process with the target's number and
@@ -38,6 +39,10 @@ struct Args {
     /// mds-zstd, mds-gz, mds-snappy, webdataset, webdataset-gnu, parquet, hub-names.
     #[arg(long, value_delimiter = ',')]
     target: Vec<String>,
+    /// Write each input's files under this folder (`TARGET-INPUT/NAME`) instead of
+    /// running them: a reproducer to attach to a report.
+    #[arg(long)]
+    save: Option<std::path::PathBuf>,
 }
 
 fn main() {
@@ -64,6 +69,16 @@ fn main() {
     };
     for (n, target) in fuzz::targets().iter().enumerate().filter(|(_, t)| wanted(t.name)) {
         let seeds = fuzz::seeds(root, target).unwrap();
+        if let Some(save) = &args.save {
+            for input in args.from..args.from + args.inputs {
+                let dir = save.join(format!("{}-{input}", target.name));
+                std::fs::create_dir_all(&dir).unwrap();
+                for (name, data) in fuzz::Mutator::new(n as u64, input).mutate(&seeds) {
+                    std::fs::write(dir.join(name), data).unwrap();
+                }
+            }
+            continue;
+        }
         let tally = fuzz::run(&ALLOC, n, target, &seeds, args.from, args.inputs);
         row(target.name, &tally);
         if !tally.upstream.is_empty() {
@@ -71,7 +86,7 @@ fn main() {
         }
         failures.extend(tally.failures);
     }
-    if wanted("hub-names") {
+    if args.save.is_none() && wanted("hub-names") {
         let tally = fuzz::run_hub(args.from, args.inputs);
         row("hub-names", &tally);
         failures.extend(tally.failures);
