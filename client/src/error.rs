@@ -47,6 +47,15 @@ pub enum Error {
 
 pub use shardcache_serving::report::chain;
 
+/// The message a panic carried (its payload, when text), for an error that reports it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
 /// ` at byte N`, when the byte is known.
 fn at_byte(offset: Option<u64>) -> String {
     offset.map(|at| format!(" at byte {at}")).unwrap_or_default()

@@ -96,11 +96,7 @@ fn to_py(err: Error) -> PyErr {
 /// Exception` does not catch, from a file a DataLoader worker merely read.
 pub(crate) fn no_panic<T>(work: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|payload| {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic".into());
+        let what = shardcache_client::error::panic_message(payload.as_ref());
         let message =
             format!("shardcache failed inside (a bug; please report it with the file read): {what}");
         Python::attach(|py| {

@@ -405,11 +405,7 @@ pub fn decode_group(name: &str, file: &File, g: usize, offset: u64, data: Bytes,
         Ok(out)
     }));
     let out = decoded.unwrap_or_else(|panic| {
-        let why = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let why = crate::error::panic_message(panic.as_ref());
         Err(bad(None, format!("the Parquet decoder failed on its pages ({why})")))
     })?;
     if out.len() as u64 != file.groups[g].rows {
