@@ -6,13 +6,11 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use shardcache_proto::{
     checksum, encoding,
     v1::{
-        Chunk, DatasetInfo, ListDatasetsRequest, ListShardsRequest, ListShardsResponse, ReadRangeRequest,
-        ReadRangesRequest, ShardInfo, StatShardRequest, StreamShardRequest,
-        shard_reader_client::ShardReaderClient,
+        Chunk, DatasetInfo, ListDatasetsRequest, ListShardsRequest, ListShardsResponse, ReadRangesRequest,
+        ShardInfo, StatShardRequest, StreamShardRequest, shard_reader_client::ShardReaderClient,
     },
 };
 use shardcache_proto::{
@@ -24,7 +22,6 @@ use tonic::{
     transport::Channel,
 };
 
-pub use crate::stream::ShardStream;
 use crate::{
     ConnectOptions, Credentials, Error, Result,
     connect::{AuthChannel, connect_channel},
@@ -32,26 +29,14 @@ use crate::{
     routing::{HedgeCounters, HedgePolicy, Router},
     stream::Resume,
 };
+pub use crate::{
+    range::{Range, Verified},
+    stream::ShardStream,
+};
 
 /// Largest response the SDK accepts: the hub's largest `--max-read` (64 MiB) plus room
 /// for per-chunk framing of a `ReadRanges` batch.
 pub const MAX_RESPONSE_BYTES: usize = 80 << 20;
-
-/// Bytes read from a shard, verified.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verified {
-    /// Offset of `data` in the shard.
-    pub offset: u64,
-    pub data: Bytes,
-    /// Version of the shard the bytes belong to.
-    pub version: String,
-    /// CRC32C of `data`, checked (a spoke stores and serves it on without reading the
-    /// bytes again).
-    pub crc32c: u32,
-    /// Bytes the message took on the link: `data`'s length, or less where it came
-    /// compressed (`shardcache_proto::encoding`).
-    pub wire_len: u64,
-}
 
 /// A listing, and whether it may be out of date or incomplete: a spoke answers from
 /// what it has cached when its hub cannot answer
@@ -71,33 +56,6 @@ fn is_stale<T>(response: &tonic::Response<T>) -> bool {
 /// owner no race: `shardcache_proto::hedge::RELAYED_HEADER`).
 fn is_relayed<T>(response: &tonic::Response<T>) -> bool {
     response.metadata().get(shardcache_proto::hedge::RELAYED_HEADER).is_some()
-}
-
-/// One range of a [`Client::read_ranges`] batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Range {
-    pub dataset: String,
-    pub shard: String,
-    pub offset: u64,
-    pub length: u64,
-    /// When set, the read fails with ABORTED unless the shard is still at this version.
-    pub expected_version: Option<String>,
-}
-
-impl Range {
-    pub fn new(dataset: impl Into<String>, shard: impl Into<String>, offset: u64, length: u64) -> Self {
-        Self { dataset: dataset.into(), shard: shard.into(), offset, length, expected_version: None }
-    }
-
-    fn to_request(&self) -> ReadRangeRequest {
-        ReadRangeRequest {
-            dataset: self.dataset.clone(),
-            shard: self.shard.clone(),
-            offset: self.offset,
-            length: self.length,
-            expected_version: self.expected_version.clone().unwrap_or_default(),
-        }
-    }
 }
 
 /// One server of a client: a hub, a spoke, or a member of a group of spokes.

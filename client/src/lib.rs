@@ -25,6 +25,7 @@ pub mod connect;
 pub mod control;
 pub mod error;
 pub mod members;
+pub mod range;
 pub mod routing;
 pub mod samples;
 pub mod stream;

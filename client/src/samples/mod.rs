@@ -24,6 +24,7 @@
 
 mod batch;
 pub mod budget;
+mod decoded;
 mod fetch;
 pub mod gpt;
 pub mod mds;
@@ -129,14 +130,6 @@ pub struct SampleIndex {
     columns: Option<Vec<mds::Column>>,
     /// What the index and the values decoded from its files may hold.
     budget: Budget,
-}
-
-/// A decoding task that did not finish (it panicked: a bug, reported as an error, never
-/// as a crash of the trainer).
-fn panicked(file: &str, doing: &str, e: tokio::task::JoinError) -> Error {
-    Error::Config(format!(
-        "{file}: {doing} failed inside shardcache (a bug; please report it with the file): {e}"
-    ))
 }
 
 /// A damaged file of `dataset`: [`Error::Damaged`] naming it, the byte where it goes
@@ -349,66 +342,6 @@ impl SampleIndex {
         decoded.collect()
     }
 
-    /// Parquet rows: the row groups not kept decoded read in one batch and decoded off
-    /// the runtime's threads, side by side.
-    async fn read_rows<F: Fetch>(&self, client: &F, samples: &[(usize, u64)]) -> Result<Vec<Arc<Fields>>> {
-        let Layout::Rows { files, decoded } = &self.layout else { return Err(self.rows_are_values()) };
-        let needed = parquet::groups_of(files, &self.dataset, samples)?;
-        let mut have = decoded.find(&needed);
-        let missing: Vec<(usize, usize)> =
-            needed.iter().copied().filter(|key| !have.iter().any(|(k, _)| k == key)).collect();
-        // What the row groups will take decoded, taken from the budget before they are
-        // read: the values kept that this read does not need let go first when short.
-        let mut held = Vec::with_capacity(missing.len());
-        for &(s, g) in &missing {
-            let what = || format!("decoding {}/{} row group {g}", self.dataset, self.shards[s]);
-            let bytes = parquet::decoded_bytes(&files[s], g);
-            held.push(self.budget.take(bytes, what).or_else(|_| {
-                decoded.shed(&needed);
-                self.budget.take(bytes, what)
-            })?);
-        }
-        let ranges = missing.iter().map(|&(s, g)| {
-            let (offset, length) = parquet::group_at(&files[s], g);
-            self.range(s, offset, length)
-        });
-        let data = client.fetch(ranges.collect()).await?;
-        let decoding: Vec<_> = missing
-            .iter()
-            .zip(data)
-            .zip(held)
-            .map(|((&(s, g), bytes), held)| {
-                let (file, name) = (files[s].clone(), format!("{}/{}", self.dataset, self.shards[s]));
-                tokio::task::spawn_blocking(move || {
-                    parquet::decode_group(&name, &file, g, parquet::group_at(&file, g).0, bytes, held)
-                })
-            })
-            .collect();
-        // Every task awaited, the first error kept: none goes on decoding (or holding its
-        // budget) after the read that started it has failed.
-        let mut failed = None;
-        for (&(s, g), done) in missing.iter().zip(decoding) {
-            let shard = format!("{}/{}", self.dataset, self.shards[s]);
-            match done.await.map_err(|e| panicked(&shard, &format!("decoding row group {g}"), e)) {
-                Ok(Ok(rows)) => have.push(((s, g), Arc::new(rows))),
-                Ok(Err(e)) | Err(e) => failed = failed.or(Some(e)),
-            }
-        }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        decoded.keep(&have);
-        samples
-            .iter()
-            .map(|&(s, k)| {
-                let (g, r) = parquet::locate(files, s, k).ok_or_else(|| self.rows_are_values())?;
-                let (_, rows) =
-                    have.iter().find(|(key, _)| *key == (s, g)).ok_or_else(|| self.rows_are_values())?;
-                rows.rows.get(r as usize).cloned().ok_or_else(|| self.rows_are_values())
-            })
-            .collect()
-    }
-
     /// The key and field names of sample `k` of `shard` (WebDataset), in the order
     /// [`SampleIndex::pieces`] gives their bytes.
     pub fn fields(&self, shard: usize, k: u64) -> Option<(&str, Vec<&str>)> {
@@ -535,69 +468,6 @@ impl SampleIndex {
             Range::new(self.dataset.clone(), self.shards[shard].clone(), offset, length),
             &self.versions[shard],
         )
-    }
-
-    /// Samples of compressed shards: the shards not kept decompressed fetched whole (one
-    /// batch) and decompressed off the runtime's threads.
-    async fn read_packed<F: Fetch>(&self, client: &F, samples: &[(usize, u64)]) -> Result<Vec<Bytes>> {
-        let Layout::Packed { counts, sizes, raw, unpacked } = &self.layout else { return Ok(Vec::new()) };
-        let mut needed: Vec<usize> = Vec::new();
-        for &(shard, k) in samples {
-            if counts.get(shard).is_none_or(|&c| k >= c) {
-                return Err(Error::Config(format!("no sample {k} in shard {shard} of {:?}", self.dataset)));
-            }
-            if !needed.contains(&shard) {
-                needed.push(shard);
-            }
-        }
-        let mut have: std::collections::HashMap<usize, Arc<mds::Unpacked>> =
-            unpacked.find(&needed).into_iter().collect();
-        let missing: Vec<usize> = needed.iter().copied().filter(|s| !have.contains_key(s)).collect();
-        // What they decompress to, taken from the budget before they are read (the kept
-        // shards this read does not need let go first when short): a decompression stops
-        // at what index.json said, which the budget has room for.
-        let mut held = Vec::with_capacity(missing.len());
-        for &s in &missing {
-            let what = || format!("decompressing {}/{}", self.dataset, self.shards[s]);
-            held.push(self.budget.take(raw[s].bytes, what).or_else(|_| {
-                unpacked.shed(&needed);
-                self.budget.take(raw[s].bytes, what)
-            })?);
-        }
-        let files = missing.iter().map(|&s| self.range(s, 0, sizes[s]));
-        let files = client.fetch(files.collect()).await?;
-        // Every missing shard decompressed at once, side by side, then taken in turn.
-        let unpacking: Vec<_> = missing
-            .iter()
-            .zip(files)
-            .zip(held)
-            .map(|((&shard, zipped), held)| {
-                let (dataset, raw) = (self.dataset.clone(), raw[shard].clone());
-                tokio::task::spawn_blocking(move || mds::unpack(&dataset, &raw, &zipped, held))
-            })
-            .collect();
-        // Every task awaited, the first error kept (as for row groups).
-        let mut failed = None;
-        for (&shard, done) in missing.iter().zip(unpacking) {
-            let name = format!("{}/{}", self.dataset, self.shards[shard]);
-            match done.await.map_err(|e| panicked(&name, "decompressing", e)) {
-                Ok(Ok(unpacked)) => drop(have.insert(shard, Arc::new(unpacked))),
-                Ok(Err(e)) | Err(e) => failed = failed.or(Some(e)),
-            }
-        }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        unpacked.keep(&needed.iter().map(|s| (*s, have[s].clone())).collect::<Vec<_>>());
-        Ok(samples
-            .iter()
-            .map(|&(shard, k)| {
-                let unpacked = &have[&shard];
-                // Checked when unpacked: sorted, within the data, one more than the count.
-                let (start, end) = (unpacked.bounds[k as usize], unpacked.bounds[k as usize + 1]);
-                unpacked.data.slice(start as usize..end as usize)
-            })
-            .collect())
     }
 
     /// The bytes of `samples` ((shard, k) each), in order, verified; batched into as few
