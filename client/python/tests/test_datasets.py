@@ -1,11 +1,15 @@
 """Map-style and streaming datasets: every record exactly once per epoch across 2 ranks x
 3 workers, deterministic order per (seed, epoch), exact resume, the right bytes."""
 
+import itertools
+import random
+import tracemalloc
+
 import numpy as np
 import pytest
 
 import shardcache
-from conftest import RECORD, RECORDS_PER_SHARD, SHARDS
+from conftest import RECORD, RECORDS_PER_SHARD, SHARDS, binary, start
 
 TOTAL = SHARDS * RECORDS_PER_SHARD
 
@@ -222,3 +226,51 @@ def test_a_dataloader_with_another_batch_size_is_refused_with_the_fix(spoke):
     # The same batch size, or none (records one by one), is taken.
     assert len(next(iter(torch.utils.data.DataLoader(streaming(spoke, batch_size=4), batch_size=4)))) == 4
     assert next(iter(torch.utils.data.DataLoader(streaming(spoke, batch_size=4), batch_size=None))).shape == (4096,)
+
+
+def listed_order(units, seed, epoch, shard_block):
+    """The epoch order as versions before shardcache.order listed it, whole."""
+    picked = list(range(len(units)))
+    random.Random(f"shardcache:{seed}:{epoch}").shuffle(picked)
+    order = []
+    for start in range(0, len(picked), shard_block):
+        inside = [(s, first + k) for s, first, count in (units[u] for u in picked[start:start + shard_block])
+                  for k in range(count)]
+        random.Random(f"shardcache:{seed}:{epoch}:block{start}").shuffle(inside)
+        order.extend(inside)
+    return order
+
+
+def test_the_computed_order_is_the_one_earlier_versions_listed(spoke):
+    # A state saved by an earlier version resumes in the same order.
+    units = [(s, 0, RECORDS_PER_SHARD) for s in range(SHARDS)]
+    for epoch, block in ((3, 2), (0, 4), (7, 1)):
+        assert streaming(spoke, epoch=epoch, shard_block=block).epoch_order() == listed_order(units, 11, epoch, block)
+
+
+def test_a_huge_epoch_is_computed_not_listed(tmp_path):
+    # 2^28 records of 4 KiB in one sparse 1 TiB file: listed as pairs, the epoch order
+    # alone would take ~30 GiB in every worker. Through a hub (which takes no plan, so
+    # the plan is computed and then declined).
+    (tmp_path / "huge").mkdir()
+    with open(tmp_path / "huge" / "shard-00000.bin", "wb") as f:
+        f.truncate(1 << 40)
+    proc, addr = start([binary("hub-server"), "--root", str(tmp_path), "--listen", "127.0.0.1:0"],
+                       "hub-server listening on ")
+    try:
+        tracemalloc.start()
+        ds = shardcache.StreamingShardDataset(
+            f"http://{addr}", "huge", batch_size=8, record_size=4096, rank=1, world_size=2, prefetch=False
+        )
+        assert len(ds) == 1 << 27
+        first = list(itertools.islice(iter(ds), 16))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert len(first) == 16 and all(a.shape == (1024,) and not a.any() for a in first)
+        assert peak < 64 << 20, f"{peak} bytes of Python memory for the first batches"
+        # Rank 1's first positions, spread over the whole file by the computed shuffle.
+        items = list(itertools.islice(ds.iter_indices(), 1000))
+        assert len(set(items)) == 1000 and max(r for _, r in items) > (1 << 27)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -24,7 +24,9 @@ How :class:`StreamingShardDataset` orders and splits an epoch:
    shards at a time (what a read-through cache and its prefetch like), and the order is
    the same in every process that has the same ``(seed, epoch)``. ``shard_block=1``
    reads shard after shard. A Parquet file's unit is its row group, not the file (a row
-   group is read and decoded whole: a block of files would mix hundreds of them).
+   group is read and decoded whole: a block of files would mix hundreds of them). The
+   order is computed a position at a time, never listed (:mod:`shardcache.order`): an
+   epoch of billions of samples costs each worker its blocks, not its samples.
 2. *Ranks*: record ``k`` of the epoch order goes to rank ``k % world_size``.
 3. *Resume*: a state records ``sample_in_epoch``, the records of the epoch order all
    ranks have consumed together (each rank's count times the world size: with rank
@@ -40,13 +42,18 @@ How :class:`StreamingShardDataset` orders and splits an epoch:
 """
 
 import bisect
+import itertools
 import os
-import random
 import sys
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ._native import Client, ShardcacheError
+from .order import EpochOrder
+
+# Samples of a worker's share a plan follows one by one; past them, block by block (a
+# plan of the whole share of a huge epoch would take as long as reading its order).
+PLANNED_SAMPLES = 1 << 16
 
 try:  # numpy is optional: without it records are bytes
     import numpy as _np
@@ -386,48 +393,36 @@ class StreamingShardDataset(_IterableBase):
         total = self._records.total
         return total // self.world_size + (1 if self.rank < total % self.world_size else 0)
 
-    def _shard_order(self, items: List[Tuple[int, int]]) -> List[str]:
-        """The shards of ``items`` in the order of their first read."""
-        names = self._records.shards
-        seen: Dict[int, None] = {}
-        for shard, _ in items:
-            seen.setdefault(shard, None)
-        return [names[shard] for shard in seen]
-
     def _job(self) -> str:
         return self.job or f"{self._records.dataset}:{self.seed}"
 
-    def _plan_epoch(self, items: List[Tuple[int, int]]) -> Tuple[List[str], List[int]]:
-        """The plan of reading ``items``: shards in the order of their first read, and
-        for each the index of the last shard first read before its own last read."""
-        index: Dict[int, int] = {}
-        order: List[int] = []
-        until: List[int] = []
-        for shard, _ in items:
-            at = index.get(shard)
-            if at is None:
-                index[shard] = len(order)
-                order.append(shard)
-                until.append(len(order) - 1)
-            else:
-                until[at] = len(order) - 1
-        names = self._records.shards
-        return [names[s] for s in order], until
+    def _order(self, epoch: Optional[int] = None) -> EpochOrder:
+        epoch = self.epoch if epoch is None else epoch
+        return EpochOrder(self._records.units, self.seed, epoch, self.shuffle, self.shard_block)
 
-    def _send_plan(self, todo: List[Tuple[int, int]], worker_id: int, num_workers: int) -> bool:
+    def _positions(self, order: EpochOrder, worker_id: int, num_workers: int, fresh: bool = False) -> Iterator[int]:
+        """This worker's positions of ``order``: from where this run stands, or from the
+        start of the epoch (``fresh``: the next epoch's)."""
+        base, consumed = (0, 0) if fresh else (self.base, self.consumed)
+        return order.positions(base, self.rank, self.world_size, consumed, self.batch_size, worker_id, num_workers)
+
+    def _plan(self, order: EpochOrder, positions: Iterator[int]) -> Tuple[List[str], List[int]]:
+        """The plan of reading ``positions``: shards in the order of their first read, and
+        for each the index of the last shard first read before its own last read."""
+        shards, until = order.plan(positions, PLANNED_SAMPLES)
+        names = self._records.shards
+        return [names[s] for s in shards], until
+
+    def _send_plan(self, worker_id: int, num_workers: int) -> bool:
         """Sends this worker's plan for the rest of this epoch and the next; returns
         whether the spoke took it."""
-        epoch, base, consumed = self.epoch, self.base, self.consumed
-        try:
-            self.epoch, self.base, self.consumed = epoch + 1, 0, 0
-            after = self.indices(worker_id, num_workers)
-        finally:
-            self.epoch, self.base, self.consumed = epoch, base, consumed
+        now_order, then_order = self._order(), self._order(self.epoch + 1)
+        now, now_until = self._plan(now_order, self._positions(now_order, worker_id, num_workers))
+        then, then_until = self._plan(then_order, self._positions(then_order, worker_id, num_workers, fresh=True))
         records = self._records
-        (now, now_until), (then, then_until) = self._plan_epoch(todo), self._plan_epoch(after)
         try:
             job = f"{self._job()}/rank{self.rank}/worker{worker_id}"
-            records.client.set_plan(job, epoch, records.dataset, [now, then], [now_until, then_until])
+            records.client.set_plan(job, self.epoch, records.dataset, [now, then], [now_until, then_until])
             return True
         except ShardcacheError as error:
             # A plan is a hint: without it the spoke evicts least recently used. A server
@@ -437,31 +432,20 @@ class StreamingShardDataset(_IterableBase):
             return False
 
     def epoch_order(self) -> List[Tuple[int, int]]:
-        """(shard number, record number) of every record, in this epoch's order."""
-        records = self._records
-        units = list(range(len(records.units)))
-        rng = random.Random(f"shardcache:{self.seed}:{self.epoch}")
-        if self.shuffle:
-            rng.shuffle(units)
-        order = []
-        for start in range(0, len(units), self.shard_block):
-            block = [records.units[u] for u in units[start : start + self.shard_block]]
-            inside = [(shard, first + k) for shard, first, count in block for k in range(count)]
-            if self.shuffle:
-                random.Random(f"shardcache:{self.seed}:{self.epoch}:block{start}").shuffle(inside)
-            order.extend(inside)
-        return order
+        """(shard number, record number) of every record, in this epoch's order, as a
+        list (to look at; iterating the dataset never lists the order: see
+        :mod:`shardcache.order`)."""
+        return list(self._order())
+
+    def iter_indices(self, worker_id: int = 0, num_workers: int = 1) -> Iterator[Tuple[int, int]]:
+        """The records worker ``worker_id`` of ``num_workers`` reads, in order, computed
+        one at a time."""
+        order = self._order()
+        return order.items(self._positions(order, worker_id, num_workers))
 
     def indices(self, worker_id: int = 0, num_workers: int = 1) -> List[Tuple[int, int]]:
-        """The records worker ``worker_id`` of ``num_workers`` reads, in order."""
-        mine = self.epoch_order()[self.base :][self.rank :: self.world_size][self.consumed :]
-        blocks = range(0, len(mine), self.batch_size)
-        return [
-            item
-            for b, start in enumerate(blocks)
-            if b % num_workers == worker_id
-            for item in mine[start : start + self.batch_size]
-        ]
+        """:meth:`iter_indices` as a list."""
+        return list(self.iter_indices(worker_id, num_workers))
 
     def __iter__(self) -> Iterator[Any]:
         loader_batch = _loader_batch_size()
@@ -476,11 +460,18 @@ class StreamingShardDataset(_IterableBase):
             self.base, self.consumed = 0, 0
         self._iterated, self._chosen = True, False
         worker_id, num_workers = _worker()
-        todo = self.indices(worker_id, num_workers)
         records = self._records
         records.client.set_job(self._job(), self.epoch)
-        planned = bool(self.plan and todo) and self._send_plan(todo, worker_id, num_workers)
-        if self.prefetch and todo and not planned:
-            records.client.prefetch(records.dataset, self._shard_order(todo), wait=False)
-        for start in range(0, len(todo), self.read_batch):
-            yield from records.load(todo[start : start + self.read_batch])
+        order = self._order()
+        if next(self._positions(order, worker_id, num_workers), None) is None:
+            return  # nothing left for this worker this epoch
+        planned = self.plan and self._send_plan(worker_id, num_workers)
+        if self.prefetch and not planned:
+            shards, _ = self._plan(order, self._positions(order, worker_id, num_workers))
+            records.client.prefetch(records.dataset, shards, wait=False)
+        items = order.items(self._positions(order, worker_id, num_workers))
+        while True:
+            batch = list(itertools.islice(items, self.read_batch))
+            if not batch:
+                return
+            yield from records.load(batch)

@@ -1,0 +1,208 @@
+"""The epoch order of :class:`~shardcache.StreamingShardDataset`, computed a position at a
+time and never listed whole.
+
+A dataset's claims are checked against its files' bytes, but a valid dataset may still
+hold billions of samples: an epoch order listed as Python pairs would take ~100 bytes
+each in every DataLoader worker. Here the order is its blocks (a few numbers each) and
+one block's inner shuffle at a time:
+
+- a block of at most :data:`LISTED_BLOCK` samples is shuffled as a list of its positions
+  (``random.Random(f"shardcache:{seed}:{epoch}:block{first unit}")``, an ``array`` of 8
+  bytes a position): the order earlier versions listed, so a state saved by one resumes
+  in the same order;
+- a larger block is shuffled by a permutation computed per position (a Feistel network
+  over the next power of four, cycle-walking the values past the block back in: Black &
+  Rogaway's cipher on an arbitrary domain), in constant memory.
+
+A worker walks only its own positions (``base + rank + world_size * j``), so each
+worker's cost is its share of the epoch, not the epoch.
+"""
+
+import array
+import bisect
+import hashlib
+import random
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+# Samples a block may have and still be shuffled as a list (8 MiB of positions).
+LISTED_BLOCK = 1 << 20
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a 64-bit value whose every bit depends on every bit of x."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+class Permutation:
+    """A bijection of ``range(n)`` keyed by a string, computed per position."""
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, key: str):
+        self.n = n
+        bits = max(2, (n - 1).bit_length())
+        bits += bits & 1  # two equal halves: the domain is at most 4n
+        self.half = bits // 2
+        self.mask = (1 << self.half) - 1
+        digest = hashlib.blake2b(key.encode(), digest_size=8 * self.ROUNDS).digest()
+        self.keys = [int.from_bytes(digest[8 * r : 8 * r + 8], "little") for r in range(self.ROUNDS)]
+
+    def _encrypt(self, x: int) -> int:
+        left, right = x >> self.half, x & self.mask
+        for key in self.keys:
+            left, right = right, left ^ (_mix(right ^ key) & self.mask)
+        return (left << self.half) | right
+
+    def __call__(self, position: int) -> int:
+        if not 0 <= position < self.n:
+            raise IndexError(f"position {position} is outside 0..{self.n}")
+        x = self._encrypt(position)
+        while x >= self.n:  # cycle-walking: at most a few steps, the domain being < 4n
+            x = self._encrypt(x)
+        return x
+
+
+class _Block:
+    """One block of units: where its samples start in the epoch, and their inner order."""
+
+    def __init__(self, start: int, units: List[Tuple[int, int, int]], key: Optional[str]):
+        self.start = start
+        self.units = units
+        self.ends: List[int] = []
+        total = 0
+        for _, _, count in units:
+            total += count
+            self.ends.append(total)
+        self.size = total
+        self.key = key  # None: not shuffled
+        self._order: Optional[Sequence[int]] = None
+
+    def position(self, k: int) -> int:
+        """The block's sample (0..size, in unit order) at place ``k`` of its order."""
+        if self.key is None:
+            return k
+        if self._order is None:
+            if self.size <= LISTED_BLOCK:
+                order = array.array("q", range(self.size))
+                random.Random(self.key).shuffle(order)
+                self._order = order
+            else:
+                self._order = _Computed(Permutation(self.size, self.key))
+        return self._order[k]
+
+    def item(self, k: int) -> Tuple[int, int]:
+        """(shard, sample) at place ``k`` of this block's order."""
+        sample = self.position(k)
+        u = bisect.bisect_right(self.ends, sample)
+        shard, first, count = self.units[u]
+        return shard, first + sample - (self.ends[u] - count)
+
+    def release(self) -> None:
+        self._order = None
+
+
+class _Computed:
+    def __init__(self, permutation: Permutation):
+        self.permutation = permutation
+
+    def __getitem__(self, k: int) -> int:
+        return self.permutation(k)
+
+
+class EpochOrder:
+    """The order of one epoch: units ``(shard, first sample, samples)`` shuffled by
+    ``(seed, epoch)``, cut into blocks of ``shard_block`` units, each block's samples
+    shuffled together (a block shuffle, as MosaicML Streaming's ``py1b``)."""
+
+    def __init__(self, units: Sequence[Tuple[int, int, int]], seed: int, epoch: int, shuffle: bool, shard_block: int):
+        picked = list(range(len(units)))
+        if shuffle:
+            random.Random(f"shardcache:{seed}:{epoch}").shuffle(picked)
+        self.blocks: List[_Block] = []
+        self.starts: List[int] = []
+        total = 0
+        for first in range(0, len(picked), shard_block):
+            key = f"shardcache:{seed}:{epoch}:block{first}" if shuffle else None
+            block = _Block(total, [units[u] for u in picked[first : first + shard_block]], key)
+            self.blocks.append(block)
+            self.starts.append(total)
+            total += block.size
+        self.size = total
+        self._current: Optional[_Block] = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _block(self, position: int) -> _Block:
+        block = self.blocks[bisect.bisect_right(self.starts, position) - 1]
+        if block is not self._current:
+            if self._current is not None:
+                self._current.release()  # one block's inner order held at a time
+            self._current = block
+        return block
+
+    def __getitem__(self, position: int) -> Tuple[int, int]:
+        if not 0 <= position < self.size:
+            raise IndexError(f"position {position} is outside 0..{self.size}")
+        block = self._block(position)
+        return block.item(position - block.start)
+
+    def __iter__(self) -> Iterator[Tuple[int, int]]:
+        return (self[p] for p in range(self.size))
+
+    def positions(self, base: int, rank: int, world_size: int, consumed: int, batch_size: int,
+                  worker_id: int, num_workers: int) -> Iterator[int]:
+        """The epoch positions worker ``worker_id`` of rank ``rank`` reads, in order:
+        past ``base``, every ``world_size``-th from ``rank``, past this rank's
+        ``consumed``, in runs of ``batch_size`` dealt to the workers in turn."""
+        j = consumed + worker_id * batch_size
+        stride = num_workers * batch_size
+        while True:
+            for jj in range(j, j + batch_size):
+                p = base + rank + world_size * jj
+                if p >= self.size:
+                    return
+                yield p
+            j += stride
+
+    def items(self, positions: Iterator[int]) -> Iterator[Tuple[int, int]]:
+        return (self[p] for p in positions)
+
+    def plan(self, positions: Iterator[int], listed_up_to: int) -> Tuple[List[int], List[int]]:
+        """The shards read at ``positions`` in the order of their first read, and for each
+        the index (in that list) of the last shard first read before its own last read.
+        Past ``listed_up_to`` positions it is read from the blocks (every shard of a block
+        read until the block's last new shard), so a plan of a huge share costs its blocks."""
+        index: Dict[int, int] = {}
+        order: List[int] = []
+        until: List[int] = []
+
+        def read(shard: int) -> None:
+            at = index.get(shard)
+            if at is None:
+                index[shard] = len(order)
+                order.append(shard)
+                until.append(len(order) - 1)
+            else:
+                until[at] = len(order) - 1
+
+        for n, p in enumerate(positions):
+            if n == listed_up_to:
+                self._plan_blocks(p, read, until, index)
+                break
+            read(self[p][0])
+        return order, until
+
+    def _plan_blocks(self, position: int, read, until: List[int], index: Dict[int, int]) -> None:
+        first = bisect.bisect_right(self.starts, position) - 1
+        for block in self.blocks[first:]:
+            shards = list(dict.fromkeys(shard for shard, _, _ in block.units))
+            for shard in shards:
+                read(shard)
+            last = len(until) - 1
+            for shard in shards:
+                until[index[shard]] = max(until[index[shard]], last)
