@@ -1,5 +1,6 @@
 //! The memory a reader may hold for what it makes from a dataset's files: the index's
-//! entries, decompressed MDS shards, decoded Parquet row groups. One bound per
+//! entries, decompressed MDS shards, decoded Parquet row groups, the tar headers a walk
+//! holds. One bound per
 //! [`SampleIndex`](super::SampleIndex) (`SHARDCACHE_MEMORY_BUDGET`, Python
 //! `Client.samples(memory_budget=...)`), taken before anything is allocated for a number a
 //! file gave: no file can push a reader past it, and a decompression stops at what it
@@ -66,12 +67,9 @@ impl Budget {
     /// `bytes` taken for `what` (a person's words: "decompressing ds/shard.mds"), or
     /// [`Error::OverBudget`] when they do not fit beside what is held.
     pub fn take(&self, bytes: u64, what: impl FnOnce() -> String) -> Result<Held> {
-        let taken = self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-            used.checked_add(bytes).filter(|&total| total <= self.limit)
-        });
-        match taken {
-            Ok(_) => Ok(Held { bytes, used: self.used.clone() }),
-            Err(_) => Err(Error::OverBudget { what: what(), needed: bytes, budget: self.limit }),
+        match reserve(&self.used, self.limit, bytes) {
+            true => Ok(Held { bytes, limit: self.limit, used: self.used.clone() }),
+            false => Err(Error::OverBudget { what: what(), needed: bytes, budget: self.limit }),
         }
     }
 
@@ -88,7 +86,36 @@ impl Budget {
 #[derive(Debug)]
 pub struct Held {
     bytes: u64,
+    limit: u64,
     used: Arc<AtomicU64>,
+}
+
+impl Held {
+    /// Holds `bytes` from now on: the difference taken (or [`Error::OverBudget`], holding
+    /// what it held), or given back. For a buffer that grows and shrinks as it is read.
+    pub fn resize(&mut self, bytes: u64, what: impl FnOnce() -> String) -> Result<()> {
+        if bytes <= self.bytes {
+            self.used.fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+            self.bytes = bytes;
+            return Ok(());
+        }
+        let more = bytes - self.bytes;
+        match reserve(&self.used, self.limit, more) {
+            true => {
+                self.bytes = bytes;
+                Ok(())
+            }
+            false => Err(Error::OverBudget { what: what(), needed: more, budget: self.limit }),
+        }
+    }
+}
+
+/// Adds `more` to `used` if the total stays within `limit`; whether it did.
+fn reserve(used: &AtomicU64, limit: u64, more: u64) -> bool {
+    used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+        used.checked_add(more).filter(|&t| t <= limit)
+    })
+    .is_ok()
 }
 
 impl Drop for Held {
@@ -126,6 +153,21 @@ mod tests {
         assert_eq!(budget.used(), 0);
         let _b = budget.take(100, || "b".into()).unwrap();
         assert_eq!(budget.used(), 100);
+    }
+
+    #[test]
+    fn a_held_buffer_grows_within_the_limit_and_gives_back_as_it_shrinks() {
+        let budget = Budget::new(100);
+        let mut held = budget.take(10, || "walk".into()).unwrap();
+        held.resize(70, || "walk".into()).unwrap();
+        assert_eq!(budget.used(), 70);
+        let err = held.resize(101, || "walk".into()).unwrap_err();
+        assert!(matches!(err, Error::OverBudget { needed: 31, .. }), "{err}");
+        assert_eq!(budget.used(), 70, "a refused growth holds what it held");
+        held.resize(5, || "walk".into()).unwrap();
+        assert_eq!(budget.used(), 5);
+        drop(held);
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -182,7 +182,7 @@ impl SampleIndex {
                 megatron::open_gpt(fetch, dataset, listed, *seq_len, *seed, *num_samples, &budget).await?
             }
             Format::Mds => mds::open(fetch, dataset, listed, &budget).await?,
-            Format::WebDataset => webdataset::open(fetch, dataset, listed).await?,
+            Format::WebDataset => webdataset::open(fetch, dataset, listed, &budget).await?,
             Format::Parquet => parquet::open(fetch, dataset, listed, &budget).await?,
             Format::Tokens { seq_len, dtype } => {
                 tokens::open(fetch, dataset, listed, *seq_len, dtype).await?

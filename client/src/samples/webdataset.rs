@@ -26,8 +26,8 @@ use crate::{Error, Result};
 pub const WALKS: usize = 16;
 const BLOCK: u64 = 512;
 /// The longest name (GNU `L`) or pax record set an entry may have: a header is held
-/// whole until parsed, so this bounds what a walk holds ([`WALKS`] at a time). libarchive
-/// refuses pax headers over 1 MiB too; a real name is at most PATH_MAX (4 KiB).
+/// whole until parsed (taken from the reader's budget). libarchive refuses pax headers
+/// over 1 MiB too; a real name is at most PATH_MAX (4 KiB).
 pub const MAX_EXTENSION: u64 = 1 << 20;
 
 /// One sample: its key and its fields' (name, offset, length) in the shard.
@@ -68,7 +68,12 @@ enum Step {
 
 /// The samples of every `.tar` of `listed`; `client` reads as the epoch will (not
 /// marked as index reads: the walk reads every byte, which the epoch reads again).
-pub async fn open<F: Fetch>(client: &F, dataset: &str, listed: &[ShardInfo]) -> Result<SampleIndex> {
+pub async fn open<F: Fetch>(
+    client: &F,
+    dataset: &str,
+    listed: &[ShardInfo],
+    budget: &Budget,
+) -> Result<SampleIndex> {
     let tars: Vec<&ShardInfo> = listed.iter().filter(|s| s.shard.ends_with(".tar")).collect();
     if tars.is_empty() {
         return Err(Error::Config(format!("dataset {dataset:?} has no .tar shards")));
@@ -76,7 +81,7 @@ pub async fn open<F: Fetch>(client: &F, dataset: &str, listed: &[ShardInfo]) -> 
     // Owned shards: a closure over borrowed ones makes a future rustc cannot prove Send
     // for every lifetime (the Python binding runs it on the runtime).
     let owned: Vec<ShardInfo> = tars.iter().map(|&tar| tar.clone()).collect();
-    let walks = futures::stream::iter(owned.into_iter().map(|tar| walk(client, dataset, tar)));
+    let walks = futures::stream::iter(owned.into_iter().map(|tar| walk(client, dataset, tar, budget)));
     let members: Vec<Vec<Member>> = walks.buffered(WALKS).try_collect().await?;
     let mut groups = Vec::with_capacity(tars.len());
     for (tar, members) in tars.iter().zip(&members) {
@@ -89,15 +94,17 @@ pub async fn open<F: Fetch>(client: &F, dataset: &str, listed: &[ShardInfo]) -> 
         layout: Layout::Groups(groups),
         dtype: None,
         columns: None,
-        budget: Budget::default(),
+        budget: budget.clone(),
     })
 }
 
 /// The members of `tar`, its headers parsed from one stream of it (at its listed
-/// version); only a header not yet whole is held, the members' bytes pass by.
-async fn walk<F: Fetch>(client: &F, dataset: &str, tar: ShardInfo) -> Result<Vec<Member>> {
+/// version); only a header not yet whole is held, the members' bytes pass by. What is
+/// held is taken from `budget` before it is copied.
+async fn walk<F: Fetch>(client: &F, dataset: &str, tar: ShardInfo, budget: &Budget) -> Result<Vec<Member>> {
     let (mut walk, mut held, mut held_at) = (Walk::default(), BytesMut::new(), 0u64);
     let name = format!("{dataset}/{}", tar.shard);
+    let mut holding = budget.take(0, String::new)?;
     let headers = |held: &BytesMut, held_at: u64, walk: &mut Walk| -> Result<()> {
         // Every header the held bytes hold whole.
         while !walk.done {
@@ -133,6 +140,8 @@ async fn walk<F: Fetch>(client: &F, dataset: &str, tar: ShardInfo) -> Result<Vec
                 } else {
                     0 // the held header's rest: this chunk follows it
                 };
+                let keep = (held.len() + data.len()) as u64 - skip;
+                holding.resize(keep, || format!("walking the tar headers of {name}"))?;
                 held.extend_from_slice(&data[skip as usize..]);
                 headers(&held, held_at, &mut walk)?;
                 Ok(!walk.done)
@@ -289,7 +298,10 @@ fn group(dataset: &str, shard: &str, members: &[Member]) -> Result<Vec<Group>> {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
+    use crate::samples::{Files, Format};
 
     #[test]
     fn names_split_into_keys_and_fields_as_webdataset_does() {
@@ -322,5 +334,57 @@ mod tests {
         let mut walk = Walk::default();
         let err = header("x.tar", &mut walk, &block, 4096).err().expect("refused");
         assert!(err.to_string().contains("past the end of the file"), "{err}");
+    }
+
+    /// A ustar header block for `name`, of `size` bytes and `kind`.
+    fn tar_header(name: &str, size: usize, kind: u8) -> Vec<u8> {
+        let mut block = vec![0u8; 512];
+        block[..name.len()].copy_from_slice(name.as_bytes());
+        block[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+        block[156] = kind;
+        block[257..263].copy_from_slice(b"ustar\0");
+        let sum: u64 = block.iter().map(|&b| u64::from(b)).sum::<u64>() + 8 * 32;
+        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        block
+    }
+
+    #[tokio::test]
+    async fn the_headers_a_walk_holds_are_taken_from_the_budget() {
+        // A 900 KiB pax record (under the 1 MiB a header may have), then one sample.
+        let value = "a".repeat(900 << 10);
+        let mut record = format!(" comment={value}\n");
+        record = format!("{}{record}", record.len() + (record.len() + 7).to_string().len());
+        let mut tar = tar_header("pax", record.len(), b'x');
+        tar.extend_from_slice(record.as_bytes());
+        tar.resize(tar.len().next_multiple_of(512), 0);
+        tar.extend(tar_header("0001.txt", 3, b'0'));
+        tar.extend_from_slice(b"hi\n");
+        tar.resize(tar.len().next_multiple_of(512) + 1024, 0);
+        assert!(pax(&tar[512..512 + record.len()]).is_ok(), "the record is well formed");
+        let files = Files::new([("a.tar".to_owned(), Bytes::from(tar))]);
+        let open = |limit| {
+            let budget = Budget::new(limit);
+            let files = &files;
+            async move {
+                let index = SampleIndex::open_listed(
+                    files,
+                    "ds",
+                    &files.listing(),
+                    &Format::WebDataset,
+                    budget.clone(),
+                )
+                .await;
+                (index, budget)
+            }
+        };
+        let (refused, _) = open(512 << 10).await;
+        let err = refused.err().expect("a header past the budget");
+        assert!(
+            matches!(err, Error::OverBudget { .. }) && err.to_string().contains("tar headers of ds/a.tar"),
+            "{err}"
+        );
+        let (index, budget) = open(4 << 20).await;
+        assert_eq!(index.expect("read under a larger budget").len(), 1);
+        assert_eq!(budget.used(), 0, "the walk gave back what it held");
     }
 }
