@@ -103,6 +103,7 @@ impl Samples {
         crate::no_panic(|| {
             let fields = self.index.decode(&bytes::Bytes::copy_from_slice(data)).map_err(crate::to_py)?;
             columns_dict(py, &fields, allow_unsafe_types)
+                .map_err(|e| self.unreadable(py, e, format!("{}/(a sample)", self.index.dataset())))
         })
     }
 
@@ -116,12 +117,16 @@ impl Samples {
         samples: Vec<(usize, u64)>,
         allow_unsafe_types: bool,
     ) -> PyResult<Bound<'py, PyList>> {
-        let index = self.index.clone();
-        let rows = self.client.get().run(py, |c| async move { index.read_decoded(&c, &samples).await })?;
+        let (index, items) = (self.index.clone(), samples.clone());
+        let rows = self.client.get().run(py, |c| async move { index.read_decoded(&c, &items).await })?;
         crate::no_panic(|| {
             let out = PyList::empty(py);
-            for fields in &rows {
-                out.append(columns_dict(py, fields, allow_unsafe_types)?)?;
+            for (fields, &(shard, k)) in rows.iter().zip(&samples) {
+                let file = || format!("{}/{} (sample {k})", self.index.dataset(), self.index.shards()[shard]);
+                out.append(
+                    columns_dict(py, fields, allow_unsafe_types)
+                        .map_err(|e| self.unreadable(py, e, file()))?,
+                )?;
             }
             Ok(out)
         })
@@ -163,7 +168,21 @@ impl Samples {
     }
 }
 
-/// A sample's columns as a Python dict.
+impl Samples {
+    /// A value of `file` Python refused to make (JSON that is not JSON, a date past year
+    /// 9999, an array whose shape does not hold its values) as the damaged file it is:
+    /// `ShardcacheError` INVALID_ARGUMENT naming the file, not Python's own exception from
+    /// deep inside a read. The SDK's own errors (a pickle without consent) pass as they are.
+    fn unreadable(&self, py: Python<'_>, err: PyErr, file: String) -> PyErr {
+        if err.is_instance_of::<ShardcacheError>(py) {
+            return err;
+        }
+        crate::to_py(shardcache_client::Error::Damaged { file, offset: None, what: err.to_string() })
+    }
+}
+
+/// A sample's columns as a Python dict; a value Python refuses is an error naming its
+/// column.
 fn columns_dict<'py>(
     py: Python<'py>,
     fields: &Fields,
@@ -171,7 +190,13 @@ fn columns_dict<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let out = PyDict::new(py);
     for (name, value) in fields {
-        out.set_item(name, object(py, name, value, allow_unsafe_types)?)?;
+        let value = object(py, name, value, allow_unsafe_types).map_err(|e| {
+            match e.is_instance_of::<ShardcacheError>(py) {
+                true => e,
+                false => pyo3::exceptions::PyValueError::new_err(format!("column {name}: {e}")),
+            }
+        })?;
+        out.set_item(name, value)?;
     }
     Ok(out)
 }

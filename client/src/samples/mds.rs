@@ -29,6 +29,8 @@ pub const INDEX: &str = "index.json";
 #[derive(Debug, Deserialize)]
 struct IndexFile {
     shards: Vec<ShardEntry>,
+    /// 2: the only version MosaicML Streaming writes and reads (it refuses others).
+    version: u64,
 }
 
 /// Bytes read from the start of every listed `.mds` file beside `index.json`, before
@@ -46,6 +48,8 @@ pub const UNPACKED_SHARDS: usize = 4;
 
 #[derive(Debug, Deserialize)]
 struct ShardEntry {
+    /// 2, as in the index (MosaicML asserts it of every shard).
+    version: u64,
     format: String,
     samples: u64,
     column_names: Vec<String>,
@@ -93,6 +97,10 @@ pub async fn open<F: Fetch>(
         plain.iter().map(|s| s.shard.as_str()).zip(read).collect();
     let file: IndexFile = serde_json::from_slice(&index_bytes)
         .map_err(|e| damaged(dataset, INDEX, None, format!("not MDS's index: {e}")))?;
+    if file.version != 2 {
+        let what = format!("version {}: MosaicML Streaming writes and reads version 2", file.version);
+        return Err(damaged(dataset, INDEX, None, what));
+    }
     let columns = columns(dataset, &file)?;
     // The files the index names, as listed (their versions pin every read).
     let find = |name: &str| {
@@ -159,8 +167,10 @@ fn columns(dataset: &str, file: &IndexFile) -> Result<Vec<Column>> {
     let mut columns: Option<Vec<Column>> = None;
     for shard in &file.shards {
         let name = &shard.raw_data.basename;
-        if shard.format != "mds" {
-            return Err(damaged(dataset, INDEX, None, format!("{name}: format {:?}, not mds", shard.format)));
+        if shard.format != "mds" || shard.version != 2 {
+            let what =
+                format!("{name}: format {:?} version {}, not mds version 2", shard.format, shard.version);
+            return Err(damaged(dataset, INDEX, None, what));
         }
         match (shard.compression.as_deref(), &shard.zip_data) {
             (None, _) => {}
@@ -305,12 +315,22 @@ pub fn unpack(dataset: &str, raw: &Raw, zipped: &[u8], held: Held) -> Result<Unp
     // file cannot make it allocate more.
     let mut data = Vec::with_capacity(usize::try_from(*bytes).map_err(|_| bad(format!("{bytes} bytes")))?);
     let mut limited = |reader: &mut dyn Read| reader.take(*bytes + 1).read_to_end(&mut data).map(|_| ());
+    // What follows the compressed stream: nothing (zeros after a gzip member, as
+    // Python's gzip.decompress allows), else the file is damaged (zstd.decompress and
+    // gzip.decompress refuse it; decoding only the first stream would hide the damage).
+    let mut rest: &[u8] = zipped;
     match codec {
         Codec::Zstd => limited(
-            &mut ruzstd::decoding::StreamingDecoder::new(zipped)
+            &mut ruzstd::decoding::StreamingDecoder::new(&mut rest)
                 .map_err(|e| bad(format!("not a zstd frame: {e}")))?,
         ),
-        Codec::Gzip => limited(&mut flate2::read::GzDecoder::new(zipped)),
+        Codec::Gzip => {
+            let mut member = flate2::bufread::GzDecoder::new(rest);
+            let read = limited(&mut member);
+            rest = member.into_inner();
+            rest = &rest[rest.iter().position(|&b| b != 0).unwrap_or(rest.len())..];
+            read
+        }
         Codec::Snappy => match snap::raw::decompress_len(zipped) {
             Ok(length) if length as u64 == *bytes => snap::raw::Decoder::new()
                 .decompress_vec(zipped)
@@ -323,6 +343,12 @@ pub fn unpack(dataset: &str, raw: &Raw, zipped: &[u8], held: Held) -> Result<Unp
     .map_err(|e| bad(format!("cannot be decompressed ({codec:?}): {e}")))?;
     if data.len() as u64 != *bytes {
         return Err(bad(format!("decompresses to {} bytes where {INDEX} says {bytes}", data.len())));
+    }
+    if matches!(codec, Codec::Zstd | Codec::Gzip) && !rest.is_empty() {
+        let at = zipped.len() - rest.len();
+        let what =
+            format!("{} bytes after the compressed stream (at byte {at} of its compressed file)", rest.len());
+        return Err(bad(what));
     }
     let bounds = offsets(dataset, name, *samples, *bytes, &data)?;
     Ok(Unpacked { bounds, data: Bytes::from(data), _held: held })

@@ -99,6 +99,15 @@ impl Idx {
                 .ok_or_else(|| bad(at, format!("sequence {i} ends past 2^64")))?;
         }
         bounds.push(end);
+        // The document index ends at the sequence count (megatron-core asserts it; a
+        // file where it does not was cut or overwritten, whatever the lengths say).
+        let documents_at = HEADER + sequences * 12;
+        let last = documents.checked_sub(1).map(|d| documents_at + d as usize * 8);
+        let last = last.map(|at| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default()));
+        if last != Some(sequences as u64) {
+            let what = format!("the document index ends at {last:?}, not at the {sequences} sequences");
+            return Err(bad(documents_at as u64, what));
+        }
         Ok(Self { dtype, bounds })
     }
 }
@@ -224,5 +233,11 @@ mod tests {
         wrapped[18..26].copy_from_slice(&0x1555_5555_5555_5556u64.to_le_bytes());
         let err = Idx::parse("x.idx", &wrapped).unwrap_err();
         assert!(matches!(err, Error::Damaged { offset: Some(18), .. }), "{err}");
+        // A document index that does not end at the sequence count (megatron-core asserts).
+        let mut short = idx(&[3, 1, 5]);
+        let last = short.len() - 8;
+        short[last..].copy_from_slice(&2u64.to_le_bytes());
+        let err = Idx::parse("x.idx", &short).unwrap_err();
+        assert!(err.to_string().contains("the document index ends at Some(2), not at the 3 sequences"), "{err}");
     }
 }

@@ -55,16 +55,15 @@ impl NpyHeader {
         }
         let text =
             std::str::from_utf8(&bytes[start as usize..end as usize]).map_err(|_| bad("header not text"))?;
-        let descr = quoted_value(text, "descr").ok_or_else(|| bad("no 'descr'"))?;
-        if value_of(text, "fortran_order").is_some_and(|v| v.starts_with("True")) {
+        let dict = HeaderDict::parse(text).map_err(|why| bad(&why))?;
+        if dict.fortran_order {
             return Err(bad("Fortran order"));
         }
+        let descr = dict.descr;
         let (dtype, item_size) = dtype_of_descr(&descr).ok_or_else(|| bad(&format!("dtype {descr}")))?;
-        let shape = value_of(text, "shape").ok_or_else(|| bad("no 'shape'"))?;
-        let shape = shape.trim_start_matches('(').split(')').next().unwrap_or_default();
+        let shape = dict.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
         let mut count = 1u64;
-        for dim in shape.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-            let dim: u64 = dim.parse().map_err(|_| bad(&format!("shape ({shape})")))?;
+        for &dim in &dict.shape {
             // Checked: a product past 2^64 must not wrap into a small count.
             count = count
                 .checked_mul(dim)
@@ -78,17 +77,114 @@ impl NpyHeader {
     }
 }
 
-/// The text after `'key':` in a header dict, trimmed.
-fn value_of<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    let at = text.find(&format!("'{key}'"))? + key.len() + 2;
-    Some(text[at..].trim_start().strip_prefix(':')?.trim_start())
+/// A `.npy` header's dict, read as numpy reads it (`ast.literal_eval`, then exactly the
+/// keys `descr`, `fortran_order` and `shape`): a string, a bool, a tuple of integers,
+/// nothing but blanks after the `}`. Anything else numpy refuses, and so does this.
+struct HeaderDict {
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<u64>,
 }
 
-/// The quoted string after `'key':`.
-fn quoted_value(text: &str, key: &str) -> Option<String> {
-    let value = value_of(text, key)?;
-    let quote = value.chars().next().filter(|c| *c == '\'' || *c == '"')?;
-    Some(value[1..].split(quote).next()?.to_owned())
+impl HeaderDict {
+    fn parse(text: &str) -> std::result::Result<Self, String> {
+        let mut p = Literal { rest: text };
+        let (mut descr, mut fortran_order, mut shape) = (None, None, None);
+        p.expect('{')?;
+        while !p.eat('}') {
+            let key = p.string()?;
+            p.expect(':')?;
+            match key.as_str() {
+                "descr" if descr.is_none() => descr = Some(p.string()?),
+                "fortran_order" if fortran_order.is_none() => fortran_order = Some(p.boolean()?),
+                "shape" if shape.is_none() => shape = Some(p.tuple()?),
+                other => return Err(format!("the header has the key {other:?} (or it twice)")),
+            }
+            if !p.eat(',') {
+                p.expect('}')?;
+                break;
+            }
+        }
+        if !p.rest.trim_ascii().is_empty() {
+            return Err("text after the header's dict".into());
+        }
+        match (descr, fortran_order, shape) {
+            (Some(descr), Some(fortran_order), Some(shape)) => Ok(Self { descr, fortran_order, shape }),
+            _ => Err("the header lacks one of 'descr', 'fortran_order', 'shape'".into()),
+        }
+    }
+}
+
+/// The few Python literals a `.npy` header has, read from the front of `rest`.
+struct Literal<'a> {
+    rest: &'a str,
+}
+
+impl Literal<'_> {
+    fn eat(&mut self, c: char) -> bool {
+        self.rest = self.rest.trim_ascii_start();
+        match self.rest.strip_prefix(c) {
+            Some(rest) => {
+                self.rest = rest;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn expect(&mut self, c: char) -> std::result::Result<(), String> {
+        self.eat(c).then_some(()).ok_or_else(|| format!("no {c:?} where the header's dict needs one"))
+    }
+
+    /// A quoted string without escapes (numpy writes none in a header).
+    fn string(&mut self) -> std::result::Result<String, String> {
+        self.rest = self.rest.trim_ascii_start();
+        let quote = self.rest.chars().next().filter(|&c| c == '\'' || c == '"').ok_or("no string")?;
+        let body = &self.rest[1..];
+        let end = body.find(quote).ok_or("an unterminated string")?;
+        if body[..end].contains(['\\', '\n']) {
+            return Err("a string with escapes".into());
+        }
+        self.rest = &body[end + 1..];
+        Ok(body[..end].to_owned())
+    }
+
+    fn boolean(&mut self) -> std::result::Result<bool, String> {
+        self.rest = self.rest.trim_ascii_start();
+        for (word, value) in [("True", true), ("False", false)] {
+            if let Some(rest) = self.rest.strip_prefix(word) {
+                self.rest = rest;
+                return Ok(value);
+            }
+        }
+        Err("fortran_order is not True or False".into())
+    }
+
+    /// `()`, `(n,)`, `(n, m)`, `(n, m,)`: a tuple of decimal integers.
+    fn tuple(&mut self) -> std::result::Result<Vec<u64>, String> {
+        self.expect('(')?;
+        let mut dims = Vec::new();
+        loop {
+            if self.eat(')') {
+                return Ok(dims); // `()`, or after a comma
+            }
+            self.rest = self.rest.trim_ascii_start();
+            let digits = self.rest.len() - self.rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            let number = &self.rest[..digits];
+            if number.is_empty() || (number.len() > 1 && number.starts_with('0')) {
+                return Err("a shape that is not a tuple of integers".into());
+            }
+            dims.push(number.parse().map_err(|_| format!("a dimension of {number} (past 2^64)"))?);
+            self.rest = &self.rest[digits..];
+            if !self.eat(',') {
+                if dims.len() == 1 {
+                    return Err("a shape of `(n)`: a number, not a tuple".into());
+                }
+                self.expect(')')?;
+                return Ok(dims);
+            }
+        }
+    }
 }
 
 /// The header `numpy.save` writes for a C-order array of `descr` (e.g. `<u2`) and
@@ -151,8 +247,22 @@ pub async fn open<F: Fetch>(
             let item = item_size(dtype).ok_or_else(|| {
                 Error::Config(format!("dtype {dtype:?}: give a numpy integer or float type, e.g. uint16"))
             })?;
+            // A size that is no whole number of values: cut short, or written as another dtype
+            // (numpy.memmap, which nanoGPT reads these with, refuses it too).
+            if let Some(odd) = listed.iter().find(|s| s.size % item != 0) {
+                return Err(super::damaged(
+                    dataset,
+                    &odd.shard,
+                    odd.size - odd.size % item,
+                    format!(
+                        "{} bytes are no whole number of {dtype} values ({item} bytes each): the file was cut \
+                         short, or it holds another dtype",
+                        odd.size
+                    ),
+                ));
+            }
             let shards = listed.iter().map(|s| (s.shard.clone(), s.version.clone())).collect();
-            let regions = listed.iter().map(|s| (0, s.size - s.size % item)).collect();
+            let regions = listed.iter().map(|s| (0, s.size)).collect();
             (shards, regions, dtype.clone(), item)
         }
         None => npy_regions(client, dataset, listed).await?,
@@ -256,6 +366,59 @@ mod tests {
         {
             let err = NpyHeader::parse("f.npy", &npy_header(descr, shape)).unwrap_err();
             assert!(matches!(err, Error::Damaged { .. }), "{descr} {shape}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_raw_file_of_no_whole_number_of_values_is_refused() {
+        use crate::samples::{Budget, Files, Format, SampleIndex};
+        let files = Files::new([
+            ("a.bin".to_owned(), bytes::Bytes::from(vec![1u8; 64])),
+            ("b.bin".to_owned(), vec![1u8; 33].into()),
+        ]);
+        let open = |dtype: &str| {
+            let format = Format::Tokens { seq_len: 4, dtype: Some(dtype.into()) };
+            let files = &files;
+            async move {
+                SampleIndex::open_listed(files, "ds", &files.listing(), &format, Budget::default()).await
+            }
+        };
+        let err = open("uint16").await.err().expect("refused");
+        assert!(
+            err.to_string().contains("ds/b.bin: damaged at byte 32: 33 bytes are no whole number of uint16"),
+            "{err}"
+        );
+        assert_eq!(open("uint8").await.expect("bytes are whole uint8 values").len(), (97 - 5) / 4 + 1);
+    }
+
+    #[test]
+    fn a_header_numpy_refuses_is_refused() {
+        let dict = |text: &str| HeaderDict::parse(text).map(|d| (d.descr, d.fortran_order, d.shape));
+        // What numpy writes, and other spellings ast.literal_eval takes.
+        assert_eq!(
+            dict("{'descr': '<u2', 'fortran_order': False, 'shape': (37,), }   \n"),
+            Ok(("<u2".into(), false, vec![37]))
+        );
+        assert_eq!(
+            dict("{\"shape\": (2, 3), \"descr\": \"<f4\", \"fortran_order\": True}"),
+            Ok(("<f4".into(), true, vec![2, 3]))
+        );
+        assert_eq!(
+            dict("{'descr': '<u2', 'fortran_order': False, 'shape': ()}"),
+            Ok(("<u2".into(), false, vec![]))
+        );
+        // What numpy refuses (each found by the differential fuzz run against numpy.load).
+        for text in [
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (37,), }   \x7f  \n", // not blank after the dict
+            "{'descr': '<u2', 'fortran_orde\x01': False, 'shape': (37,), }",         // another key
+            "{'descr': '<u2', 'shape': (37,), }",                                    // a key missing
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (37), }",             // a number, not a tuple
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (037,), }",           // not a Python integer
+            "{'descr': '<u2', 'fortran_order': 0, 'shape': (37,), }",
+            "{'descr': '<u2', 'descr': '<u2', 'fortran_order': False, 'shape': (37,), }",
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (37,), ",
+        ] {
+            assert!(dict(text).is_err(), "{text:?}");
         }
     }
 

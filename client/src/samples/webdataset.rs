@@ -108,7 +108,24 @@ async fn walk<F: Fetch>(client: &F, dataset: &str, tar: ShardInfo, budget: &Budg
     let headers = |held: &BytesMut, held_at: u64, walk: &mut Walk| -> Result<()> {
         // Every header the held bytes hold whole.
         while !walk.done {
-            if walk.at.checked_add(BLOCK).is_none_or(|end| end > tar.size) {
+            if walk.at == 0 && tar.size < BLOCK {
+                // Not even one header (tarfile: "empty file", "truncated header").
+                return Err(damaged(
+                    dataset,
+                    &tar.shard,
+                    0,
+                    format!("{} bytes: too short for a tar", tar.size),
+                ));
+            } else if walk.at > tar.size {
+                // Writers pad every entry to a block: a file that ends inside the padding
+                // was cut short (webdataset's streaming tarfile stops there too).
+                return Err(damaged(
+                    dataset,
+                    &tar.shard,
+                    tar.size,
+                    "the tar ends inside its last entry's padding",
+                ));
+            } else if walk.at.checked_add(BLOCK).is_none_or(|end| end > tar.size) {
                 walk.done = true; // no room for another header: the end (however marked)
             } else if walk.at >= held_at + held.len() as u64 {
                 break;
@@ -148,6 +165,13 @@ async fn walk<F: Fetch>(client: &F, dataset: &str, tar: ShardInfo, budget: &Budg
             })
             .await?;
     match walk.done {
+        // A long name or pax records and then the end: the entry they were for was cut off.
+        true if walk.long_name.is_some() || !walk.pax.is_empty() => Err(damaged(
+            dataset,
+            &tar.shard,
+            walk.at,
+            "an extension header (a long name, pax records) with no entry after it",
+        )),
         true => Ok(walk.members),
         false if ended => Err(damaged(dataset, &tar.shard, walk.at, "the tar ends inside a header")),
         false => Err(damaged(dataset, &tar.shard, walk.at, "the walk stopped before the archive's end")),
@@ -166,10 +190,20 @@ fn header(name: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step> 
         return Ok(Step::End);
     }
     let stored = number(&block[148..156]).unwrap_or(u64::MAX);
-    let sum: u64 =
-        block.iter().enumerate().map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u64::from(b) }).sum();
-    if stored != sum {
+    // Unsigned bytes, as POSIX says, or signed, as old Sun tar summed them (tarfile takes both).
+    let field = |i: usize| (148..156).contains(&i);
+    let sum: u64 = block.iter().enumerate().map(|(i, &b)| if field(i) { 32 } else { u64::from(b) }).sum();
+    let signed: i64 =
+        block.iter().enumerate().map(|(i, &b)| if field(i) { 32 } else { i64::from(b as i8) }).sum();
+    if stored != sum && i64::try_from(stored).ok() != Some(signed) {
         return Err(bad(format!("header checksum {stored} where the header sums to {sum}")));
+    }
+    // Every numeric field a number, as tarfile checks (it ends the archive at the first
+    // header that is not, silently; GNU tar and libarchive call the archive damaged).
+    for (what, range) in NUMERIC_FIELDS {
+        if number(&block[range.clone()]).is_none() {
+            return Err(bad(format!("the header's {what} is not a number")));
+        }
     }
     let mut length = number(&block[124..136]).ok_or_else(|| bad("a size that is not a number".into()))?;
     if let Some(size) = walk.pax.get("size").and_then(|s| s.parse().ok()) {
@@ -185,15 +219,28 @@ fn header(name: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step> 
     if matches!(block[156], b'L' | b'x' | b'K' | b'g') && length > MAX_EXTENSION {
         return Err(bad(format!("an extension header of {length} bytes (at most {MAX_EXTENSION} are read)")));
     }
-    let body = || -> Option<&[u8]> { bytes.get(BLOCK as usize..(BLOCK + length) as usize) };
+    // An extension's data, with its padding to the block: tarfile reads a long name up
+    // to its NUL and pax records up to the zeros across the whole padded block, past the
+    // size the header gives; other readers stop at the size. Padding that is not zeros
+    // would be read two ways: refused.
+    let body = || -> Option<std::result::Result<&[u8], Error>> {
+        let padded = bytes.get(BLOCK as usize..(BLOCK + length.div_ceil(BLOCK) * BLOCK) as usize)?;
+        let (data, padding) = padded.split_at(length as usize);
+        match padding.iter().all(|&b| b == 0) {
+            true => Some(Ok(data)),
+            false => {
+                Some(Err(bad(format!("an extension header's data runs past its size ({length} bytes)"))))
+            }
+        }
+    };
     match block[156] {
         b'L' => {
             let Some(name) = body() else { return Ok(Step::More) };
-            walk.long_name = Some(text(name));
+            walk.long_name = Some(text(name?));
         }
         b'x' => {
             let Some(records) = body() else { return Ok(Step::More) };
-            walk.pax = pax(records).map_err(bad)?;
+            walk.pax = pax(records?).map_err(bad)?;
         }
         b'0' | 0 | b'7' => {
             let mut name = text(&block[..100]);
@@ -204,6 +251,13 @@ fn header(name: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step> 
             walk.pax.clear();
             walk.members.push(Member { name, offset: data, size: length });
         }
+        b'1'..=b'6' if length != 0 => {
+            // Links, devices, directories, FIFOs have no data: POSIX says their size is
+            // not followed by data (tarfile reads the next header right after), GNU tar
+            // and libarchive may skip it. Where readers disagree, the file is damaged.
+            return Err(bad(format!("a {} entry with {length} bytes of data", kind_name(block[156]))));
+        }
+        b'S' => return Err(bad("a GNU sparse file (not read by this reader)".into())),
         _ => {
             // Directories, links, global pax headers...: not files of a sample.
             walk.long_name = None;
@@ -213,24 +267,54 @@ fn header(name: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step> 
     Ok(Step::Next(next))
 }
 
+/// What a tar's type flag is, in words.
+fn kind_name(flag: u8) -> &'static str {
+    match flag {
+        b'1' => "hard link",
+        b'2' => "symbolic link",
+        b'3' | b'4' => "device",
+        b'5' => "directory",
+        _ => "FIFO",
+    }
+}
+
 /// A NUL-terminated field as text.
 fn text(field: &[u8]) -> String {
     let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
     String::from_utf8_lossy(&field[..end]).into_owned()
 }
 
-/// A numeric header field: octal digits (space or NUL terminated), or GNU's base-256.
+/// The numeric fields of a header besides the size and the checksum, by name.
+const NUMERIC_FIELDS: [(&str, std::ops::Range<usize>); 6] = [
+    ("mode", 100..108),
+    ("uid", 108..116),
+    ("gid", 116..124),
+    ("mtime", 136..148),
+    ("devmajor", 329..337),
+    ("devminor", 337..345),
+];
+
+/// A numeric header field: octal digits up to a NUL, blanks around them (an empty field
+/// is 0), or GNU's base-256 (a first byte of 0x80, or 0xff for a negative number: none
+/// here, so not a number).
 fn number(field: &[u8]) -> Option<u64> {
-    if field[0] & 0x80 != 0 {
-        return Some(field[1..].iter().fold(u64::from(field[0] & 0x7f), |n, &b| (n << 8) | u64::from(b)));
+    match field[0] {
+        0x80 => {
+            let bytes = &field[1..];
+            // Past 64 bits: not a number this reader can use.
+            let (high, low) = bytes.split_at(bytes.len().saturating_sub(8));
+            high.iter().all(|&b| b == 0).then(|| low.iter().fold(0u64, |n, &b| (n << 8) | u64::from(b)))
+        }
+        0xff => None,
+        _ => {
+            let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+            let digits = field[..end].trim_ascii();
+            digits.iter().try_fold(0u64, |n, &b| match b {
+                b'0'..=b'7' => n.checked_mul(8)?.checked_add(u64::from(b - b'0')),
+                _ => None,
+            })
+        }
     }
-    let digits = field.iter().skip_while(|&&b| b == b' ').take_while(|b| b.is_ascii_digit());
-    let mut seen = false;
-    let value = digits.fold(0u64, |n, b| {
-        seen = true;
-        n * 8 + u64::from(b - b'0')
-    });
-    (seen || field.iter().all(|&b| b == 0 || b == b' ')).then_some(value)
 }
 
 /// pax records: "LENGTH KEY=VALUE\n" each, LENGTH counting the whole record. A record
@@ -313,6 +397,12 @@ mod tests {
         assert!(is_meta("__index__") && is_meta("__meta__/x") && !is_meta("__x") && !is_meta("a/__m__"));
         assert_eq!(number(b"0000644\0"), Some(0o644));
         assert_eq!(number(b"     17 \0"), Some(0o17));
+        assert_eq!(number(b"\0\0\0\0\0\0\0\0"), Some(0), "an empty field is 0");
+        assert_eq!(number(b"0000649\0"), None, "9 is no octal digit");
+        assert_eq!(number(b"xxxxxxxx"), None);
+        assert_eq!(number(b"12 34\0\0\0"), None, "digits, blanks, digits");
+        assert_eq!(number(&[0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0]), Some(256));
+        assert_eq!(number(&[0x80, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]), None, "past 64 bits");
         assert_eq!(
             pax(b"20 path=some/name.x\n11 size=42\n").unwrap().get("size").map(String::as_str),
             Some("42")
@@ -326,11 +416,10 @@ mod tests {
     fn a_size_near_two_to_the_64_is_an_error_not_a_wrap_back() {
         let mut block = [0u8; 512];
         block[..6].copy_from_slice(b"a.bin\0");
-        block[124] = 0x80; // GNU base-256: its low 64 bits, 2^64 - 2
-        block[125..136].copy_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe]);
+        block[124] = 0x80; // GNU base-256: 2^64 - 2
+        block[128..136].copy_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe]);
         block[156] = b'0';
-        let sum: u64 = block.iter().map(|&b| u64::from(b)).sum::<u64>() + 8 * 32;
-        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        fix_checksum(&mut block, 0);
         let mut walk = Walk::default();
         let err = header("x.tar", &mut walk, &block, 4096).err().expect("refused");
         assert!(err.to_string().contains("past the end of the file"), "{err}");
@@ -343,8 +432,7 @@ mod tests {
         block[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
         block[156] = kind;
         block[257..263].copy_from_slice(b"ustar\0");
-        let sum: u64 = block.iter().map(|&b| u64::from(b)).sum::<u64>() + 8 * 32;
-        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        fix_checksum(&mut block, 0);
         block
     }
 
@@ -386,5 +474,78 @@ mod tests {
         let (index, budget) = open(4 << 20).await;
         assert_eq!(index.expect("read under a larger budget").len(), 1);
         assert_eq!(budget.used(), 0, "the walk gave back what it held");
+    }
+
+    /// The header block at `at` of `tar` summed again after an edit.
+    fn fix_checksum(tar: &mut [u8], at: usize) {
+        let block = &mut tar[at..at + 512];
+        let sum: u64 = block
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u64::from(b) })
+            .sum();
+        block[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    }
+
+    /// A tar of `entries` (name, type, data), padded, with the end-of-archive blocks.
+    fn tar_of(entries: &[(&str, u8, &[u8])]) -> Vec<u8> {
+        let mut tar = Vec::new();
+        for (name, kind, data) in entries {
+            tar.extend(tar_header(name, data.len(), *kind));
+            tar.extend_from_slice(data);
+            tar.resize(tar.len().next_multiple_of(512), 0);
+        }
+        tar.resize(tar.len() + 1024, 0);
+        tar
+    }
+
+    #[tokio::test]
+    async fn tars_that_readers_would_read_differently_are_refused() {
+        // Each found by the differential fuzz run against webdataset's tarfile.
+        let good: &[(&str, u8, &[u8])] = &[("0001.txt", b'0', b"hi"), ("0001.cls", b'0', b"3")];
+        let mut devmajor = tar_of(good);
+        devmajor[1024 + 329..1024 + 337].copy_from_slice(b"xxxxxxxx"); // the second header
+        fix_checksum(&mut devmajor, 1024);
+        let mut long_name_past_size =
+            tar_of(&[("././@LongLink", b'L', b"0001.seg.png\0"), ("x", b'0', b"hi")]);
+        long_name_past_size[124..136].copy_from_slice(b"00000000002\0");
+        fix_checksum(&mut long_name_past_size, 0);
+        let mut cut = tar_of(good);
+        cut.truncate(512 + 2); // the first entry's data, not its padding
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            ("short", tar_of(good)[..300].to_vec(), "300 bytes: too short for a tar"),
+            ("empty", Vec::new(), "0 bytes: too short for a tar"),
+            (
+                "link",
+                tar_of(&[("0001.txt", b'1', b"sample"), ("0001.cls", b'0', b"3")]),
+                "a hard link entry with 6 bytes",
+            ),
+            (
+                "dangling",
+                tar_of(&[("0001.txt", b'0', b"hi"), ("././@LongLink", b'L', b"0002.txt\0")]),
+                "with no entry after it",
+            ),
+            ("devmajor", devmajor, "devmajor is not a number"),
+            ("padding", cut, "ends inside its last entry's padding"),
+            ("long name past its size", long_name_past_size, "data runs past its size (2 bytes)"),
+        ];
+        for (name, tar, why) in cases {
+            let files = Files::new([(format!("{name}.tar"), Bytes::from(tar))]);
+            let opened = SampleIndex::open_listed(
+                &files,
+                "ds",
+                &files.listing(),
+                &Format::WebDataset,
+                Budget::default(),
+            )
+            .await;
+            let err = opened.err().unwrap_or_else(|| panic!("{name}: read"));
+            assert!(matches!(err, Error::Damaged { .. }) && err.to_string().contains(why), "{name}: {err}");
+        }
+        let files = Files::new([("good.tar".to_owned(), Bytes::from(tar_of(good)))]);
+        let index =
+            SampleIndex::open_listed(&files, "ds", &files.listing(), &Format::WebDataset, Budget::default())
+                .await;
+        assert_eq!(index.expect("the good tar").len(), 1);
     }
 }

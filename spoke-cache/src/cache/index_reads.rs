@@ -159,6 +159,9 @@ mod tests {
         let kept = reads.get((1, 0, 16)).unwrap();
         // A copy of its 16 bytes, not a view into the 1 MiB buffer.
         let within = response.as_ptr_range();
-        assert!(kept.data.len() == 16 && !within.contains(&kept.data.as_ptr()), "the kept read is its own buffer");
+        assert!(
+            kept.data.len() == 16 && !within.contains(&kept.data.as_ptr()),
+            "the kept read is its own buffer"
+        );
     }
 }

@@ -127,6 +127,10 @@ pub struct Tally {
     pub failures: Vec<Failure>,
     /// Inputs on which the parquet crate panicked (caught and refused by the reader).
     pub upstream: Vec<u64>,
+    /// Inputs read whole (what a differential run compares with the reference readers).
+    pub accepted: Vec<u64>,
+    /// The longest one input took, and which.
+    pub slowest: (Duration, u64),
     pub elapsed: Duration,
 }
 
@@ -135,6 +139,22 @@ pub struct Tally {
 pub fn read_seeds(target: &Target, seeds: &[(String, Bytes)]) -> Result<Outcome, String> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     runtime.block_on(read(target, seeds, &|| {}))
+}
+
+/// How long reading `files` as `target`'s format takes: the median of `times` reads
+/// (one read of a few KiB is noise beside the scheduler). With the seeds: what a valid
+/// file of about an input's size costs, beside which the slowest input is put.
+pub fn read_time(target: &Target, files: &[(String, Bytes)], times: usize) -> Duration {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let mut took: Vec<Duration> = (0..times.max(1))
+        .map(|_| {
+            let began = Instant::now();
+            let _ = runtime.block_on(read(target, files, &|| {}));
+            began.elapsed()
+        })
+        .collect();
+    took.sort();
+    took[took.len() / 2]
 }
 
 /// Inputs `from..from + inputs` of `target` (number `n` of [`targets`]).
@@ -169,9 +189,11 @@ pub fn run(
             let held = alloc.allocated().saturating_sub(baseline) as u64;
             seen.fetch_max(held, Ordering::Relaxed);
         };
+        let began = Instant::now();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             runtime.block_on(read(target, &files, &checkpoint))
         }));
+        tally.slowest = tally.slowest.max((began.elapsed(), input));
         STARTED_MS.store(0, Ordering::Relaxed);
         tally.peak = tally.peak.max(seen.load(Ordering::Relaxed));
         let _ = alloc.set_limit(usize::MAX);
@@ -186,7 +208,10 @@ pub fn run(
                 tally.failures.push(fail("a panic in a task".into()))
             }
             Ok(Err(what)) => tally.failures.push(fail(what)),
-            Ok(Ok(Outcome::Read(_))) => tally.read += 1,
+            Ok(Ok(Outcome::Read(_))) => {
+                tally.read += 1;
+                tally.accepted.push(input);
+            }
             Ok(Ok(Outcome::Refused(_))) => tally.refused += 1,
         }
     }

@@ -43,6 +43,22 @@ struct Args {
     /// running them: a reproducer to attach to a report.
     #[arg(long)]
     save: Option<std::path::PathBuf>,
+    /// Write inputs read whole (`--keep` a target, spread over the run) under this
+    /// folder as `TARGET-INPUT/NAME`, for `tests/fuzz/differential.py` to compare with
+    /// the formats' reference readers.
+    #[arg(long)]
+    accepted: Option<std::path::PathBuf>,
+    #[arg(long, default_value_t = 200)]
+    keep: usize,
+}
+
+/// Writes input `input` of target number `n` under `dir` as `TARGET-INPUT/NAME`.
+fn save(dir: &Path, n: usize, target: &fuzz::Target, seeds: &[(String, bytes::Bytes)], input: u64) {
+    let dir = dir.join(format!("{}-{input}", target.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, data) in fuzz::Mutator::new(n as u64, input).mutate(seeds) {
+        std::fs::write(dir.join(name), data).unwrap();
+    }
 }
 
 fn main() {
@@ -55,6 +71,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|");
     let mut failures = Vec::new();
     let mut upstream = Vec::new();
+    let mut times = Vec::new();
     let row = |name: &str, t: &fuzz::Tally| {
         println!(
             "| {name} | {} | {} | {} | {} | {} | {:.1} MiB | {:.0} |",
@@ -69,18 +86,25 @@ fn main() {
     };
     for (n, target) in fuzz::targets().iter().enumerate().filter(|(_, t)| wanted(t.name)) {
         let seeds = fuzz::seeds(root, target).unwrap();
-        if let Some(save) = &args.save {
+        if let Some(dir) = &args.save {
             for input in args.from..args.from + args.inputs {
-                let dir = save.join(format!("{}-{input}", target.name));
-                std::fs::create_dir_all(&dir).unwrap();
-                for (name, data) in fuzz::Mutator::new(n as u64, input).mutate(&seeds) {
-                    std::fs::write(dir.join(name), data).unwrap();
-                }
+                save(dir, n, target, &seeds, input);
             }
             continue;
         }
         let tally = fuzz::run(&ALLOC, n, target, &seeds, args.from, args.inputs);
         row(target.name, &tally);
+        // The slowest input timed again beside the seeds (a one-off slow read is the
+        // scheduler's): no input may cost much more than a valid file of its size.
+        let (_, slowest) = tally.slowest;
+        let again = fuzz::read_time(target, &fuzz::Mutator::new(n as u64, slowest).mutate(&seeds), 11);
+        times.push((target.name, fuzz::read_time(target, &seeds, 101), slowest, again));
+        if let Some(dir) = &args.accepted {
+            let step = tally.accepted.len().div_ceil(args.keep).max(1);
+            for &input in tally.accepted.iter().step_by(step) {
+                save(dir, n, target, &seeds, input);
+            }
+        }
         if !tally.upstream.is_empty() {
             upstream.push((target.name, tally.upstream.iter().take(20).copied().collect::<Vec<_>>()));
         }
@@ -90,6 +114,16 @@ fn main() {
         let tally = fuzz::run_hub(args.from, args.inputs);
         row("hub-names", &tally);
         failures.extend(tally.failures);
+    }
+    if !times.is_empty() {
+        println!(
+            "\n| target | seeds read (median of 101) | slowest input | it again (median of 11) | ratio |"
+        );
+        println!("|---|---|---|---|---|");
+        for (name, seeds, input, again) in &times {
+            let ratio = again.as_secs_f64() / seeds.as_secs_f64();
+            println!("| {name} | {seeds:.1?} | {input} | {again:.1?} | {ratio:.2} |");
+        }
     }
     for (target, inputs) in &upstream {
         println!("parquet crate panics caught ({target}): inputs {inputs:?}");
