@@ -238,6 +238,9 @@ mod tests {
         let last = short.len() - 8;
         short[last..].copy_from_slice(&2u64.to_le_bytes());
         let err = Idx::parse("x.idx", &short).unwrap_err();
-        assert!(err.to_string().contains("the document index ends at Some(2), not at the 3 sequences"), "{err}");
+        assert!(
+            err.to_string().contains("the document index ends at Some(2), not at the 3 sequences"),
+            "{err}"
+        );
     }
 }
