@@ -466,7 +466,7 @@ mod tests {
             }
         };
         let (refused, _) = open(512 << 10).await;
-        let err = refused.err().expect("a header past the budget");
+        let Err(err) = refused else { panic!("a header past the budget read") };
         assert!(
             matches!(err, Error::OverBudget { .. }) && err.to_string().contains("tar headers of ds/a.tar"),
             "{err}"
