@@ -42,6 +42,10 @@ impl NpyHeader {
         if bytes.len() < 10 || !bytes.starts_with(MAGIC) {
             return Err(bad("no \\x93NUMPY magic"));
         }
+        // numpy reads format versions 1.0, 2.0 and 3.0 and refuses any other minor version.
+        if bytes[7] != 0 {
+            return Err(bad(&format!("version {}.{}", bytes[6], bytes[7])));
+        }
         let (length, start) = match bytes[6] {
             1 => (u64::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
             2 | 3 if bytes.len() >= 12 => {
@@ -357,6 +361,9 @@ mod tests {
         assert_eq!(NpyHeader::parse("c.npy", &head[..20]).unwrap(), Err(128), "the rest is asked for");
         assert!(NpyHeader::parse("d.npy", &npy_header(">u2", "(4,)")).is_err(), "big-endian");
         assert!(NpyHeader::parse("e.npy", b"not numpy at all").is_err());
+        let mut minor = head.clone();
+        minor[7] = 8; // version 1.8: numpy refuses it
+        assert!(NpyHeader::parse("g.npy", &minor).is_err());
         assert_eq!(item_size("uint16"), Some(2));
         assert_eq!(item_size("float64"), Some(8));
         assert_eq!(item_size("u2"), None);

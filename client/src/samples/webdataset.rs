@@ -87,6 +87,13 @@ pub async fn open<F: Fetch>(
     for (tar, members) in tars.iter().zip(&members) {
         groups.push(group(dataset, &tar.shard, members)?);
     }
+    // As webdataset's own check: tars with no sample at all are a mistake (files named
+    // without a KEY.FIELD, the wrong folder), not an empty epoch.
+    if groups.iter().all(Vec::is_empty) {
+        return Err(Error::Config(format!(
+            "dataset {dataset:?}: its .tar shards hold no samples (no member named KEY.FIELD, e.g. 000001.jpg)"
+        )));
+    }
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
         shards: tars.iter().map(|s| s.shard.clone()).collect(),
@@ -515,6 +522,7 @@ mod tests {
         let cases: Vec<(&str, Vec<u8>, &str)> = vec![
             ("short", tar_of(good)[..300].to_vec(), "300 bytes: too short for a tar"),
             ("empty", Vec::new(), "0 bytes: too short for a tar"),
+            ("no samples", tar_of(&[("README", b'0', b"hi")]), "hold no samples"),
             (
                 "link",
                 tar_of(&[("0001.txt", b'1', b"sample"), ("0001.cls", b'0', b"3")]),
@@ -540,7 +548,10 @@ mod tests {
             )
             .await;
             let err = opened.err().unwrap_or_else(|| panic!("{name}: read"));
-            assert!(matches!(err, Error::Damaged { .. }) && err.to_string().contains(why), "{name}: {err}");
+            assert!(
+                matches!(err, Error::Damaged { .. } | Error::Config(_)) && err.to_string().contains(why),
+                "{name}: {err}"
+            );
         }
         let files = Files::new([("good.tar".to_owned(), Bytes::from(tar_of(good)))]);
         let index =
