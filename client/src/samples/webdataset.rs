@@ -208,7 +208,8 @@ fn header(name: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step> 
     // Every numeric field a number, as tarfile checks (it ends the archive at the first
     // header that is not, silently; GNU tar and libarchive call the archive damaged).
     for (what, range) in NUMERIC_FIELDS {
-        if number(&block[range.clone()]).is_none() {
+        // 0xff: a negative base-256 number (an mtime before 1970), a number all the same.
+        if block[range.start] != 0xff && number(&block[range.clone()]).is_none() {
             return Err(bad(format!("the header's {what} is not a number")));
         }
     }
@@ -553,6 +554,15 @@ mod tests {
                 "{name}: {err}"
             );
         }
+        // An mtime before 1970 (base-256, negative) is a number all the same.
+        let mut old = tar_of(good);
+        old[136..148].copy_from_slice(&[0xff; 12]);
+        fix_checksum(&mut old, 0);
+        let files = Files::new([("old.tar".to_owned(), Bytes::from(old))]);
+        let index =
+            SampleIndex::open_listed(&files, "ds", &files.listing(), &Format::WebDataset, Budget::default())
+                .await;
+        assert_eq!(index.expect("a tar of 1969").len(), 1);
         let files = Files::new([("good.tar".to_owned(), Bytes::from(tar_of(good)))]);
         let index =
             SampleIndex::open_listed(&files, "ds", &files.listing(), &Format::WebDataset, Budget::default())
