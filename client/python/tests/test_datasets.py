@@ -4,6 +4,7 @@
 import itertools
 import random
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -274,3 +275,16 @@ def test_a_huge_epoch_is_computed_not_listed(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_state_saved_before_computed_orders_warns_where_its_blocks_were_shuffled_otherwise(spoke, monkeypatch):
+    monkeypatch.setattr(shardcache.order, "LISTED_BLOCK", 10)  # the c4 blocks (48 records) are "large"
+    old = {"seed": 11, "epoch": 2, "sample_in_epoch": 8, "consumed": 4, "world_size": 2}
+    with pytest.warns(UserWarning, match="shuffled blocks of more than 10 samples another way"):
+        streaming(spoke).load_state_dict(old)
+    saved = streaming(spoke, epoch=2).state_dict(consumed=4)
+    assert saved["order"] == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        streaming(spoke).load_state_dict(saved)  # saved by this version: no warning
+        streaming(spoke).load_state_dict(dict(old, sample_in_epoch=0, consumed=0))  # at an epoch's start

@@ -10,13 +10,13 @@ from shardcache.order import EpochOrder, Permutation
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 17, 1000, 4097])
 def test_a_computed_permutation_is_a_bijection(n):
     p = Permutation(n, "k")
-    assert sorted(p(i) for i in range(n)) == list(range(n))
-    assert [p(i) for i in range(n)] == [Permutation(n, "k")(i) for i in range(n)]
+    assert sorted(p[i] for i in range(n)) == list(range(n))
+    assert [p[i] for i in range(n)] == [Permutation(n, "k")[i] for i in range(n)]
     if n > 3:
-        assert [p(i) for i in range(n)] != [Permutation(n, "other")(i) for i in range(n)]
-        assert [p(i) for i in range(n)] != list(range(n))
+        assert [p[i] for i in range(n)] != [Permutation(n, "other")[i] for i in range(n)]
+        assert [p[i] for i in range(n)] != list(range(n))
     with pytest.raises(IndexError):
-        p(n)
+        p[n]
 
 
 UNITS = [(0, 0, 300), (1, 0, 77), (2, 0, 5), (2, 5, 140), (3, 0, 1)]
@@ -40,10 +40,25 @@ def test_every_sample_once_whether_blocks_are_listed_or_computed(monkeypatch, li
     assert sorted(seen) == sorted(items[50:])
 
 
-def test_a_plan_read_from_the_blocks_names_the_same_shards():
+def test_a_plan_names_the_shards_in_the_order_of_their_first_read():
     order = EpochOrder(UNITS, seed=4, epoch=1, shuffle=True, shard_block=2)
-    listed, _ = order.plan(order.positions(0, 0, 1, 0, 4, 0, 1), listed_up_to=1 << 30)
+    # One by one: worker 1 of 2 on rank 2 of 3 names what it reads, first read first.
+    mine = list(order.positions(0, 2, 3, 0, 4, 1, 2))
+    listed, until = order.plan(iter(mine), listed_up_to=1 << 30)
+    first_reads = list(dict.fromkeys(order[p][0] for p in mine))
+    assert listed == first_reads
+    shards = [order[p][0] for p in mine]
+    first = {s: shards.index(s) for s in listed}
+    last = {s: i for i, s in enumerate(shards)}
+    # Each read until the last shard whose first read comes before its own last read.
+    assert until == [max(j for j, t in enumerate(listed) if first[t] <= last[s]) for s in listed]
+    # From the blocks: every block's shards in unit order, each read until its block's last new shard.
     blocks, until = order.plan(order.positions(0, 0, 1, 0, 4, 0, 1), listed_up_to=0)
-    assert sorted(blocks) == sorted(listed) == [0, 1, 2, 3]
-    # Each shard is read until its block's last new shard.
-    assert all(u >= i for i, u in enumerate(until))
+    expected, ends = [], {}
+    for block in order.blocks:
+        for shard in dict.fromkeys(s for s, _, _ in block.units):
+            if shard not in expected:
+                expected.append(shard)
+        for shard, _, _ in block.units:
+            ends[shard] = len(expected) - 1
+    assert blocks == expected and until == [ends[s] for s in expected]

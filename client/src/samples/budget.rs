@@ -15,6 +15,8 @@ use std::sync::{
     atomic::{AtomicU64, Ordering},
 };
 
+use shardcache_proto::units::ByteSize;
+
 use crate::{Error, Result};
 
 /// The default: 4 GiB a process (each DataLoader worker has its own). MosaicML's shards
@@ -22,8 +24,8 @@ use crate::{Error, Result};
 /// 128 MiB takes a few times that as values.
 pub const DEFAULT_BUDGET: u64 = 4 << 30;
 
-/// The environment variable that sets the budget in bytes (`4294967296`, or with a
-/// `K`, `M` or `G` suffix: `512M`).
+/// The environment variable that sets the budget: bytes, or a size as the servers' flags
+/// take it (`512MiB`, `512M`, `8G`; `8GB` is 8 x 10^9).
 pub const BUDGET_ENV: &str = "SHARDCACHE_MEMORY_BUDGET";
 
 /// Bytes a reader may hold, and what it holds now.
@@ -48,9 +50,10 @@ impl Budget {
     /// value that is not a size.
     pub fn from_env() -> Result<Self> {
         match std::env::var(BUDGET_ENV) {
-            Ok(text) => parse_size(&text).map(Self::new).ok_or_else(|| {
-                Error::Config(format!("{BUDGET_ENV}={text:?}: give bytes, or a size like 512M or 8G"))
-            }),
+            Ok(text) => text
+                .parse::<ByteSize>()
+                .map(|size| Self::new(size.0))
+                .map_err(|e| Error::Config(format!("{BUDGET_ENV}: {e}"))),
             Err(_) => Ok(Self::default()),
         }
     }
@@ -105,7 +108,8 @@ impl Held {
                 self.bytes = bytes;
                 Ok(())
             }
-            false => Err(Error::OverBudget { what: what(), needed: more, budget: self.limit }),
+            // What this holder would hold in all: the number a person compares with the budget.
+            false => Err(Error::OverBudget { what: what(), needed: bytes, budget: self.limit }),
         }
     }
 }
@@ -122,20 +126,6 @@ impl Drop for Held {
     fn drop(&mut self) {
         self.used.fetch_sub(self.bytes, Ordering::AcqRel);
     }
-}
-
-/// `4096`, `512K`, `512M`, `8G` (powers of 1024; a trailing `B`/`iB` allowed).
-pub fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let text = text.strip_suffix("iB").or_else(|| text.strip_suffix('B')).unwrap_or(text);
-    let (digits, shift) = match text.char_indices().last()? {
-        (at, 'k' | 'K') => (&text[..at], 10),
-        (at, 'm' | 'M') => (&text[..at], 20),
-        (at, 'g' | 'G') => (&text[..at], 30),
-        (at, 't' | 'T') => (&text[..at], 40),
-        _ => (text, 0),
-    };
-    digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 #[cfg(test)]
@@ -162,21 +152,11 @@ mod tests {
         held.resize(70, || "walk".into()).unwrap();
         assert_eq!(budget.used(), 70);
         let err = held.resize(101, || "walk".into()).unwrap_err();
-        assert!(matches!(err, Error::OverBudget { needed: 31, .. }), "{err}");
+        assert!(matches!(err, Error::OverBudget { needed: 101, .. }), "{err}");
         assert_eq!(budget.used(), 70, "a refused growth holds what it held");
         held.resize(5, || "walk".into()).unwrap();
         assert_eq!(budget.used(), 5);
         drop(held);
         assert_eq!(budget.used(), 0);
-    }
-
-    #[test]
-    fn sizes_parse_with_suffixes() {
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("512M"), Some(512 << 20));
-        assert_eq!(parse_size("8GiB"), Some(8 << 30));
-        assert_eq!(parse_size("1k"), Some(1024));
-        assert_eq!(parse_size("lots"), None);
-        assert_eq!(parse_size("99999999999T"), None, "overflow is not a size");
     }
 }

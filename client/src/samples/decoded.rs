@@ -106,9 +106,11 @@ impl SampleIndex {
             .zip(files)
             .zip(held)
             .map(|((&shard, zipped), held)| {
-                let (dataset, raw) = (self.dataset.clone(), raw[shard].clone());
+                let (dataset, file, raw) =
+                    (self.dataset.clone(), self.shards[shard].clone(), raw[shard].clone());
                 let doing = format!("{}/{}: decompressing", self.dataset, self.shards[shard]);
-                (doing, tokio::task::spawn_blocking(move || mds::unpack(&dataset, &raw, &zipped, held)))
+                let unpack = move || mds::unpack(&dataset, &file, &raw, &zipped, held);
+                (doing, tokio::task::spawn_blocking(unpack))
             })
             .collect();
         for (&shard, shard_data) in missing.iter().zip(all_done(unpacking).await?) {

@@ -76,15 +76,16 @@ impl Files {
             .get(&range.shard)
             .ok_or_else(|| Error::Config(format!("{}/{}: no such file", range.dataset, range.shard)))?;
         let end = range.offset.checked_add(range.length).filter(|&end| end <= data.len() as u64);
-        let end = end.ok_or_else(|| {
-            Error::Config(format!(
+        let end = end.ok_or_else(|| Error::Status {
+            endpoint: "files in memory".into(),
+            status: tonic::Status::out_of_range(format!(
                 "{}/{}: a read of {} bytes at {} past its {} bytes",
                 range.dataset,
                 range.shard,
                 range.length,
                 range.offset,
                 data.len()
-            ))
+            )),
         })?;
         Ok(data.slice(range.offset as usize..end as usize))
     }

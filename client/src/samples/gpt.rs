@@ -117,7 +117,7 @@ impl GptIndex {
             Some(n) => i64::try_from(n)
                 .ok()
                 .and_then(|n| n.checked_mul(seq)?.checked_add(extra))
-                .map(|needed| ((needed + tpe - 1) / tpe).max(1))
+                .map(|needed| (needed - 1) / tpe + 1) // ceil without needed + tpe, which can pass i64
                 .ok_or_else(|| too_many(format!("{n} samples of {seq_len} tokens")))?,
             None => 1,
         };
@@ -223,6 +223,13 @@ fn sample_starts(lengths: &[u64], documents: &[u32], seq: i64, total: i64) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sample_count_near_two_to_the_63_is_an_error_not_a_wrap() {
+        // needed + tokens per epoch passed i64 (a panic in debug, one epoch in release).
+        let asked = Some((i64::MAX - 1) as u64);
+        assert!(GptIndex::new(vec![10], 1, 1234, asked, &Budget::default()).is_err());
+    }
 
     #[test]
     fn mt19937_is_numpys() {

@@ -252,7 +252,6 @@ fn compressed(
                 .shards
                 .iter()
                 .map(|s| Raw {
-                    name: s.raw_data.basename.clone(),
                     bytes: s.raw_data.bytes,
                     samples: s.samples,
                     codec: s.compression.as_deref().and_then(Codec::of).unwrap_or(Codec::Zstd),
@@ -298,22 +297,23 @@ impl Codec {
     }
 }
 
-/// What a compressed shard holds: its uncompressed file's name, size and samples, and
-/// how it was compressed.
+/// What a compressed shard holds: its uncompressed size and samples, and how it was
+/// compressed.
 #[derive(Debug, Clone)]
 pub struct Raw {
-    pub name: String,
     pub bytes: u64,
     pub samples: u64,
     pub codec: Codec,
 }
 
-/// Decompresses `zipped` into the shard `raw` names, checking its size and offset table;
-/// `held`: the budget's bytes for what it decompresses to (`raw.bytes`).
-pub fn unpack(dataset: &str, raw: &Raw, zipped: &[u8], held: Held) -> Result<Unpacked> {
+/// Decompresses `zipped` (the file `file` of the dataset) into the shard `raw` names,
+/// checking its size and offset table; `held`: the budget's bytes for what it
+/// decompresses to (`raw.bytes`). Errors name `file`, the one the dataset has (MosaicML
+/// deletes the uncompressed one), with offsets in the decompressed bytes said so.
+pub fn unpack(dataset: &str, file: &str, raw: &Raw, zipped: &[u8], held: Held) -> Result<Unpacked> {
     use std::io::Read;
-    let Raw { name, bytes, samples, codec } = raw;
-    let bad = |why: String| damaged(dataset, name, None, why);
+    let Raw { bytes, samples, codec } = raw;
+    let bad = |why: String| damaged(dataset, file, None, why);
     // Never more than index.json says, which the budget had room for (held): a hostile
     // file cannot make it allocate more.
     let mut data = Vec::with_capacity(usize::try_from(*bytes).map_err(|_| bad(format!("{bytes} bytes")))?);
@@ -335,10 +335,14 @@ pub fn unpack(dataset: &str, raw: &Raw, zipped: &[u8], held: Held) -> Result<Unp
             read
         }
         Codec::Snappy => match snap::raw::decompress_len(zipped) {
-            Ok(length) if length as u64 == *bytes => snap::raw::Decoder::new()
-                .decompress_vec(zipped)
-                .map(|d| data = d)
-                .map_err(std::io::Error::other),
+            // Into the buffer held for it: decompress_vec would allocate a second one.
+            Ok(length) if length as u64 == *bytes => {
+                data.resize(length, 0);
+                snap::raw::Decoder::new()
+                    .decompress(zipped, &mut data)
+                    .map(|_| ())
+                    .map_err(std::io::Error::other)
+            }
             Ok(length) => Err(std::io::Error::other(format!("a snappy block of {length} bytes"))),
             Err(e) => Err(std::io::Error::other(e)),
         },
@@ -353,7 +357,7 @@ pub fn unpack(dataset: &str, raw: &Raw, zipped: &[u8], held: Held) -> Result<Unp
             format!("{} bytes after the compressed stream (at byte {at} of its compressed file)", rest.len());
         return Err(bad(what));
     }
-    let bounds = offsets(dataset, name, *samples, *bytes, &data)?;
+    let bounds = offsets(dataset, &format!("{file} (decompressed)"), *samples, *bytes, &data)?;
     Ok(Unpacked { bounds, data: Bytes::from(data), _held: held })
 }
 

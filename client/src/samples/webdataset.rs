@@ -342,9 +342,14 @@ fn pax(records: &[u8]) -> std::result::Result<HashMap<String, String>, String> {
             .and_then(|l| l.parse::<usize>().ok())
             .filter(|&length| length >= 5 && length > space + 2 && length <= rest.len())
             .ok_or_else(|| format!("pax record at {at}: a length that does not fit its record"))?;
+        // Framed as tarfile checks since CVE-2024-6232: `KEY=VALUE\n`, a key not empty.
         let record = &rest[space + 1..length - 1];
-        if let Some((key, value)) = String::from_utf8_lossy(record).split_once('=') {
-            out.insert(key.to_owned(), value.to_owned());
+        let text = String::from_utf8_lossy(record);
+        match text.split_once('=') {
+            Some((key, value)) if !key.is_empty() && rest[length - 1] == b'\n' => {
+                out.insert(key.to_owned(), value.to_owned());
+            }
+            _ => return Err(format!("pax record at {at}: not KEY=VALUE and a newline")),
         }
         rest = &rest[length..];
         at += length;
@@ -418,6 +423,13 @@ mod tests {
         // A zero length never advanced the parse (CVE-2019-20907's hang): an error now.
         assert!(pax(b"0 path=x\n").is_err());
         assert!(pax(b"99 path=x\n").is_err(), "a length past the records");
+        // Framing tarfile checks: a newline at the end, a key, an equals sign.
+        assert!(pax(b"11 size=42X").is_err() && pax(b"8 =abc\n").is_err() && pax(b"8 sizeX\n").is_err());
+        assert_eq!(
+            pax(b"8 size=\n").unwrap().get("size").map(String::as_str),
+            Some(""),
+            "a value may be empty"
+        );
     }
 
     #[test]

@@ -49,7 +49,11 @@ import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ._native import Client, ShardcacheError
+from . import order as order_module
 from .order import EpochOrder
+
+# The epoch order's version in a saved state (2: computed per position, shardcache.order).
+ORDER_VERSION = 2
 
 # Samples of a worker's share a plan follows one by one; past them, block by block (a
 # plan of the whole share of a huge epoch would take as long as reading its order).
@@ -373,6 +377,7 @@ class StreamingShardDataset(_IterableBase):
             "sample_in_epoch": self.base + consumed * self.world_size,
             "consumed": consumed,
             "world_size": self.world_size,
+            "order": ORDER_VERSION,
         }
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
@@ -381,6 +386,17 @@ class StreamingShardDataset(_IterableBase):
         run's ranks and workers."""
         self.seed = state["seed"]
         self.epoch = state["epoch"]
+        if "order" not in state and state.get("sample_in_epoch", state.get("consumed", 0)):
+            # Saved before the order was computed: blocks of more than LISTED_BLOCK samples
+            # were shuffled another way then, so the rest of that epoch would not be its rest.
+            big = [b.size for b in self._order().blocks if b.size > order_module.LISTED_BLOCK]
+            if big:
+                warnings.warn(
+                    f"shardcache: this state was saved by a version that shuffled blocks of more than "
+                    f"{order_module.LISTED_BLOCK} samples another way ({len(big)} such blocks here): the rest "
+                    f"of epoch {self.epoch} may repeat or skip samples of them; later epochs are exact",
+                    stacklevel=2,
+                )
         if "sample_in_epoch" in state:
             self.base = state["sample_in_epoch"]
         else:  # a state saved before sample_in_epoch: each rank's count
@@ -413,10 +429,10 @@ class StreamingShardDataset(_IterableBase):
         names = self._records.shards
         return [names[s] for s in shards], until
 
-    def _send_plan(self, worker_id: int, num_workers: int) -> bool:
-        """Sends this worker's plan for the rest of this epoch and the next; returns
-        whether the spoke took it."""
-        now_order, then_order = self._order(), self._order(self.epoch + 1)
+    def _send_plan(self, now_order: EpochOrder, worker_id: int, num_workers: int) -> bool:
+        """Sends this worker's plan for the rest of this epoch (``now_order``) and the
+        next; returns whether the spoke took it."""
+        then_order = self._order(self.epoch + 1)
         now, now_until = self._plan(now_order, self._positions(now_order, worker_id, num_workers))
         then, then_until = self._plan(then_order, self._positions(then_order, worker_id, num_workers, fresh=True))
         records = self._records
@@ -465,7 +481,7 @@ class StreamingShardDataset(_IterableBase):
         order = self._order()
         if next(self._positions(order, worker_id, num_workers), None) is None:
             return  # nothing left for this worker this epoch
-        planned = self.plan and self._send_plan(worker_id, num_workers)
+        planned = self.plan and self._send_plan(order, worker_id, num_workers)
         if self.prefetch and not planned:
             shards, _ = self._plan(order, self._positions(order, worker_id, num_workers))
             records.client.prefetch(records.dataset, shards, wait=False)

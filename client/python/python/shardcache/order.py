@@ -9,7 +9,8 @@ one block's inner shuffle at a time:
 - a block of at most :data:`LISTED_BLOCK` samples is shuffled as a list of its positions
   (``random.Random(f"shardcache:{seed}:{epoch}:block{first unit}")``, an ``array`` of 8
   bytes a position): the order earlier versions listed, so a state saved by one resumes
-  in the same order;
+  in the same order (a state they saved in an epoch with larger blocks resumes with a
+  warning: those blocks were shuffled another way);
 - a larger block is shuffled by a permutation computed per position (a Feistel network
   over the next power of four, cycle-walking the values past the block back in: Black &
   Rogaway's cipher on an arbitrary domain), in constant memory.
@@ -57,7 +58,10 @@ class Permutation:
             left, right = right, left ^ (_mix(right ^ key) & self.mask)
         return (left << self.half) | right
 
-    def __call__(self, position: int) -> int:
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, position: int) -> int:
         if not 0 <= position < self.n:
             raise IndexError(f"position {position} is outside 0..{self.n}")
         x = self._encrypt(position)
@@ -79,7 +83,7 @@ class _Block:
             self.ends.append(total)
         self.size = total
         self.key = key  # None: not shuffled
-        self._order: Optional[Sequence[int]] = None
+        self._order: Optional[Sequence[int]] = None  # an array, or a Permutation
 
     def position(self, k: int) -> int:
         """The block's sample (0..size, in unit order) at place ``k`` of its order."""
@@ -91,7 +95,7 @@ class _Block:
                 random.Random(self.key).shuffle(order)
                 self._order = order
             else:
-                self._order = _Computed(Permutation(self.size, self.key))
+                self._order = Permutation(self.size, self.key)
         return self._order[k]
 
     def item(self, k: int) -> Tuple[int, int]:
@@ -103,14 +107,6 @@ class _Block:
 
     def release(self) -> None:
         self._order = None
-
-
-class _Computed:
-    def __init__(self, permutation: Permutation):
-        self.permutation = permutation
-
-    def __getitem__(self, k: int) -> int:
-        return self.permutation(k)
 
 
 class EpochOrder:

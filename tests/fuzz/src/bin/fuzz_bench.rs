@@ -14,8 +14,9 @@
 //! target/release/fuzz-bench --target parquet --from 1129 --inputs 1 --save /tmp/repro
 //! ```
 //!
-//! A hang or an allocation past 4 GiB aborts the process with the target's number and
-//! the input's on stderr (inputs are numbered: the same number is the same file).
+//! A hang (past 20 s) or an allocation past the cap (96 MiB held by one input) aborts the
+//! process with the target's number and the input's on stderr (inputs are numbered: the
+//! same number is the same file).
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
 
