@@ -121,8 +121,7 @@ pub async fn open<F: Fetch>(
     // A count index.json gives is believed only as far as the file could hold its table
     // (and the table is the file's own: offsets checked below).
     for (shard, listed) in shards.iter().zip(&files) {
-        let table = shard.samples.checked_add(2).and_then(|n| n.checked_mul(4));
-        if table.is_none_or(|t| t > listed.size) || shard.raw_data.bytes != listed.size {
+        if table_bytes(shard.samples).is_none_or(|t| t > listed.size) || shard.raw_data.bytes != listed.size {
             return Err(damaged(
                 dataset,
                 INDEX,
@@ -135,7 +134,7 @@ pub async fn open<F: Fetch>(
         }
     }
     // The tables the guessed heads did not hold whole, read in one more batch.
-    let table = |s: &ShardEntry| 4 * (s.samples + 2);
+    let table = |s: &ShardEntry| table_bytes(s.samples).unwrap_or(u64::MAX); // checked just above
     let short: Vec<usize> = (0..shards.len())
         .filter(|&i| {
             guessed
@@ -225,8 +224,7 @@ fn compressed(
 ) -> Result<SampleIndex> {
     // A count is believed only as far as the decompressed file could hold its offset table.
     for shard in &file.shards {
-        let table = shard.samples.checked_add(2).and_then(|n| n.checked_mul(4));
-        if table.is_none_or(|t| t > shard.raw_data.bytes) {
+        if table_bytes(shard.samples).is_none_or(|t| t > shard.raw_data.bytes) {
             return Err(damaged(
                 dataset,
                 INDEX,
@@ -361,6 +359,12 @@ pub fn unpack(dataset: &str, file: &str, raw: &Raw, zipped: &[u8], held: Held) -
     Ok(Unpacked { bounds, data: Bytes::from(data), _held: held })
 }
 
+/// The bytes of a shard's count and offset table: `u32 N`, `u32 offsets[N + 1]`; `None`
+/// past 2^64 (a count no file holds).
+fn table_bytes(samples: u64) -> Option<u64> {
+    samples.checked_add(2)?.checked_mul(4)
+}
+
 /// Sample bounds from the start of the shard file `name` (`head`), which `index.json`
 /// says holds `samples` samples in `bytes` bytes: its count, then an offset table whose
 /// offsets are sorted, start past the table itself and end at the file's end.
@@ -381,7 +385,7 @@ fn offsets(dataset: &str, name: &str, samples: u64, bytes: u64, head: &[u8]) -> 
         ));
     }
     // Checked by the caller against the file's size: the table fits.
-    let table_end = samples.checked_add(2).and_then(|n| n.checked_mul(4)).unwrap_or(u64::MAX);
+    let table_end = table_bytes(samples).unwrap_or(u64::MAX);
     let bounds: Option<Vec<u64>> = (1..=samples.saturating_add(1)).map(u32_at).collect();
     let bounds =
         bounds.ok_or_else(|| damaged(dataset, name, head.len() as u64, "its offset table is cut short"))?;

@@ -304,13 +304,24 @@ impl SampleIndex {
     /// columns, and for Parquet's rows, which are not bytes of their own
     /// ([`SampleIndex::read_decoded`] reads them).
     pub fn decode(&self, sample: &Bytes) -> Result<Fields> {
+        let columns = self.mds_columns()?;
+        // Bytes a caller hands in: of no file this index knows.
+        mds::decode(columns, sample).map_err(|what| Error::Damaged {
+            file: format!("{}: a sample", self.dataset),
+            offset: None,
+            what,
+        })
+    }
+
+    /// The columns an MDS sample's bytes decode into; an error for any other format.
+    fn mds_columns(&self) -> Result<&[mds::Column]> {
         let columns = self.columns.as_deref().ok_or_else(|| {
             Error::Config(format!("dataset {:?}: its samples have no columns to decode", self.dataset))
         })?;
         if let Layout::Rows { .. } = self.layout {
             return Err(self.rows_are_values());
         }
-        mds::decode(columns, sample)
+        Ok(columns)
     }
 
     fn rows_are_values(&self) -> Error {
@@ -330,15 +341,16 @@ impl SampleIndex {
             return self.read_rows(client, samples).await;
         }
         let data = self.read(client, samples).await?;
-        let decoded = data.iter().zip(samples).map(|(sample, &(shard, k))| match self.decode(sample) {
-            Ok(fields) => Ok(Arc::new(fields)),
-            // The sample's file and where the sample starts in it.
-            Err(Error::Damaged { what, .. }) => {
-                let at = self.pieces(shard, k).ok().and_then(|p| p.first().map(|p| p.offset));
-                Err(damaged(&self.dataset, &self.shards[shard], at, format!("sample {k}: {what}")))
-            }
-            Err(e) => Err(e),
-        });
+        let columns = self.mds_columns()?;
+        let decoded =
+            data.iter().zip(samples).map(|(sample, &(shard, k))| match mds::decode(columns, sample) {
+                Ok(fields) => Ok(Arc::new(fields)),
+                // The sample's file and where the sample starts in it.
+                Err(what) => {
+                    let at = self.pieces(shard, k).ok().and_then(|p| p.first().map(|p| p.offset));
+                    Err(damaged(&self.dataset, &self.shards[shard], at, format!("sample {k}: {what}")))
+                }
+            });
         decoded.collect()
     }
 

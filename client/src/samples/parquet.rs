@@ -386,28 +386,30 @@ pub fn decode_group(name: &str, file: &File, g: usize, offset: u64, data: Bytes,
     }
     // The parquet crate's record reader panics on some damaged pages (60.1: an assertion
     // in bit_util's unpacking, "Cannot extract value" in record/triplet.rs, found by the
-    // fuzz harness): refused as a damaged row group here, never a crash of the trainer.
-    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<Vec<Arc<Fields>>> {
-        let part = Arc::new(Part { offset, data });
-        let properties = Arc::new(ReaderProperties::builder().build());
-        let reader = SerializedRowGroupReader::new(part, group, RowGroupPageIndex::new(g, None), properties)
-            .map_err(|e| bad(None, e.to_string()))?;
-        let rows = reader.get_row_iter(None).map_err(|e| bad(None, e.to_string()))?;
-        // The footer's count, checked below: not trusted for an allocation.
-        let mut out = Vec::with_capacity(file.groups[g].rows.min(1 << 16) as usize);
-        for row in rows {
-            let row = row.map_err(|e| bad(None, e.to_string()))?;
-            out.push(Arc::new(fields(row, &file.utc)));
-            if out.len() as u64 > file.groups[g].rows {
-                break; // more rows than the footer says: refused below, not all decoded
-            }
-        }
-        Ok(out)
-    }));
-    let out = decoded.unwrap_or_else(|panic| {
+    // fuzz harness): each call into it is caught and the row group refused as damaged,
+    // never a crash of the trainer. Only the crate's calls: a panic of ours is a bug.
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let caught = |panic: Box<dyn std::any::Any + Send>| {
         let why = crate::error::panic_message(panic.as_ref());
-        Err(bad(None, format!("the Parquet decoder failed on its pages ({why})")))
-    })?;
+        bad(None, format!("the Parquet decoder failed on its pages ({why})"))
+    };
+    let crate_error = |e: parquet::errors::ParquetError| bad(None, e.to_string());
+    let (part, properties) = (Arc::new(Part { offset, data }), Arc::new(ReaderProperties::builder().build()));
+    let index = RowGroupPageIndex::new(g, None);
+    let reader =
+        catch_unwind(AssertUnwindSafe(|| SerializedRowGroupReader::new(part, group, index, properties)))
+            .map_err(caught)?
+            .map_err(crate_error)?;
+    let mut rows =
+        catch_unwind(AssertUnwindSafe(|| reader.get_row_iter(None))).map_err(caught)?.map_err(crate_error)?;
+    // The footer's count, checked below: not trusted for an allocation.
+    let mut out = Vec::with_capacity(file.groups[g].rows.min(1 << 16) as usize);
+    while let Some(row) = catch_unwind(AssertUnwindSafe(|| rows.next())).map_err(caught)? {
+        out.push(Arc::new(fields(row.map_err(crate_error)?, &file.utc)));
+        if out.len() as u64 > file.groups[g].rows {
+            break; // more rows than the footer says: refused below, not all decoded
+        }
+    }
     if out.len() as u64 != file.groups[g].rows {
         let what = format!("decoded to {} rows where its footer says {}", out.len(), file.groups[g].rows);
         return Err(bad(None, what));

@@ -5,11 +5,12 @@
 use bytes::Bytes;
 
 use super::Column;
-use crate::{Error, Result, samples::Value};
+use crate::samples::Value;
 
-/// Decodes one sample's bytes into its columns' values, in column order.
-pub fn decode(columns: &[Column], sample: &Bytes) -> Result<Vec<(String, Value)>> {
-    let bad = |why: String| Error::Damaged { file: "an MDS sample".into(), offset: None, what: why };
+/// Decodes one sample's bytes into its columns' values, in column order; an error says
+/// what is wrong with the sample (the caller knows which file it is of).
+pub fn decode(columns: &[Column], sample: &Bytes) -> Result<Vec<(String, Value)>, String> {
+    let bad = |why: String| why;
     let variable = columns.iter().filter(|c| c.size.is_none()).count();
     let mut at = 4 * variable;
     if sample.len() < at {
