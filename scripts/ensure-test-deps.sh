@@ -24,11 +24,11 @@ STAMP="$VENV/.shardcache-requirements"
 
 # Debian packages the tests run (installed with apt where missing):
 # - nss_wrapper: the group-discovery test resolves names from its own hosts file
-#   (tests/tests/spoke_group_membership.rs);
+#   (tests/tests/e2e/spoke_group_membership.rs);
 # - fuse3 (fusermount3): the mount tests mount a real FUSE filesystem
-#   (tests/tests/mount.rs, client/python/tests/test_mount.py);
+#   (tests/tests/e2e/mount.rs, client/python/tests/test_mount.py);
 # - prometheus and promtool: the monitoring test scrapes real servers with the recording
-#   rules of deploy/prometheus (tests/tests/prometheus.rs; deploy/k8s/validate.sh).
+#   rules of deploy/prometheus (tests/tests/e2e/prometheus.rs; deploy/k8s/validate.sh).
 apt_packages=()
 if ! [ -e /usr/lib/x86_64-linux-gnu/libnss_wrapper.so ] && ! [ -e /usr/lib/aarch64-linux-gnu/libnss_wrapper.so ] && ! [ -e /usr/lib64/libnss_wrapper.so ]; then
   apt_packages+=(libnss-wrapper)

@@ -45,7 +45,7 @@ fn megatron_idx(lengths: &[u32]) -> Vec<u8> {
 pub fn npy(dir: &Path, shards: u64, tokens: u64) {
     std::fs::create_dir_all(dir).unwrap();
     for shard in 0..shards {
-        let mut out = shardcache_client::samples::tokens::npy_header("<u2", &format!("({tokens},)"));
+        let mut out = shardcache_formats::tokens::npy_header("<u2", &format!("({tokens},)"));
         out.extend((0..tokens).flat_map(|t| ((t ^ shard) as u16).to_le_bytes()));
         std::fs::write(dir.join(format!("part-{shard}.npy")), out).unwrap();
     }

@@ -1,16 +1,17 @@
 //! [`Client`]: verified reads from a hub or a spoke (they serve the same API).
 //!
-//! Every chunk is checked before it is handed out: CRC32C against its bytes, offset and
-//! length against what was asked, and one version across all chunks of a read. A read
-//! that cannot be verified is an [`Error`], never data.
+//! Every chunk is checked before it is handed out (`verify`): CRC32C against its bytes,
+//! offset and length against what was asked, and one version across all chunks of a
+//! read. A read that cannot be verified is an [`Error`], never data. Streams of any
+//! size are `stream.rs`'s.
 
 use std::sync::Arc;
 
 use shardcache_proto::{
-    checksum, encoding,
+    encoding,
     v1::{
-        Chunk, DatasetInfo, ListDatasetsRequest, ListShardsRequest, ListShardsResponse, ReadRangesRequest,
-        ShardInfo, StatShardRequest, StreamShardRequest, shard_reader_client::ShardReaderClient,
+        DatasetInfo, ListDatasetsRequest, ListShardsRequest, ListShardsResponse, ReadRangesRequest,
+        ShardInfo, StatShardRequest, shard_reader_client::ShardReaderClient,
     },
 };
 use shardcache_proto::{
@@ -22,16 +23,16 @@ use tonic::{
     transport::Channel,
 };
 
-use crate::{
-    ConnectOptions, Credentials, Error, Result,
-    connect::{AuthChannel, connect_channel},
-    members::{self, MemberSpec, Members, Slot, Source},
-    routing::{HedgeCounters, HedgePolicy, Router},
-    stream::Resume,
+use shardcache_routing::{
+    HedgeCounters, HedgePolicy, Router,
+    members::{MemberSpec, Members, Slot},
 };
-pub use crate::{
-    range::{Range, Verified},
-    stream::ShardStream,
+
+use crate::{
+    ConnectOptions, Credentials, Error, Range, Result,
+    connect::AuthChannel,
+    discovery,
+    verify::{self, Verified},
 };
 
 /// Largest response the SDK accepts: the hub's largest `--max-read` (64 MiB) plus room
@@ -65,11 +66,11 @@ pub(crate) type Member = Slot<Conn>;
 #[derive(Debug, Clone)]
 pub(crate) struct Conn {
     reader: ShardReaderClient<AuthChannel>,
-    health: members::HealthClient,
+    health: discovery::HealthClient,
 }
 
 /// A connection to a shardcache server, or to a group of spokes (`URL1,URL2,...`,
-/// `file:PATH` or `dns+http://NAME:PORT`: see [`crate::members`]): each shard is read
+/// `file:PATH` or `dns+http://NAME:PORT`: see [`crate::discovery`]): each shard is read
 /// from its owner (`routing`: rendezvous hashing), from the next member in its order
 /// when the owner fails, and from the next as well when the owner has not answered
 /// within its hedge delay. Cheap to clone; clones share the connections.
@@ -98,18 +99,14 @@ impl Client {
     /// not keep a client from starting; a `file:` or `dns+` group is kept current.
     pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
         let credentials = Credentials::token(options.token.as_deref())?;
-        let source = Source::parse(endpoint).map_err(Error::Config)?;
-        if let (false, Source::List(list)) = (source.is_group(), &source) {
-            let url = list.first().map_or(endpoint.trim(), |m| m.url.as_str());
-            let channel = connect_channel(url, options).await?;
-            return Ok(Self::from_channel_with(channel, url, credentials));
-        }
-        let members = members::connect(source, endpoint, options, move |channel| {
+        let connected = discovery::connect_one_or_group(endpoint, options, move |channel| {
             Conn::new(channel, credentials.clone())
         })
         .await?;
-        members::probe_failed(&members, |conn: &Conn| members::serving(&conn.health));
-        Ok(Self::with_members(members, endpoint))
+        if connected.group {
+            discovery::probe_failed(&connected.members, |conn: &Conn| discovery::serving(&conn.health));
+        }
+        Ok(Self::with_members(connected.members, &connected.name))
     }
 
     /// Uses an existing channel (custom windows); `endpoint` names it in errors.
@@ -173,7 +170,7 @@ impl Client {
     /// `message` as a read request, with the job headers when there are any, and the
     /// members `asked` before this one (a hedge or a failover: see
     /// `shardcache_proto::hedge`).
-    fn read_request<T>(&self, message: T, asked: &[Arc<Member>]) -> tonic::Request<T> {
+    pub(crate) fn read_request<T>(&self, message: T, asked: &[Arc<Member>]) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some((job, epoch)) = &self.job {
             request.metadata_mut().insert(JOB_HEADER, job.clone());
@@ -228,7 +225,7 @@ impl Client {
     /// (down, unreachable, shedding, garbled) sends the call to the next and pauses the
     /// member; any other error is the answer. `call(asked, member)` asks `member`, the
     /// members in `asked` having been asked before it.
-    async fn on_members<T, F, Fut>(&self, route: &[Arc<Member>], mut call: F) -> Result<T>
+    pub(crate) async fn on_members<T, F, Fut>(&self, route: &[Arc<Member>], mut call: F) -> Result<T>
     where
         F: FnMut(&[Arc<Member>], Arc<Member>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
@@ -338,7 +335,7 @@ impl Client {
             async move {
                 let chunk = m.reader().read_range(request).await.map_err(|s| m.status(s))?;
                 let relayed = is_relayed(&chunk);
-                Ok((m.verify(range, chunk.into_inner())?, relayed))
+                Ok((verify::range(&m.url, range, chunk.into_inner())?, relayed))
             }
         })
         .await
@@ -363,7 +360,7 @@ impl Client {
                 .on_members_relayed(&route, |asked, m| {
                     let request = self.read_request(ReadRangesRequest::default(), asked);
                     let indices = &indices;
-                    async move { m.read_batch(request, ranges, indices).await }
+                    async move { read_batch(&m, request, ranges, indices).await }
                 })
                 .await?;
             Ok::<_, Error>(indices.into_iter().zip(read).collect::<Vec<_>>())
@@ -378,104 +375,18 @@ impl Client {
             .into_iter()
             .enumerate()
             .map(|(i, v)| {
-                v.ok_or_else(|| protocol(&self.endpoint, format!("range {i} of the batch went unanswered")))
+                v.ok_or_else(|| {
+                    verify::protocol(&self.endpoint, format!("range {i} of the batch went unanswered"))
+                })
             })
             .collect::<Result<_>>()?;
         // Every range of one shard was read at one version: a batch never mixes two.
         let mut versions: std::collections::HashMap<(&str, &str), &str> = std::collections::HashMap::new();
         for (range, read) in ranges.iter().zip(&verified) {
             let first = *versions.entry((&range.dataset, &range.shard)).or_insert(&read.version);
-            if first != read.version {
-                return Err(Error::VersionChanged {
-                    shard: format!("{}/{}", range.dataset, range.shard),
-                    expected: first.to_owned(),
-                    found: read.version.clone(),
-                });
-            }
+            verify::same_version(&format!("{}/{}", range.dataset, range.shard), first, &read.version)?;
         }
         Ok(verified)
-    }
-
-    /// Streams `[offset, offset + length)` of a shard, or to its end when `length` is
-    /// `None` (then the shard is stat'ed first and the stream pinned to that version).
-    pub async fn stream_shard(
-        &self,
-        dataset: &str,
-        shard: &str,
-        offset: u64,
-        length: Option<u64>,
-    ) -> Result<ShardStream> {
-        let (length, expected_version) = match length {
-            Some(length) => (length, String::new()),
-            None => {
-                let info = self.stat(dataset, shard).await?;
-                (info.size.saturating_sub(offset), info.version)
-            }
-        };
-        let expected = (!expected_version.is_empty()).then_some(expected_version);
-        self.stream_pinned(dataset, shard, offset, length, expected).await
-    }
-
-    /// Streams `range` (any size), at its `expected_version` when it names one: the
-    /// server refuses a changed shard with ABORTED, and every message is checked.
-    pub async fn stream_range(&self, range: &Range) -> Result<ShardStream> {
-        let expected = range.expected_version.clone();
-        self.stream_pinned(&range.dataset, &range.shard, range.offset, range.length, expected).await
-    }
-
-    async fn stream_pinned(
-        &self,
-        dataset: &str,
-        shard: &str,
-        offset: u64,
-        length: u64,
-        expected: Option<String>,
-    ) -> Result<ShardStream> {
-        let end = offset.saturating_add(length);
-        let (stream, member) =
-            self.open_stream(dataset, shard, offset, end, expected.as_deref(), &[]).await?;
-        Ok(ShardStream {
-            endpoint: member.clone(),
-            shard: format!("{dataset}/{shard}"),
-            stream,
-            next_offset: offset,
-            end,
-            version: expected,
-            resume: Resume {
-                client: self.clone(),
-                dataset: dataset.to_owned(),
-                shard: shard.to_owned(),
-                tried: vec![member],
-            },
-        })
-    }
-
-    /// A `StreamShard` of `[offset, end)` from the shard's owner (or the next member),
-    /// leaving out `tried`; with the member that answered.
-    pub(crate) async fn open_stream(
-        &self,
-        dataset: &str,
-        shard: &str,
-        offset: u64,
-        end: u64,
-        expected_version: Option<&str>,
-        tried: &[String],
-    ) -> Result<(tonic::Streaming<Chunk>, String)> {
-        let request = StreamShardRequest {
-            dataset: dataset.to_owned(),
-            shard: shard.to_owned(),
-            offset,
-            length: Some(end - offset),
-            expected_version: expected_version.unwrap_or_default().to_owned(),
-        };
-        self.on_members(&self.router.route(Some((dataset, shard)), tried), |asked, m| {
-            let request = self.read_request(request.clone(), asked);
-            async move {
-                let stream = m.reader().stream_shard(request).await.map_err(|s| m.status(s))?;
-                Ok((stream.into_inner(), m.url.clone()))
-            }
-        })
-        .await
     }
 }
 
@@ -483,13 +394,21 @@ impl Conn {
     fn new(channel: Channel, credentials: Credentials) -> Self {
         let reader = ShardReaderClient::with_interceptor(channel.clone(), credentials.clone())
             .max_decoding_message_size(MAX_RESPONSE_BYTES);
-        let health = members::HealthClient::new(channel);
+        let health = discovery::HealthClient::new(channel);
         Self { reader, health }
     }
 }
 
-/// What the client does with one member.
-impl Member {
+/// What the client asks of one member (a routing `Slot`, so a trait rather than methods
+/// of its own).
+pub(crate) trait Ask {
+    /// Its read API.
+    fn reader(&self) -> ShardReaderClient<AuthChannel>;
+    /// `status` as this member's answer.
+    fn status(&self, status: tonic::Status) -> Error;
+}
+
+impl Ask for Member {
     fn reader(&self) -> ShardReaderClient<AuthChannel> {
         self.conn.reader.clone()
     }
@@ -497,83 +416,25 @@ impl Member {
     fn status(&self, status: tonic::Status) -> Error {
         Error::Status { endpoint: self.url.clone(), status }
     }
-
-    fn protocol(&self, detail: String) -> Error {
-        protocol(&self.url, detail)
-    }
-
-    /// `ranges[indices]` in one `ReadRanges` call, verified; `request` carries the
-    /// call's headers.
-    async fn read_batch(
-        &self,
-        mut request: tonic::Request<ReadRangesRequest>,
-        ranges: &[Range],
-        indices: &[usize],
-    ) -> Result<(Vec<Verified>, bool)> {
-        request.get_mut().ranges = indices.iter().map(|&i| ranges[i].to_request()).collect();
-        let response = self.reader().read_ranges(request).await.map_err(|s| self.status(s))?;
-        let relayed = is_relayed(&response);
-        let chunks = response.into_inner().chunks;
-        if chunks.len() != indices.len() {
-            return Err(self.protocol(format!("{} chunks for {} ranges", chunks.len(), indices.len())));
-        }
-        let read: Result<Vec<Verified>> =
-            indices.iter().zip(chunks).map(|(&i, chunk)| self.verify(&ranges[i], chunk)).collect();
-        Ok((read?, relayed))
-    }
-
-    fn verify(&self, range: &Range, chunk: Chunk) -> Result<Verified> {
-        let (chunk, wire_len) = decoded(&self.url, chunk, range.length)?;
-        if chunk.offset != range.offset || chunk.data.len() as u64 != range.length {
-            return Err(self.protocol(format!(
-                "asked for {} bytes at offset {} of {}/{}, got {} bytes at offset {}",
-                range.length,
-                range.offset,
-                range.dataset,
-                range.shard,
-                chunk.data.len(),
-                chunk.offset
-            )));
-        }
-        if let Some(expected) = range.expected_version.as_deref().filter(|v| *v != chunk.version) {
-            return Err(Error::VersionChanged {
-                shard: format!("{}/{}", range.dataset, range.shard),
-                expected: expected.to_owned(),
-                found: chunk.version,
-            });
-        }
-        checked(&self.url, chunk, wire_len)
-    }
 }
 
-pub(crate) fn protocol(endpoint: &str, detail: String) -> Error {
-    Error::Protocol { endpoint: endpoint.to_owned(), detail }
-}
-
-/// `chunk` decoded where it came compressed (to at most `expected` bytes: a message
-/// that says more is refused before anything is allocated), and the bytes it took on
-/// the link.
-pub(crate) fn decoded(endpoint: &str, chunk: Chunk, expected: u64) -> Result<(Chunk, u64)> {
-    let wire_len = chunk.data.len() as u64;
-    let (offset, decoded_length) = (chunk.offset, chunk.decoded_length);
-    let chunk = encoding::decode(chunk, expected).map_err(|e| {
-        protocol(
-            endpoint,
-            format!("sent a data message at offset {offset} ({decoded_length} bytes decoded) that {e}"),
-        )
-    })?;
-    Ok((chunk, wire_len))
-}
-
-/// `chunk` (decoded) as verified bytes, or the CRC32C mismatch `endpoint` sent.
-pub(crate) fn checked(endpoint: &str, chunk: Chunk, wire_len: u64) -> Result<Verified> {
-    checksum::verify(chunk.offset, &chunk.data, chunk.crc32c)
-        .map_err(|source| Error::Checksum { endpoint: endpoint.to_owned(), source })?;
-    Ok(Verified {
-        offset: chunk.offset,
-        data: chunk.data,
-        version: chunk.version,
-        crc32c: chunk.crc32c,
-        wire_len,
-    })
+/// `ranges[indices]` in one `ReadRanges` call to `member`, verified; `request` carries
+/// the call's headers.
+async fn read_batch(
+    member: &Member,
+    mut request: tonic::Request<ReadRangesRequest>,
+    ranges: &[Range],
+    indices: &[usize],
+) -> Result<(Vec<Verified>, bool)> {
+    request.get_mut().ranges = indices.iter().map(|&i| ranges[i].to_request()).collect();
+    let response = member.reader().read_ranges(request).await.map_err(|s| member.status(s))?;
+    let relayed = is_relayed(&response);
+    let chunks = response.into_inner().chunks;
+    if chunks.len() != indices.len() {
+        let detail = format!("{} chunks for {} ranges", chunks.len(), indices.len());
+        return Err(verify::protocol(&member.url, detail));
+    }
+    let read: Result<Vec<Verified>> =
+        indices.iter().zip(chunks).map(|(&i, chunk)| verify::range(&member.url, &ranges[i], chunk)).collect();
+    Ok((read?, relayed))
 }

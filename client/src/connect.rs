@@ -4,9 +4,9 @@
 
 use std::fmt;
 
-use shardcache_serving::{
+use shardcache_transport::{
+    http2::Http2Settings,
     tls::{ClientTls, ClientTlsFiles},
-    transport::Http2Settings,
 };
 use tonic::{
     metadata::{Ascii, MetadataValue},
@@ -95,7 +95,7 @@ pub fn client_tls(endpoint: &str, files: Option<&ClientTlsFiles>) -> Result<Opti
 }
 
 /// Connects a channel to `endpoint` (naming it in an error) with the tuned HTTP/2
-/// windows (`shardcache_serving::transport`): a trainer keeps many batch reads in flight
+/// windows (`shardcache_transport::http2`): a trainer keeps many batch reads in flight
 /// on one connection, and hyper's default 5 MiB connection window holds only ~13
 /// responses of 24 x 16 KiB.
 pub async fn connect_channel(endpoint: &str, options: &ConnectOptions) -> Result<Channel> {

@@ -9,11 +9,9 @@ use shardcache_proto::v1::{
     cache_control_client::CacheControlClient,
 };
 
-use crate::{
-    ConnectOptions, Credentials, Error, Result,
-    connect::{AuthChannel, connect_channel},
-    members::{self, List, MemberSpec, Members, Source},
-};
+use shardcache_routing::members::{List, Members};
+
+use crate::{ConnectOptions, Credentials, Error, Result, connect::AuthChannel, discovery};
 
 /// A connection to a spoke's cache control, or to every member of a group of spokes
 /// (as [`crate::Client`] names one): then each call goes to every member (a member
@@ -32,21 +30,11 @@ impl CacheClient {
     /// Connects with `options`' certificates and token (see [`crate::Client::connect_with`]).
     pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
         let credentials = Credentials::token(options.token.as_deref())?;
-        let source = Source::parse(endpoint).map_err(Error::Config)?;
-        if let (false, Source::List(list)) = (source.is_group(), &source) {
-            let url = list.first().map_or(endpoint.trim(), |m| m.url.as_str());
-            let channel = connect_channel(url, options).await?;
-            let mut control = Some(CacheControlClient::with_interceptor(channel, credentials));
-            let one = [MemberSpec { url: url.to_owned(), weight: 1.0 }];
-            let members =
-                Members::new(&one, |_| control.take().ok_or(())).unwrap_or_else(|()| unreachable!());
-            return Ok(Self { members: Arc::new(members) });
-        }
-        let members = members::connect(source, endpoint, options, move |channel| {
+        let connected = discovery::connect_one_or_group(endpoint, options, move |channel| {
             CacheControlClient::with_interceptor(channel, credentials.clone())
         })
         .await?;
-        Ok(Self { members })
+        Ok(Self { members: connected.members })
     }
 
     /// Runs `call` on every member at once; the answers in member order, or the first

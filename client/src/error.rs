@@ -2,6 +2,7 @@
 //! that could not be verified is one of these.
 
 use shardcache_proto::checksum::ChecksumMismatch;
+use shardcache_routing::{Judged, Verdict, of_code};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -45,7 +46,7 @@ pub enum Error {
     VersionChanged { shard: String, expected: String, found: String },
 }
 
-pub use shardcache_serving::report::chain;
+pub use shardcache_transport::report::chain;
 
 /// The message a panic carried (its payload, when text), for an error that reports it.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -181,3 +182,36 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How a member that failed with this error is judged (`shardcache_routing`'s table): a
+/// failure of the member's (its connection, garbled or corrupt bytes, an unwell status)
+/// moves the read on; an answer about the request stands.
+impl Judged for Error {
+    fn verdict(&self) -> Verdict {
+        match self {
+            Error::Status { status, .. } => of_code(status.code()),
+            Error::Connect { .. } | Error::Checksum { .. } | Error::Protocol { .. } => Verdict::Unwell,
+            Error::Config(_)
+            | Error::Endpoint { .. }
+            | Error::VersionChanged { .. }
+            | Error::Damaged { .. }
+            | Error::OverBudget { .. } => Verdict::Answer,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_members_failure_moves_on_and_an_answer_stands() {
+        let garbled = Error::Protocol { endpoint: "http://a:1".into(), detail: "short".into() };
+        assert_eq!(garbled.verdict(), Verdict::Unwell);
+        let changed = Error::VersionChanged { shard: "s".into(), expected: "1".into(), found: "2".into() };
+        assert_eq!(changed.verdict(), Verdict::Answer);
+        let unavailable =
+            Error::Status { endpoint: "http://a:1".into(), status: tonic::Status::unavailable("x") };
+        assert_eq!(unavailable.verdict(), Verdict::Unwell);
+    }
+}

@@ -9,28 +9,35 @@
 //! # Ok(()) }
 //! ```
 //!
-//! - [`client`]: the [`Client`] and its verified [`ShardStream`];
-//! - [`stream`]: the verified [`ShardStream`], which carries on from another member;
-//! - [`routing`]: whom to ask and when to ask the next: rendezvous ownership, members'
-//!   health, one table of failures, hedged calls (for groups, a spoke's peers and hubs);
-//! - [`members`]: who is in a group (a list, a file, DNS) and keeping that current;
+//! One way through, each module using only those listed after it:
+//! - [`stream`]: the client's streams, a verified [`ShardStream`] of any size that
+//!   carries on from another member of a group;
+//! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict,
+//!   pin, plans);
+//! - [`client`]: the [`Client`]: listings, stats and verified reads of ranges and batches,
+//!   from one server or a group's members (routed by `shardcache_routing`);
+//! - [`discovery`]: the one way a client connects, to one server or a group, and who is
+//!   in a group (a list, a file, DNS) kept current;
+//! - [`verify`]: what makes bytes [`Verified`] (decoding, offsets, CRC32C, one version);
 //! - [`connect`]: TLS (`https://` URLs), client certificates and bearer tokens;
-//! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict, pin);
-//! - [`samples`]: datasets as samples of any size, indexed from their own format
-//!   (records, Megatron indexed datasets, token arrays);
+//! - [`range`]: what a read asks for;
 //! - [`error`]: what can go wrong, with the gRPC code where the server gave one.
+//!
+//! Datasets read as samples in their own formats are `shardcache-formats`, on top of this.
 
 pub mod client;
 pub mod connect;
 pub mod control;
+pub mod discovery;
 pub mod error;
-pub mod members;
 pub mod range;
-pub mod routing;
-pub mod samples;
 pub mod stream;
+pub mod verify;
 
-pub use client::{Client, Listed, Range, ShardStream, Verified};
+pub use client::{Client, Listed};
 pub use connect::{ConnectOptions, Credentials};
 pub use control::{CacheClient, PlannedEpoch, PrefetchStream};
 pub use error::{Error, Result};
+pub use range::Range;
+pub use stream::ShardStream;
+pub use verify::Verified;

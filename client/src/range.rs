@@ -1,26 +1,9 @@
-//! What a read asks for ([`Range`]) and what it hands out ([`Verified`]): bytes of a
-//! shard, checked.
+//! What a read asks for: a [`Range`] of a shard (what it hands out is `verify`'s
+//! `Verified`).
 
-use bytes::Bytes;
 use shardcache_proto::v1::ReadRangeRequest;
 
-/// Bytes read from a shard, verified.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verified {
-    /// Offset of `data` in the shard.
-    pub offset: u64,
-    pub data: Bytes,
-    /// Version of the shard the bytes belong to.
-    pub version: String,
-    /// CRC32C of `data`, checked (a spoke stores and serves it on without reading the
-    /// bytes again).
-    pub crc32c: u32,
-    /// Bytes the message took on the link: `data`'s length, or less where it came
-    /// compressed (`shardcache_proto::encoding`).
-    pub wire_len: u64,
-}
-
-/// One range of a [`Client::read_ranges`] batch.
+/// One range of a shard: what `Client::read_range` reads, one of a `read_ranges` batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Range {
     pub dataset: String,

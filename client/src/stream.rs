@@ -3,12 +3,102 @@
 //! mid-stream is replaced by the next member in the shard's order, from where it stopped
 //! and at the version already read.
 
-use crate::{
-    Error, Result,
-    client::{Client, Verified, checked, decoded, protocol},
-    routing::{Judged, Verdict},
+use shardcache_proto::{
+    encoding,
+    v1::{Chunk, StreamShardRequest},
 };
-use shardcache_proto::{encoding, v1::Chunk};
+use shardcache_routing::{Judged, Verdict};
+
+use crate::{
+    Error, Range, Result,
+    client::{Ask, Client},
+    verify::{self, Verified, checked, decoded, protocol},
+};
+
+/// The client's streams: a shard or a range of any size, chunk by chunk.
+impl Client {
+    /// Streams `[offset, offset + length)` of a shard, or to its end when `length` is
+    /// `None` (then the shard is stat'ed first and the stream pinned to that version).
+    pub async fn stream_shard(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: Option<u64>,
+    ) -> Result<ShardStream> {
+        let (length, expected_version) = match length {
+            Some(length) => (length, String::new()),
+            None => {
+                let info = self.stat(dataset, shard).await?;
+                (info.size.saturating_sub(offset), info.version)
+            }
+        };
+        let expected = (!expected_version.is_empty()).then_some(expected_version);
+        self.stream_pinned(dataset, shard, offset, length, expected).await
+    }
+
+    /// Streams `range` (any size), at its `expected_version` when it names one: the
+    /// server refuses a changed shard with ABORTED, and every message is checked.
+    pub async fn stream_range(&self, range: &Range) -> Result<ShardStream> {
+        let expected = range.expected_version.clone();
+        self.stream_pinned(&range.dataset, &range.shard, range.offset, range.length, expected).await
+    }
+
+    async fn stream_pinned(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: u64,
+        expected: Option<String>,
+    ) -> Result<ShardStream> {
+        let end = offset.saturating_add(length);
+        let (stream, member) =
+            self.open_stream(dataset, shard, offset, end, expected.as_deref(), &[]).await?;
+        Ok(ShardStream {
+            endpoint: member.clone(),
+            shard: format!("{dataset}/{shard}"),
+            stream,
+            next_offset: offset,
+            end,
+            version: expected,
+            resume: Resume {
+                client: self.clone(),
+                dataset: dataset.to_owned(),
+                shard: shard.to_owned(),
+                tried: vec![member],
+            },
+        })
+    }
+
+    /// A `StreamShard` of `[offset, end)` from the shard's owner (or the next member),
+    /// leaving out `tried`; with the member that answered.
+    async fn open_stream(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        end: u64,
+        expected_version: Option<&str>,
+        tried: &[String],
+    ) -> Result<(tonic::Streaming<Chunk>, String)> {
+        let request = StreamShardRequest {
+            dataset: dataset.to_owned(),
+            shard: shard.to_owned(),
+            offset,
+            length: Some(end - offset),
+            expected_version: expected_version.unwrap_or_default().to_owned(),
+        };
+        self.on_members(&self.router.route(Some((dataset, shard)), tried), |asked, m| {
+            let request = self.read_request(request.clone(), asked);
+            async move {
+                let stream = m.reader().stream_shard(request).await.map_err(|s| m.status(s))?;
+                Ok((stream.into_inner(), m.url.clone()))
+            }
+        })
+        .await
+    }
+}
 
 /// A verified stream of a shard's chunks, from [`Client::stream_shard`].
 #[derive(Debug)]
@@ -72,14 +162,7 @@ impl ShardStream {
             ));
         }
         match &self.version {
-            Some(expected) if *expected != chunk.version => {
-                return Err(Error::VersionChanged {
-                    shard: self.shard.clone(),
-                    expected: expected.clone(),
-                    found: chunk.version,
-                });
-            }
-            Some(_) => {}
+            Some(expected) => verify::same_version(&self.shard, expected, &chunk.version)?,
             None => self.version = Some(chunk.version.clone()),
         }
         let verified = checked(&self.endpoint, chunk, wire_len)?;

@@ -6,7 +6,8 @@ use std::{net::SocketAddr, path::PathBuf};
 use clap::Parser;
 use shardcache_proto::units::ByteSize;
 use shardcache_reader::ReadLimits;
-use shardcache_serving::{flags::ServingFlags, transport::Http2Settings};
+use shardcache_serving::flags::ServingFlags;
+use shardcache_transport::http2::Http2Settings;
 
 use crate::{
     Error,
@@ -187,7 +188,7 @@ mod tests {
         assert_eq!(args(&["--chunk-size", "2MiB"]).message_size.0, 2 << 20, "the old name still works");
         assert_eq!(options.limits.max_read, 16 << 20);
         assert_eq!(args(&[]).listen.to_string(), "127.0.0.1:7070");
-        assert_eq!(options.http2, shardcache_serving::transport::Http2Settings::TUNED);
+        assert_eq!(options.http2, shardcache_transport::http2::Http2Settings::TUNED);
         assert_eq!(args(&[]).source_spec().unwrap(), SourceSpec::Local("/tmp".into()));
     }
 

@@ -13,7 +13,7 @@ use shardcache_serving::scrape::serve_metrics;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    shardcache_serving::report::exit_status("hub-server", serve().await)
+    shardcache_transport::report::exit_status("hub-server", serve().await)
 }
 
 async fn serve() -> anyhow::Result<()> {

@@ -5,10 +5,8 @@ use std::{future::Future, sync::Arc};
 
 use shardcache_proto::v1::shard_reader_server::ShardReaderServer;
 use shardcache_reader::{ReadLimits, ReadService};
-use shardcache_serving::{
-    server::{self, Security, ServerLimits},
-    transport::Http2Settings,
-};
+use shardcache_serving::server::{self, Security, ServerLimits};
+use shardcache_transport::http2::Http2Settings;
 use tokio::net::TcpListener;
 use tonic::{service::Routes, service::interceptor::InterceptedService};
 

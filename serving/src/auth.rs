@@ -51,10 +51,9 @@ use tonic::{Request, Status, service::Interceptor};
 
 use shardcache_proto::names::DatasetName;
 
-use crate::{reload::Reloading, tls::PeerInfo};
+use shardcache_transport::{credentials::TOKEN_PREFIX, reload::Reloading};
 
-/// Prefix of generated tokens, so a leaked one is recognisable in a secret scanner.
-pub const TOKEN_PREFIX: &str = "sct_";
+use crate::tls::PeerInfo;
 
 /// A new random token (256 bits from the OS), shown to its holder once.
 pub fn new_token() -> Result<String, String> {
@@ -71,27 +70,6 @@ pub fn hash_token(token: &str) -> String {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Reads a token to present from `path` (the file holds the token itself, so it must
-/// not be world-readable). A `path` that is a token (given where its file was asked for)
-/// is refused without being echoed: error messages end up in logs.
-pub fn read_token_file(path: &Path) -> Result<String, String> {
-    let text = path.to_string_lossy();
-    if !path.exists() && (text.starts_with(TOKEN_PREFIX) || (text.len() >= 32 && !text.contains('/'))) {
-        return Err(
-            "expected the path of a file holding the token, and this looks like a token itself (not \
-                    shown): write it to a file (`chmod 600`) and give that file's path"
-                .into(),
-        );
-    }
-    crate::tls::check_private(path)?;
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let token = text.trim();
-    if token.is_empty() || token.contains(char::is_whitespace) {
-        return Err(format!("{} must hold exactly one token", path.display()));
-    }
-    Ok(token.to_owned())
 }
 
 /// The datasets a token may read.
@@ -488,16 +466,6 @@ mod tests {
         let mut basic = Request::new(());
         basic.metadata_mut().insert("authorization", "Basic abc".parse().expect("ascii"));
         assert_eq!(auth.call(basic).unwrap_err().code(), tonic::Code::Unauthenticated);
-    }
-
-    #[test]
-    fn a_token_given_for_its_file_is_refused_without_being_echoed() {
-        let token = new_token().expect("random");
-        let err = read_token_file(Path::new(&token)).unwrap_err();
-        assert!(!err.contains(&token[4..]), "the secret is not echoed: {err}");
-        assert!(err.contains("looks like a token"), "{err}");
-        let missing = read_token_file(Path::new("/no/such/tokens")).unwrap_err();
-        assert!(missing.contains("/no/such/tokens"), "a path is named: {missing}");
     }
 
     #[test]

@@ -9,8 +9,9 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use clap::{CommandFactory, Parser};
 use shardcache_proto::units::ByteSize;
 
+use shardcache_transport::credentials::read_token_file;
+
 use crate::{
-    auth::read_token_file,
     scrape::ScrapeAccess,
     server::{DEFAULT_MAX_STREAMS_PER_CONNECTION, Security, ServerLimits},
 };

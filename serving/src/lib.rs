@@ -1,16 +1,16 @@
-//! The serving machinery both servers and the SDK share, so that the hub and the spoke
-//! are assembled, secured and tuned alike:
+//! The serving machinery the hub and the spoke share, so that they are assembled,
+//! secured and tuned alike (clients take none of it: what they share with the servers
+//! is `shardcache-transport`):
 //!
 //! - [`server`]: server assembly (one function for both servers: health, reflection,
-//!   TLS, the tower layers, graceful shutdown), `TCP_NODELAY` on accepted sockets,
-//!   HTTP/2 and request limits, logging, shutdown signals, and [`server::Security`];
+//!   TLS, the tower layers, graceful shutdown), accepted sockets with `TCP_NODELAY` and
+//!   the link's HTTP/2 settings, request limits, logging, shutdown signals, and
+//!   [`server::Security`];
 //! - [`flags`]: the flags both servers take (TLS, tokens, limits) and their environment
 //!   variables;
 //! - [`shed`]: load shedding to RESOURCE_EXHAUSTED;
-//! - [`transport`]: the HTTP/2 windows, frames and connections of the long link;
-//! - [`tls`], [`auth`] and [`reload`]: TLS on every connection, bearer tokens mapped to
-//!   datasets, and the rotation of both without a restart;
-//! - [`report`]: errors as one line for a person (the SDK's and the servers' exits);
+//! - [`tls`] and [`auth`]: TLS on every listener and bearer tokens mapped to datasets,
+//!   both reloaded without a restart;
 //! - [`scrape`] and [`prom`]: the metrics listener (`GET /metrics`) and the Prometheus
 //!   text helpers (histograms, label escaping) both servers render with.
 //!
@@ -19,10 +19,7 @@
 pub mod auth;
 pub mod flags;
 pub mod prom;
-pub mod reload;
-pub mod report;
 pub mod scrape;
 pub mod server;
 pub mod shed;
 pub mod tls;
-pub mod transport;

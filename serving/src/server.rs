@@ -6,8 +6,13 @@
 
 use std::{future::Future, path::Path, time::Duration};
 
+use shardcache_transport::http2::Http2Settings;
 use tokio::net::TcpListener;
-use tonic::{service::Routes, transport::server::TcpIncoming};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{
+    service::Routes,
+    transport::{Server, server::TcpIncoming},
+};
 use tonic_reflection::server::{
     Error as ReflectionError,
     v1::{ServerReflection, ServerReflectionServer},
@@ -19,8 +24,7 @@ use tonic_reflection::server::{
 pub use crate::shed::{Shed, ShedLayer};
 use crate::{
     auth::Authenticator,
-    tls::{ServerTls, ServerTlsFiles},
-    transport::Http2Settings,
+    tls::{ServerConn, ServerTls, ServerTlsFiles},
 };
 
 /// Largest request message a server decodes. The largest legitimate request is a
@@ -83,7 +87,7 @@ pub async fn serve_grpc(
         health.set_service_status(*service, tonic_health::ServingStatus::Serving).await;
     }
     let (reflection_v1, reflection_v1alpha) = reflection()?;
-    harden(http2.server(), limits.max_streams_per_connection)
+    harden(builder(&http2), limits.max_streams_per_connection)
         // A span per request, so every log line of a request carries its method.
         .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
         // tonic wraps this around everything below: a request that cannot produce its
@@ -97,7 +101,7 @@ pub async fn serve_grpc(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(http2.incoming(listener, security.tls.clone()), shutdown)
+        .serve_with_incoming_shutdown(tuned_incoming(&http2, listener, security.tls.clone()), shutdown)
         .await?;
     Ok(())
 }
@@ -176,6 +180,34 @@ impl Security {
 /// ACK, tens of milliseconds per ReadRange on loopback (BENCHMARKS.md, hub-bench).
 pub fn incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// A server builder with `http2`'s settings (windows for what it receives; the frame
+/// size it accepts).
+fn builder(http2: &Http2Settings) -> Server {
+    let builder = Server::builder()
+        .initial_stream_window_size(http2.stream_window)
+        .initial_connection_window_size(http2.connection_window)
+        .max_frame_size(http2.max_frame_size);
+    if *http2 == Http2Settings::DEFAULTS { builder } else { builder.http2_adaptive_window(Some(false)) }
+}
+
+/// Accepted connections with `TCP_NODELAY` ([`incoming`]), `http2`'s send buffer when set,
+/// and a TLS handshake when `tls` is set.
+fn tuned_incoming(
+    http2: &Http2Settings,
+    listener: TcpListener,
+    tls: Option<ServerTls>,
+) -> impl Stream<Item = std::io::Result<ServerConn>> + Send + use<> {
+    let send_buffer = http2.socket_buffer;
+    let tcp = incoming(listener).map(move |accepted| {
+        let stream = accepted?;
+        if send_buffer > 0 {
+            socket2::SockRef::from(&stream).set_send_buffer_size(send_buffer)?;
+        }
+        Ok(stream)
+    });
+    crate::tls::incoming(tcp, tls)
 }
 
 /// Reflection services, v1 (grpcurl) and v1alpha (ghz, older tools), describing

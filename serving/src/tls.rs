@@ -1,18 +1,16 @@
-//! TLS with rustls (ring) for every listener and every connection: the hub's and the
-//! spoke's gRPC listeners, the spoke's metrics listener, the spoke's connections to its
-//! hubs and the SDK's connections.
+//! TLS on every listener: the hub's and the spoke's gRPC listeners and the spoke's
+//! metrics listener. What clients share with it (the files, the handshake timeout, the
+//! byte stream) is `shardcache_transport::tls`.
 //!
-//! Handshakes happen here rather than in tonic so that certificates, keys and client CAs
-//! are [`Reloading`]: a rotation (SIGHUP or a change of the files) applies to the next
-//! handshake, and connections already open (with their streams) carry on untouched.
-//! Private key files must not be readable by every user: a server refuses to start and
-//! names the file ([`check_private`]).
+//! Certificates, keys and client CAs are reloaded: a rotation (SIGHUP or a change of the
+//! files) applies to the next handshake, and connections already open carry on
+//! untouched. A private key file readable by every user stops the server at start,
+//! named ([`check_private`]).
 
 use std::{
     io,
     net::SocketAddr,
-    os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
+    path::PathBuf,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -20,80 +18,22 @@ use std::{
 };
 
 use futures::{Stream, StreamExt};
-use rustls::{
-    ClientConfig, RootCertStore, ServerConfig,
-    pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject},
-    server::WebPkiClientVerifier,
-};
+use rustls::{ServerConfig, server::WebPkiClientVerifier};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
 };
 use tonic::transport::server::Connected;
 
-use crate::reload::Reloading;
-
-/// Longest a TLS handshake may take before the connection is dropped: a client across
-/// a 60 ms link needs 2-3 round trips (~200 ms); 10 s covers retransmits and stops a
-/// client that opens connections and never speaks from holding them.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use shardcache_transport::tls::{TlsError, check_private};
+use shardcache_transport::{
+    reload::Reloading,
+    tls::{ALPN_H2, Conn, provider, read_certs, read_key, read_roots, within_handshake_timeout},
+};
 
 /// Handshakes in progress at once per listener; further connections wait in the
 /// kernel's accept queue. Bounds the memory a flood of half-open TLS connections holds.
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
-
-/// Why TLS settings could not be loaded, naming the file.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct TlsError(pub String);
-
-/// Refuses a key or token file that every user of the machine may read, naming it.
-pub fn check_private(path: &Path) -> Result<(), String> {
-    let mode = std::fs::metadata(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        .permissions()
-        .mode();
-    if mode & 0o004 != 0 {
-        return Err(format!(
-            "{} is readable by every user (mode {:o}); it holds a secret: run `chmod 600 {}`",
-            path.display(),
-            mode & 0o777,
-            path.display()
-        ));
-    }
-    Ok(())
-}
-
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("cannot read PEM certificates from {}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{} holds no PEM certificate", path.display()));
-    }
-    Ok(certs)
-}
-
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    check_private(path)?;
-    PrivateKeyDer::from_pem_file(path)
-        .map_err(|e| format!("cannot read a PEM private key from {}: {e}", path.display()))
-}
-
-fn read_roots(path: &Path) -> Result<RootCertStore, String> {
-    let mut roots = RootCertStore::empty();
-    for cert in read_certs(path)? {
-        roots.add(cert).map_err(|e| format!("{} is not a usable CA certificate: {e}", path.display()))?;
-    }
-    Ok(roots)
-}
-
-/// A handshake, failed with `TimedOut` after [`HANDSHAKE_TIMEOUT`].
-async fn within_handshake_timeout<T>(handshake: impl std::future::Future<Output = T>) -> io::Result<T> {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))
-}
 
 /// The first byte of a TLS connection: a handshake record (RFC 8446 §5.1, type 22).
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
@@ -127,13 +67,6 @@ async fn close_after_failed_handshake(mut tcp: TcpStream) {
     };
     let _ = tokio::time::timeout(FAILED_HANDSHAKE_LINGER, drain).await;
 }
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// HTTP/2 over TLS is negotiated with ALPN `h2` (RFC 9113 §3.2).
-const ALPN_H2: &[u8] = b"h2";
 
 // ---------------------------------------------------------------------------------------
 // Servers
@@ -251,14 +184,14 @@ impl ServerTls {
                 .unwrap_or_default(),
             _ => Arc::from([]),
         };
-        Ok(ServerConn { io: ConnIo::ServerTls(Box::new(tls)), certified, client_names })
+        Ok(ServerConn { io: Conn::Tls(Box::new(tls)), certified, client_names })
     }
 }
 
 /// An accepted connection, plaintext or TLS, as the gRPC server reads it.
 #[derive(Debug)]
 pub struct ServerConn {
-    io: ConnIo,
+    io: Conn<tokio_rustls::server::TlsStream<TcpStream>>,
     certified: bool,
     client_names: Arc<[String]>,
 }
@@ -278,9 +211,8 @@ impl Connected for ServerConn {
 
     fn connect_info(&self) -> PeerInfo {
         let tcp = match &self.io {
-            ConnIo::Plain(tcp) => tcp,
-            ConnIo::ServerTls(tls) => tls.get_ref().0,
-            ConnIo::ClientTls(tls) => tls.get_ref().0,
+            Conn::Plain(tcp) => tcp,
+            Conn::Tls(tls) => tls.get_ref().0,
         };
         PeerInfo {
             remote: tcp.peer_addr().ok(),
@@ -304,7 +236,7 @@ pub fn incoming(
             let tcp = accepted?;
             let Some(tls) = tls else {
                 return Ok(Some(ServerConn {
-                    io: ConnIo::Plain(tcp),
+                    io: Conn::Plain(tcp),
                     certified: false,
                     client_names: Arc::from([]),
                 }));
@@ -327,132 +259,15 @@ pub fn incoming(
     .filter_map(|accepted| futures::future::ready(accepted.transpose()))
 }
 
-// ---------------------------------------------------------------------------------------
-// Clients
-
-/// What a client trusts and presents (`--ca`, `--cert`, `--key`, `--tls-domain`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClientTlsFiles {
-    /// CA that signs the server's certificate; the system's roots when unset.
-    pub ca: Option<PathBuf>,
-    /// Client certificate chain and key, for servers that require one (mTLS).
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-    /// Name to verify the server's certificate against, when the URL's host is not in
-    /// it (an IP address, a port-forward).
-    pub domain: Option<String>,
-}
-
-impl ClientTlsFiles {
-    fn files(&self) -> Vec<PathBuf> {
-        [&self.ca, &self.cert, &self.key].into_iter().flatten().cloned().collect()
-    }
-
-    fn client_config(&self) -> Result<ClientConfig, String> {
-        let roots = match &self.ca {
-            Some(ca) => read_roots(ca)?,
-            None => {
-                let mut roots = RootCertStore::empty();
-                let native = rustls_native_certs::load_native_certs();
-                roots.add_parsable_certificates(native.certs);
-                if roots.is_empty() {
-                    return Err("no CA given (--ca) and no system root certificates found".into());
-                }
-                roots
-            }
-        };
-        let builder = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots);
-        let mut config = match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => {
-                builder.with_client_auth_cert(read_certs(cert)?, read_key(key)?).map_err(|e| {
-                    format!("{} and {} are not a certificate and its key: {e}", cert.display(), key.display())
-                })?
-            }
-            (None, None) => builder.with_no_client_auth(),
-            _ => return Err("a client certificate needs both --cert and --key".into()),
-        };
-        config.alpn_protocols = vec![ALPN_H2.to_vec()];
-        Ok(config)
-    }
-}
-
-/// A client's TLS settings, reloaded when their files change.
-#[derive(Debug, Clone)]
-pub struct ClientTls {
-    config: Reloading<ClientConfig>,
-    domain: Option<String>,
-}
-
-impl ClientTls {
-    pub fn load(files: &ClientTlsFiles) -> Result<Self, TlsError> {
-        let watched = files.clone();
-        let config = Reloading::watch("client TLS", files.files(), move || watched.client_config())
-            .map_err(TlsError)?;
-        Ok(Self { config, domain: files.domain.clone() })
-    }
-
-    /// Runs the handshake on `tcp` to `host` (or the configured domain).
-    pub async fn connect(&self, host: &str, tcp: TcpStream) -> io::Result<ClientConn> {
-        let name = self.domain.as_deref().unwrap_or(host);
-        let server_name = ServerName::try_from(name.to_owned())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{name:?}: {e}")))?;
-        let connector = tokio_rustls::TlsConnector::from(self.config.get());
-        let tls = within_handshake_timeout(connector.connect(server_name, tcp)).await??;
-        Ok(ClientConn(ConnIo::ClientTls(Box::new(tls))))
-    }
-}
-
-/// A client connection, plaintext or TLS.
-#[derive(Debug)]
-pub struct ClientConn(ConnIo);
-
-impl ClientConn {
-    pub fn plain(tcp: TcpStream) -> Self {
-        Self(ConnIo::Plain(tcp))
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// One byte stream type for all of the above.
-
-#[derive(Debug)]
-enum ConnIo {
-    Plain(TcpStream),
-    ServerTls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-    ClientTls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
-
-macro_rules! delegate {
-    ($io:expr, $s:ident => $call:expr) => {
-        match $io {
-            ConnIo::Plain($s) => {
-                let $s = Pin::new($s);
-                $call
-            }
-            ConnIo::ServerTls($s) => {
-                let $s = Pin::new($s.as_mut());
-                $call
-            }
-            ConnIo::ClientTls($s) => {
-                let $s = Pin::new($s.as_mut());
-                $call
-            }
-        }
-    };
-}
-
-impl AsyncRead for ConnIo {
+impl AsyncRead for ServerConn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        delegate!(self.get_mut(), s => s.poll_read(cx, buf))
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
     }
 }
 
-impl AsyncWrite for ConnIo {
+impl AsyncWrite for ServerConn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        delegate!(self.get_mut(), s => s.poll_write(cx, buf))
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -460,78 +275,18 @@ impl AsyncWrite for ConnIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        delegate!(self.get_mut(), s => s.poll_write_vectored(cx, bufs))
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            ConnIo::Plain(s) => s.is_write_vectored(),
-            ConnIo::ServerTls(s) => s.is_write_vectored(),
-            ConnIo::ClientTls(s) => s.is_write_vectored(),
-        }
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        delegate!(self.get_mut(), s => s.poll_flush(cx))
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        delegate!(self.get_mut(), s => s.poll_shutdown(cx))
-    }
-}
-
-macro_rules! forward_io {
-    ($t:ty, $field:tt) => {
-        impl AsyncRead for $t {
-            fn poll_read(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                buf: &mut ReadBuf<'_>,
-            ) -> Poll<io::Result<()>> {
-                Pin::new(&mut self.get_mut().$field).poll_read(cx, buf)
-            }
-        }
-        impl AsyncWrite for $t {
-            fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-                Pin::new(&mut self.get_mut().$field).poll_write(cx, buf)
-            }
-            fn poll_write_vectored(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                bufs: &[io::IoSlice<'_>],
-            ) -> Poll<io::Result<usize>> {
-                Pin::new(&mut self.get_mut().$field).poll_write_vectored(cx, bufs)
-            }
-            fn is_write_vectored(&self) -> bool {
-                self.$field.is_write_vectored()
-            }
-            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                Pin::new(&mut self.get_mut().$field).poll_flush(cx)
-            }
-            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                Pin::new(&mut self.get_mut().$field).poll_shutdown(cx)
-            }
-        }
-    };
-}
-
-forward_io!(ServerConn, io);
-forward_io!(ClientConn, 0);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn world_readable_secrets_are_refused_by_name() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let key = dir.path().join("hub.key");
-        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").expect("write");
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-        let err = check_private(&key).unwrap_err();
-        assert!(err.contains("hub.key is readable by every user (mode 644)"), "{err}");
-        assert!(err.contains("chmod 600"), "{err}");
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
-        check_private(&key).expect("group-readable (a Kubernetes fsGroup secret) is allowed");
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }

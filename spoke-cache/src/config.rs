@@ -6,11 +6,11 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::Parser;
 use shardcache_client::ConnectOptions;
 use shardcache_proto::units::ByteSize;
-use shardcache_serving::{
-    auth::read_token_file,
-    flags::ServingFlags,
+use shardcache_serving::flags::ServingFlags;
+use shardcache_transport::{
+    credentials::read_token_file,
+    http2::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
     tls::ClientTlsFiles,
-    transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
 };
 
 use crate::{

@@ -5,7 +5,7 @@ use spoke_cache::config::{ENV_PREFIX, SpokeArgs};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    shardcache_serving::report::exit_status("spoke-cache", serve().await)
+    shardcache_transport::report::exit_status("spoke-cache", serve().await)
 }
 
 async fn serve() -> anyhow::Result<()> {

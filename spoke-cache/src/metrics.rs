@@ -13,7 +13,7 @@ use std::{
     },
 };
 
-use shardcache_client::routing::HedgeCounters;
+use shardcache_routing::HedgeCounters;
 use shardcache_serving::prom::{Histogram, escape};
 
 use crate::jobs::{JobSnapshot, Jobs};

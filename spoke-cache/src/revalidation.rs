@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use shardcache_client::routing::Backoff;
+use shardcache_routing::Backoff;
 
 use crate::Error;
 

@@ -12,8 +12,8 @@ use shardcache_reader::{ReadLimits, ReadService};
 use shardcache_serving::{
     scrape::{ScrapeAccess, serve_metrics},
     server::{self, Security, ServerLimits},
-    transport::Http2Settings,
 };
+use shardcache_transport::http2::Http2Settings;
 use tokio::net::TcpListener;
 use tonic::service::{Routes, interceptor::InterceptedService};
 
@@ -48,7 +48,7 @@ pub struct SpokeOptions {
 }
 
 /// A spoke's group: its members (`URL1,URL2,...`, `file:PATH` or
-/// `dns+http://NAME:PORT`: `shardcache_client::members`), and this spoke's URL.
+/// `dns+http://NAME:PORT`: `shardcache_client::discovery`), and this spoke's URL.
 #[derive(Debug, Clone)]
 pub struct PeerGroup {
     pub spec: String,

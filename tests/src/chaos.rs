@@ -23,9 +23,8 @@ use std::{
 use shardcache_client::{Client, Range};
 use shardcache_wan::{Fault, LinkConfig, WanProxy};
 use spoke_cache::PeerGroup;
-use tokio::net::TcpListener;
 
-use crate::{TestHub, TestSpoke, disk, make_dataset, next_random, spoke_options};
+use crate::{KeptAddress, TestHub, TestSpoke, disk, make_dataset, next_random, spoke_options};
 
 /// The size of the group.
 const MEMBERS: usize = 3;
@@ -121,18 +120,16 @@ pub async fn run(plan: &ChaosPlan) -> ChaosReport {
         let link = WanProxy::start("127.0.0.1:0".parse().unwrap(), hub.addr, LinkConfig::rtt(Duration::ZERO));
         links.push(link.await.unwrap());
     }
-    let mut listeners = Vec::new();
-    for _ in 0..MEMBERS {
-        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
-    }
-    let urls: Vec<String> = listeners.iter().map(|l| format!("http://{}", l.local_addr().unwrap())).collect();
+    let addresses: Vec<KeptAddress> = (0..MEMBERS).map(|_| KeptAddress::new()).collect();
+    let urls: Vec<String> = addresses.iter().map(KeptAddress::url).collect();
     let tmpfs = disk::Tmpfs::mount(plan.disk);
     let dirs: Vec<tempfile::TempDir> = (0..MEMBERS).map(|_| tempfile::tempdir().unwrap()).collect();
     let cache_dir = |i: usize| match (&tmpfs, i) {
         (Some(fs), 0) => fs.path().join("cache"),
         _ => dirs[i].path().to_owned(),
     };
-    let start = |i: usize, listener: TcpListener| {
+    let start = |i: usize| {
+        let listener = addresses[i].listener();
         let mut options = spoke_options(&links[i].endpoint());
         options.hub_transport.timeout = plan.hub_timeout;
         options.cache.capacity = plan.capacity;
@@ -143,8 +140,8 @@ pub async fn run(plan: &ChaosPlan) -> ChaosReport {
         async move { TestSpoke::start_on(listener, &dir, options).await }
     };
     let mut spokes = Vec::new();
-    for (i, listener) in listeners.into_iter().enumerate() {
-        spokes.push(Some(start(i, listener).await));
+    for i in 0..MEMBERS {
+        spokes.push(Some(start(i).await));
     }
 
     let content: HashMap<String, Vec<u8>> = std::fs::read_dir(&files)
@@ -170,7 +167,7 @@ pub async fn run(plan: &ChaosPlan) -> ChaosReport {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         for _ in 0..plan.cycles {
-            run_faults(plan, &links, &mut spokes, &urls, &start, tmpfs.as_ref(), &now, &report).await;
+            run_faults(plan, &links, &mut spokes, &start, tmpfs.as_ref(), &now, &report).await;
         }
         now.done.store(true, Relaxed);
     };
@@ -200,13 +197,12 @@ async fn run_faults<F, Fut>(
     plan: &ChaosPlan,
     links: &[WanProxy],
     spokes: &mut [Option<TestSpoke>],
-    urls: &[String],
     start: &F,
     tmpfs: Option<&disk::Tmpfs>,
     now: &Now,
     report: &Mutex<ChaosReport>,
 ) where
-    F: Fn(usize, TcpListener) -> Fut,
+    F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = TestSpoke>,
 {
     let pause = |name: &'static str, fault: bool| {
@@ -223,8 +219,7 @@ async fn run_faults<F, Fut>(
     phase(now, report, "member 1 stopped", true);
     spokes[1].take().unwrap().stop().await;
     tokio::time::sleep(plan.phase).await;
-    let listener = TcpListener::bind(urls[1].trim_start_matches("http://")).await.unwrap();
-    spokes[1] = Some(start(1, listener).await);
+    spokes[1] = Some(start(1).await);
     pause("member 1 restarted", false).await;
     // The hub stalls past --hub-timeout.
     phase(now, report, "hub stalled past --hub-timeout", true);

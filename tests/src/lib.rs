@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used)] // test support: a failed setup should fail the test loudly
 
+pub mod address;
 pub mod chaos;
 pub mod disk;
 pub mod group;
@@ -15,8 +16,9 @@ pub mod pki;
 pub mod process;
 pub mod s3;
 pub mod soak;
+pub use address::KeptAddress;
 pub use group::TestGroup;
-pub use process::{HubProcess, MountProcess, ProxyProcess, SpokeProcess, binary};
+pub use process::{Cli, HubProcess, MountProcess, ProxyProcess, SpokeProcess, binary};
 /// The WAN emulator (its own crate, `tools/wan-proxy`), under the name the tests use.
 pub use shardcache_wan as wan;
 
@@ -51,7 +53,7 @@ pub fn test_options() -> ServeOptions {
             compression: Some(hub_server::config::DEFAULT_COMPRESSION_LEVEL),
         },
         server: server_limits(64),
-        http2: shardcache_serving::transport::Http2Settings::TUNED,
+        http2: shardcache_transport::http2::Http2Settings::TUNED,
         security: Default::default(),
     }
 }

@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use shardcache_cli::certs::{Authority, Role, Validity, write};
-use shardcache_serving::tls::{ClientTlsFiles, ServerTlsFiles};
+use shardcache_serving::tls::ServerTlsFiles;
+use shardcache_transport::tls::ClientTlsFiles;
 use time::Duration;
 
 /// A CA and the folder its files go in.

@@ -25,6 +25,55 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// One run of the `shardcache` CLI to its end: whether it succeeded and what it printed.
+/// The tests' one way to run the CLI (a command that stays up, `mount`, is
+/// [`MountProcess`]).
+#[derive(Debug)]
+pub struct Cli {
+    pub ok: bool,
+    pub stdout: Vec<u8>,
+    /// What it told the person (progress, reports, errors), as text.
+    pub stderr: String,
+}
+
+impl Cli {
+    /// `shardcache ARGS`, run to its end.
+    pub fn run(args: &[&str]) -> Self {
+        Self::from(Command::new(binary("shardcache")).args(args))
+    }
+
+    /// `shardcache --endpoint ENDPOINT ARGS`, run to its end.
+    pub fn at(endpoint: &str, args: &[&str]) -> Self {
+        Self::from(Command::new(binary("shardcache")).arg("--endpoint").arg(endpoint).args(args))
+    }
+
+    /// Runs `command` (a `shardcache` command line with its environment) to its end.
+    pub fn from(command: &mut Command) -> Self {
+        let out = command.output().unwrap();
+        Self {
+            ok: out.status.success(),
+            stdout: out.stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// What it printed on stdout, once it succeeded (the test fails with its stderr if not).
+    pub fn ok_bytes(self) -> Vec<u8> {
+        assert!(self.ok, "shardcache failed: {}", self.stderr);
+        self.stdout
+    }
+
+    /// [`Cli::ok_bytes`] as text.
+    pub fn ok_text(self) -> String {
+        String::from_utf8(self.ok_bytes()).unwrap()
+    }
+
+    /// Its stdout as text, whether or not it succeeded.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
 /// Starts `command` and waits for the line on its stdout that starts with `prefix` (a
 /// server's "listening on" report); returns the child and the rest of that line. The
 /// child logs warnings and up (to the caller's stderr unless the command says where),

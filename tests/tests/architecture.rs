@@ -1,7 +1,10 @@
-//! The spoke's data path is one way: no module of `spoke-cache` reaches (through `use
-//! crate::...` or a `crate::` path) a module that reaches back to it. Read from the
-//! sources, so a part that starts calling back into its caller fails here, naming the
-//! cycle.
+//! The workspace's structure, read from its sources and its dependency tree, so that a
+//! change that breaks it fails here, naming what broke:
+//!
+//! - no module of any crate reaches (through `use crate::...` or a `crate::` path) a
+//!   module that reaches back to it; the spoke's data path does not see its facade;
+//! - each crate takes only what its concern needs: the servers and the CLI none of the
+//!   format readers' dependencies, the SDK no server stack.
 
 #![allow(clippy::unwrap_used)]
 
@@ -64,16 +67,105 @@ fn first_segment(item: &str) -> String {
     item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
 }
 
-/// The module each name `lib.rs` re-exports comes from (`pub use server::{PeerGroup}`).
-fn reexports(lib: &str) -> BTreeMap<String, String> {
+/// The module each name a crate root re-exports comes from (`pub use server::PeerGroup;`,
+/// `pub use self::{batch::{BATCH_BYTES, read_batched}, budget::Budget};`).
+fn reexports(root: &str) -> BTreeMap<String, String> {
     let mut map = BTreeMap::new();
-    for line in lib.lines().filter_map(|l| l.strip_prefix("pub use ")) {
-        let (module, items) = line.split_once("::").unwrap();
-        for item in items.trim_matches(|c| c == '{' || c == '}' || c == ';').split(',') {
-            map.insert(item.trim().to_owned(), module.to_owned());
+    let mut rest = root;
+    while let Some(at) = rest.find("\npub use ") {
+        rest = &rest[at + "\npub use ".len()..];
+        let statement = &rest[..rest.find(';').unwrap()];
+        let statement = statement.trim().trim_start_matches("self::");
+        let items = match statement.strip_prefix('{') {
+            Some(group) => top_level_items(group.strip_suffix('}').unwrap()),
+            None => vec![statement.to_owned()],
+        };
+        for item in items {
+            let module = first_segment(&item);
+            // Every name the item brings in: after `as`, or the identifiers after `::`.
+            let names = item.split("::").skip(1).collect::<Vec<_>>().join("::");
+            for name in names.split([',', '{', '}']).map(|n| n.rsplit(" as ").next().unwrap().trim()) {
+                if !name.is_empty() && !name.contains("::") {
+                    map.insert(name.to_owned(), module.clone());
+                }
+            }
         }
     }
     map
+}
+
+/// The items at the top level of a `{...}` group's inside, split at its commas.
+fn top_level_items(group: &str) -> Vec<String> {
+    let (mut depth, mut start, mut items) = (0, 0, Vec::new());
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(group[start..i].trim().to_owned());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(group[start..].trim().to_owned());
+    items.retain(|i| !i.is_empty());
+    items
+}
+
+/// The modules a crate root (`lib.rs`, `main.rs`) declares.
+fn declared_modules(root: &str) -> BTreeSet<String> {
+    root.lines()
+        .filter_map(|l| {
+            let l = l.trim_start_matches("pub(crate) ").trim_start_matches("pub ");
+            l.strip_prefix("mod ")
+        })
+        .filter(|m| m.ends_with(';'))
+        .map(|m| m.trim_end_matches(';').to_owned())
+        .collect()
+}
+
+/// Which of the root's modules each of them reaches (through `crate::` paths, directly
+/// or through a name the root re-exports), read from the files under the root's folder.
+fn module_graph(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let text = std::fs::read_to_string(root).unwrap();
+    let modules = declared_modules(&text);
+    let reexported = reexports(&text);
+    let dir = root.parent().unwrap();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in sources(dir) {
+        let relative = file.strip_prefix(dir).unwrap();
+        let module = relative.iter().next().unwrap().to_string_lossy().trim_end_matches(".rs").to_owned();
+        if !modules.contains(&module) {
+            continue; // the root itself, another root's files (`bin/`)
+        }
+        for name in referenced(&std::fs::read_to_string(&file).unwrap()) {
+            let target = if modules.contains(&name) { Some(&name) } else { reexported.get(&name) };
+            if let Some(target) = target.filter(|t| **t != module) {
+                edges.entry(module.clone()).or_default().insert(target.clone());
+            }
+        }
+    }
+    edges
+}
+
+/// The folder of every crate of the workspace (its `members`).
+fn workspace_crates() -> Vec<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = std::fs::read_to_string(workspace.join("Cargo.toml")).unwrap();
+    let members = manifest.lines().find_map(|l| l.strip_prefix("members = [")).unwrap();
+    members.trim_end_matches(']').split(',').map(|m| workspace.join(m.trim().trim_matches('"'))).collect()
+}
+
+/// A crate's roots: its library, its binary and each binary under `src/bin/NAME/`.
+fn crate_roots(dir: &Path) -> Vec<PathBuf> {
+    let src = dir.join("src");
+    let mut roots: Vec<PathBuf> =
+        ["lib.rs", "main.rs"].iter().map(|r| src.join(r)).filter(|r| r.exists()).collect();
+    if let Ok(bins) = std::fs::read_dir(src.join("bin")) {
+        roots.extend(bins.flatten().map(|b| b.path().join("main.rs")).filter(|r| r.exists()));
+    }
+    roots
 }
 
 /// A cycle in `edges`, if there is one.
@@ -107,30 +199,24 @@ fn cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 }
 
 #[test]
-fn the_spokes_modules_import_each_other_one_way() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../spoke-cache/src");
-    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
-    let modules: BTreeSet<String> = lib
-        .lines()
-        .filter_map(|l| l.strip_prefix("pub mod ").or_else(|| l.strip_prefix("mod ")))
-        .map(|m| m.trim_end_matches(';').to_owned())
-        .collect();
-    assert!(modules.contains("fetch") && modules.contains("suppliers"), "{modules:?}");
-    let reexported = reexports(&lib);
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in sources(&src) {
-        let relative = file.strip_prefix(&src).unwrap();
-        let module = relative.iter().next().unwrap().to_string_lossy().trim_end_matches(".rs").to_owned();
-        if !modules.contains(&module) {
-            continue; // lib.rs, main.rs
-        }
-        for name in referenced(&std::fs::read_to_string(&file).unwrap()) {
-            let target = if modules.contains(&name) { Some(&name) } else { reexported.get(&name) };
-            if let Some(target) = target.filter(|t| **t != module) {
-                edges.entry(module.clone()).or_default().insert(target.clone());
+fn no_crate_has_modules_that_import_each_other() {
+    let (mut graphs, mut cycles) = (0, Vec::new());
+    for dir in workspace_crates() {
+        for root in crate_roots(&dir) {
+            let edges = module_graph(&root);
+            graphs += usize::from(!edges.is_empty());
+            if let Some(found) = cycle(&edges) {
+                cycles.push(format!("{}: {}", root.display(), found.join(" -> ")));
             }
         }
     }
+    assert!(graphs >= 8, "the crates' graphs were read: {graphs}");
+    assert!(cycles.is_empty(), "modules that import each other:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_spokes_modules_import_each_other_one_way() {
+    let edges = module_graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../spoke-cache/src/lib.rs"));
     assert!(edges.get("cache").is_some_and(|e| e.contains("fetch")), "the graph was read: {edges:?}");
     assert_eq!(cycle(&edges), None, "modules that import each other");
     let reaches_cache: Vec<&String> =
@@ -151,5 +237,12 @@ fn a_cycle_is_found_and_named() {
     assert_eq!(
         referenced("use crate::{\n    Error,\n    cache::{Cache, CacheConfig},\n    fetch::X,\n};"),
         ["Error", "cache", "fetch"].map(String::from).into()
+    );
+    let root = "mod a;\npub mod b;\npub use self::{\n    a::{X, y as Z},\n    b::W,\n};\npub use b::V;\n";
+    assert_eq!(declared_modules(root), ["a", "b"].map(String::from).into());
+    let names: Vec<(String, String)> = reexports(root).into_iter().collect();
+    assert_eq!(
+        names,
+        [("V", "b"), ("W", "b"), ("X", "a"), ("Z", "a")].map(|(n, m)| (n.to_owned(), m.to_owned()))
     );
 }

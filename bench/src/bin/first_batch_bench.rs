@@ -16,10 +16,8 @@
 use std::time::Instant;
 
 use shardcache_bench::formats;
-use shardcache_client::{
-    Client,
-    samples::{Format, SampleIndex},
-};
+use shardcache_client::Client;
+use shardcache_formats::{Format, SampleIndex};
 use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess};
 
 const RTT_MS: f64 = 60.0;

@@ -1,5 +1,5 @@
 //! `samples-bench`: variable-size samples against fixed-size records of the same mean
-//! size, through a warm spoke, read by the SDK's sample index (`shardcache_client::samples`)
+//! size, through a warm spoke, read by the SDK's sample index (`shardcache_formats`)
 //! in shuffled batches of 32. Prints a markdown table.
 //!
 //! ```sh
@@ -16,10 +16,8 @@
 use std::{path::Path, time::Instant};
 
 use futures::future::join_all;
-use shardcache_client::{
-    CacheClient, Client,
-    samples::{Format, SampleIndex},
-};
+use shardcache_client::{CacheClient, Client};
+use shardcache_formats::{Format, SampleIndex};
 use shardcache_tests::{HubProcess, SpokeProcess, next_random};
 
 const SHARDS: u64 = 8;

@@ -20,9 +20,9 @@ use pyo3::{
 };
 use shardcache_client::{
     CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, Range, ShardStream,
-    samples::{Budget, SampleIndex},
 };
-use shardcache_serving::tls::ClientTlsFiles;
+use shardcache_formats::{Budget, SampleIndex};
+use shardcache_transport::tls::ClientTlsFiles;
 use tokio::runtime::Runtime;
 
 create_exception!(_native, ShardcacheError, PyException, "A failed shardcache call; see .code and .message.");
@@ -209,7 +209,7 @@ impl Client {
             }
             (Some(token), None) => Some(token),
             (None, Some(file)) => Some(
-                shardcache_serving::auth::read_token_file(std::path::Path::new(&file))
+                shardcache_transport::credentials::read_token_file(std::path::Path::new(&file))
                     .map_err(pyo3::exceptions::PyValueError::new_err)?,
             ),
             (None, None) => None,

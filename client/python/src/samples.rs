@@ -1,5 +1,5 @@
 //! `Client.samples(...)`: a dataset as samples of any size, indexed from its own format
-//! by the Rust SDK (`shardcache_client::samples`), read in batches.
+//! by the Rust SDK (`shardcache_formats`), read in batches.
 
 use std::sync::Arc;
 
@@ -7,7 +7,7 @@ use pyo3::{
     prelude::*,
     types::{PyByteArray, PyBytes, PyDict, PyList},
 };
-use shardcache_client::samples::{Fields, Format, SampleIndex, Value};
+use shardcache_formats::{Fields, Format, SampleIndex, Value};
 
 use crate::{Client, ShardcacheError};
 

@@ -275,7 +275,7 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>
     let status = err.raw_response().map(|r| r.status().as_u16());
     let code = err.code().unwrap_or_default().to_owned();
     // Each cause's words, never the SDK's Debug output (raw HTTP headers and bodies).
-    let detail = shardcache_serving::report::chain(&err);
+    let detail = shardcache_transport::report::chain(&err);
     let advice = if detail.contains("credentials") {
         ": give the hub credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a role)"
     } else {

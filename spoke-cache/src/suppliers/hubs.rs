@@ -1,12 +1,12 @@
 //! The hubs this spoke fetches from, through the verifying client SDK, routed by the
-//! SDK's one routing type (`shardcache_client::routing`).
+//! SDK's one routing type (`shardcache_routing`).
 //!
 //! Connections are lazy: the spoke starts (and serves what it has cached) while its hubs
 //! are down. With several `--hub` URLs (stateless hubs over one shared source) a shard
 //! always goes to the same hub first (rendezvous hashing, so adding a hub moves few
 //! shards); a hub that fails as an unwell member would is skipped for a backoff, and one
 //! that has not answered within its hedge delay has the next hub asked too. Each hub gets
-//! several HTTP/2 connections with large windows (`shardcache_serving::transport`), over
+//! several HTTP/2 connections with large windows (`shardcache_transport::http2`), over
 //! TLS for `https://` hubs (`--hub-ca`, `--hub-cert`, `--hub-key`, reloaded when the
 //! files change) and with the spoke's bearer token when it has one (`--hub-token-file`).
 
@@ -18,14 +18,13 @@ use std::{
     time::Duration,
 };
 
-use shardcache_client::{
-    Client, ConnectOptions, Credentials,
-    connect::client_tls,
-    members::{self, MemberSpec, Members, Slot},
-    routing::{HedgeCounters, HedgePolicy, Judged, Router, Verdict},
-};
+use shardcache_client::{Client, ConnectOptions, Credentials, connect::client_tls, discovery};
 use shardcache_proto::v1::ShardInfo;
-use shardcache_serving::transport::{DEFAULT_HUB_CONNECTIONS, Http2Settings};
+use shardcache_routing::{
+    HedgeCounters, HedgePolicy, Judged, Router, Verdict,
+    members::{MemberSpec, Members, Slot},
+};
+use shardcache_transport::http2::{DEFAULT_HUB_CONNECTIONS, Http2Settings};
 use tonic::transport::Endpoint;
 
 use crate::{Error, Result};
@@ -75,7 +74,7 @@ impl Default for HubTransport {
 pub struct Hub {
     connections: Vec<Client>,
     next: AtomicUsize,
-    health: members::HealthClient,
+    health: discovery::HealthClient,
     compression: super::compression::Chooser,
 }
 
@@ -100,7 +99,7 @@ impl Hub {
             // Each lazily connected channel is its own TCP connection.
             .map(|_| endpoint.connect_with_connector_lazy(transport.http2.connector(tls.clone())))
             .collect();
-        let health = members::HealthClient::new(channels[0].clone());
+        let health = discovery::HealthClient::new(channels[0].clone());
         // Listings and stats ask for bytes as they are; chunk fetches as the chooser says.
         let connections = channels
             .into_iter()
@@ -143,7 +142,7 @@ impl Hubs {
         let specs: Vec<MemberSpec> = urls.iter().map(|url| MemberSpec::new(url)).collect();
         let members = Arc::new(Members::new(&specs, |url| Hub::connect_lazy(url, transport, credentials))?);
         // A hub that failed is used again as soon as its health check says SERVING.
-        members::probe_failed(&members, |hub: &Hub| members::serving(&hub.health));
+        discovery::probe_failed(&members, |hub: &Hub| discovery::serving(&hub.health));
         Ok(Self {
             router: Router::new(members, HedgePolicy::UPSTREAM, counters),
             timeout: transport.timeout,
@@ -299,7 +298,7 @@ impl Judged for Error {
     fn verdict(&self) -> Verdict {
         match self {
             Error::HubUnavailable { .. } | Error::HubCorrupt { .. } => Verdict::Unwell,
-            Error::Hub { code, .. } => shardcache_client::routing::of_code(*code),
+            Error::Hub { code, .. } => shardcache_routing::of_code(*code),
             _ => Verdict::Answer,
         }
     }

@@ -5,7 +5,7 @@
 //! 2. what the next members ranked after it hold (`ReadCached`, never a fetch);
 //! 3. the hubs (`hubs.rs`), whose answer is final.
 //!
-//! The chain is asked with the SDK's hedged calls (`shardcache_client::routing`): a
+//! The chain is asked with the SDK's hedged calls (`shardcache_routing`): a
 //! supplier that fails as an unwell one would is paused and the next is asked; one that
 //! has not answered within its hedge delay has the next asked as well, and the first
 //! verified answer wins. So a member whose own link to the hub hangs while its health
@@ -30,11 +30,9 @@ pub mod peers;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use shardcache_client::{
-    ConnectOptions,
-    routing::{Candidate, HedgeCounters, HedgePolicy, Judged, Verdict, hedged},
-};
+use shardcache_client::ConnectOptions;
 use shardcache_proto::{checksum::Checked, v1::ShardInfo};
+use shardcache_routing::{Candidate, HedgeCounters, HedgePolicy, Judged, Verdict, hedged};
 
 use self::{
     hubs::{HubSlot, HubTransport, Hubs},

@@ -1,9 +1,9 @@
 //! The spoke's group (`--peers URL1,URL2,...`, `file:PATH` or `dns+http://NAME:PORT`,
-//! kept current as the SDK keeps it: `shardcache_client::members`; itself included as
+//! kept current as the SDK keeps it: `shardcache_client::discovery`; itself included as
 //! `--peer-self`): the spokes that share one copy of the data over the long link.
 //!
 //! Each shard's members are ranked by the SDK's routing type
-//! (`shardcache_client::routing`), the owner first. A spoke that must fetch a chunk asks
+//! (`shardcache_routing`), the owner first. A spoke that must fetch a chunk asks
 //! the live members ranked before it, in order, over the fast local network (their read
 //! API, at the version it holds), and the hub only when none of them answers; the owner
 //! (first live member) fetches from the hub. So the group fetches each shard from the
@@ -40,12 +40,16 @@ use std::{
 use shardcache_client::{
     Client, ConnectOptions, Range,
     connect::{AuthChannel, connect_channel_lazy},
-    members::{self, MemberSpec, Members, Slot, Source},
-    routing::{self, HedgeCounters, HedgePolicy, Router, Verdict, normalize_url},
+    discovery::{self, Origin},
 };
 use shardcache_proto::{
     checksum::Checked,
     v1::{ReadRangeRequest, cache_control_client::CacheControlClient},
+};
+use shardcache_routing::{
+    self as routing, HedgeCounters, HedgePolicy, Router, Verdict,
+    members::{MemberSpec, Members, Slot},
+    normalize_url,
 };
 
 use super::Failed;
@@ -57,7 +61,7 @@ use crate::{Error, Result};
 pub struct Peer {
     client: Client,
     control: CacheControlClient<AuthChannel>,
-    health: members::HealthClient,
+    health: discovery::HealthClient,
     reports: Arc<PeerReports>,
 }
 
@@ -172,7 +176,7 @@ impl Peers {
         credentials: &ConnectOptions,
         counters: Arc<HedgeCounters>,
     ) -> Result<Self> {
-        let source = Source::parse(spec).map_err(|e| Error::Config(format!("--peers: {e}")))?;
+        let source = Origin::parse(spec).map_err(|e| Error::Config(format!("--peers: {e}")))?;
         let token = shardcache_client::Credentials::token(credentials.token.as_deref())
             .map_err(|e| Error::Config(format!("--peer-token-file: {e}")))?;
         let me = normalize_url(me);
@@ -191,12 +195,12 @@ impl Peers {
                 // chunk and its framing (the demo's restarted member could take nothing).
                 control: CacheControlClient::with_interceptor(channel.clone(), token.clone())
                     .max_decoding_message_size(shardcache_client::client::MAX_RESPONSE_BYTES),
-                health: members::HealthClient::new(channel),
+                health: discovery::HealthClient::new(channel),
                 reports: shared.clone(),
             }))
         };
         let initial = match &source {
-            Source::List(list) => {
+            Origin::List(list) => {
                 if !list.iter().any(|m| m.url == me) {
                     let urls: Vec<&str> = list.iter().map(|m| m.url.as_str()).collect();
                     return Err(Error::Config(format!(
@@ -209,9 +213,9 @@ impl Peers {
             _ => vec![MemberSpec::new(&me)],
         };
         let members = Arc::new(Members::new(&initial, &make).map_err(Error::Config)?);
-        members::watch(&members, source, "--peers".into(), make, true, Some(me.clone()));
-        members::probe_failed(&members, |peer: &Option<Peer>| match peer {
-            Some(peer) => members::serving(&peer.health),
+        discovery::watch(&members, source, "--peers".into(), make, true, Some(me.clone()));
+        discovery::probe_failed(&members, |peer: &Option<Peer>| match peer {
+            Some(peer) => discovery::serving(&peer.health),
             None => Box::pin(async { true }),
         });
         Ok(Self { router: Router::new(members, HedgePolicy::UPSTREAM, counters), me, reports })

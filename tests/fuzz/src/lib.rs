@@ -29,10 +29,8 @@ use std::{
 
 use bytes::Bytes;
 pub use mutate::{Mutator, fix_tar_checksums};
-use shardcache_client::{
-    Error,
-    samples::{Budget, Files, Format, SampleIndex},
-};
+use shardcache_client::Error;
+use shardcache_formats::{Budget, Files, Format, SampleIndex};
 
 /// The budget every input is read under.
 pub const BUDGET: u64 = 64 << 20;
@@ -330,7 +328,7 @@ async fn read(
             }),
             format => index.read(&files, batch).await.map(|data| {
                 // Windows (and GPT samples) of seq_len + 1 values; sequences of whole values.
-                let item = index.dtype().and_then(shardcache_client::samples::tokens::item_size).unwrap_or(1);
+                let item = index.dtype().and_then(shardcache_formats::tokens::item_size).unwrap_or(1);
                 match format {
                     Format::Tokens { seq_len, .. } | Format::MegatronGpt { seq_len, .. } => {
                         data.iter().all(|d| d.len() as u64 == (seq_len + 1) * item)

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use shardcache_cli::dataset_gen::GenSpec;
 use shardcache_client::ConnectOptions;
 use shardcache_proto::units::ByteSize;
-use shardcache_serving::{auth::read_token_file, tls::ClientTlsFiles};
+use shardcache_transport::{credentials::read_token_file, tls::ClientTlsFiles};
 
 /// Flags every command takes, listed apart from each command's own.
 const GLOBAL: &str = "Global options (any command; or their SHARDCACHE_* variables)";
@@ -290,7 +290,7 @@ enum TokenCommand {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    shardcache_serving::report::exit_status("shardcache", run(Cli::parse()).await)
+    shardcache_transport::report::exit_status("shardcache", run(Cli::parse()).await)
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
