@@ -1,9 +1,10 @@
 # shardcache: the two commands of the README.
 #   make demo   the seed experiment: hub, 60 ms WAN emulator, spoke, simulated trainer
 #   make test   formatting, lints and every test, exactly what CI runs
+#   make check  the fast loop: formatting, lints and every crate's unit tests
 #   make load   ghz load tests against a hub and a spoke (summary in target/load/)
 #   make dist   what users install: release binaries, the Python wheel, container images
-.PHONY: demo test load dist deps build lint
+.PHONY: demo test check load dist deps build lint
 
 CARGO ?= cargo
 # RocksDB's C++ goes through ccache (installed by `make deps`): see scripts/ensure-deps.sh.
@@ -24,6 +25,12 @@ demo: deps
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The fast loop between `cargo check` and `make test`: formatting, lints, every crate's
+# unit tests and the structural tests (tests/tests/architecture.rs); no servers, no
+# Python, no containers. A minute or two on a warm machine (BENCHMARKS.md, First hour).
+check: lint
+	$(CARGO) test --workspace --lib --test architecture
 
 # The end-to-end tests start the built binaries, so build them first.
 test: lint

@@ -246,3 +246,59 @@ fn a_cycle_is_found_and_named() {
         [("V", "b"), ("W", "b"), ("X", "a"), ("Z", "a")].map(|(n, m)| (n.to_owned(), m.to_owned()))
     );
 }
+
+/// The packages `package` depends on to build and run (normal and build edges, with the
+/// features this package alone enables), as `name` -> features: `cargo tree`, offline.
+fn dependencies(package: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new(cargo)
+        .args(["tree", "--offline", "-p", package, "-e", "normal,build", "--prefix", "none", "-f", "{p} {f}"])
+        .current_dir(workspace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cargo tree -p {package}: {}", String::from_utf8_lossy(&out.stderr));
+    let mut packages: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let mut words = line.split_whitespace();
+        let name = words.next().unwrap().to_owned();
+        let _version = words.next();
+        let features = words.find(|w| !w.starts_with('(')).unwrap_or_default();
+        packages
+            .entry(name)
+            .or_default()
+            .extend(features.split(',').filter(|f| !f.is_empty()).map(str::to_owned));
+    }
+    packages
+}
+
+#[test]
+fn each_crate_takes_only_what_its_concern_needs() {
+    // The format readers' own dependencies: those `formats/Cargo.toml` names itself rather
+    // than taking from the workspace (the decoders: parquet, ruzstd, flate2, snap).
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../formats/Cargo.toml");
+    let manifest = std::fs::read_to_string(manifest).unwrap();
+    let section = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
+    let readers: Vec<&str> = section
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains('=') && !l.contains("workspace"))
+        .map(|l| l.split([' ', '=']).next().unwrap())
+        .collect();
+    assert!(readers.contains(&"parquet") && readers.contains(&"ruzstd"), "{readers:?}");
+    for package in ["spoke-cache", "hub-server", "shardcache-cli", "shardcache-reader", "shardcache-serving"]
+    {
+        let tree = dependencies(package);
+        let taken: Vec<&&str> = readers.iter().filter(|p| tree.contains_key(**p)).collect();
+        assert!(taken.is_empty(), "{package} builds the format readers' dependencies {taken:?}");
+    }
+    // The SDK (and the Python wheel built from it) carries no server stack.
+    for package in ["shardcache-client", "shardcache-formats", "shardcache-python"] {
+        let tree = dependencies(package);
+        for server in ["shardcache-serving", "tonic-reflection", "axum", "clap", "rocksdb"] {
+            assert!(!tree.contains_key(server), "{package} depends on {server}");
+        }
+        let hyper = tree.get("hyper").unwrap_or_else(|| panic!("{package} talks HTTP/2 through hyper"));
+        assert!(!hyper.contains("server"), "{package} builds hyper's server: {hyper:?}");
+        assert!(!tree["tonic"].contains("server"), "{package} builds tonic's server: {:?}", tree["tonic"]);
+    }
+}
