@@ -266,3 +266,70 @@ impl Admission {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The admission over a real store, its entries from a fake supplier
+    //! (`crate::testing`).
+
+    use bytes::Bytes;
+    use shardcache_proto::checksum::Checked;
+
+    use crate::testing::{parts, pattern};
+
+    const CHUNK: u64 = 64 << 10;
+
+    fn chunk(data: &[u8], index: u64) -> Checked {
+        let start = (index * CHUNK) as usize;
+        Checked::new(Bytes::copy_from_slice(&data[start..start + CHUNK as usize]))
+    }
+
+    #[tokio::test]
+    async fn an_admitted_chunk_is_stored_visible_held_and_counted_once() {
+        let parts = parts(CHUNK, 1 << 30, 1 << 30);
+        let data = pattern(2 * CHUNK as usize, 1);
+        parts.supply.put("ds", "s", "v1", data.clone());
+        let entry = parts.entry("ds", "s").await.unwrap();
+        parts.admission.admit(&entry, 1, chunk(&data, 1), "trainer", false).await.unwrap();
+        assert!(entry.has_chunk(1) && !entry.has_chunk(0));
+        assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..]);
+        assert_eq!(entry.holder(), "trainer");
+        assert_eq!(parts.capacity.used(), CHUNK);
+        // The same chunk again (a second fetch that raced the first): nothing changes.
+        parts.admission.admit(&entry, 1, chunk(&data, 1), "other", false).await.unwrap();
+        assert_eq!((parts.capacity.used(), entry.holder().as_str()), (CHUNK, "trainer"));
+    }
+
+    #[tokio::test]
+    async fn eviction_removes_a_shards_chunks_and_gives_their_bytes_back() {
+        let parts = parts(CHUNK, 1 << 30, 1 << 30);
+        let data = pattern(2 * CHUNK as usize, 2);
+        parts.supply.put("ds", "s", "v1", data.clone());
+        let entry = parts.entry("ds", "s").await.unwrap();
+        for index in 0..2 {
+            parts.admission.admit(&entry, index, chunk(&data, index), "t", false).await.unwrap();
+        }
+        assert!(entry.is_complete() && parts.capacity.used() == 2 * CHUNK);
+        assert_eq!(parts.admission.evict(std::slice::from_ref(&entry)).await, (1, 2 * CHUNK));
+        assert!(parts.stored(&entry, 0, CHUNK).is_none(), "its chunks are gone from the store");
+        assert_eq!(parts.capacity.used(), 0);
+        assert!(parts.index.get(&("ds".into(), "s".into())).is_none());
+        // A fetch that finishes after the eviction stores nothing for the evicted entry.
+        parts.admission.admit(&entry, 0, chunk(&data, 0), "t", false).await.unwrap();
+        assert!(parts.stored(&entry, 0, CHUNK).is_none() && parts.capacity.used() == 0);
+    }
+
+    #[tokio::test]
+    async fn a_forgotten_chunk_is_absent_and_its_bytes_given_back() {
+        let parts = parts(CHUNK, 1 << 30, 1 << 30);
+        let data = pattern(CHUNK as usize, 3);
+        parts.supply.put("ds", "s", "v1", data.clone());
+        let entry = parts.entry("ds", "s").await.unwrap();
+        parts.admission.admit(&entry, 0, chunk(&data, 0), "t", true).await.unwrap();
+        assert_eq!(parts.admission.speculation().unread(), CHUNK, "admitted unread: speculation's bytes");
+        parts.admission.forget_chunk(&entry, 0).await;
+        assert!(!entry.has_chunk(0) && parts.stored(&entry, 0, CHUNK).is_none());
+        assert_eq!(parts.capacity.used(), 0);
+        assert_eq!(parts.admission.speculation().unread(), 0, "and no longer speculation's");
+    }
+}

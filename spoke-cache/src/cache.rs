@@ -59,7 +59,7 @@ use crate::{
     plan_fetch::PlanFetcher,
     policy::{admit::AdmissionFilter, shares::Shares, speculation::Speculation},
     store::Store,
-    suppliers::{Chain, hubs::Hubs},
+    suppliers::{Chain, Supply, hubs::Hubs},
 };
 
 /// How the cache behaves; see `config.rs` for the flags.
@@ -112,6 +112,9 @@ pub struct Cache {
     admission: Arc<Admission>,
     lookups: Arc<Lookups>,
     fetch: FetchOwner,
+    /// The suppliers: ownership in a group, the hubs for listings (what the fetch owner
+    /// and the lookups ask of it is their `Supply`).
+    chain: Arc<Chain>,
     plans: Arc<Plans>,
     metrics: Arc<Metrics>,
     /// Pin changes, one at a time (their limit is checked against all pins).
@@ -154,14 +157,14 @@ impl Cache {
         let chain = Arc::new(chain);
         let lookups = Arc::new(Lookups::new(
             index.clone(),
-            chain.clone(),
+            chain.clone() as Arc<dyn Supply>,
             admission.clone(),
             metrics.clone(),
             config.chunk_size,
             config.empty_entries_kept,
         ));
         let fetch = FetchOwner::new(
-            chain,
+            chain.clone(),
             (admission.clone(), capacity.clone()),
             metrics.clone(),
             config.upstream_bytes_in_flight,
@@ -181,6 +184,7 @@ impl Cache {
             admission,
             lookups,
             fetch,
+            chain,
             plans,
             metrics,
             pinning: tokio::sync::Mutex::new(()),
@@ -199,18 +203,18 @@ impl Cache {
 
     /// The hubs (listings pass through to them).
     pub fn hubs(&self) -> &Hubs {
-        self.fetch.chain().hubs()
+        self.chain.hubs()
     }
 
     /// The suppliers: peers and hubs.
     pub fn chain(&self) -> &Chain {
-        self.fetch.chain()
+        &self.chain
     }
 
     /// Whether this spoke fetches `dataset/shard` from the hubs itself (in a group: it
     /// owns the shard).
     pub fn owns(&self, dataset: &str, shard: &str) -> bool {
-        self.fetch.chain().owns(dataset, shard)
+        self.chain.owns(dataset, shard)
     }
 
     pub fn capacity(&self) -> &Capacity {
@@ -295,6 +299,7 @@ impl Cache {
             index: self.index.clone(),
             lookups: self.lookups.clone(),
             fetch: self.fetch.clone(),
+            chain: self.chain.clone(),
             metrics: self.metrics.clone(),
             window: self.config.plan_window,
             parallelism: self.config.shard_fetch_parallelism,

@@ -24,7 +24,8 @@
 //! - [`control`]: prefetch, status, evict, pin, plans;
 //! - [`metrics`]: counters and histograms, Prometheus text; [`jobs`]: per job and epoch;
 //! - [`server`]: assembly and graceful shutdown; [`config`]: flags;
-//!   [`shared`]: work shared by concurrent callers.
+//!   [`shared`]: work shared by concurrent callers;
+//! - `testing` (unit tests only): the parts over a real store with a fake supplier.
 
 pub mod admission;
 pub mod cache;
@@ -48,6 +49,8 @@ pub mod shared;
 pub mod source;
 pub mod store;
 pub mod suppliers;
+#[cfg(test)]
+pub mod testing;
 
 pub use error::{Error, Result};
 pub use server::{PeerGroup, SpokeOptions, open_cache, serve};

@@ -23,7 +23,7 @@ use crate::{
     metrics::Metrics,
     revalidation::{REVALIDATION_WAIT, Revalidation},
     shared::spawn_shared,
-    suppliers::Chain,
+    suppliers::Supply,
 };
 
 type SharedLookup = Shared<BoxFuture<'static, Result<Arc<Entry>>>>;
@@ -32,7 +32,7 @@ type SharedLookup = Shared<BoxFuture<'static, Result<Arc<Entry>>>>;
 #[derive(Debug)]
 pub struct Lookups {
     index: Arc<Index>,
-    chain: Arc<Chain>,
+    supply: Arc<dyn Supply>,
     admission: Arc<Admission>,
     metrics: Arc<Metrics>,
     /// The cache's unit of fetching, recorded in new entries.
@@ -59,7 +59,7 @@ pub const STATS_IN_FLIGHT: usize = 32;
 impl Lookups {
     pub fn new(
         index: Arc<Index>,
-        chain: Arc<Chain>,
+        supply: Arc<dyn Supply>,
         admission: Arc<Admission>,
         metrics: Arc<Metrics>,
         chunk_size: u64,
@@ -67,7 +67,7 @@ impl Lookups {
     ) -> Self {
         Self {
             index,
-            chain,
+            supply,
             admission,
             metrics,
             chunk_size,
@@ -242,11 +242,88 @@ impl Lookups {
     ) -> Result<shardcache_proto::v1::ShardInfo> {
         // The semaphore is never closed.
         let _room = self.stats.acquire().await.ok();
-        self.chain.stat(dataset.as_str(), shard.as_str()).await
+        self.supply.stat(dataset.as_str(), shard.as_str()).await
     }
 
     fn revalidation_failed(&self, why: &dyn std::fmt::Display) {
         self.metrics.revalidation_failures.fetch_add(1, Relaxed);
         self.revalidation.failed(why);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Lookups against a fake supplier (`crate::testing`).
+
+    use std::{sync::atomic::Ordering::SeqCst, time::Duration};
+
+    use crate::{
+        fetch::FetchFor,
+        jobs::JobRow,
+        testing::{parts, pattern},
+    };
+
+    const CHUNK: u64 = 64 << 10;
+
+    #[tokio::test]
+    async fn concurrent_first_lookups_of_a_shard_stat_it_once() {
+        let parts = parts(CHUNK, 1 << 30, 1 << 30);
+        parts.supply.put("ds", "s", "v1", pattern(100_000, 1));
+        parts.supply.set_latency(Duration::from_millis(20));
+        let lookups = (0..16).map(|_| parts.entry("ds", "s"));
+        let entries: Vec<_> =
+            futures::future::join_all(lookups).await.into_iter().map(Result::unwrap).collect();
+        assert_eq!(parts.supply.stats.load(SeqCst), 1, "sixteen readers, one StatShard");
+        assert!(entries.iter().all(|e| e.id == entries[0].id && e.size == 100_000 && e.version == "v1"));
+        parts.entry("ds", "s").await.unwrap();
+        assert_eq!(parts.supply.stats.load(SeqCst), 1, "fresh: answered from the index");
+    }
+
+    #[tokio::test]
+    async fn a_new_version_replaces_the_entry_and_removes_the_old_bytes() {
+        let parts = parts(CHUNK, 1 << 30, 1 << 30);
+        parts.supply.put("ds", "s", "v1", pattern(CHUNK as usize, 2));
+        let old = parts.entry("ds", "s").await.unwrap();
+        let row = JobRow::default();
+        parts.fetch.chunk(&old, 0, FetchFor::read(&row, "t", &[])).unwrap().stored.await.unwrap();
+        assert_eq!(parts.capacity.used(), CHUNK);
+        parts.supply.put("ds", "s", "v2", pattern(CHUNK as usize, 3));
+        old.expire();
+        let new = parts.entry("ds", "s").await.unwrap();
+        assert_eq!(new.version, "v2");
+        assert_ne!(new.id, old.id, "a new version is a new entry: its bytes never mix with the old");
+        assert!(!new.has_chunk(0));
+        assert!(parts.stored(&old, 0, CHUNK).is_none(), "v1's bytes are gone from the store");
+        assert_eq!(parts.capacity.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_hub_that_cannot_answer_leaves_the_cached_version_served() {
+        let parts = parts(CHUNK, 1 << 30, 1 << 30);
+        parts.supply.put("ds", "s", "v1", pattern(1000, 4));
+        let entry = parts.entry("ds", "s").await.unwrap();
+        entry.expire();
+        parts.supply.fail_next(1);
+        let served = parts.entry("ds", "s").await.unwrap();
+        assert_eq!(served.id, entry.id, "the verified bytes on disk are still the hub's version");
+        assert_eq!(parts.metrics.revalidation_failures.load(SeqCst), 1);
+        let stats = parts.supply.stats.load(SeqCst);
+        assert_eq!(parts.entry("ds", "s").await.unwrap().id, entry.id);
+        assert_eq!(parts.supply.stats.load(SeqCst), stats, "revalidation pauses after a failure");
+    }
+
+    #[tokio::test]
+    async fn a_shard_gone_from_the_hub_is_not_found_and_forgotten() {
+        let parts = parts(CHUNK, 1 << 30, 1 << 30);
+        parts.supply.put("ds", "s", "v1", pattern(1000, 5));
+        let entry = parts.entry("ds", "s").await.unwrap();
+        assert!(parts.index.get(&("ds".into(), "s".into())).is_some());
+        parts.supply.shards_mut().clear();
+        entry.expire();
+        let error = parts.entry("ds", "s").await.unwrap_err();
+        assert_eq!(error.code(), tonic::Code::NotFound, "{error}");
+        assert!(parts.index.get(&("ds".into(), "s".into())).is_none(), "its entry is removed");
+        let unknown = parts.entry("ds", "never").await.unwrap_err();
+        assert_eq!(unknown.code(), tonic::Code::NotFound);
     }
 }

@@ -27,6 +27,7 @@ use crate::{
     lookup::Lookups,
     metrics::Metrics,
     plan::{PlanWindow, Plans, Upcoming},
+    suppliers::Chain,
 };
 
 /// Shards fetched whole at once by the plans (each with `--shard-fetch-parallelism`
@@ -41,6 +42,8 @@ pub struct PlanFetcher {
     pub index: Arc<Index>,
     pub lookups: Arc<Lookups>,
     pub fetch: FetchOwner,
+    /// Which shards this spoke fetches itself (in a group, those it owns).
+    pub chain: Arc<Chain>,
     pub metrics: Arc<Metrics>,
     /// `--plan-window`: how far ahead of the reads (the next block, or bytes of shards).
     pub window: PlanWindow,
@@ -86,7 +89,7 @@ impl PlanFetcher {
             }
             // In a group, each member fetches the shards it owns (the others read them
             // from it when they need them).
-            let mine = self.fetch.chain().owns(&key.0, &key.1);
+            let mine = self.chain.owns(&key.0, &key.1);
             if !mine || self.index.get(&key).is_some_and(|e| e.is_complete()) {
                 continue;
             }

@@ -17,11 +17,13 @@
 //! stored.
 
 mod speculation;
+#[cfg(test)]
+mod tests;
+mod upstream;
 
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, MutexGuard, atomic::Ordering::Relaxed},
-    time::{Duration, Instant},
 };
 
 use futures::{
@@ -29,10 +31,8 @@ use futures::{
     future::{BoxFuture, Shared},
 };
 use shardcache_proto::checksum::Checked;
-use shardcache_reader::ReadError;
-use tokio::sync::Semaphore;
 
-use self::speculation::Speculations;
+use self::{speculation::Speculations, upstream::Upstream};
 use crate::{
     Error, Result,
     admission::Admission,
@@ -41,7 +41,7 @@ use crate::{
     jobs::JobRow,
     metrics::Metrics,
     shared::spawn_shared,
-    suppliers::{Chain, Joined, Origin, Supplied, Want},
+    suppliers::{Joined, Supply},
 };
 
 /// Chunk requests upstream in flight at once, whatever their size. The byte bound alone
@@ -100,49 +100,37 @@ pub struct FetchOwner {
 
 #[derive(Debug)]
 struct Inner {
-    chain: Arc<Chain>,
+    /// The suppliers, through the byte and request bounds (`upstream.rs`).
+    upstream: Arc<Upstream>,
     admission: Arc<Admission>,
     capacity: Arc<Capacity>,
     /// Running fetches by `(entry id, chunk index)`.
     inflight: Mutex<HashMap<(u64, u64), ChunkFetch>>,
     /// Running fetches of ranges as read, by `(entry id, offset, length)`.
     direct: Mutex<HashMap<(u64, u64, u64), SharedFetch>>,
-    /// Room for `--upstream-bytes-in-flight`, in KiB permits: a fetch waits for room
-    /// before it asks upstream, and holds it until its chunk is on disk.
-    budget: Arc<Semaphore>,
-    /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests upstream.
-    requests: Arc<Semaphore>,
-    metrics: Arc<Metrics>,
     speculations: Speculations,
 }
 
 impl FetchOwner {
-    /// Fetches from `chain` into `admission`, with at most `bytes_in_flight` fetched and
+    /// Fetches from `supply` into `admission`, with at most `bytes_in_flight` fetched and
     /// not yet stored (never less than one `chunk_size`).
     pub fn new(
-        chain: Arc<Chain>,
+        supply: Arc<dyn Supply>,
         (admission, capacity): (Arc<Admission>, Arc<Capacity>),
         metrics: Arc<Metrics>,
         bytes_in_flight: u64,
         chunk_size: u64,
     ) -> Self {
+        let upstream = Arc::new(Upstream::new(supply, metrics, bytes_in_flight, chunk_size));
         let inner = Inner {
-            chain,
+            upstream,
             admission,
             capacity,
             inflight: Mutex::default(),
             direct: Mutex::default(),
-            budget: Arc::new(Semaphore::new((bytes_in_flight.max(chunk_size) >> 10) as usize)),
-            requests: Arc::new(Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT)),
-            metrics,
             speculations: Speculations::default(),
         };
         Self { inner: Arc::new(inner) }
-    }
-
-    /// The suppliers (the hubs for listings and stats; ownership in a group).
-    pub fn chain(&self) -> &Arc<Chain> {
-        &self.inner.chain
     }
 
     /// Chunk fetches running (fetched chunks not yet stored among them).
@@ -298,19 +286,13 @@ impl FetchOwner {
     /// hedge or failover that reached this spoke costs the long link nothing while the
     /// owner serves. What a member sent counts as a member's bytes in `fetch.row`.
     pub async fn join_owner(&self, entry: &Entry, offset: u64, length: u64, fetch: FetchFor<'_>) -> Joined {
-        let started = Instant::now();
-        let want = want(entry, offset, length);
-        let joined = self.inner.chain.join_owner(want, fetch.avoid).await;
-        if let Joined::Bytes(supplied) = &joined {
-            self.inner.count(&entry.dataset, supplied, fetch.row, started.elapsed());
-        }
-        joined
+        self.inner.upstream.join_owner(entry, offset, length, fetch.row, fetch.avoid).await
     }
 
     /// Starts reading `[offset, offset + length)` of a shard the cache has no entry for
     /// yet, alongside its `StatShard` (see [`speculation`]).
     pub fn speculate(&self, dataset: &str, shard: &str, offset: u64, length: u64, row: &JobRow) {
-        self.inner.speculations.start(&self.inner, dataset, shard, offset, length, row);
+        self.inner.speculations.start(&self.inner.upstream, dataset, shard, offset, length, row);
     }
 
     /// Forgets the speculative read of `[offset, offset + length)` of `dataset/shard`:
@@ -350,12 +332,8 @@ impl Inner {
         {
             return Ok(data);
         }
-        let _room = self
-            .budget
-            .acquire_many(length.div_ceil(1024) as u32)
-            .await
-            .map_err(|_| Error::Internal("upstream budget closed".into()))?;
-        self.supply(entry, offset, length, &fetch.row, &fetch.avoid).await
+        let _room = self.upstream.room(length).await?;
+        self.upstream.supply(entry, offset, length, &fetch.row, &fetch.avoid).await
     }
 
     /// The fetch of chunk `index` of `entry`: its bytes to `readers` as soon as they are
@@ -374,12 +352,8 @@ impl Inner {
         readers: tokio::sync::oneshot::Sender<Result<Checked>>,
     ) -> Result<u64> {
         let (offset, length) = entry.chunk_range(index);
-        // Held until the chunk is stored (see `budget`).
-        let _room = self
-            .budget
-            .acquire_many(length.div_ceil(1024) as u32)
-            .await
-            .map_err(|_| Error::Internal("upstream budget closed".into()))?;
+        // Held until the chunk is stored (see `Upstream::room`).
+        let _room = self.upstream.room(length).await?;
         let speculated = match speculated {
             Some(read) => read
                 .await
@@ -388,7 +362,7 @@ impl Inner {
         };
         let fetched = match speculated {
             Some((data, _)) => Ok(data),
-            None => self.supply(&entry, offset, length, &fetch.row, &fetch.avoid).await,
+            None => self.upstream.supply(&entry, offset, length, &fetch.row, &fetch.avoid).await,
         };
         let _ = readers.send(fetched.clone());
         // Serving the verified bytes was still right when caching them failed (counted
@@ -397,64 +371,6 @@ impl Inner {
         let _ = self.admission.admit(&entry, index, fetched?, &fetch.principal, unread).await;
         Ok(length)
     }
-
-    /// `[offset, offset + length)` of `entry` at its version from the chain, counted.
-    async fn supply(
-        &self,
-        entry: &Entry,
-        offset: u64,
-        length: u64,
-        row: &JobRow,
-        avoid: &[String],
-    ) -> Result<Checked> {
-        // Held for the request only: storing the chunk needs no supplier.
-        let _request =
-            self.requests.acquire().await.map_err(|_| Error::Internal("upstream requests closed".into()))?;
-        let started = Instant::now();
-        let want = want(entry, offset, length);
-        match self.chain.fetch(want, avoid).await {
-            Ok(supplied) => {
-                self.count(&entry.dataset, &supplied, row, started.elapsed());
-                Ok(supplied.data)
-            }
-            Err(e) if e.code() == tonic::Code::Aborted => {
-                // The hub has a newer version: check it at the next access.
-                entry.expire();
-                Err(Error::Read(ReadError::VersionChanged {
-                    dataset: entry.dataset.clone(),
-                    shard: entry.shard.clone(),
-                    expected: entry.version.clone(),
-                    found: "a newer version on the hub".into(),
-                }))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Counts what `supplied` brought for `dataset` (taking `elapsed`): the one place
-    /// where bytes are counted by supplier.
-    fn count(&self, dataset: &str, supplied: &Supplied, row: &JobRow, elapsed: Duration) {
-        let length = supplied.data.data.len() as u64;
-        self.metrics.fetch_latency.observe(elapsed);
-        let counters = self.metrics.dataset(dataset);
-        match supplied.from {
-            Origin::Peer => {
-                counters.peer_bytes.fetch_add(length, Relaxed);
-            }
-            Origin::Hub => {
-                self.metrics.upstream_requests.fetch_add(1, Relaxed);
-                counters.upstream_bytes.fetch_add(length, Relaxed);
-                counters.upstream_wire_bytes.fetch_add(supplied.wire_len, Relaxed);
-                row.hub_bytes.fetch_add(length, Relaxed);
-                row.link_bytes.fetch_add(supplied.wire_len, Relaxed);
-            }
-        }
-    }
-}
-
-/// `[offset, offset + length)` of `entry`, at its version.
-fn want(entry: &Entry, offset: u64, length: u64) -> Want<'_> {
-    Want { dataset: &entry.dataset, shard: &entry.shard, offset, length, version: Some(&entry.version) }
 }
 
 /// A [`FetchFor`] a fetch task keeps.

@@ -14,7 +14,6 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, MutexGuard},
-    time::Instant,
 };
 
 use futures::{
@@ -24,7 +23,7 @@ use futures::{
 
 use shardcache_proto::checksum::Checked;
 
-use super::Inner;
+use super::upstream::Upstream;
 use crate::{jobs::JobRow, suppliers::Want};
 
 /// A speculative read's bytes and their version, or `None`.
@@ -44,11 +43,11 @@ impl Speculations {
         self.reads.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts reading `[offset, offset + length)` of `dataset/shard` through `owner`'s
-    /// chain (counted in `row`), unless a read of it is running.
+    /// Starts reading `[offset, offset + length)` of `dataset/shard` from `upstream`
+    /// (counted in `row`), unless a read of it is running.
     pub(super) fn start(
         &self,
-        owner: &Arc<Inner>,
+        upstream: &Arc<Upstream>,
         dataset: &str,
         shard: &str,
         offset: u64,
@@ -60,16 +59,12 @@ impl Speculations {
         if reads.contains_key(&key) {
             return;
         }
-        let (owner, row) = (owner.clone(), row.clone());
+        let (upstream, row) = (upstream.clone(), row.clone());
         let (dataset, shard) = (dataset.to_owned(), shard.to_owned());
         let read = tokio::spawn(async move {
-            let _room = owner.budget.clone().try_acquire_many_owned(length.div_ceil(1024) as u32).ok()?;
-            let _request = owner.requests.acquire().await.ok()?;
-            let started = Instant::now();
+            let _room = upstream.room_now(length)?;
             let want = Want { dataset: &dataset, shard: &shard, offset, length, version: None };
-            let supplied = owner.chain.fetch(want, &[]).await.ok()?;
-            owner.count(&dataset, &supplied, &row, started.elapsed());
-            Some((supplied.data, supplied.version))
+            upstream.any_version(want, &row).await
         });
         reads.insert(key, async move { read.await.ok().flatten() }.boxed().shared());
     }

@@ -21,7 +21,7 @@
 //! whose own link hangs), is passed over for the next supplier, and one that is down
 //! leaves its shards to this spoke.
 //!
-//! The chain only answers where bytes came from ([`Origin`]); the fetch owner
+//! The chain only answers where bytes came from ([`SuppliedBy`]); the fetch owner
 //! (`fetch/`) counts them, bounds what is in flight and hands them to the store.
 
 pub mod compression;
@@ -29,6 +29,8 @@ pub mod hubs;
 pub mod peers;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use futures::{FutureExt, future::BoxFuture};
 
 use shardcache_client::ConnectOptions;
 use shardcache_proto::{checksum::Checked, v1::ShardInfo};
@@ -42,7 +44,7 @@ use crate::{Error, Result};
 
 /// Who supplied a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
+pub enum SuppliedBy {
     /// A member of the spoke's group, over the local network.
     Peer,
     /// A hub, over the long link.
@@ -55,7 +57,7 @@ pub enum Origin {
 pub struct Supplied {
     pub data: Checked,
     pub version: String,
-    pub from: Origin,
+    pub from: SuppliedBy,
     /// Bytes it took on the link (less than `data`'s where the hub compressed them).
     pub wire_len: u64,
 }
@@ -131,6 +133,38 @@ impl Ask {
             Ask::Ahead(m) | Ask::Held(m) => Candidate::new(&m.health, &m.url),
             Ask::Hub(h) => Candidate::new(&h.health, &h.url),
         }
+    }
+}
+
+/// What the fetch owner and the lookups ask of the suppliers: chunks, joins and stats.
+/// In a spoke it is the [`Chain`] of peers and hubs; in the unit tests of the fetch
+/// owner, the lookups and the admission, a fake that answers with a latency, fails,
+/// sends the wrong bytes or a new version on command (`crate::testing`), as
+/// mountpoint-s3 tests its file system against a mock client. Futures are boxed: the
+/// owner and the lookups hold an `Arc<dyn Supply>`, one allocation per upstream call.
+pub trait Supply: std::fmt::Debug + Send + Sync {
+    /// `want` from the first supplier that has it, leaving out the members in `avoid`
+    /// (a client already asked them).
+    fn fetch<'a>(&'a self, want: Want<'a>, avoid: &'a [String]) -> BoxFuture<'a, Result<Supplied>>;
+
+    /// `want` from the owner its client asked first ([`Chain::join_owner`]).
+    fn join_owner<'a>(&'a self, want: Want<'a>, avoid: &'a [String]) -> BoxFuture<'a, Joined>;
+
+    /// The size and version of `dataset/shard`, from the authority (the hubs).
+    fn stat<'a>(&'a self, dataset: &'a str, shard: &'a str) -> BoxFuture<'a, Result<ShardInfo>>;
+}
+
+impl Supply for Chain {
+    fn fetch<'a>(&'a self, want: Want<'a>, avoid: &'a [String]) -> BoxFuture<'a, Result<Supplied>> {
+        Chain::fetch(self, want, avoid).boxed()
+    }
+
+    fn join_owner<'a>(&'a self, want: Want<'a>, avoid: &'a [String]) -> BoxFuture<'a, Joined> {
+        Chain::join_owner(self, want, avoid).boxed()
+    }
+
+    fn stat<'a>(&'a self, dataset: &'a str, shard: &'a str) -> BoxFuture<'a, Result<ShardInfo>> {
+        Chain::stat(self, dataset, shard).boxed()
     }
 }
 
@@ -294,7 +328,7 @@ impl Chain {
             Ok(Ok(Ok((data, version)))) => {
                 owner.health.answered(started.elapsed());
                 let wire_len = data.data.len() as u64;
-                Joined::Bytes(Supplied { data, version, from: Origin::Peer, wire_len })
+                Joined::Bytes(Supplied { data, version, from: SuppliedBy::Peer, wire_len })
             }
             Ok(Ok(Err(failed))) if failed.verdict == Verdict::Unwell => {
                 owner.health.failed();
@@ -344,19 +378,19 @@ impl Chain {
                 let version = version.unwrap_or_default();
                 let data = Peers::read(member, dataset, shard, offset, length, version).await?;
                 let wire_len = data.data.len() as u64;
-                Ok(Supplied { data, version: version.to_owned(), from: Origin::Peer, wire_len })
+                Ok(Supplied { data, version: version.to_owned(), from: SuppliedBy::Peer, wire_len })
             }
             Ask::Held(member) => {
                 let (data, version) = Peers::held(member, want, false).await?;
                 let wire_len = data.data.len() as u64;
-                Ok(Supplied { data, version, from: Origin::Peer, wire_len })
+                Ok(Supplied { data, version, from: SuppliedBy::Peer, wire_len })
             }
             Ask::Hub(hub) => {
                 let mut range = shardcache_client::Range::new(dataset, shard, offset, length);
                 range.expected_version = version.map(str::to_owned);
                 let read = self.hubs.fetch(hub, &range).await.map_err(Failed::judged)?;
                 let data = Checked { data: read.data, crc32c: read.crc32c };
-                Ok(Supplied { data, version: read.version, from: Origin::Hub, wire_len: read.wire_len })
+                Ok(Supplied { data, version: read.version, from: SuppliedBy::Hub, wire_len: read.wire_len })
             }
         }
     }

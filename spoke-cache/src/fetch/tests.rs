@@ -1,0 +1,130 @@
+//! The fetch owner against a fake supplier (`crate::testing`): one fetch per missing
+//! chunk however many read it, nothing kept of a failed or wrong answer, a new version
+//! upstream noticed, the byte bound kept.
+
+use std::{sync::atomic::Ordering::SeqCst, time::Duration};
+
+use super::*;
+use crate::testing::{Wrong, parts, pattern};
+
+const CHUNK: u64 = 64 << 10;
+
+fn for_read(row: &JobRow) -> FetchFor<'_> {
+    FetchFor::read(row, "trainer", &[])
+}
+
+#[tokio::test]
+async fn concurrent_readers_of_a_missing_chunk_share_one_fetch_and_it_is_stored() {
+    let parts = parts(CHUNK, 1 << 30, 1 << 30);
+    let data = pattern(3 * CHUNK as usize, 1);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    parts.supply.set_latency(Duration::from_millis(20));
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let row = JobRow::default();
+    let fetches: Vec<ChunkFetch> =
+        (0..8).map(|_| parts.fetch.chunk(&entry, 1, for_read(&row)).unwrap()).collect();
+    for fetch in fetches {
+        assert_eq!(fetch.fetched.await.unwrap().data[..], data[CHUNK as usize..2 * CHUNK as usize]);
+        assert_eq!(fetch.stored.await.unwrap(), CHUNK, "the chunk's bytes crossed the link once");
+    }
+    assert_eq!(parts.supply.fetches.load(SeqCst), 1, "eight readers, one fetch");
+    assert!(entry.has_chunk(1) && !entry.has_chunk(0));
+    assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..2 * CHUNK as usize]);
+    assert!(parts.fetch.chunk(&entry, 1, for_read(&row)).is_none(), "stored: read from the store");
+    assert_eq!(row.hub_bytes.load(Relaxed), CHUNK, "counted once, in the reader's row");
+    assert_eq!(parts.capacity.used(), CHUNK);
+}
+
+#[tokio::test]
+async fn a_failed_fetch_keeps_nothing_and_the_next_read_fetches_again() {
+    let parts = parts(CHUNK, 1 << 30, 1 << 30);
+    let data = pattern(CHUNK as usize, 2);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let row = JobRow::default();
+    parts.supply.fail_next(1);
+    let failed = parts.fetch.chunk(&entry, 0, for_read(&row)).unwrap();
+    let error = failed.fetched.await.unwrap_err();
+    assert_eq!(error.code(), tonic::Code::Unavailable, "{error}");
+    assert!(failed.stored.await.is_err());
+    assert!(!entry.has_chunk(0) && parts.stored(&entry, 0, CHUNK).is_none(), "nothing stored");
+    assert_eq!(parts.fetch.in_flight(), 0, "the failed fetch is not kept for the next reader");
+    let again = parts.fetch.chunk(&entry, 0, for_read(&row)).unwrap();
+    assert_eq!(again.fetched.await.unwrap().data[..], data[..]);
+    again.stored.await.unwrap();
+    assert_eq!(parts.supply.fetches.load(SeqCst), 2);
+    assert_eq!(parts.stored(&entry, 0, CHUNK).unwrap(), data);
+}
+
+#[tokio::test]
+async fn wrong_bytes_from_a_supplier_are_neither_served_nor_stored() {
+    for wrong in [Wrong::Short, Wrong::OtherVersion] {
+        let parts = parts(CHUNK, 1 << 30, 1 << 30);
+        parts.supply.put("ds", "s", "v1", pattern(2 * CHUNK as usize, 3));
+        let entry = parts.entry("ds", "s").await.unwrap();
+        let row = JobRow::default();
+        parts.supply.answer(Some(wrong));
+        let fetch = parts.fetch.chunk(&entry, 0, for_read(&row)).unwrap();
+        let error = fetch.fetched.await.unwrap_err();
+        assert!(error.to_string().contains("a supplier answered"), "{wrong:?}: {error}");
+        assert!(fetch.stored.await.is_err());
+        let direct = parts.fetch.direct(&entry, 100, 1000, for_read(&row)).await;
+        assert!(direct.is_err(), "{wrong:?}: a read as read is refused too");
+        assert!(!entry.has_chunk(0) && parts.stored(&entry, 0, CHUNK).is_none(), "{wrong:?}: nothing stored");
+        assert_eq!(parts.capacity.used(), 0);
+        assert_eq!(row.hub_bytes.load(Relaxed), 0, "{wrong:?}: refused bytes are not counted as read");
+    }
+}
+
+#[tokio::test]
+async fn a_new_version_upstream_fails_the_read_and_sends_the_entry_to_be_checked() {
+    let parts = parts(CHUNK, 1 << 30, 1 << 30);
+    parts.supply.put("ds", "s", "v1", pattern(CHUNK as usize, 4));
+    let entry = parts.entry("ds", "s").await.unwrap();
+    assert!(parts.index.is_fresh(&entry));
+    let v2 = pattern(CHUNK as usize, 5);
+    parts.supply.put("ds", "s", "v2", v2.clone());
+    let fetch = parts.fetch.chunk(&entry, 0, for_read(&JobRow::default())).unwrap();
+    let error = fetch.fetched.await.unwrap_err();
+    assert_eq!(error.code(), tonic::Code::Aborted, "{error}");
+    assert!(!entry.has_chunk(0), "no byte of v2 under v1's entry");
+    assert!(!parts.index.is_fresh(&entry), "the entry is checked at its next access");
+    let next = parts.entry("ds", "s").await.unwrap();
+    assert_eq!((next.version.as_str(), next.id != entry.id), ("v2", true));
+    let fetch = parts.fetch.chunk(&next, 0, for_read(&JobRow::default())).unwrap();
+    assert_eq!(fetch.fetched.await.unwrap().data[..], v2[..]);
+}
+
+#[tokio::test]
+async fn bytes_in_flight_stay_within_the_bound() {
+    // Room for two chunks in flight: eight chunks of a shard go two at a time.
+    let parts = parts(CHUNK, 1 << 30, 2 * CHUNK);
+    let data = pattern(8 * CHUNK as usize, 6);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    parts.supply.set_latency(Duration::from_millis(5));
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let fetched = parts.fetch.fetch_shard(&entry, 8, for_read(&JobRow::default())).await.unwrap();
+    assert_eq!(fetched, 8 * CHUNK);
+    assert!(entry.is_complete());
+    assert_eq!(parts.stored(&entry, 0, 8 * CHUNK).unwrap(), data);
+    let most = parts.supply.most_fetching.load(SeqCst);
+    assert!(most <= 2 * CHUNK, "{most} bytes were fetched at once, past the bound of {}", 2 * CHUNK);
+    assert_eq!(parts.supply.fetches.load(SeqCst), 8);
+}
+
+#[tokio::test]
+async fn a_range_fetched_as_read_is_shared_and_never_stored() {
+    let parts = parts(CHUNK, 1 << 30, 1 << 30);
+    let data = pattern(2 * CHUNK as usize, 7);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    parts.supply.set_latency(Duration::from_millis(20));
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let row = JobRow::default();
+    let reads = (0..4).map(|_| parts.fetch.direct(&entry, 1000, 5000, for_read(&row)));
+    for read in futures::future::join_all(reads).await {
+        assert_eq!(read.unwrap().data[..], data[1000..6000]);
+    }
+    assert_eq!(parts.supply.fetches.load(SeqCst), 1, "four readers of one range, one fetch");
+    assert_eq!(row.hub_bytes.load(Relaxed), 5000, "what crossed is the range, not its chunk");
+    assert!(!entry.has_chunk(0) && parts.capacity.used() == 0, "a read as read is not stored");
+}

@@ -1,0 +1,177 @@
+//! The way upstream every fetch takes, below both the fetch owner (`mod.rs`) and the
+//! reads alongside a first stat (`speculation.rs`): room in the byte and request bounds,
+//! the supplier asked, what it answered checked against what was asked (a supplier that
+//! answers another length or another version is refused: nothing it sent is stored or
+//! served), and the bytes counted by supplier, here and nowhere else.
+
+use std::{
+    sync::{Arc, atomic::Ordering::Relaxed},
+    time::{Duration, Instant},
+};
+
+use shardcache_proto::checksum::Checked;
+use shardcache_reader::ReadError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
+
+use crate::{
+    Error, Result,
+    entry::Entry,
+    jobs::JobRow,
+    metrics::Metrics,
+    suppliers::{Joined, Supplied, SuppliedBy, Supply, Want},
+};
+
+/// The suppliers, and the bounds and counters every fetch from them goes through.
+#[derive(Debug)]
+pub(super) struct Upstream {
+    supply: Arc<dyn Supply>,
+    /// Room for `--upstream-bytes-in-flight`, in KiB permits: a fetch waits for room
+    /// before it asks upstream, and holds it until its chunk is on disk.
+    budget: Arc<Semaphore>,
+    /// Room for [`super::UPSTREAM_REQUESTS_IN_FLIGHT`] requests upstream.
+    requests: Semaphore,
+    metrics: Arc<Metrics>,
+}
+
+impl Upstream {
+    pub(super) fn new(
+        supply: Arc<dyn Supply>,
+        metrics: Arc<Metrics>,
+        bytes_in_flight: u64,
+        chunk_size: u64,
+    ) -> Self {
+        Self {
+            supply,
+            budget: Arc::new(Semaphore::new((bytes_in_flight.max(chunk_size) >> 10) as usize)),
+            requests: Semaphore::new(super::UPSTREAM_REQUESTS_IN_FLIGHT),
+            metrics,
+        }
+    }
+
+    /// Room for `length` bytes in flight, waited for.
+    pub(super) async fn room(&self, length: u64) -> Result<SemaphorePermit<'_>> {
+        self.budget
+            .acquire_many(kib(length))
+            .await
+            .map_err(|_| Error::Internal("upstream budget closed".into()))
+    }
+
+    /// Room for `length` bytes in flight if there is some now (a speculative read gives
+    /// up rather than wait, so reads waiting for each other's room cannot deadlock).
+    pub(super) fn room_now(&self, length: u64) -> Option<OwnedSemaphorePermit> {
+        self.budget.clone().try_acquire_many_owned(kib(length)).ok()
+    }
+
+    /// `want` at whatever version the suppliers have (a read alongside a first stat),
+    /// counted in `row`: the bytes and their version, or `None` on any failure.
+    pub(super) async fn any_version(&self, want: Want<'_>, row: &JobRow) -> Option<(Checked, String)> {
+        let _request = self.requests.acquire().await.ok()?;
+        let started = Instant::now();
+        let supplied = self.supply.fetch(want, &[]).await.ok()?;
+        if supplied.data.data.len() as u64 != want.length {
+            return None;
+        }
+        self.count(want.dataset, &supplied, row, started.elapsed());
+        Some((supplied.data, supplied.version))
+    }
+
+    /// `[offset, offset + length)` of `entry` at its version, counted in `row`.
+    pub(super) async fn supply(
+        &self,
+        entry: &Entry,
+        offset: u64,
+        length: u64,
+        row: &JobRow,
+        avoid: &[String],
+    ) -> Result<Checked> {
+        // Held for the request only: storing the chunk needs no supplier.
+        let _request =
+            self.requests.acquire().await.map_err(|_| Error::Internal("upstream requests closed".into()))?;
+        let started = Instant::now();
+        let want = want(entry, offset, length);
+        match self.supply.fetch(want, avoid).await {
+            Ok(supplied) => {
+                check(entry, offset, length, &supplied)?;
+                self.count(&entry.dataset, &supplied, row, started.elapsed());
+                Ok(supplied.data)
+            }
+            Err(e) if e.code() == tonic::Code::Aborted => {
+                // The hub has a newer version: check it at the next access.
+                entry.expire();
+                Err(Error::Read(ReadError::VersionChanged {
+                    dataset: entry.dataset.clone(),
+                    shard: entry.shard.clone(),
+                    expected: entry.version.clone(),
+                    found: "a newer version on the hub".into(),
+                }))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `[offset, offset + length)` of `entry` from the owner its reader's client asked
+    /// first (`Chain::join_owner`); what it sent counted in `row`, after the same check
+    /// as any supplier's answer.
+    pub(super) async fn join_owner(
+        &self,
+        entry: &Entry,
+        offset: u64,
+        length: u64,
+        row: &JobRow,
+        avoid: &[String],
+    ) -> Joined {
+        let started = Instant::now();
+        match self.supply.join_owner(want(entry, offset, length), avoid).await {
+            Joined::Bytes(supplied) if check(entry, offset, length, &supplied).is_ok() => {
+                self.count(&entry.dataset, &supplied, row, started.elapsed());
+                Joined::Bytes(supplied)
+            }
+            Joined::Bytes(_) => Joined::NotThere,
+            other => other,
+        }
+    }
+
+    /// Counts what `supplied` brought for `dataset` (taking `elapsed`): the one place
+    /// where bytes are counted by supplier.
+    fn count(&self, dataset: &str, supplied: &Supplied, row: &JobRow, elapsed: Duration) {
+        let length = supplied.data.data.len() as u64;
+        self.metrics.fetch_latency.observe(elapsed);
+        let counters = self.metrics.dataset(dataset);
+        match supplied.from {
+            SuppliedBy::Peer => {
+                counters.peer_bytes.fetch_add(length, Relaxed);
+            }
+            SuppliedBy::Hub => {
+                self.metrics.upstream_requests.fetch_add(1, Relaxed);
+                counters.upstream_bytes.fetch_add(length, Relaxed);
+                counters.upstream_wire_bytes.fetch_add(supplied.wire_len, Relaxed);
+                row.hub_bytes.fetch_add(length, Relaxed);
+                row.link_bytes.fetch_add(supplied.wire_len, Relaxed);
+            }
+        }
+    }
+}
+
+/// Whether `supplied` is what was asked of `entry`: its length and its version. A
+/// supplier that answers otherwise broke its contract (the chain verifies each answer
+/// against the request; this holds whatever supplies the owner).
+fn check(entry: &Entry, offset: u64, length: u64, supplied: &Supplied) -> Result<()> {
+    let got = supplied.data.data.len() as u64;
+    if got != length || supplied.version != entry.version {
+        return Err(Error::Internal(format!(
+            "a supplier answered {got} bytes at version {:?} for {length} bytes at offset {offset} of {}/{} at version {:?}",
+            supplied.version, entry.dataset, entry.shard, entry.version
+        )));
+    }
+    Ok(())
+}
+
+/// `[offset, offset + length)` of `entry`, at its version.
+fn want(entry: &Entry, offset: u64, length: u64) -> Want<'_> {
+    Want { dataset: &entry.dataset, shard: &entry.shard, offset, length, version: Some(&entry.version) }
+}
+
+/// `length` bytes in the budget's KiB permits.
+fn kib(length: u64) -> u32 {
+    u32::try_from(length.div_ceil(1024)).unwrap_or(u32::MAX)
+}
