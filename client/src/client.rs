@@ -60,7 +60,7 @@ fn is_relayed<T>(response: &tonic::Response<T>) -> bool {
 }
 
 /// One server of a client: a hub, a spoke, or a member of a group of spokes.
-pub(crate) type Member = Slot<Conn>;
+pub(crate) type ServerSlot = Slot<Conn>;
 
 /// What talks to a member: its read API, and its health (asked while it is failing).
 #[derive(Debug, Clone)]
@@ -170,7 +170,7 @@ impl Client {
     /// `message` as a read request, with the job headers when there are any, and the
     /// members `asked` before this one (a hedge or a failover: see
     /// `shardcache_proto::hedge`).
-    pub(crate) fn read_request<T>(&self, message: T, asked: &[Arc<Member>]) -> tonic::Request<T> {
+    pub(crate) fn read_request<T>(&self, message: T, asked: &[Arc<ServerSlot>]) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some((job, epoch)) = &self.job {
             request.metadata_mut().insert(JOB_HEADER, job.clone());
@@ -225,9 +225,9 @@ impl Client {
     /// (down, unreachable, shedding, garbled) sends the call to the next and pauses the
     /// member; any other error is the answer. `call(asked, member)` asks `member`, the
     /// members in `asked` having been asked before it.
-    pub(crate) async fn on_members<T, F, Fut>(&self, route: &[Arc<Member>], mut call: F) -> Result<T>
+    pub(crate) async fn on_members<T, F, Fut>(&self, route: &[Arc<ServerSlot>], mut call: F) -> Result<T>
     where
-        F: FnMut(&[Arc<Member>], Arc<Member>) -> Fut,
+        F: FnMut(&[Arc<ServerSlot>], Arc<ServerSlot>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         self.router
@@ -239,9 +239,9 @@ impl Client {
     /// [`Client::on_members`] for reads whose answer says whether it was relayed from the
     /// member asked first (`call` answers `(answer, relayed)`: see
     /// `shardcache_proto::hedge::RELAYED_HEADER`).
-    async fn on_members_relayed<T, F, Fut>(&self, route: &[Arc<Member>], mut call: F) -> Result<T>
+    async fn on_members_relayed<T, F, Fut>(&self, route: &[Arc<ServerSlot>], mut call: F) -> Result<T>
     where
-        F: FnMut(&[Arc<Member>], Arc<Member>) -> Fut,
+        F: FnMut(&[Arc<ServerSlot>], Arc<ServerSlot>) -> Fut,
         Fut: std::future::Future<Output = Result<(T, bool)>>,
     {
         self.router
@@ -346,7 +346,7 @@ impl Client {
     /// a part whose owner fails (or is late) is read from the next member of its first
     /// range's order.
     pub async fn read_ranges(&self, ranges: &[Range]) -> Result<Vec<Verified>> {
-        let mut parts: std::collections::BTreeMap<String, (Vec<Arc<Member>>, Vec<usize>)> =
+        let mut parts: std::collections::BTreeMap<String, (Vec<Arc<ServerSlot>>, Vec<usize>)> =
             Default::default();
         for (i, r) in ranges.iter().enumerate() {
             let route = self.router.route(Some((&r.dataset, &r.shard)), &[]);
@@ -408,7 +408,7 @@ pub(crate) trait Ask {
     fn status(&self, status: tonic::Status) -> Error;
 }
 
-impl Ask for Member {
+impl Ask for ServerSlot {
     fn reader(&self) -> ShardReaderClient<AuthChannel> {
         self.conn.reader.clone()
     }
@@ -421,7 +421,7 @@ impl Ask for Member {
 /// `ranges[indices]` in one `ReadRanges` call to `member`, verified; `request` carries
 /// the call's headers.
 async fn read_batch(
-    member: &Member,
+    member: &ServerSlot,
     mut request: tonic::Request<ReadRangesRequest>,
     ranges: &[Range],
     indices: &[usize],

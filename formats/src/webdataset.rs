@@ -39,7 +39,7 @@ pub struct Group {
 
 /// A regular file of a tar: its name and where its bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Member {
+struct TarMember {
     name: String,
     offset: u64,
     size: u64,
@@ -52,7 +52,7 @@ struct Walk {
     at: u64,
     long_name: Option<String>,
     pax: HashMap<String, String>,
-    members: Vec<Member>,
+    members: Vec<TarMember>,
     done: bool,
 }
 
@@ -82,7 +82,7 @@ pub async fn open<F: Fetch>(
     // for every lifetime (the Python binding runs it on the runtime).
     let owned: Vec<ShardInfo> = tars.iter().map(|&tar| tar.clone()).collect();
     let walks = futures::stream::iter(owned.into_iter().map(|tar| walk(client, dataset, tar, budget)));
-    let members: Vec<Vec<Member>> = walks.buffered(WALKS).try_collect().await?;
+    let members: Vec<Vec<TarMember>> = walks.buffered(WALKS).try_collect().await?;
     let mut groups = Vec::with_capacity(tars.len());
     for (tar, members) in tars.iter().zip(&members) {
         groups.push(group(dataset, &tar.shard, members)?);
@@ -108,7 +108,12 @@ pub async fn open<F: Fetch>(
 /// The members of `tar`, its headers parsed from one stream of it (at its listed
 /// version); only a header not yet whole is held, the members' bytes pass by. What is
 /// held is taken from `budget` before it is copied.
-async fn walk<F: Fetch>(client: &F, dataset: &str, tar: ShardInfo, budget: &Budget) -> Result<Vec<Member>> {
+async fn walk<F: Fetch>(
+    client: &F,
+    dataset: &str,
+    tar: ShardInfo,
+    budget: &Budget,
+) -> Result<Vec<TarMember>> {
     let (mut walk, mut held, mut held_at) = (Walk::default(), BytesMut::new(), 0u64);
     let name = format!("{dataset}/{}", tar.shard);
     let mut holding = budget.take(0, String::new)?;
@@ -257,7 +262,7 @@ fn header(name: &str, walk: &mut Walk, bytes: &[u8], size: u64) -> Result<Step> 
             }
             let name = walk.long_name.take().or_else(|| walk.pax.remove("path")).unwrap_or(name);
             walk.pax.clear();
-            walk.members.push(Member { name, offset: data, size: length });
+            walk.members.push(TarMember { name, offset: data, size: length });
         }
         b'1'..=b'6' if length != 0 => {
             // Links, devices, directories, FIFOs have no data: POSIX says their size is
@@ -376,7 +381,7 @@ fn is_meta(name: &str) -> bool {
 }
 
 /// Consecutive members with one key, as samples.
-fn group(dataset: &str, shard: &str, members: &[Member]) -> Result<Vec<Group>> {
+fn group(dataset: &str, shard: &str, members: &[TarMember]) -> Result<Vec<Group>> {
     let mut groups: Vec<Group> = Vec::new();
     for member in members.iter().filter(|m| !is_meta(&m.name)) {
         let Some((key, field)) = key_and_field(&member.name) else { continue };

@@ -16,12 +16,16 @@
 //! - [`FetchOwner`] (`fetch/`): the fetches of missing chunks from the suppliers;
 //! - [`Admission`] (`admission.rs`): chunks into the store, shards out of it;
 //! - [`Capacity`] (`capacity.rs`) and the [`Evictor`] (`evict.rs`); the [`PlanFetcher`]
-//!   (`plan_fetch.rs`), each given the parts it uses.
+//!   (`plan_fetch.rs`);
+//! - [`ColdOpen`] (`cold_open.rs`): a shard's entry, a never-seen shard's first reads
+//!   alongside its stat;
+//! - [`ReadPath`] (`read_path.rs`): stored, fetched-and-stored or fetched-as-read parts;
+//! - [`ReadAhead`] (`read_ahead.rs`): which misses are stored (`policy::admit`), and the
+//!   read-ahead and whole-shard fetches after a read (`policy::speculation`);
 //!
-//! Here: entries, chunks asked for alongside a first stat, pins, joins; in
-//! `cache/read.rs` the read path; in `cache/speculate.rs` which misses are stored (the
-//! admission, `policy::admit`) and the read-ahead and whole-shard fetches after a read
-//! under their feedback (`policy::speculation`).
+//! each given the parts it uses when the cache opens, none calling back into this
+//! facade or into the part that called it (`tests/tests/architecture.rs`). Here: the
+//! parts assembled, and what the services ask of them (pins, joins, status).
 //!
 //! - An [`Entry`] is one shard *version* with its own store id. A new version found at
 //!   revalidation replaces the entry (new id), so bytes of two versions never mix.
@@ -31,33 +35,32 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use shardcache_proto::names::{DatasetName, ShardName};
-
-mod index_reads;
-mod read;
-mod speculate;
-
-pub use speculate::{VICTIM_REFRESH, WHOLE_SHARD_FETCHES};
-
-pub use read::{ReadFor, SPECULATIVE_SHARDS_PER_CALL};
+use shardcache_proto::{
+    checksum::Checked,
+    names::{DatasetName, ShardName},
+};
 
 use crate::{
     Error, Result,
     admission::Admission,
     capacity::Capacity,
+    cold_open::ColdOpen,
     entry::Entry,
     evict::Evictor,
-    fetch::{FetchFor, FetchOwner},
+    fetch::{Alongside, FetchFor, FetchOwner},
     index::Index,
+    index_reads::IndexReads,
     jobs::JobRow,
     lookup::Lookups,
     metrics::Metrics,
     plan::{PlanLimits, PlanWindow, Plans},
     plan_fetch::PlanFetcher,
     policy::{admit::AdmissionFilter, shares::Shares, speculation::Speculation},
+    read_ahead::ReadAhead,
+    read_path::{ReadFor, ReadPath},
     store::Store,
     suppliers::{Chain, Supply, hubs::Hubs},
 };
@@ -119,17 +122,33 @@ pub struct Cache {
     metrics: Arc<Metrics>,
     /// Pin changes, one at a time (their limit is checked against all pins).
     pinning: tokio::sync::Mutex<()>,
-    /// Whole-shard background fetches running (at most [`WHOLE_SHARD_FETCHES`]).
-    whole_fetches: Arc<std::sync::atomic::AtomicUsize>,
-    /// What index reads fetched as read (`index_reads.rs`).
-    index_reads: index_reads::IndexReads,
-    /// How much each chunk has been read lately, and which misses that makes worth
-    /// storing (`policy::admit`).
-    filter: AdmissionFilter,
     shares: Arc<Shares>,
-    /// Per principal: what the chunks its admission would displace were read lately,
-    /// and when that was found (recomputed every [`VICTIM_REFRESH`]).
-    victims: Mutex<HashMap<String, (Instant, u64)>>,
+    cold: ColdOpen,
+    reads: ReadPath,
+}
+
+/// The bets beyond a read, over the parts the evictor uses (`read_ahead.rs`).
+fn read_ahead(
+    config: &CacheConfig,
+    evictor: Evictor,
+    fetch: &FetchOwner,
+    filter: Arc<AdmissionFilter>,
+    metrics: &Arc<Metrics>,
+) -> ReadAhead {
+    ReadAhead {
+        fetch_whole_shard: config.fetch_whole_shard,
+        read_ahead_chunks: config.read_ahead_chunks,
+        shard_fetch_parallelism: config.shard_fetch_parallelism,
+        capacity: evictor.capacity.clone(),
+        plans: evictor.plans.clone(),
+        filter,
+        admission: evictor.admission.clone(),
+        fetch: fetch.clone(),
+        evictor,
+        metrics: metrics.clone(),
+        victims: Mutex::default(),
+        whole_fetches: Arc::default(),
+    }
 }
 
 /// Looks for a fetch a joining member asks for, and the pause between two: a read opens a
@@ -171,12 +190,40 @@ impl Cache {
             config.chunk_size,
         );
         let plans = Arc::new(Plans::new(config.plan_limits));
-        let filter = AdmissionFilter::new(config.capacity, config.chunk_size);
+        let filter = Arc::new(AdmissionFilter::new(config.capacity, config.chunk_size));
         let shares = Arc::new(config.tenant_shares.clone());
-        Ok(Arc::new(Self {
+        let evictor = Evictor {
+            capacity: capacity.clone(),
+            index: index.clone(),
+            plans: plans.clone(),
+            admission: admission.clone(),
+            shares: shares.clone(),
+        };
+        let read_ahead = Arc::new(read_ahead(&config, evictor, &fetch, filter.clone(), &metrics));
+        let index_reads = Arc::new(IndexReads::default());
+        let cold = ColdOpen {
+            index: index.clone(),
+            lookups: lookups.clone(),
+            fetch: fetch.clone(),
+            chain: chain.clone(),
+            index_reads: index_reads.clone(),
+            read_ahead: read_ahead.clone(),
+            chunk_size: config.chunk_size,
+        };
+        let reads = ReadPath {
+            store: store.clone(),
+            plans: plans.clone(),
             filter,
+            fetch: fetch.clone(),
+            admission: admission.clone(),
+            capacity: capacity.clone(),
+            chain: chain.clone(),
+            index_reads,
+            read_ahead,
+            metrics: metrics.clone(),
+        };
+        Ok(Arc::new(Self {
             shares,
-            victims: Mutex::default(),
             config,
             store,
             index,
@@ -188,8 +235,8 @@ impl Cache {
             plans,
             metrics,
             pinning: tokio::sync::Mutex::new(()),
-            whole_fetches: Arc::default(),
-            index_reads: Default::default(),
+            cold,
+            reads,
         }))
     }
 
@@ -331,15 +378,8 @@ impl Cache {
         self.lookups.entry(dataset, shard).await
     }
 
-    /// [`Cache::entry`] for a call that will read `reads` (`(offset, length)` pairs) of
-    /// the shard, for `reader`. When the cache has never seen the shard, the chunks those
-    /// reads cover entirely are read upstream alongside its `StatShard` rather than after
-    /// it, and taken up when they were read at the version the stat returns: a cold read
-    /// costs one round trip to the hub, not two. Only whole chunks that end within a
-    /// read are asked for (a read inside the shard proves they exist), at most what the
-    /// in-flight byte bound has room for. The reads are kept until the request ends
-    /// ([`Alongside`], in `ReadFor`): a chunk the admission stores takes its read up at
-    /// once, one it does not store is served from it by the read path.
+    /// [`ColdOpen::entry_for`]: the entry of a shard for a call that will read `reads`
+    /// of it, a never-seen shard's first chunks read alongside its stat.
     pub async fn entry_for(
         &self,
         dataset: &DatasetName,
@@ -347,98 +387,32 @@ impl Cache {
         reads: &[(u64, u64)],
         reader: &ReadFor,
     ) -> Result<(Arc<Entry>, Option<Arc<Alongside>>)> {
-        let key = (dataset.to_string(), shard.to_string());
-        // The warm path: one look at the index (not again in `entry`).
-        if let Some(entry) = self.index.fresh(&key) {
-            return Ok((entry, None));
-        }
-        if self.index.get(&key).is_some() {
-            return Ok((self.entry(dataset, shard).await?, None));
-        }
-        if reader.index_read {
-            return Ok((self.entry_for_index(dataset, shard, reads, &reader.row).await?, None));
-        }
-        let chunk_size = self.config.chunk_size;
-        let mut chunks: Vec<u64> = reads
-            .iter()
-            // Saturating: the request's ranges are checked against the shard after this.
-            .flat_map(|&(offset, length)| offset / chunk_size..offset.saturating_add(length) / chunk_size)
-            .collect();
-        chunks.sort_unstable();
-        chunks.dedup();
-        // A shard another member owns is read from it (by the fetch owner), not the hub.
-        if chunks.is_empty() || !self.owns(dataset.as_str(), shard.as_str()) {
-            return Ok((self.entry(dataset, shard).await?, None));
-        }
-        for &index in &chunks {
-            self.fetch.speculate(
-                dataset.as_str(),
-                shard.as_str(),
-                index * chunk_size,
-                chunk_size,
-                &reader.row,
-            );
-        }
-        // Forgotten however this call ends, or when the request does.
-        let parts = chunks.iter().map(|&i| (i * chunk_size, chunk_size)).collect();
-        let alongside = Arc::new(Alongside { fetch: self.fetch.clone(), key, parts });
-        let entry = self.entry(dataset, shard).await?;
-        for &index in &chunks {
-            // Past the end (the read was invalid): nothing to take up.
-            if entry.chunk_range(index) == (index * chunk_size, chunk_size)
-                && self.stores(&entry, index, &reader.principal)
-            {
-                drop(self.fetch.chunk(&entry, index, reader.fetch()));
-            }
-        }
-        Ok((entry, Some(alongside)))
+        self.cold.entry_for(dataset, shard, reads, reader).await
     }
 
-    /// [`Cache::entry_for`] for a format's index reads of a shard never seen: the reads,
-    /// cut at chunk boundaries as the read path cuts them, are read alongside the
-    /// `StatShard` (not their whole chunks: `index_reads.rs`) and kept with the index
-    /// reads when they were read at the version the stat returns, so a cold index read
-    /// costs one round trip to the hub.
-    async fn entry_for_index(
+    /// [`ReadPath::read`]: `[offset, offset + length)` of `entry`.
+    pub async fn read(
         &self,
-        dataset: &DatasetName,
-        shard: &ShardName,
-        reads: &[(u64, u64)],
-        row: &JobRow,
-    ) -> Result<Arc<Entry>> {
-        let chunk_size = self.config.chunk_size;
-        let parts: Vec<(u64, u64)> = reads
-            .iter()
-            .flat_map(|&(offset, length)| {
-                // Saturating: the request's ranges are checked against the shard after this.
-                let end = offset.saturating_add(length);
-                (offset / chunk_size..end.div_ceil(chunk_size)).map(move |i| {
-                    let from = offset.max(i * chunk_size);
-                    (from, end.min((i + 1).saturating_mul(chunk_size)) - from)
-                })
-            })
-            .filter(|&(_, length)| length > 0 && index_reads::IndexReads::keeps(length))
-            .collect();
-        let (ds, sh) = (dataset.as_str(), shard.as_str());
-        if parts.is_empty() || !self.owns(ds, sh) {
-            return self.entry(dataset, shard).await;
-        }
-        for &(offset, length) in &parts {
-            self.fetch.speculate(ds, sh, offset, length, row);
-        }
-        let key = (dataset.to_string(), shard.to_string());
-        let _forget = Alongside { fetch: self.fetch.clone(), key, parts: parts.clone() };
-        let entry = self.entry(dataset, shard).await?;
-        for &(offset, length) in &parts {
-            let Some(read) = self.fetch.speculation(ds, sh, offset, length) else { continue };
-            let read = read.await.filter(|(data, version)| {
-                *version == entry.version && data.data.len() as u64 == length && offset + length <= entry.size
-            });
-            if let Some((data, _)) = read {
-                self.index_reads.put((entry.id, offset, length), data);
-            }
-        }
-        Ok(entry)
+        entry: &Arc<Entry>,
+        offset: u64,
+        length: u64,
+        reader: &ReadFor,
+    ) -> Result<Checked> {
+        self.reads.read(entry, offset, length, reader).await
+    }
+
+    /// [`ReadPath::read_many`]: several ranges for one call.
+    pub async fn read_many(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        reader: &ReadFor,
+    ) -> Result<Vec<Checked>> {
+        self.reads.read_many(wants, reader).await
+    }
+
+    /// [`ReadPath::read_cached`]: from the store only, never a fetch.
+    pub async fn read_cached(&self, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Option<Checked>> {
+        self.reads.read_cached(entry, offset, length).await
     }
 
     /// The entry of `dataset/shard`: the cached one, or the one a lookup running now (a
@@ -457,12 +431,7 @@ impl Cache {
     /// a member hedged to may ask just as the read that will fetch them is opening the
     /// shard. `None`: nothing here fetches them, or the fetch failed (the member asking
     /// goes on to the hub; the failure is this spoke's reader's to report).
-    pub async fn join_running(
-        &self,
-        entry: &Entry,
-        offset: u64,
-        length: u64,
-    ) -> Option<shardcache_proto::checksum::Checked> {
+    pub async fn join_running(&self, entry: &Entry, offset: u64, length: u64) -> Option<Checked> {
         for attempt in 0..JOIN_ATTEMPTS {
             if let Some(running) = self.fetch.running_range(entry, offset, length) {
                 return running.await.ok();
@@ -485,24 +454,5 @@ impl Cache {
     pub async fn fetch_shard(&self, entry: &Arc<Entry>, row: &JobRow, principal: &str) -> Result<u64> {
         let fetch = FetchFor::read(row, principal, &[]);
         self.fetch.fetch_shard(entry, self.config.shard_fetch_parallelism, fetch).await
-    }
-}
-
-/// The reads `entry_for` started alongside a first stat, forgotten when the request that
-/// started them ends (see `FetchOwner::forget_speculation`): until then, a part of them
-/// the read path fetches as read takes them up rather than crossing the link again.
-#[derive(Debug)]
-pub struct Alongside {
-    fetch: FetchOwner,
-    key: (String, String),
-    /// (offset, length) of each read.
-    parts: Vec<(u64, u64)>,
-}
-
-impl Drop for Alongside {
-    fn drop(&mut self) {
-        for &(offset, length) in &self.parts {
-            self.fetch.forget_speculation(&self.key.0, &self.key.1, offset, length);
-        }
     }
 }

@@ -19,7 +19,10 @@
 //! - [`capacity`]: bytes against the watermarks; [`evict`]: the evictor;
 //! - [`plan`]: jobs' access plans and the eviction order they give (Belady);
 //! - [`plan_fetch`]: prefetch that follows the plans, never evicting a nearer read;
-//! - [`cache`]: the facade over the parts, and the read path;
+//! - [`cache`]: the facade over the parts; [`cold_open`]: a shard's entry, a first
+//!   read's chunks alongside its stat; [`read_path`]: stored, fetched or fetched-as-read
+//!   parts; [`read_ahead`]: which misses are stored, read-ahead and whole-shard fetches;
+//!   [`index_reads`]: a format's index reads kept in memory;
 //! - [`source`]: the cache as the shared read service's source (the hub's API);
 //! - [`control`]: prefetch, status, evict, pin, plans;
 //! - [`metrics`]: counters and histograms, Prometheus text; [`jobs`]: per job and epoch;
@@ -30,6 +33,7 @@
 pub mod admission;
 pub mod cache;
 pub mod capacity;
+pub mod cold_open;
 pub mod config;
 pub mod control;
 pub mod entry;
@@ -37,12 +41,15 @@ pub mod error;
 pub mod evict;
 pub mod fetch;
 pub mod index;
+pub mod index_reads;
 pub mod jobs;
 pub mod lookup;
 pub mod metrics;
 pub mod plan;
 pub mod plan_fetch;
 pub mod policy;
+pub mod read_ahead;
+pub mod read_path;
 pub mod revalidation;
 pub mod server;
 pub mod shared;

@@ -20,12 +20,7 @@ use shardcache_reader::{
     DatasetListing, Observer, ReadContext, ShardHandle, ShardMeta, ShardPage, ShardStat, Source,
 };
 
-use crate::{
-    Error, Result,
-    cache::{Cache, ReadFor},
-    entry::Entry,
-    metrics::Metrics,
-};
+use crate::{Error, Result, cache::Cache, entry::Entry, metrics::Metrics, read_path::ReadFor};
 
 /// Largest message of a StreamShard, on multiples of itself (and so of the hub's default
 /// message size): the spoke's `ReadLimits::message_size` when its cache chunks are

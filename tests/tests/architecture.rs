@@ -136,10 +136,10 @@ fn module_graph(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
     for file in sources(dir) {
         let relative = file.strip_prefix(dir).unwrap();
         let module = relative.iter().next().unwrap().to_string_lossy().trim_end_matches(".rs").to_owned();
-        if !modules.contains(&module) {
-            continue; // the root itself, another root's files (`bin/`)
+        if !modules.contains(&module) || is_test_code(&file) {
+            continue; // the root itself, another root's files (`bin/`), tests
         }
-        for name in referenced(&std::fs::read_to_string(&file).unwrap()) {
+        for name in referenced(without_tests(&std::fs::read_to_string(&file).unwrap())) {
             let target = if modules.contains(&name) { Some(&name) } else { reexported.get(&name) };
             if let Some(target) = target.filter(|t| **t != module) {
                 edges.entry(module.clone()).or_default().insert(target.clone());
@@ -147,6 +147,17 @@ fn module_graph(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     edges
+}
+
+/// Whether `file` holds only test code (`tests.rs`, the spoke's `testing.rs`): tests may
+/// look anywhere.
+fn is_test_code(file: &Path) -> bool {
+    matches!(file.file_stem().and_then(|s| s.to_str()), Some("tests" | "testing"))
+}
+
+/// `text` without its unit tests (a `#[cfg(test)] mod tests` at the end of a file).
+fn without_tests(text: &str) -> &str {
+    text.split("#[cfg(test)]\nmod tests").next().unwrap()
 }
 
 /// The folder of every crate of the workspace (its `members`).
@@ -224,6 +235,89 @@ fn the_spokes_modules_import_each_other_one_way() {
     // The flags build its CacheConfig; the services and the server use the facade; no part
     // of the data path does.
     assert_eq!(reaches_cache, ["config", "control", "server", "source"], "who sees the cache facade");
+}
+
+/// The spoke's files as nodes (module paths: `fetch::upstream`), each reaching the files
+/// its code names: `crate::a::b::X` the deepest of `a`, `a/b` that is a file, `super::X`
+/// its parent (or the sibling `X`), `self::x` its child. Test code is left out (a
+/// `#[cfg(test)]` module at a file's end, `tests.rs`, `testing.rs`): tests may look
+/// anywhere.
+fn file_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let module_of = |file: &Path| -> String {
+        let relative = file.strip_prefix(src).unwrap().with_extension("");
+        let parts: Vec<String> = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+        let parts =
+            if parts.last().is_some_and(|p| p == "mod") { &parts[..parts.len() - 1] } else { &parts[..] };
+        parts.join("::")
+    };
+    let files: Vec<PathBuf> = sources(src)
+        .into_iter()
+        .filter(|f| {
+            !matches!(f.file_stem().and_then(|s| s.to_str()), Some("tests" | "testing" | "lib" | "main"))
+        })
+        .collect();
+    let modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
+    // The deepest module of `path` (segments) that is a file.
+    let deepest = |path: &[String]| -> Option<String> {
+        (1..=path.len()).rev().map(|n| path[..n].join("::")).find(|m| modules.contains(m))
+    };
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let module = module_of(file);
+        let text = std::fs::read_to_string(file).unwrap();
+        let code: String = without_tests(&text)
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let own: Vec<String> = module.split("::").map(str::to_owned).collect();
+        let mut reached = BTreeSet::new();
+        for (prefix, base) in
+            [("crate::", Vec::new()), ("super::", own[..own.len() - 1].to_vec()), ("self::", own.clone())]
+        {
+            let mut rest = code.as_str();
+            while let Some(at) = rest.find(prefix) {
+                // `crate::` inside `pub(crate)` or a longer name is no path.
+                let before = rest[..at].chars().last();
+                rest = &rest[at + prefix.len()..];
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '(' || c == ':') {
+                    continue;
+                }
+                let items = match rest.strip_prefix('{') {
+                    Some(group) => top_level_items(&group[..group.find("};").unwrap_or(group.len())]),
+                    None => vec![
+                        rest.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                            .next()
+                            .unwrap()
+                            .to_owned(),
+                    ],
+                };
+                for item in items {
+                    let mut path = base.clone();
+                    path.extend(item.split("::").map(first_segment).filter(|p| !p.is_empty()));
+                    reached.extend(deepest(&path));
+                }
+            }
+        }
+        reached.remove(&module);
+        edges.insert(module, reached);
+    }
+    edges
+}
+
+#[test]
+fn the_spokes_files_never_call_back_into_their_caller() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../spoke-cache/src");
+    let edges = file_graph(&src);
+    assert!(
+        edges["read_path"].contains("fetch") && edges["fetch::speculation"].contains("fetch::upstream"),
+        "{edges:?}"
+    );
+    assert_eq!(cycle(&edges), None, "files that reach each other: a cold read would enter one twice");
+    // The facade's parts never reach the facade.
+    for part in ["cold_open", "read_path", "read_ahead", "fetch", "lookup", "admission", "suppliers"] {
+        assert!(!edges[part].contains("cache"), "{part} reaches the cache's facade: {:?}", edges[part]);
+    }
 }
 
 #[test]

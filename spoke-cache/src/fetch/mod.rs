@@ -32,6 +32,7 @@ use futures::{
 };
 use shardcache_proto::checksum::Checked;
 
+pub use self::speculation::Alongside;
 use self::{speculation::Speculations, upstream::Upstream};
 use crate::{
     Error, Result,
@@ -108,7 +109,7 @@ struct Inner {
     inflight: Mutex<HashMap<(u64, u64), ChunkFetch>>,
     /// Running fetches of ranges as read, by `(entry id, offset, length)`.
     direct: Mutex<HashMap<(u64, u64, u64), SharedFetch>>,
-    speculations: Speculations,
+    speculations: Arc<Speculations>,
 }
 
 impl FetchOwner {
@@ -128,7 +129,7 @@ impl FetchOwner {
             capacity,
             inflight: Mutex::default(),
             direct: Mutex::default(),
-            speculations: Speculations::default(),
+            speculations: Arc::default(),
         };
         Self { inner: Arc::new(inner) }
     }
@@ -295,10 +296,11 @@ impl FetchOwner {
         self.inner.speculations.start(&self.inner.upstream, dataset, shard, offset, length, row);
     }
 
-    /// Forgets the speculative read of `[offset, offset + length)` of `dataset/shard`:
-    /// what takes it up has it (or nothing will), and its bytes must not stay in memory.
-    pub fn forget_speculation(&self, dataset: &str, shard: &str, offset: u64, length: u64) {
-        self.inner.speculations.forget(dataset, shard, offset, length);
+    /// The guard of the speculative reads of `parts` (`(offset, length)`) of
+    /// `dataset/shard`: they are forgotten when it is dropped (what takes them up has
+    /// them, or nothing will).
+    pub fn alongside(&self, dataset: &str, shard: &str, parts: Vec<(u64, u64)>) -> Alongside {
+        Alongside::new(self.inner.speculations.clone(), dataset, shard, parts)
     }
 
     /// The speculative read of `[offset, offset + length)` of `dataset/shard`, if one

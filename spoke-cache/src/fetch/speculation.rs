@@ -85,3 +85,34 @@ impl Speculations {
         self.reads().remove(&(dataset.to_owned(), shard.to_owned(), offset, length));
     }
 }
+
+/// The reads a request started alongside a first stat, forgotten when the request ends
+/// (dropped): until then, a part of them the read path fetches as read takes them up
+/// rather than crossing the link again; after, their bytes must not stay in memory.
+#[derive(Debug)]
+pub struct Alongside {
+    speculations: Arc<Speculations>,
+    dataset: String,
+    shard: String,
+    /// (offset, length) of each read.
+    parts: Vec<(u64, u64)>,
+}
+
+impl Alongside {
+    pub(super) fn new(
+        speculations: Arc<Speculations>,
+        dataset: &str,
+        shard: &str,
+        parts: Vec<(u64, u64)>,
+    ) -> Self {
+        Self { speculations, dataset: dataset.to_owned(), shard: shard.to_owned(), parts }
+    }
+}
+
+impl Drop for Alongside {
+    fn drop(&mut self) {
+        for &(offset, length) in &self.parts {
+            self.speculations.forget(&self.dataset, &self.shard, offset, length);
+        }
+    }
+}

@@ -5,7 +5,10 @@
 //! shard's uses are found); per block, where it starts. 8 bytes a position for a plan
 //! read shard after shard, 12 and a few for a block shuffle's (`plan-memory-bench`).
 
-use super::CURSOR_REACH;
+/// How far ahead of a job's cursor a read may be and still move it: reads arrive out of
+/// order by what a trainer has in flight (ranks x batches x shards per batch), far less
+/// than an epoch.
+pub const CURSOR_REACH: usize = 256;
 
 #[derive(Debug)]
 pub(super) struct JobPlan {

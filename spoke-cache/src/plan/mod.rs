@@ -38,10 +38,7 @@ use crate::entry::ShardKey;
 mod job;
 mod table;
 
-/// How far ahead of a job's cursor a read may be and still move it: reads arrive out of
-/// order by what a trainer has in flight (ranks x batches x shards per batch), far less
-/// than an epoch.
-pub const CURSOR_REACH: usize = 256;
+pub use self::job::CURSOR_REACH;
 
 /// Most positions one plan may have (two epochs of a large dataset: the seed's C4 at 64
 /// MiB shards is ~12k shards an epoch). Positions are counted in 32 bits.

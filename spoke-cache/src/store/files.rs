@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use rocksdb::LiveFile;
 
-use super::{CF_PAGES, ShardRecord};
+use super::layout::{CF_PAGES, ShardRecord};
 
 /// What one live file holds, as far as its key range and counts say.
 #[derive(Debug, Clone, PartialEq, Eq)]

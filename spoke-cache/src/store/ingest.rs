@@ -26,7 +26,7 @@ use std::{
 use rocksdb::{DB, IngestExternalFileOptions, Options, SstFileWriter};
 use shardcache_proto::checksum::{combine, crc32c};
 
-use super::{PAGE_HEADER, db_error, page_key};
+use super::layout::{CF_PAGES, PAGE_HEADER, db_error, page_key};
 use crate::{Error, Result};
 
 /// Names of the files this module writes: `chunk-<id>-<page>-<n>.sst` in `ingest/`.
@@ -190,7 +190,7 @@ impl Ingester {
     /// Ingests `batch` in one call; if that fails, file by file, so each writer gets its
     /// own outcome. A file that was not ingested is removed.
     fn ingest_batch(&self, db: &DB, batch: Vec<(u64, PathBuf)>) -> Vec<(u64, Result<()>)> {
-        let Some(pages) = db.cf_handle(super::CF_PAGES) else {
+        let Some(pages) = db.cf_handle(CF_PAGES) else {
             let missing = Error::Internal("the pages column family is missing".into());
             return batch.into_iter().map(|(t, _)| (t, Err(missing.clone()))).collect();
         };

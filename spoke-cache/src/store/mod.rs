@@ -30,6 +30,7 @@
 
 mod files;
 mod ingest;
+mod layout;
 mod merge;
 
 use std::{
@@ -43,26 +44,17 @@ use rocksdb::{
 };
 use shardcache_proto::checksum::{Checked, combine, crc32c};
 
-pub use self::merge::DEFAULT_MERGE_ABOVE_FILES;
 use self::{
     files::{FileUse, classify},
     ingest::Ingester,
+    layout::{CF_LEGACY_PAGES, CF_SHARDS, PAGE_HEADER, db_error},
     merge::direct_io_works,
 };
+pub use self::{
+    layout::{CF_PAGES, PAGE_SIZE, ShardRecord, page_key, shard_key},
+    merge::DEFAULT_MERGE_ABOVE_FILES,
+};
 use crate::{Error, Result};
-
-/// Bytes per stored page. A 16 KiB sample read touches one or two pages; a shard read
-/// takes them in key order. Chosen by `store-bench` (BENCHMARKS.md): 16 KiB pages halve
-/// the sample latency but cost a third of the sequential rate.
-pub const PAGE_SIZE: u64 = 64 << 10;
-/// CRC32C stored in front of each page.
-const PAGE_HEADER: usize = 4;
-
-/// The pages column family. Named anew for this layout: a cache written by the
-/// memtable layout (family `pages`) has its pages dropped at open, see [`Store::open`].
-pub const CF_PAGES: &str = "pages.v2";
-const CF_LEGACY_PAGES: &str = "pages";
-const CF_SHARDS: &str = "shards";
 
 /// Default of `--max-open-files`, the chunk files RocksDB keeps open. Every chunk is a
 /// file, so a cache of 100 GiB in 4 MiB chunks has 25,600 of them, and a 4 TB NVMe a
@@ -103,66 +95,6 @@ impl Default for StoreOptions {
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             merge_above_files: DEFAULT_MERGE_ABOVE_FILES,
         }
-    }
-}
-
-/// What the cache knows about one cached shard version, persisted in `shards`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ShardRecord {
-    #[prost(uint64, tag = "1")]
-    pub id: u64,
-    #[prost(string, tag = "2")]
-    pub version: String,
-    #[prost(uint64, tag = "3")]
-    pub size: u64,
-    #[prost(uint32, tag = "4")]
-    pub chunk_size: u32,
-    #[prost(uint32, tag = "5")]
-    pub record_size: u32,
-    /// Bit `i` set: chunk `i` is stored, whole and verified.
-    #[prost(bytes = "vec", tag = "6")]
-    pub present: Vec<u8>,
-    #[prost(bool, tag = "7")]
-    pub pinned: bool,
-    /// Unix time (ms) of the last successful check of `version` with the hub.
-    #[prost(uint64, tag = "8")]
-    pub validated_at_ms: u64,
-    /// The principal whose share of the capacity the shard's bytes count in
-    /// (`policy::shares`): whose read first stored a chunk of it. Empty until then.
-    #[prost(string, tag = "9")]
-    pub holder: String,
-}
-
-impl ShardRecord {
-    pub fn chunk_count(&self) -> u64 {
-        self.size.div_ceil(u64::from(self.chunk_size.max(1)))
-    }
-
-    pub fn has_chunk(&self, index: u64) -> bool {
-        self.present.get((index / 8) as usize).is_some_and(|b| b & (1 << (index % 8)) != 0)
-    }
-
-    pub fn set_chunk(&mut self, index: u64, present: bool) {
-        let byte = (index / 8) as usize;
-        if self.present.len() <= byte {
-            self.present.resize(byte + 1, 0);
-        }
-        if present {
-            self.present[byte] |= 1 << (index % 8);
-        } else {
-            self.present[byte] &= !(1 << (index % 8));
-        }
-    }
-
-    /// Bytes of chunk `index` (the last one may be short).
-    pub fn chunk_len(&self, index: u64) -> u64 {
-        let start = index * u64::from(self.chunk_size);
-        self.size.saturating_sub(start).min(u64::from(self.chunk_size))
-    }
-
-    /// Bytes of all present chunks.
-    pub fn cached_bytes(&self) -> u64 {
-        (0..self.chunk_count()).filter(|&i| self.has_chunk(i)).map(|i| self.chunk_len(i)).sum()
     }
 }
 
@@ -213,33 +145,6 @@ pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send
     tokio::task::spawn_blocking(work)
         .await
         .unwrap_or_else(|e| Err(Error::Internal(format!("store task failed: {e}"))))
-}
-
-/// Key of a shard record.
-pub fn shard_key(dataset: &str, shard: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(dataset.len() + 1 + shard.len());
-    key.extend_from_slice(dataset.as_bytes());
-    key.push(0); // names never contain NUL (validated), so the split is unambiguous
-    key.extend_from_slice(shard.as_bytes());
-    key
-}
-
-/// Key of one page.
-pub fn page_key(shard_id: u64, page: u64) -> [u8; 16] {
-    let mut key = [0u8; 16];
-    key[..8].copy_from_slice(&shard_id.to_be_bytes());
-    key[8..].copy_from_slice(&page.to_be_bytes());
-    key
-}
-
-/// A RocksDB error while doing `what`; its status code says whether the store's files
-/// are damaged.
-fn db_error(what: &str) -> impl FnOnce(rocksdb::Error) -> Error + '_ {
-    move |source| {
-        let (what, damaged) = (what.to_owned(), source.kind() == rocksdb::ErrorKind::Corruption);
-        let message = source.into_string();
-        if damaged { Error::Damaged { what, message } } else { Error::Store { what, message } }
-    }
 }
 
 /// The CRC32C of `page[from..to]` if the whole page matches its stored checksum `stored`,
@@ -567,6 +472,49 @@ impl Store {
                 .unwrap_or(0)
         };
         size(CF_PAGES) + size(CF_SHARDS)
+    }
+}
+
+/// Merging (`merge.rs`).
+impl Store {
+    /// Page files in the store (chunk files and merged shards), from RocksDB's counts
+    /// per level: no listing.
+    pub fn page_files_count(&self) -> u64 {
+        let Ok(pages) = self.cf(CF_PAGES) else { return 0 };
+        (0..7)
+            .filter_map(|level| {
+                self.db.property_value_cf(pages, &format!("rocksdb.num-files-at-level{level}")).ok().flatten()
+            })
+            .filter_map(|count| count.trim().parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Whether the store holds more than `--merge-above-files` files, so that complete
+    /// shards are to be merged.
+    pub fn wants_merge(&self) -> bool {
+        self.page_files_count() > self.merge_above_files
+    }
+
+    /// Merges the chunk files of shard `id` (`size` bytes, every chunk present) into
+    /// one file, once the store holds more than `--merge-above-files` files; returns
+    /// whether it did. The caller keeps the shard from being removed meanwhile. A
+    /// compaction of the shard's key range: the bytes are read (checked against RocksDB's
+    /// block checksums) and written once more, each page with its own CRC32C; readers see
+    /// the old files or the new one, never neither. Eviction still drops the shard whole,
+    /// and at startup the file counts for every chunk it spans (`files.rs`).
+    pub fn merge_shard(&self, id: u64, size: u64) -> Result<bool> {
+        let pages = size.div_ceil(self.page_size);
+        if pages < 2 || !self.wants_merge() {
+            return Ok(false);
+        }
+        let (start, end) = (page_key(id, 0), page_key(id, pages - 1));
+        let past_end = [&end[..], &[0u8][..]].concat();
+        let mut options = rocksdb::CompactOptions::default();
+        // The chunk files lie in the last level; without `Force` they are left as they are.
+        options.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        options.set_exclusive_manual_compaction(false);
+        self.db.compact_range_cf_opt(self.cf(CF_PAGES)?, Some(&start[..]), Some(&past_end[..]), &options);
+        Ok(true)
     }
 }
 

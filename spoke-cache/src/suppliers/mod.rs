@@ -27,6 +27,7 @@
 pub mod compression;
 pub mod hubs;
 pub mod peers;
+pub mod supply;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -34,72 +35,14 @@ use futures::{FutureExt, future::BoxFuture};
 
 use shardcache_client::ConnectOptions;
 use shardcache_proto::{checksum::Checked, v1::ShardInfo};
-use shardcache_routing::{Candidate, HedgeCounters, HedgePolicy, Judged, Verdict, hedged};
+use shardcache_routing::{Candidate, HedgeCounters, HedgePolicy, Verdict, hedged};
 
+pub use self::supply::{Failed, Joined, Supplied, SuppliedBy, Supply, Want};
 use self::{
     hubs::{HubSlot, HubTransport, Hubs},
-    peers::{Member, PROBED_BEHIND, Peers},
+    peers::{PROBED_BEHIND, PeerSlot, Peers},
 };
 use crate::{Error, Result};
-
-/// Who supplied a chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SuppliedBy {
-    /// A member of the spoke's group, over the local network.
-    Peer,
-    /// A hub, over the long link.
-    Hub,
-}
-
-/// Bytes a supplier answered, verified (with their checksum), with the version they
-/// belong to and who sent them.
-#[derive(Debug, Clone)]
-pub struct Supplied {
-    pub data: Checked,
-    pub version: String,
-    pub from: SuppliedBy,
-    /// Bytes it took on the link (less than `data`'s where the hub compressed them).
-    pub wire_len: u64,
-}
-
-/// What is wanted: `[offset, offset + length)` of `dataset/shard`, at `version` or (a
-/// first read's speculation, `None`) at whatever version the supplier has.
-#[derive(Debug, Clone, Copy)]
-pub struct Want<'a> {
-    pub dataset: &'a str,
-    pub shard: &'a str,
-    pub offset: u64,
-    pub length: u64,
-    pub version: Option<&'a str>,
-}
-
-/// A supplier's failure, with what it says about the supplier.
-#[derive(Debug)]
-pub struct Failed {
-    pub error: Error,
-    verdict: Verdict,
-}
-
-impl Failed {
-    pub fn unwell(error: Error) -> Self {
-        Self { error, verdict: Verdict::Unwell }
-    }
-
-    pub fn not_here(error: Error) -> Self {
-        Self { error, verdict: Verdict::NotHere }
-    }
-
-    fn judged(error: Error) -> Self {
-        let verdict = error.verdict();
-        Self { error, verdict }
-    }
-}
-
-impl Judged for Failed {
-    fn verdict(&self) -> Verdict {
-        self.verdict
-    }
-}
 
 /// How long a member asked to join its fetch is waited for before the next supplier,
 /// until the hub's answer times are learned; and the bounds of the learned wait.
@@ -107,23 +50,12 @@ pub const JOIN_WAIT: Duration = Duration::from_millis(500);
 pub const JOIN_WAIT_MIN: Duration = Duration::from_millis(50);
 pub const JOIN_WAIT_MAX: Duration = Duration::from_secs(2);
 
-/// What the owner a client asked first answered [`Chain::join_owner`].
-#[derive(Debug)]
-pub enum Joined {
-    /// The bytes, from its store or the fetch it was running.
-    Bytes(Supplied),
-    /// It is down (or was found unwell): this spoke may take its shard over.
-    Down,
-    /// It neither holds nor fetches them, or did not answer within a fetch's time.
-    NotThere,
-}
-
 /// One supplier asked for one chunk.
 enum Ask {
     /// A member ranked before this spoke.
-    Ahead(Arc<Member>),
+    Ahead(Arc<PeerSlot>),
     /// A member ranked after it, for what it holds.
-    Held(Arc<Member>),
+    Held(Arc<PeerSlot>),
     Hub(Arc<HubSlot>),
 }
 
@@ -134,24 +66,6 @@ impl Ask {
             Ask::Hub(h) => Candidate::new(&h.health, &h.url),
         }
     }
-}
-
-/// What the fetch owner and the lookups ask of the suppliers: chunks, joins and stats.
-/// In a spoke it is the [`Chain`] of peers and hubs; in the unit tests of the fetch
-/// owner, the lookups and the admission, a fake that answers with a latency, fails,
-/// sends the wrong bytes or a new version on command (`crate::testing`), as
-/// mountpoint-s3 tests its file system against a mock client. Futures are boxed: the
-/// owner and the lookups hold an `Arc<dyn Supply>`, one allocation per upstream call.
-pub trait Supply: std::fmt::Debug + Send + Sync {
-    /// `want` from the first supplier that has it, leaving out the members in `avoid`
-    /// (a client already asked them).
-    fn fetch<'a>(&'a self, want: Want<'a>, avoid: &'a [String]) -> BoxFuture<'a, Result<Supplied>>;
-
-    /// `want` from the owner its client asked first ([`Chain::join_owner`]).
-    fn join_owner<'a>(&'a self, want: Want<'a>, avoid: &'a [String]) -> BoxFuture<'a, Joined>;
-
-    /// The size and version of `dataset/shard`, from the authority (the hubs).
-    fn stat<'a>(&'a self, dataset: &'a str, shard: &'a str) -> BoxFuture<'a, Result<ShardInfo>>;
 }
 
 impl Supply for Chain {
@@ -358,7 +272,7 @@ impl Chain {
         let mut asks = Vec::new();
         if let Some(peers) = &self.peers {
             let (ahead, behind) = peers.around(want.dataset, want.shard);
-            let wanted = |m: &Arc<Member>| !avoid.contains(&m.url);
+            let wanted = |m: &Arc<PeerSlot>| !avoid.contains(&m.url);
             if want.version.is_some() {
                 asks.extend(ahead.into_iter().filter(wanted).map(Ask::Ahead));
             }

@@ -52,7 +52,7 @@ use shardcache_routing::{
     normalize_url,
 };
 
-use super::Failed;
+use super::supply::{Failed, Want};
 use crate::{Error, Result};
 
 /// One other member: its read API, its cache control (for `ReadCached`) and its health
@@ -143,7 +143,7 @@ pub struct MemberState {
 }
 
 /// A member of the group: `None` for this spoke.
-pub type Member = Slot<Option<Peer>>;
+pub type PeerSlot = Slot<Option<Peer>>;
 
 /// The group as this spoke sees it.
 #[derive(Debug)]
@@ -250,19 +250,19 @@ impl Peers {
 
     /// The members now ranked for `dataset/shard`: the live ones before this spoke, and
     /// the live ones after it (neither includes this spoke).
-    pub fn around(&self, dataset: &str, shard: &str) -> (Vec<Arc<Member>>, Vec<Arc<Member>>) {
+    pub fn around(&self, dataset: &str, shard: &str) -> (Vec<Arc<PeerSlot>>, Vec<Arc<PeerSlot>>) {
         let ranked = self.router.ranked(Some((dataset, shard)));
         let at = ranked.iter().position(|m| m.url == self.me).unwrap_or(ranked.len());
         let mut ahead = ranked;
         let behind = ahead.split_off(at.min(ahead.len()));
-        let live = |m: &Arc<Member>| m.conn.is_some() && m.health.is_live();
+        let live = |m: &Arc<PeerSlot>| m.conn.is_some() && m.health.is_live();
         ahead.retain(live);
         (ahead, behind.into_iter().filter(live).collect())
     }
 
     /// The first member named in `urls` that is ranked before this spoke for
     /// `dataset/shard` (live or not): the owner a client asked before this spoke.
-    pub fn asked_before(&self, dataset: &str, shard: &str, urls: &[String]) -> Option<Arc<Member>> {
+    pub fn asked_before(&self, dataset: &str, shard: &str, urls: &[String]) -> Option<Arc<PeerSlot>> {
         let ranked = self.router.ranked(Some((dataset, shard)));
         ranked
             .into_iter()
@@ -284,7 +284,7 @@ impl Peers {
     /// member ranked before this spoke (which fetches what it lacks). Any answer but the
     /// bytes is "not here" (the hub decides); a failure of the member's is "unwell".
     pub async fn read(
-        member: &Member,
+        member: &PeerSlot,
         dataset: &str,
         shard: &str,
         offset: u64,
@@ -329,11 +329,11 @@ impl Peers {
     /// ranked after this spoke is asked for what it holds; with `join`, the owner the
     /// client already asked, for what it holds or is fetching (`JOIN_HEADER`).
     pub async fn held(
-        member: &Member,
-        want: super::Want<'_>,
+        member: &PeerSlot,
+        want: Want<'_>,
         join: bool,
     ) -> std::result::Result<(Checked, String), Failed> {
-        let super::Want { dataset, shard, offset, length, version } = want;
+        let Want { dataset, shard, offset, length, version } = want;
         let Some(peer) = &member.conn else {
             return Err(Failed::not_here(Error::Internal("asked itself".into())));
         };

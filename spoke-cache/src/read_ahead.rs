@@ -1,14 +1,28 @@
 //! What the cache bets on beyond a read: whether a missed chunk is stored (the
 //! admission, `policy::admit`) and the read-ahead and whole-shard fetches after a read,
-//! under their feedback (`policy::speculation`).
+//! under their feedback (`policy::speculation`). Asked by the read path and the cold
+//! open; it asks the fetch owner and the evictor, never back.
 
 use std::{
-    sync::{Arc, atomic::Ordering::Relaxed},
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering::Relaxed},
+    },
     time::{Duration, Instant},
 };
 
-use super::{Cache, ReadFor};
-use crate::{entry::Entry, fetch::FetchFor};
+use crate::{
+    admission::Admission,
+    capacity::Capacity,
+    entry::Entry,
+    evict::Evictor,
+    fetch::{FetchFor, FetchOwner},
+    jobs::JobRow,
+    metrics::Metrics,
+    plan::Plans,
+    policy::admit::AdmissionFilter,
+};
 
 /// How long the value of the chunks an admission would displace is taken as known:
 /// finding the victim walks every entry, which a miss must not do each time.
@@ -19,7 +33,33 @@ pub const VICTIM_REFRESH: Duration = Duration::from_millis(100);
 /// memory.
 pub const WHOLE_SHARD_FETCHES: usize = 32;
 
-impl Cache {
+/// Read-ahead, whole-shard fetches and the admission's decision, with the parts they use.
+#[derive(Debug)]
+pub struct ReadAhead {
+    /// `--fetch-whole-shard`: a shard's first stored miss fetches the rest of it.
+    pub fetch_whole_shard: bool,
+    /// `--read-ahead-chunks` at most, for a sequential reader.
+    pub read_ahead_chunks: u64,
+    /// `--shard-fetch-parallelism` of a whole-shard fetch.
+    pub shard_fetch_parallelism: usize,
+    pub capacity: Arc<Capacity>,
+    pub plans: Arc<Plans>,
+    /// How much each chunk has been read lately, and which misses that makes worth
+    /// storing (`policy::admit`); the read path counts the reads in it.
+    pub filter: Arc<AdmissionFilter>,
+    pub admission: Arc<Admission>,
+    pub fetch: FetchOwner,
+    /// Which shard an admission would displace.
+    pub evictor: Evictor,
+    pub metrics: Arc<Metrics>,
+    /// Per principal: what the chunks its admission would displace were read lately,
+    /// and when that was found (recomputed every [`VICTIM_REFRESH`]).
+    pub victims: Mutex<HashMap<String, (Instant, u64)>>,
+    /// Whole-shard background fetches running (at most [`WHOLE_SHARD_FETCHES`]).
+    pub whole_fetches: Arc<AtomicUsize>,
+}
+
+impl ReadAhead {
     /// Whether a miss of chunk `index` of `entry` by `principal` is stored (its chunk
     /// fetched whole) rather than fetched as read (`policy::admit`): while the cache has
     /// room below its low watermark; when a plan reads the shard (the plans decide what
@@ -40,7 +80,7 @@ impl Cache {
         {
             return value;
         }
-        let value = self.evictor().victim_for(Some(principal)).map_or(0, |victim| {
+        let value = self.evictor.victim_for(Some(principal)).map_or(0, |victim| {
             let present: Vec<u64> = (0..victim.chunk_count()).filter(|&i| victim.has_chunk(i)).collect();
             self.filter.mean_value(present.into_iter().map(|i| victim.chunk_key(i)))
         });
@@ -59,23 +99,23 @@ impl Cache {
     /// such bets pay and within speculation's share of the capacity
     /// (`policy::speculation`), and only into room below the low watermark, so that
     /// speculation never evicts.
-    pub(super) fn after_read(
+    pub fn after_read(
         &self,
         entry: &Arc<Entry>,
-        last: u64,
-        run: u32,
+        (last, run): (u64, u32),
         stored_miss: bool,
-        reader: &ReadFor,
+        reader: (&JobRow, &Arc<str>),
     ) {
+        let (row, principal) = reader;
         let speculation = self.admission.speculation();
         let fits = |bytes: u64| {
             self.capacity.has_room(bytes) && speculation.has_room(bytes, self.capacity.reserved())
         };
-        let fetch = FetchFor::speculation(&reader.row, &reader.principal);
-        if stored_miss && self.config.fetch_whole_shard && self.start_whole_fetch(entry, &fits) {
+        let fetch = FetchFor::speculation(row, principal);
+        if stored_miss && self.fetch_whole_shard && self.start_whole_fetch(entry, &fits) {
             self.metrics.whole_shard_fetches.fetch_add(1, Relaxed);
-            let (owner, entry, row) = (self.fetch.clone(), entry.clone(), reader.row.clone());
-            let (principal, parallelism) = (reader.principal.clone(), self.config.shard_fetch_parallelism);
+            let (owner, entry, row) = (self.fetch.clone(), entry.clone(), row.clone());
+            let (principal, parallelism) = (principal.clone(), self.shard_fetch_parallelism);
             let running = self.whole_fetches.clone();
             tokio::spawn(async move {
                 let fetch = FetchFor::speculation(&row, &principal);
@@ -86,7 +126,7 @@ impl Cache {
             });
             return;
         }
-        let ahead = speculation.read_ahead(self.config.read_ahead_chunks, run);
+        let ahead = speculation.read_ahead(self.read_ahead_chunks, run);
         for index in (last + 1..=last.saturating_add(ahead)).take_while(|&i| i < entry.chunk_count()) {
             if entry.has_chunk(index) || self.fetch.running(entry, index).is_some() {
                 continue;

@@ -1,6 +1,8 @@
 //! The read path of the cache: stored parts from the store in one hop to the blocking
 //! pool, missing chunks from the fetch owner (all started at once), parts of fetched
 //! chunks copied out; a stored chunk that fails its check is forgotten and refetched.
+//! Asked by the cache's facade; it asks the store, the fetch owner, the admission and
+//! the bets beyond a read (`read_ahead.rs`), never back.
 //!
 //! A missing chunk is fetched whole and stored only when the admission says it pays
 //! (`policy::admit`: room below the low watermark, a plan, or a chunk read far more than
@@ -11,16 +13,40 @@ use std::sync::{Arc, atomic::Ordering::Relaxed};
 
 use shardcache_proto::checksum::Checked;
 
-use super::Cache;
 use crate::{
     Error, Result,
+    admission::Admission,
+    capacity::Capacity,
     entry::Entry,
-    fetch::{ChunkFetch, FetchFor},
+    fetch::{Alongside, ChunkFetch, FetchFor, FetchOwner},
+    index_reads::IndexReads,
     jobs::JobRow,
-    policy::admit,
-    store::{PageFault, blocking},
-    suppliers::Joined,
+    metrics::Metrics,
+    plan::Plans,
+    policy::admit::{self, AdmissionFilter},
+    read_ahead::ReadAhead,
+    store::{PageFault, Store, blocking},
+    suppliers::{Chain, Joined},
 };
+
+/// The read path, with the parts it uses.
+#[derive(Debug)]
+pub struct ReadPath {
+    pub store: Arc<Store>,
+    pub plans: Arc<Plans>,
+    /// Every part read counts in it, hit or miss (`policy::admit`).
+    pub filter: Arc<AdmissionFilter>,
+    pub fetch: FetchOwner,
+    pub admission: Arc<Admission>,
+    pub capacity: Arc<Capacity>,
+    /// Whether a read was sent to the owner first (a hedge: its fetch is joined).
+    pub chain: Arc<Chain>,
+    /// What index reads fetched as read (`index_reads.rs`).
+    pub index_reads: Arc<IndexReads>,
+    /// Whether a miss is stored, and what starts after a read.
+    pub read_ahead: Arc<ReadAhead>,
+    pub metrics: Arc<Metrics>,
+}
 
 /// Who a read is for: its job (a plan's straggler is told by it), the row its reads
 /// (and what they fetch) are counted in, and the group members its client already asked
@@ -37,8 +63,8 @@ pub struct ReadFor {
     /// whole-shard fetch.
     pub index_read: bool,
     /// The reads started alongside the shard's first stat for this request, kept until
-    /// it ends (so that a part fetched as read takes them up: `Cache::entry_for`).
-    pub alongside: Option<Arc<super::Alongside>>,
+    /// it ends (so that a part fetched as read takes them up: `ColdOpen::entry_for`).
+    pub alongside: Option<Arc<Alongside>>,
     /// Set when a part of the answer came from the owner its client asked first (a join):
     /// the answer says so, and the client does not count its race as the owner's loss.
     pub relayed: shardcache_reader::Relayed,
@@ -60,7 +86,7 @@ pub const SPECULATIVE_SHARDS_PER_CALL: usize = 16;
 /// refetched, unless another reader's fetch stored it again meanwhile.
 const FAULT_RETRIES: usize = 3;
 
-impl Cache {
+impl ReadPath {
     /// Reads `[offset, offset + length)` of `entry` (inside the shard: checked by the
     /// caller), from the store where present and upstream where not.
     pub async fn read(
@@ -119,20 +145,21 @@ impl Cache {
                     // an admission would weigh against.
                     self.filter.read(entry.chunk_key(index), to - from);
                 }
-                let (source, bytes) = self.source(entry, index, (from, to), reader, &stragglers);
-                let missed = matches!(source, Source::Chunk(_) | Source::Direct | Source::Hedged);
-                parts.push(Part { want, entry, index, from, to, source, missed, bytes });
+                let (provenance, bytes) = self.provenance(entry, index, (from, to), reader, &stragglers);
+                let missed =
+                    matches!(provenance, Provenance::Chunk(_) | Provenance::Direct | Provenance::Hedged);
+                parts.push(Part { want, entry, index, from, to, provenance, missed, bytes });
             }
         }
         self.read_stored_parts(&mut parts, reader).await?;
         let fetched = parts.iter().filter(|p| p.bytes.is_none()).map(|part| {
             let chunk_start = part.index * part.entry.chunk_size;
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
-            let chunk = match &part.source {
-                Source::Chunk(fetch) => Some(fetch.fetched.clone()),
-                Source::Stored | Source::Direct | Source::Kept | Source::Hedged => None,
+            let chunk = match &part.provenance {
+                Provenance::Chunk(fetch) => Some(fetch.fetched.clone()),
+                Provenance::Stored | Provenance::Direct | Provenance::Kept | Provenance::Hedged => None,
             };
-            let hedged = matches!(part.source, Source::Hedged);
+            let hedged = matches!(part.provenance, Provenance::Hedged);
             let (entry, index, from, length) = (part.entry, part.index, part.from, part.to - part.from);
             async move {
                 match chunk {
@@ -162,49 +189,49 @@ impl Cache {
     /// Where the part `[from, to)` of chunk `index` of `entry` comes from for `reader`
     /// (and its bytes when they are at hand): the store; an index read kept in memory; a
     /// fetch running now; a fetch started to store the chunk, if the admission says it
-    /// pays (`Cache::stores`); else the part fetched as read (always for a plan's
+    /// pays (`ReadAhead::stores`); else the part fetched as read (always for a plan's
     /// stragglers and for index reads).
-    fn source(
+    fn provenance(
         &self,
         entry: &Arc<Entry>,
         index: u64,
         (from, to): (u64, u64),
         reader: &ReadFor,
         stragglers: &std::collections::HashSet<u64>,
-    ) -> (Source, Option<Checked>) {
+    ) -> (Provenance, Option<Checked>) {
         let (stored, unread) = entry.has_chunk_for_read(index);
         if stored {
             if unread {
                 self.admission.speculation().used(entry.chunk_range(index).1);
             }
-            return (Source::Stored, None);
+            return (Provenance::Stored, None);
         }
         if reader.index_read {
             return match self.index_reads.get((entry.id, from, to - from)) {
-                Some(bytes) => (Source::Kept, Some(bytes)),
-                None => (Source::Direct, None),
+                Some(bytes) => (Provenance::Kept, Some(bytes)),
+                None => (Provenance::Direct, None),
             };
         }
         if stragglers.contains(&entry.id) {
-            return (Source::Direct, None);
+            return (Provenance::Direct, None);
         }
         // A read a client sent the owner first (a hedge, a failover): the owner's fetch
         // is joined (`suppliers`).
-        if self.chain().owner_was_asked(&entry.dataset, &entry.shard, &reader.avoid) {
-            return (Source::Hedged, None);
+        if self.chain.owner_was_asked(&entry.dataset, &entry.shard, &reader.avoid) {
+            return (Provenance::Hedged, None);
         }
         if let Some(running) = self.fetch.running(entry, index) {
-            return (Source::Chunk(running), None);
+            return (Provenance::Chunk(running), None);
         }
-        if self.stores(entry, index, &reader.principal) {
+        if self.read_ahead.stores(entry, index, &reader.principal) {
             // `None`: stored since it was looked at.
             return (
-                self.fetch.chunk(entry, index, reader.fetch()).map_or(Source::Stored, Source::Chunk),
+                self.fetch.chunk(entry, index, reader.fetch()).map_or(Provenance::Stored, Provenance::Chunk),
                 None,
             );
         }
         self.filter.fetched_as_read(entry.chunk_key(index), to - from);
-        (Source::Direct, None)
+        (Provenance::Direct, None)
     }
 
     /// The part `[from, from + length)` (`range` of chunk `index`) of a read a client sent
@@ -223,7 +250,7 @@ impl Cache {
                 reader.relayed.set();
                 return Ok(supplied.data);
             }
-            Joined::Down if self.stores(entry, index, &reader.principal) => {
+            Joined::Down if self.read_ahead.stores(entry, index, &reader.principal) => {
                 if let Some(fetch) = self.fetch.chunk(entry, index, reader.fetch()) {
                     return Ok(fetch.fetched.await?.part(range.start, range.end));
                 }
@@ -239,7 +266,7 @@ impl Cache {
     /// Reads the parts that are stored, in one trip to the blocking pool; a part whose
     /// stored copy fails its check is read again (refetched).
     async fn read_stored_parts(&self, parts: &mut [Part<'_>], reader: &ReadFor) -> Result<()> {
-        let is_stored = |p: &&mut Part<'_>| matches!(p.source, Source::Stored);
+        let is_stored = |p: &&mut Part<'_>| matches!(p.provenance, Provenance::Stored);
         let stored: Vec<(u64, u64, u64)> =
             parts.iter_mut().filter(is_stored).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
         if stored.is_empty() {
@@ -309,7 +336,7 @@ impl Cache {
             let (mut mine, mut missed, mut stored_miss, mut last) = (Vec::new(), false, false, None);
             while let Some(part) = parts.next_if(|p| p.want == want) {
                 missed |= part.missed;
-                stored_miss |= matches!(part.source, Source::Chunk(_));
+                stored_miss |= matches!(part.provenance, Provenance::Chunk(_));
                 last = Some(part.index);
                 mine.extend(part.bytes);
             }
@@ -320,7 +347,12 @@ impl Cache {
                 && (speculated.len() < SPECULATIVE_SHARDS_PER_CALL || speculated.contains(&entry.id));
             if let Some(last) = last.filter(|_| share && !stragglers.contains(&entry.id)) {
                 speculated.insert(entry.id);
-                self.after_read(entry, last, runs[want], stored_miss, reader);
+                self.read_ahead.after_read(
+                    entry,
+                    (last, runs[want]),
+                    stored_miss,
+                    (&reader.row, &reader.principal),
+                );
             }
             let counters = self.metrics.dataset(&entry.dataset);
             let (requests, bytes) = if missed {
@@ -413,15 +445,15 @@ impl Cache {
     }
 }
 
-/// Where a part's bytes come from.
-enum Source {
+/// Where a part's bytes come from (its provenance: "source" is the read service's trait).
+enum Provenance {
     Stored,
     /// The chunk's fetch (it is stored once fetched).
     Chunk(ChunkFetch),
     /// Fetched as read, not stored (not admitted, a plan's straggler, an index read).
     Direct,
     /// Asked of the owner the reader's client asked first (a hedge, a failover), else as
-    /// any miss (`Cache::hedged_part`).
+    /// any miss (`ReadPath::hedged_part`).
     Hedged,
     /// An index read's bytes kept in memory.
     Kept,
@@ -437,7 +469,7 @@ struct Part<'a> {
     from: u64,
     to: u64,
     /// Where its bytes come from.
-    source: Source,
+    provenance: Provenance,
     /// It did not come from the store (a miss).
     missed: bool,
     bytes: Option<Checked>,
