@@ -1,4 +1,4 @@
-//! Where fetched chunks go, and how cached shards leave: the store, the index and the
+//! Where fetched chunks go, and how cached shards leave: the store, the catalog and the
 //! capacity, kept in step.
 //!
 //! - [`Admission::admit`]: a verified chunk is written (one file, `store/ingest.rs`),
@@ -7,7 +7,7 @@
 //!   when no read asked for it (`policy::speculation`);
 //! - [`Admission::forget_chunk`]: a stored chunk that failed its check is made absent
 //!   and its file removed, so that a refetch can store it again;
-//! - [`Admission::remove`]: a shard version leaves the index, its files the disk, its
+//! - [`Admission::remove`]: a shard version leaves the catalog, its files the disk, its
 //!   bytes the capacity (eviction, an `Evict` call, a version the hub replaced).
 //!
 //! An entry's chunk-write lock orders these: admissions share it, removals take it
@@ -26,19 +26,19 @@ use shardcache_proto::checksum::Checked;
 use crate::{
     Error, Result,
     capacity::Capacity,
+    catalog::Catalog,
     entry::Entry,
     entry::set_bit,
-    index::Index,
     metrics::Metrics,
     policy::speculation::Speculation,
     store::{Store, blocking},
 };
 
-/// The store, the index and the capacity, for admitting and removing.
+/// The store, the catalog and the capacity, for admitting and removing.
 #[derive(Debug)]
 pub struct Admission {
     store: Arc<Store>,
-    index: Arc<Index>,
+    catalog: Arc<Catalog>,
     capacity: Arc<Capacity>,
     metrics: Arc<Metrics>,
     speculation: Arc<Speculation>,
@@ -56,11 +56,11 @@ pub fn filesystem_available(dir: &std::path::Path) -> Option<u64> {
 impl Admission {
     pub fn new(
         store: Arc<Store>,
-        index: Arc<Index>,
+        catalog: Arc<Catalog>,
         (capacity, speculation): (Arc<Capacity>, Arc<Speculation>),
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { store, index, capacity, metrics, speculation, undeleted: Mutex::default() }
+        Self { store, catalog, capacity, metrics, speculation, undeleted: Mutex::default() }
     }
 
     /// What speculation brought and what came of it.
@@ -139,7 +139,7 @@ impl Admission {
         if unread {
             self.speculation.stored(length);
         }
-        if let Err(e) = self.index.set_holder(entry, principal).await {
+        if let Err(e) = self.catalog.set_holder(entry, principal).await {
             self.storing_failed("a shard record", &e);
         }
         self.capacity.added(length);
@@ -226,7 +226,7 @@ impl Admission {
         bytes
     }
 
-    /// Removes `entry` from the index and its pages from the store; returns the bytes it
+    /// Removes `entry` from the catalog and its pages from the store; returns the bytes it
     /// held. `with_record`: also delete the record (not when a newer version takes its
     /// key).
     pub async fn remove(&self, entry: &Arc<Entry>, with_record: bool) -> u64 {
@@ -245,7 +245,7 @@ impl Admission {
         // version, a shard gone from the hub) is no lost bet.
         let unread = self.take_unread(entry);
         self.speculation.forgotten(unread);
-        self.index.remove(entry);
+        self.catalog.remove(entry);
         let (store, id, dataset, shard) =
             (self.store.clone(), entry.id, entry.dataset.clone(), entry.shard.clone());
         let deleted = blocking(move || {
@@ -313,7 +313,7 @@ mod tests {
         assert_eq!(parts.admission.evict(std::slice::from_ref(&entry)).await, (1, 2 * CHUNK));
         assert!(parts.stored(&entry, 0, CHUNK).is_none(), "its chunks are gone from the store");
         assert_eq!(parts.capacity.used(), 0);
-        assert!(parts.index.get(&("ds".into(), "s".into())).is_none());
+        assert!(parts.catalog.get(&("ds".into(), "s".into())).is_none());
         // A fetch that finishes after the eviction stores nothing for the evicted entry.
         parts.admission.admit(&entry, 0, chunk(&data, 0), "t", false).await.unwrap();
         assert!(parts.stored(&entry, 0, CHUNK).is_none() && parts.capacity.used() == 0);

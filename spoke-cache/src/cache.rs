@@ -2,7 +2,7 @@
 //! and the server reach them. Data flows one way:
 //!
 //! ```text
-//!   read ──> Index (entries) ──hit──> Store (pages, CRC-checked)
+//!   read ──> Catalog (entries) ──hit──> Store (pages, CRC-checked)
 //!     │          │ miss/stale
 //!     │          └──> Lookups (StatShard to the hubs, shared; revalidation)
 //!     └─ absent chunk ──> FetchOwner (coalescing, byte and request bounds, counting)
@@ -11,7 +11,7 @@
 //!                            └──> Admission (store + index + capacity) ──> Evictor
 //! ```
 //!
-//! - [`Index`] (`index.rs`): which shard versions are cached, their records, LRU order;
+//! - [`Catalog`] (`catalog.rs`): which shard versions are cached, their records, LRU order;
 //! - [`Lookups`] (`lookup.rs`): entries checked with the hubs (one stat per shard);
 //! - [`FetchOwner`] (`fetch/`): the fetches of missing chunks from the suppliers;
 //! - [`Admission`] (`admission.rs`): chunks into the store, shards out of it;
@@ -47,11 +47,11 @@ use crate::{
     Error, Result,
     admission::Admission,
     capacity::Capacity,
+    catalog::Catalog,
     cold_open::ColdOpen,
     entry::Entry,
     evict::Evictor,
     fetch::{Alongside, FetchFor, FetchOwner},
-    index::Index,
     index_reads::IndexReads,
     jobs::JobRow,
     lookup::Lookups,
@@ -95,7 +95,7 @@ pub struct CacheConfig {
     pub plan_limits: PlanLimits,
     /// Jobs labelled by name in the metrics (`Metrics::labelled_jobs`).
     pub metric_jobs: std::collections::BTreeSet<String>,
-    /// Index entries that hold no bytes (a stat's, a plan's) kept at most; the least
+    /// Catalog entries that hold no bytes (a stat's, a plan's) kept at most; the least
     /// recently used beyond it are removed (`lookup.rs`).
     pub empty_entries_kept: usize,
     /// Each tenant's share of the capacity (`--tenant-shares`, `policy::shares`).
@@ -110,7 +110,7 @@ pub const EMPTY_ENTRIES_KEPT: usize = 1 << 16;
 pub struct Cache {
     config: CacheConfig,
     store: Arc<Store>,
-    index: Arc<Index>,
+    catalog: Arc<Catalog>,
     capacity: Arc<Capacity>,
     admission: Arc<Admission>,
     lookups: Arc<Lookups>,
@@ -162,20 +162,20 @@ impl Cache {
     pub fn open(store: Store, chain: Chain, config: CacheConfig, metrics: Arc<Metrics>) -> Result<Arc<Self>> {
         let store = Arc::new(store);
         // Records with the chunks their files hold; files of no record are gone.
-        let (index, used) = Index::load(store.clone(), config.chunk_size, config.revalidate_after)?;
-        let index = Arc::new(index);
+        let (catalog, used) = Catalog::load(store.clone(), config.chunk_size, config.revalidate_after)?;
+        let catalog = Arc::new(catalog);
         let capacity =
             Arc::new(Capacity::new(config.capacity, config.high_watermark, config.low_watermark, used));
         let speculation = Arc::new(Speculation::new(config.capacity));
         let admission = Arc::new(Admission::new(
             store.clone(),
-            index.clone(),
+            catalog.clone(),
             (capacity.clone(), speculation),
             metrics.clone(),
         ));
         let chain = Arc::new(chain);
         let lookups = Arc::new(Lookups::new(
-            index.clone(),
+            catalog.clone(),
             chain.clone() as Arc<dyn Supply>,
             admission.clone(),
             metrics.clone(),
@@ -194,7 +194,7 @@ impl Cache {
         let shares = Arc::new(config.tenant_shares.clone());
         let evictor = Evictor {
             capacity: capacity.clone(),
-            index: index.clone(),
+            catalog: catalog.clone(),
             plans: plans.clone(),
             admission: admission.clone(),
             shares: shares.clone(),
@@ -202,7 +202,7 @@ impl Cache {
         let read_ahead = Arc::new(read_ahead(&config, evictor, &fetch, filter.clone(), &metrics));
         let index_reads = Arc::new(IndexReads::default());
         let cold = ColdOpen {
-            index: index.clone(),
+            catalog: catalog.clone(),
             lookups: lookups.clone(),
             fetch: fetch.clone(),
             chain: chain.clone(),
@@ -226,7 +226,7 @@ impl Cache {
             shares,
             config,
             store,
-            index,
+            catalog,
             capacity,
             admission,
             lookups,
@@ -290,17 +290,17 @@ impl Cache {
 
     /// Every cached entry.
     pub fn entries(&self) -> Vec<Arc<Entry>> {
-        self.index.entries()
+        self.catalog.entries()
     }
 
-    /// An entry from the index, without contacting the hub.
+    /// An entry from the catalog, without contacting the hub.
     pub fn cached_entry(&self, dataset: &str, shard: &str) -> Option<Arc<Entry>> {
-        self.index.get(&(dataset.to_owned(), shard.to_owned()))
+        self.catalog.get(&(dataset.to_owned(), shard.to_owned()))
     }
 
     /// The hub confirmed `entry`'s version within `--revalidate-after`.
     pub fn is_fresh(&self, entry: &Entry) -> bool {
-        self.index.is_fresh(entry)
+        self.catalog.is_fresh(entry)
     }
 
     /// What speculation brought and what came of it (`policy::speculation`).
@@ -312,7 +312,7 @@ impl Cache {
     /// now (`policy::shares`).
     pub fn held_and_shares(&self) -> (HashMap<String, u64>, HashMap<String, u64>) {
         let mut held: HashMap<String, u64> = HashMap::new();
-        for entry in self.index.entries() {
+        for entry in self.catalog.entries() {
             let bytes = entry.cached_bytes();
             if bytes > 0 {
                 *held.entry(entry.holder()).or_default() += bytes;
@@ -331,7 +331,7 @@ impl Cache {
     pub fn evictor(&self) -> Evictor {
         Evictor {
             capacity: self.capacity.clone(),
-            index: self.index.clone(),
+            catalog: self.catalog.clone(),
             plans: self.plans.clone(),
             admission: self.admission.clone(),
             shares: self.shares.clone(),
@@ -343,7 +343,7 @@ impl Cache {
         PlanFetcher {
             plans: self.plans.clone(),
             capacity: self.capacity.clone(),
-            index: self.index.clone(),
+            catalog: self.catalog.clone(),
             lookups: self.lookups.clone(),
             fetch: self.fetch.clone(),
             chain: self.chain.clone(),
@@ -360,7 +360,7 @@ impl Cache {
         let _one_at_a_time = self.pinning.lock().await;
         if pinned {
             let requested: u64 = entries.iter().filter(|e| !e.is_pinned()).map(|e| e.size).sum();
-            let already: u64 = self.index.entries().iter().filter(|e| e.is_pinned()).map(|e| e.size).sum();
+            let already: u64 = self.catalog.entries().iter().filter(|e| e.is_pinned()).map(|e| e.size).sum();
             let limit = self.capacity.high_watermark();
             if already + requested > limit {
                 return Err(Error::PinLimit { requested, would_pin: already + requested, limit });
@@ -368,12 +368,12 @@ impl Cache {
         }
         let mut changed = 0;
         for entry in entries {
-            changed += u64::from(self.index.set_pinned(entry, pinned).await?);
+            changed += u64::from(self.catalog.set_pinned(entry, pinned).await?);
         }
         Ok(changed)
     }
 
-    /// The entry of a shard, from the index or the hub (see [`Lookups::entry`]).
+    /// The entry of a shard, from the catalog or the hub (see [`Lookups::entry`]).
     pub async fn entry(&self, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         self.lookups.entry(dataset, shard).await
     }
@@ -420,7 +420,7 @@ impl Cache {
     /// its own.
     pub async fn known_entry(&self, dataset: &str, shard: &str) -> Option<Arc<Entry>> {
         let key = (dataset.to_owned(), shard.to_owned());
-        match self.index.get(&key) {
+        match self.catalog.get(&key) {
             Some(entry) => Some(entry),
             None => self.lookups.running(&key).await,
         }

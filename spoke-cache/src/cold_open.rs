@@ -11,9 +11,9 @@ use shardcache_proto::names::{DatasetName, ShardName};
 
 use crate::{
     Result,
+    catalog::Catalog,
     entry::Entry,
     fetch::{Alongside, FetchOwner},
-    index::Index,
     index_reads::IndexReads,
     jobs::JobRow,
     lookup::Lookups,
@@ -25,7 +25,7 @@ use crate::{
 /// The cold open, with the parts it uses.
 #[derive(Debug)]
 pub struct ColdOpen {
-    pub index: Arc<Index>,
+    pub catalog: Arc<Catalog>,
     pub lookups: Arc<Lookups>,
     pub fetch: FetchOwner,
     /// Which shards this spoke fetches itself (in a group, those it owns).
@@ -55,11 +55,11 @@ impl ColdOpen {
         reader: &ReadFor,
     ) -> Result<(Arc<Entry>, Option<Arc<Alongside>>)> {
         let key = (dataset.to_string(), shard.to_string());
-        // The warm path: one look at the index (not again in `entry`).
-        if let Some(entry) = self.index.fresh(&key) {
+        // The warm path: one look at the catalog (not again in `entry`).
+        if let Some(entry) = self.catalog.fresh(&key) {
             return Ok((entry, None));
         }
-        if self.index.get(&key).is_some() {
+        if self.catalog.get(&key).is_some() {
             return Ok((self.lookups.entry(dataset, shard).await?, None));
         }
         if reader.index_read {

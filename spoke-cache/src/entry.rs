@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::store::ShardRecord;
 
-/// `(dataset, shard)`: a shard's name, the key of the index and of the plans.
+/// `(dataset, shard)`: a shard's name, the key of the catalog and of the plans.
 pub type ShardKey = (String, String);
 
 /// One cached shard version.

@@ -13,15 +13,16 @@
 use std::{collections::HashMap, sync::Arc};
 
 use crate::{
-    admission::Admission, capacity::Capacity, entry::Entry, index::Index, plan::Plans, policy::shares::Shares,
+    admission::Admission, capacity::Capacity, catalog::Catalog, entry::Entry, plan::Plans,
+    policy::shares::Shares,
 };
 
-/// What eviction uses: the capacity, the index, the plans and the shares to choose, the
+/// What eviction uses: the capacity, the catalog, the plans and the shares to choose, the
 /// admission sink to remove.
 #[derive(Debug, Clone)]
 pub struct Evictor {
     pub capacity: Arc<Capacity>,
-    pub index: Arc<Index>,
+    pub catalog: Arc<Catalog>,
     pub plans: Arc<Plans>,
     pub admission: Arc<Admission>,
     pub shares: Arc<Shares>,
@@ -41,7 +42,7 @@ impl Evictor {
     /// planned read is furthest away (see `plan::evict_before`).
     fn candidates(&self) -> Vec<Candidate> {
         let mut candidates: Vec<_> = self
-            .index
+            .catalog
             .entries()
             .into_iter()
             .filter_map(|e| {

@@ -1,14 +1,14 @@
 //! shardcache spoke: a read-through cache of hub shards in RocksDB on local disk,
 //! serving the hub's read API (`shardcache.v1.ShardReader`) plus cache control.
 //!
-//! Data flows one way (see `cache.rs` for the picture): a read asks the [`index`]; a
+//! Data flows one way (see `cache.rs` for the picture): a read asks the [`catalog`]; a
 //! miss goes to the [`fetch`] owner, which asks the chain of [`suppliers`] and hands what
 //! it got to the [`admission`] sink.
 //!
 //! - [`store`]: RocksDB layout: shard pages with CRC32C in one ingested SST file per
 //!   chunk (written once, never compacted), shard records;
 //! - [`entry`]: one cached shard version, its present chunks and write locks;
-//! - [`index`]: which shard versions are cached, their records, LRU order;
+//! - [`catalog`]: which shard versions are cached, their records, LRU order;
 //! - [`lookup`]: entries checked with the hubs, one `StatShard` per shard at a time;
 //!   [`revalidation`]: cached data stays served when the hub cannot answer;
 //! - [`fetch`]: the fetch owner: coalesced fetches, bounds on what is in flight, bytes
@@ -33,6 +33,7 @@
 pub mod admission;
 pub mod cache;
 pub mod capacity;
+pub mod catalog;
 pub mod cold_open;
 pub mod config;
 pub mod control;
@@ -40,7 +41,6 @@ pub mod entry;
 pub mod error;
 pub mod evict;
 pub mod fetch;
-pub mod index;
 pub mod index_reads;
 pub mod jobs;
 pub mod lookup;

@@ -18,8 +18,8 @@ use shardcache_proto::names::{DatasetName, ShardName};
 use crate::{
     Result,
     admission::Admission,
+    catalog::Catalog,
     entry::{Entry, ShardKey},
-    index::Index,
     metrics::Metrics,
     revalidation::{REVALIDATION_WAIT, Revalidation},
     shared::spawn_shared,
@@ -28,10 +28,10 @@ use crate::{
 
 type SharedLookup = Shared<BoxFuture<'static, Result<Arc<Entry>>>>;
 
-/// Shard lookups: entries from the index, checked with the hubs.
+/// Shard lookups: entries from the catalog, checked with the hubs.
 #[derive(Debug)]
 pub struct Lookups {
-    index: Arc<Index>,
+    catalog: Arc<Catalog>,
     supply: Arc<dyn Supply>,
     admission: Arc<Admission>,
     metrics: Arc<Metrics>,
@@ -58,7 +58,7 @@ pub const STATS_IN_FLIGHT: usize = 32;
 
 impl Lookups {
     pub fn new(
-        index: Arc<Index>,
+        catalog: Arc<Catalog>,
         supply: Arc<dyn Supply>,
         admission: Arc<Admission>,
         metrics: Arc<Metrics>,
@@ -66,7 +66,7 @@ impl Lookups {
         empty_kept: usize,
     ) -> Self {
         Self {
-            index,
+            catalog,
             supply,
             admission,
             metrics,
@@ -87,13 +87,13 @@ impl Lookups {
     /// each asked the hub, which shed them (seed-demo, 1536 reads in flight).
     pub async fn entry(self: &Arc<Self>, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
-        if let Some(entry) = self.index.fresh(&key) {
+        if let Some(entry) = self.catalog.fresh(&key) {
             return Ok(entry);
         }
-        let cached = self.index.get(&key);
+        let cached = self.catalog.get(&key);
         if let Some(entry) = cached.as_ref().filter(|_| self.revalidation.paused()) {
             // The hub did not answer lately: serve what is cached without asking.
-            self.index.touch(entry);
+            self.catalog.touch(entry);
             return Ok(entry.clone());
         }
         let lookup = {
@@ -120,7 +120,7 @@ impl Lookups {
         match tokio::time::timeout(REVALIDATION_WAIT, lookup).await {
             Ok(answer) => answer,
             Err(_) => {
-                self.index.touch(&entry);
+                self.catalog.touch(&entry);
                 Ok(entry)
             }
         }
@@ -137,10 +137,10 @@ impl Lookups {
     async fn lookup(&self, dataset: &DatasetName, shard: &ShardName) -> Result<Arc<Entry>> {
         let key = (dataset.to_string(), shard.to_string());
         // Another lookup may have refreshed it since the caller looked.
-        if let Some(entry) = self.index.fresh(&key) {
+        if let Some(entry) = self.catalog.fresh(&key) {
             return Ok(entry);
         }
-        let Some(entry) = self.index.get(&key) else {
+        let Some(entry) = self.catalog.get(&key) else {
             let info = self.stat(dataset, shard).await?;
             return Ok(self.install(key, &info).await);
         };
@@ -166,7 +166,7 @@ impl Lookups {
         }
         match answer {
             Ok(info) if info.version == entry.version && info.size == entry.size => {
-                if let Err(e) = self.index.revalidated(&entry).await {
+                if let Err(e) = self.catalog.revalidated(&entry).await {
                     self.admission.storing_failed("a shard record", &e);
                 }
                 Ok(entry)
@@ -179,7 +179,7 @@ impl Lookups {
             Err(e) if e.hub_cannot_answer() => {
                 // Whatever the trouble (down, hung, overloaded, refusing us, garbled),
                 // the verified bytes on disk are still the version the hub served.
-                self.index.touch(&entry);
+                self.catalog.touch(&entry);
                 Ok(entry)
             }
             Err(e) if e.code() == tonic::Code::NotFound => {
@@ -191,9 +191,9 @@ impl Lookups {
     }
 
     /// The entry of the version `info` describes; one whose record cannot be written
-    /// (a full disk) is served all the same (`Index::install`).
+    /// (a full disk) is served all the same (`Catalog::install`).
     async fn install(&self, key: ShardKey, info: &shardcache_proto::v1::ShardInfo) -> Arc<Entry> {
-        let (entry, recorded) = self.index.install(key, info, self.chunk_size).await;
+        let (entry, recorded) = self.catalog.install(key, info, self.chunk_size).await;
         if let Err(e) = recorded {
             self.admission.storing_failed("a shard record", &e);
         }
@@ -206,11 +206,11 @@ impl Lookups {
     /// Removes the least recently used entries that hold no bytes (made by a stat, a
     /// plan's or a prefetch's lookups, never read) beyond `empty_kept`: eviction frees
     /// bytes, and these hold none, so without this a client that stats every shard of
-    /// every dataset would grow the index (and its records) without bound. Pinned ones,
+    /// every dataset would grow the catalog (and its records) without bound. Pinned ones,
     /// those a prefetch holds and `keep` (the entry just installed) stay.
     async fn sweep_empty(&self, keep: &Arc<Entry>) {
         let mut empty: Vec<(u64, Arc<Entry>)> = self
-            .index
+            .catalog
             .entries()
             .into_iter()
             .filter(|e| e.id != keep.id)
@@ -276,7 +276,7 @@ mod tests {
         assert_eq!(parts.supply.stats.load(SeqCst), 1, "sixteen readers, one StatShard");
         assert!(entries.iter().all(|e| e.id == entries[0].id && e.size == 100_000 && e.version == "v1"));
         parts.entry("ds", "s").await.unwrap();
-        assert_eq!(parts.supply.stats.load(SeqCst), 1, "fresh: answered from the index");
+        assert_eq!(parts.supply.stats.load(SeqCst), 1, "fresh: answered from the catalog");
     }
 
     #[tokio::test]
@@ -317,12 +317,12 @@ mod tests {
         let parts = parts(CHUNK, 1 << 30, 1 << 30);
         parts.supply.put("ds", "s", "v1", pattern(1000, 5));
         let entry = parts.entry("ds", "s").await.unwrap();
-        assert!(parts.index.get(&("ds".into(), "s".into())).is_some());
+        assert!(parts.catalog.get(&("ds".into(), "s".into())).is_some());
         parts.supply.shards_mut().clear();
         entry.expire();
         let error = parts.entry("ds", "s").await.unwrap_err();
         assert_eq!(error.code(), tonic::Code::NotFound, "{error}");
-        assert!(parts.index.get(&("ds".into(), "s".into())).is_none(), "its entry is removed");
+        assert!(parts.catalog.get(&("ds".into(), "s".into())).is_none(), "its entry is removed");
         let unknown = parts.entry("ds", "never").await.unwrap_err();
         assert_eq!(unknown.code(), tonic::Code::NotFound);
     }

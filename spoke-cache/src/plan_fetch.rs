@@ -20,9 +20,9 @@ use shardcache_proto::names::{DatasetName, ShardName};
 
 use crate::{
     capacity::Capacity,
+    catalog::Catalog,
     entry::ShardKey,
     fetch::FetchOwner,
-    index::Index,
     jobs::JobRow,
     lookup::Lookups,
     metrics::Metrics,
@@ -39,7 +39,7 @@ pub const PLANNED_FETCHES: usize = 2;
 pub struct PlanFetcher {
     pub plans: Arc<Plans>,
     pub capacity: Arc<Capacity>,
-    pub index: Arc<Index>,
+    pub catalog: Arc<Catalog>,
     pub lookups: Arc<Lookups>,
     pub fetch: FetchOwner,
     /// Which shards this spoke fetches itself (in a group, those it owns).
@@ -90,7 +90,7 @@ impl PlanFetcher {
             // In a group, each member fetches the shards it owns (the others read them
             // from it when they need them).
             let mine = self.chain.owns(&key.0, &key.1);
-            if !mine || self.index.get(&key).is_some_and(|e| e.is_complete()) {
+            if !mine || self.catalog.get(&key).is_some_and(|e| e.is_complete()) {
                 continue;
             }
             match self.plans.start_fetch(&key, PLANNED_FETCHES) {

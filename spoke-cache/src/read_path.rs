@@ -368,7 +368,7 @@ impl ReadPath {
         // While the cache has room what crossed beyond the reads is kept for later reads
         // (whole shards fetched for a reader that reads half of each): an investment, not
         // a waste. Once it evicts, bytes brought and not read are lost.
-        if self.capacity.over_low() && row.warn_amplified(crate::index::now_ms()) {
+        if self.capacity.over_low() && row.warn_amplified(crate::catalog::now_ms()) {
             let snapshot = row.snapshot();
             tracing::warn!(
                 principal = %reader.principal,

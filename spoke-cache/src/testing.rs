@@ -25,9 +25,9 @@ use crate::{
     Error, Result,
     admission::Admission,
     capacity::Capacity,
+    catalog::Catalog,
     entry::Entry,
     fetch::FetchOwner,
-    index::Index,
     lookup::Lookups,
     metrics::Metrics,
     policy::speculation::Speculation,
@@ -170,7 +170,7 @@ impl Supply for FakeSupply {
 pub struct Parts {
     pub supply: Arc<FakeSupply>,
     pub store: Arc<Store>,
-    pub index: Arc<Index>,
+    pub catalog: Arc<Catalog>,
     pub capacity: Arc<Capacity>,
     pub admission: Arc<Admission>,
     pub lookups: Arc<Lookups>,
@@ -184,20 +184,20 @@ pub struct Parts {
 pub fn parts(chunk_size: u64, capacity: u64, bytes_in_flight: u64) -> Parts {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(dir.path(), &StoreOptions::default()).unwrap());
-    let (index, used) = Index::load(store.clone(), chunk_size, Duration::from_secs(60)).unwrap();
-    let index = Arc::new(index);
+    let (catalog, used) = Catalog::load(store.clone(), chunk_size, Duration::from_secs(60)).unwrap();
+    let catalog = Arc::new(catalog);
     let capacity = Arc::new(Capacity::new(capacity, 0.95, 0.85, used));
     let metrics = Arc::new(Metrics::default());
     let speculation = Arc::new(Speculation::new(capacity.capacity()));
     let admission = Arc::new(Admission::new(
         store.clone(),
-        index.clone(),
+        catalog.clone(),
         (capacity.clone(), speculation),
         metrics.clone(),
     ));
     let supply = Arc::new(FakeSupply::default());
     let lookups = Arc::new(Lookups::new(
-        index.clone(),
+        catalog.clone(),
         supply.clone(),
         admission.clone(),
         metrics.clone(),
@@ -211,7 +211,7 @@ pub fn parts(chunk_size: u64, capacity: u64, bytes_in_flight: u64) -> Parts {
         bytes_in_flight,
         chunk_size,
     );
-    Parts { supply, store, index, capacity, admission, lookups, fetch, metrics, _dir: dir }
+    Parts { supply, store, catalog, capacity, admission, lookups, fetch, metrics, _dir: dir }
 }
 
 impl Parts {

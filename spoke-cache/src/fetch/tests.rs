@@ -81,14 +81,14 @@ async fn a_new_version_upstream_fails_the_read_and_sends_the_entry_to_be_checked
     let parts = parts(CHUNK, 1 << 30, 1 << 30);
     parts.supply.put("ds", "s", "v1", pattern(CHUNK as usize, 4));
     let entry = parts.entry("ds", "s").await.unwrap();
-    assert!(parts.index.is_fresh(&entry));
+    assert!(parts.catalog.is_fresh(&entry));
     let v2 = pattern(CHUNK as usize, 5);
     parts.supply.put("ds", "s", "v2", v2.clone());
     let fetch = parts.fetch.chunk(&entry, 0, for_read(&JobRow::default())).unwrap();
     let error = fetch.fetched.await.unwrap_err();
     assert_eq!(error.code(), tonic::Code::Aborted, "{error}");
     assert!(!entry.has_chunk(0), "no byte of v2 under v1's entry");
-    assert!(!parts.index.is_fresh(&entry), "the entry is checked at its next access");
+    assert!(!parts.catalog.is_fresh(&entry), "the entry is checked at its next access");
     let next = parts.entry("ds", "s").await.unwrap();
     assert_eq!((next.version.as_str(), next.id != entry.id), ("v2", true));
     let fetch = parts.fetch.chunk(&next, 0, for_read(&JobRow::default())).unwrap();

@@ -1,5 +1,5 @@
 //! Which shard versions are cached: the entries by name, their records on disk, when
-//! each was last used. The index owns the records: an entry's record is written only
+//! each was last used. The catalog owns the records: an entry's record is written only
 //! here, one write at a time per entry, each from the record as it is once its turn
 //! comes (so a slower writer never puts back an older copy).
 
@@ -27,7 +27,7 @@ pub(crate) fn now_ms() -> u64 {
 
 /// The cached shard versions.
 #[derive(Debug)]
-pub struct Index {
+pub struct Catalog {
     /// Read-locked by reads and by eviction's scan alike, so neither waits for the
     /// other; written only to add or remove an entry.
     entries: RwLock<HashMap<ShardKey, Arc<Entry>>>,
@@ -38,7 +38,7 @@ pub struct Index {
     revalidate_after: Duration,
 }
 
-impl Index {
+impl Catalog {
     /// The entries of the records `store` holds, with the bytes they account for.
     /// Records of another chunk size are dropped with their chunks rather than
     /// reinterpreted.
@@ -106,7 +106,7 @@ impl Index {
     }
 
     /// The entry of the shard version `info` describes: the one cached, or a new one
-    /// (empty, with a new store id) that replaces any other version of it in the index;
+    /// (empty, with a new store id) that replaces any other version of it in the catalog;
     /// and whether its record was written. An entry whose record could not be written (a
     /// full disk) is still served: chunks stored for it without a record are strays the
     /// next start removes, never wrong bytes.
@@ -177,7 +177,7 @@ impl Index {
         Ok(true)
     }
 
-    /// Takes `entry` out of the index (not a newer version that took its key).
+    /// Takes `entry` out of the catalog (not a newer version that took its key).
     pub fn remove(&self, entry: &Entry) {
         let mut entries = self.write();
         let key = (entry.dataset.clone(), entry.shard.clone());
