@@ -235,9 +235,10 @@ class _Records:
 
 
 class ShardDataset(_MapBase):
-    """Map-style dataset of a dataset's fixed-size records, in shard-name order.
+    """Map-style dataset of a dataset's samples, in shard-name order: fixed-size records
+    by default, or the samples of any format the module names (``format=``).
 
-    ``ds[i]`` reads record ``i`` (one request); ``ds.get_batch(indices)`` reads many in
+    ``ds[i]`` reads sample ``i`` (one request); ``ds.get_batch(indices)`` reads many in
     one round trip, and so does a ``DataLoader``'s batch (its fetcher calls
     ``__getitems__``). Use a sampler (``DistributedSampler``) to split it across ranks.
     """
