@@ -30,7 +30,7 @@ lint: deps
 # unit tests and the structural tests (tests/tests/architecture.rs); no servers, no
 # Python, no containers. A minute or two on a warm machine (BENCHMARKS.md, First hour).
 check: lint
-	$(CARGO) test --workspace --lib --test architecture
+	$(CARGO) test --workspace --lib --bins --test architecture
 
 # The end-to-end tests start the built binaries, so build them first.
 test: lint

@@ -8,7 +8,7 @@
 //!     └─ absent chunk ──> FetchOwner (coalescing, byte and request bounds, counting)
 //!                            ├──> Chain of suppliers: peers ranked before, peers
 //!                            │    holding it, hubs (hedged)
-//!                            └──> Admission (store + index + capacity) ──> Evictor
+//!                            └──> Admission (store + catalog + capacity) ──> Evictor
 //! ```
 //!
 //! - [`Catalog`] (`catalog.rs`): which shard versions are cached, their records, LRU order;

@@ -5,7 +5,7 @@
 //! go through [`Cache::read_many`] (stored parts in one hop, missing chunks fetched at
 //! once).
 //!
-//! When the hub cannot answer, listings and stats are answered from the cache's index
+//! When the hub cannot answer, listings and stats are answered from the cache's catalog
 //! (the shards read through this spoke), marked stale (`shardcache-stale`): a warm spoke
 //! can start a job while its hub is away.
 

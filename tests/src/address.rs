@@ -33,6 +33,11 @@ impl KeptAddress {
 
     /// A listener on this address (one at a time: the previous server stopped first).
     pub fn listener(&self) -> TcpListener {
+        // Two listeners would share the connections silently (SO_REUSEPORT): a server
+        // still listening here is a test's mistake, named now rather than as a hang.
+        let refused = std::net::TcpStream::connect(self.addr)
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+        assert!(refused, "{} is still served: stop its server before starting another on it", self.addr);
         let socket = reusable();
         socket.bind(&self.addr.into()).unwrap();
         socket.listen(1024).unwrap();

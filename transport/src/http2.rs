@@ -41,8 +41,9 @@ pub const MAX_FRAME_SIZE: u32 = 1 << 20;
 /// delay and rate, not congestion windows, so the real-link reason is not measured there).
 pub const DEFAULT_HUB_CONNECTIONS: usize = 4;
 
-/// The HTTP/2 and socket settings of one side of the link (a server applies them with
-/// `shardcache_serving::server::builder` and `::incoming_tuned`).
+/// The HTTP/2 and socket settings of one side of the link (a client applies them with
+/// [`Http2Settings::endpoint`] and [`Http2Settings::connector`]; a server with
+/// `shardcache_serving`'s assembly, `serve_grpc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Http2Settings {
     /// `None` leaves each setting at tonic/hyper's default (the comparison row of

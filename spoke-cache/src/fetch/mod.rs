@@ -32,7 +32,7 @@ use futures::{
 };
 use shardcache_proto::checksum::Checked;
 
-pub use self::speculation::Alongside;
+pub use self::{speculation::Alongside, upstream::UPSTREAM_REQUESTS_IN_FLIGHT};
 use self::{speculation::Speculations, upstream::Upstream};
 use crate::{
     Error, Result,
@@ -44,14 +44,6 @@ use crate::{
     shared::spawn_shared,
     suppliers::{Joined, Supply},
 };
-
-/// Chunk requests upstream in flight at once, whatever their size. The byte bound alone
-/// let a cold read of many small chunks (16 MiB in 64 KiB chunks) send 256 requests at
-/// once, and a hub sheds what is over its `--max-concurrency` (256 by default, for all
-/// its spokes together) with RESOURCE_EXHAUSTED. 32 is what whole-shard fetches kept in
-/// flight before reads started all their chunks at once (4 shards x 8); with the
-/// default 4 MiB chunks the byte bound (16 chunks of the default 64 MiB) binds first.
-pub const UPSTREAM_REQUESTS_IN_FLIGHT: usize = 32;
 
 /// A chunk's bytes (with their checksum), shared by everyone waiting for them.
 pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Checked>>>;

@@ -25,7 +25,7 @@ async fn concurrent_readers_of_a_missing_chunk_share_one_fetch_and_it_is_stored(
         (0..8).map(|_| parts.fetch.chunk(&entry, 1, for_read(&row)).unwrap()).collect();
     for fetch in fetches {
         assert_eq!(fetch.fetched.await.unwrap().data[..], data[CHUNK as usize..2 * CHUNK as usize]);
-        assert_eq!(fetch.stored.await.unwrap(), CHUNK, "the chunk's bytes crossed the link once");
+        assert_eq!(fetch.stored.await.unwrap(), CHUNK, "each reader is told the chunk is on disk");
     }
     assert_eq!(parts.supply.fetches.load(SeqCst), 1, "eight readers, one fetch");
     assert!(entry.has_chunk(1) && !entry.has_chunk(0));

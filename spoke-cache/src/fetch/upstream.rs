@@ -21,6 +21,14 @@ use crate::{
     suppliers::{Joined, Supplied, SuppliedBy, Supply, Want},
 };
 
+/// Chunk requests upstream in flight at once, whatever their size. The byte bound alone
+/// let a cold read of many small chunks (16 MiB in 64 KiB chunks) send 256 requests at
+/// once, and a hub sheds what is over its `--max-concurrency` (256 by default, for all
+/// its spokes together) with RESOURCE_EXHAUSTED. 32 is what whole-shard fetches kept in
+/// flight before reads started all their chunks at once (4 shards x 8); with the
+/// default 4 MiB chunks the byte bound (16 chunks of the default 64 MiB) binds first.
+pub const UPSTREAM_REQUESTS_IN_FLIGHT: usize = 32;
+
 /// The suppliers, and the bounds and counters every fetch from them goes through.
 #[derive(Debug)]
 pub(super) struct Upstream {
@@ -28,7 +36,7 @@ pub(super) struct Upstream {
     /// Room for `--upstream-bytes-in-flight`, in KiB permits: a fetch waits for room
     /// before it asks upstream, and holds it until its chunk is on disk.
     budget: Arc<Semaphore>,
-    /// Room for [`super::UPSTREAM_REQUESTS_IN_FLIGHT`] requests upstream.
+    /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests upstream.
     requests: Semaphore,
     metrics: Arc<Metrics>,
 }
@@ -43,7 +51,7 @@ impl Upstream {
         Self {
             supply,
             budget: Arc::new(Semaphore::new((bytes_in_flight.max(chunk_size) >> 10) as usize)),
-            requests: Semaphore::new(super::UPSTREAM_REQUESTS_IN_FLIGHT),
+            requests: Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT),
             metrics,
         }
     }

@@ -1,6 +1,8 @@
-//! Merging a complete shard's chunk files into one, once the store holds many files:
-//! RocksDB builds a new list of the column family's files on every ingestion, so the
-//! cost of admitting a chunk grows with the number of files (`store-scale-bench`).
+//! When a complete shard's chunk files are merged into one (the merge itself is
+//! `Store::merge_shard`, in `mod.rs`), and whether the cache directory can take the
+//! direct I/O a merge uses: RocksDB builds a new list of the column family's files on
+//! every ingestion, so the cost of admitting a chunk grows with the number of files
+//! (`store-scale-bench`).
 
 use std::path::Path;
 

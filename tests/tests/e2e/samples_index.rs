@@ -1,4 +1,4 @@
-//! A dataset's index read through a spoke (the SDK's `samples`): the headers of every
+//! A dataset's index read through a spoke (`shardcache-formats`): the headers of every
 //! shard are read in one batch and marked as index reads, so opening a dataset does not
 //! start a background fetch of each of its shards; reading a sample does, as any read.
 //! (The formats themselves are checked against their own readers in
