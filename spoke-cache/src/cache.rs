@@ -122,7 +122,9 @@ pub struct Cache {
     metrics: Arc<Metrics>,
     /// Pin changes, one at a time (their limit is checked against all pins).
     pinning: tokio::sync::Mutex<()>,
-    shares: Arc<Shares>,
+    /// The evictor, with the parts it uses (the read-ahead weighs admissions by its
+    /// next victim; the server runs it).
+    evictor: Evictor,
     cold: ColdOpen,
     reads: ReadPath,
 }
@@ -199,7 +201,7 @@ impl Cache {
             admission: admission.clone(),
             shares: shares.clone(),
         };
-        let read_ahead = Arc::new(read_ahead(&config, evictor, &fetch, filter.clone(), &metrics));
+        let read_ahead = Arc::new(read_ahead(&config, evictor.clone(), &fetch, filter.clone(), &metrics));
         let index_reads = Arc::new(IndexReads::default());
         let cold = ColdOpen {
             catalog: catalog.clone(),
@@ -223,7 +225,7 @@ impl Cache {
             metrics: metrics.clone(),
         };
         Ok(Arc::new(Self {
-            shares,
+            evictor,
             config,
             store,
             catalog,
@@ -318,7 +320,7 @@ impl Cache {
                 *held.entry(entry.holder()).or_default() += bytes;
             }
         }
-        let shares = self.shares.of(&held, self.capacity.capacity());
+        let shares = self.evictor.shares.of(&held, self.capacity.capacity());
         (held, shares)
     }
 
@@ -329,13 +331,7 @@ impl Cache {
 
     /// The evictor, with the parts it uses.
     pub fn evictor(&self) -> Evictor {
-        Evictor {
-            capacity: self.capacity.clone(),
-            catalog: self.catalog.clone(),
-            plans: self.plans.clone(),
-            admission: self.admission.clone(),
-            shares: self.shares.clone(),
-        }
+        self.evictor.clone()
     }
 
     /// Planned prefetch, with the parts it uses.
