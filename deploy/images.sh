@@ -6,6 +6,7 @@
 #   source deploy/images.sh
 #   podman_ready || echo "no images: $PODMAN_UNAVAILABLE"
 #   build_images BIN_DIR || echo "$IMAGES_FAILED"     # localhost/shardcache-{hub,spoke,wan-proxy}:latest
+#   save_images FILE                                  # the three in one archive, layers once
 #
 # This machine has no Docker engine and no registry:
 # - podman runs with the runc runtime (crun fails here) and lowered ulimits, set for
@@ -70,6 +71,17 @@ EOF
   fi
 }
 
+# The workspace's version (Cargo.toml) and the commit the images are built from, with
+# "-dirty" when the work tree differs from it (the OCI labels; test-containers.sh checks
+# them).
+image_version() { sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1; }
+image_revision() {
+  local rev
+  rev="$(git rev-parse HEAD 2>/dev/null)" || { echo unknown; return; }
+  git diff --quiet HEAD 2>/dev/null || rev="$rev-dirty"
+  echo "$rev"
+}
+
 # Builds localhost/shardcache-{hub,spoke,wan-proxy}:latest from the binaries in $1
 # (after podman_ready); otherwise sets IMAGES_FAILED to why and returns 1.
 build_images() {
@@ -99,10 +111,25 @@ build_images() {
     fi
     strip -o "deploy/.bin/$bin" "$bin_dir/$bin" || { IMAGES_FAILED="strip $bin_dir/$bin"; return 1; }
   done
+  # What the images say they are (deploy/Dockerfile's OCI labels).
+  local labels=(
+    --build-arg "VERSION=$(image_version)"
+    --build-arg "REVISION=$(image_revision)"
+    --build-arg "CREATED=$(git log -1 --format=%cI 2>/dev/null || echo 1970-01-01T00:00:00Z)"
+    --build-arg "SOURCE=$(git remote get-url origin 2>/dev/null || true)"
+  )
   for target in "${IMAGE_TARGETS[@]}"; do
     if ! podman build -q -f deploy/Dockerfile --target "$target" --build-arg BINARIES=prebuilt \
-        -t "localhost/shardcache-$target:latest" . > /dev/null; then
+        "${labels[@]}" -t "localhost/shardcache-$target:latest" . > /dev/null; then
       IMAGES_FAILED="podman build --target $target"; return 1
     fi
   done
+}
+
+# Saves the three images in one docker-archive FILE (`docker load -i`, `podman load -i`):
+# the layers they share (the base, the runtime stage) are stored once, not once per image.
+save_images() {
+  local refs=() target
+  for target in "${IMAGE_TARGETS[@]}"; do refs+=("localhost/shardcache-$target:latest"); done
+  podman save -q --format docker-archive --multi-image-archive -o "$1" "${refs[@]}"
 }

@@ -30,6 +30,18 @@ source deploy/images.sh
 podman_ready || skip "$PODMAN_UNAVAILABLE"
 build_images "$BIN_DIR" || fail "$IMAGES_FAILED"
 
+# --- what the images say they are, and the base they share ---------------------------
+label() { podman inspect --format "{{index .Config.Labels \"org.opencontainers.image.$2\"}}" "localhost/shardcache-$1:latest"; }
+layers() { podman inspect --format '{{range .RootFS.Layers}}{{.}} {{end}}' "localhost/shardcache-$1:latest"; }
+hub_base="$(layers hub | sed 's/ *$//; s/ [^ ]*$//')"
+for target in "${IMAGE_TARGETS[@]}"; do
+  [ "$(label "$target" version)" = "$(image_version)" ] || fail "$target: label version '$(label "$target" version)', not $(image_version)"
+  [ "$(label "$target" revision)" = "$(image_revision)" ] || fail "$target: label revision '$(label "$target" revision)', not $(image_revision)"
+  [ "$(label "$target" title)" = "shardcache-$target" ] || fail "$target: label title '$(label "$target" title)'"
+  # Every layer but the binary's own is the runtime stage's: stored and pulled once.
+  [ "$(layers "$target" | sed 's/ *$//; s/ [^ ]*$//')" = "$hub_base" ] || fail "$target does not share the hub's base layers"
+done
+
 # --- the compose file ----------------------------------------------------------------
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 export SHARDCACHE_DATA="$STATE/data" SPOKE_PORT SPOKE_METRICS_PORT

@@ -4,6 +4,8 @@
 # - moto's server mode: an S3-compatible server for the hub's S3 tests (the tests run
 #   $SHARDCACHE_MOTO_SERVER, which the Makefile points at this venv);
 # - maturin, pytest and numpy: to build and test the Python SDK (client/python);
+# - ziglang and auditwheel: the wheel is built as `make dist` builds it, linked by zig
+#   against glibc 2.17 (manylinux2014), and checked by auditwheel (scripts/test-python.sh);
 # - torch: the SDK's DataLoader-with-workers test (PyPI's wheel brings the CUDA
 #   libraries: ~3 minutes and 6.3 GB on the first run, measured; cached after);
 # - kubernetes-validate: the offline schema check of deploy/k8s (deploy/k8s/validate.sh);
@@ -18,7 +20,7 @@
 # and, from apt, Debian's nss_wrapper, fuse3 and prometheus (below).
 set -euo pipefail
 
-REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "pytest==9.2.0" "numpy==2.1.3" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0" "megatron-core==0.16.1" "mosaicml-streaming==0.13.0" "webdataset==1.0.2" "pyarrow==26.0.1")
+REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "ziglang==0.13.0" "auditwheel==6.8.2" "pytest==9.2.0" "numpy==2.1.3" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0" "megatron-core==0.16.1" "mosaicml-streaming==0.13.0" "webdataset==1.0.2" "pyarrow==26.0.1")
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
 STAMP="$VENV/.shardcache-requirements"
 

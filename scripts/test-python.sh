@@ -1,10 +1,45 @@
 #!/usr/bin/env bash
-# The Python SDK's tests: build the extension into the test venv (maturin, debug
-# profile, the same cargo target directory as the rest), then pytest against the
-# cargo-built hub and spoke binaries. Run by `make test` after scripts/ensure-test-deps.sh.
+# The Python SDK's tests, against the wheel users install: built as `make dist` builds it
+# (maturin with zig, manylinux2014: glibc 2.17 or newer; the debug profile here, to keep
+# `make test` quick), checked by scripts/check_portable.py (auditwheel: its tag, the
+# glibc symbol versions it needs, no external libraries), installed with pip into a fresh venv, then
+# pytest there against the cargo-built hub and spoke binaries. The fresh venv sees the
+# test venv's packages (pytest, numpy, torch, the formats' reference tools) through a
+# .pth line, and nothing of this repo but the wheel. Run by `make test` after
+# scripts/ensure-test-deps.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
+WHEEL_VENV="$HOME/.cache/shardcache/wheel-venv"
 TARGET="${CARGO_TARGET_DIR:-$PWD/target}"
-(cd client/python && VIRTUAL_ENV="$VENV" CARGO_TARGET_DIR="$TARGET" "$VENV/bin/maturin" develop -q)
-SHARDCACHE_BIN_DIR="$TARGET/debug" "$VENV/bin/python" -m pytest -q client/python/tests
+wheels="$(mktemp -d)"
+trap 'rm -rf "$wheels"' EXIT
+
+# maturin finds zig (PyPI's ziglang) as `python -m ziglang` of the venv on PATH.
+(cd client/python && PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV" CARGO_TARGET_DIR="$TARGET" \
+  "$VENV/bin/maturin" build -q --locked --zig --compatibility manylinux2014 -o "$wheels")
+"$VENV/bin/python" scripts/check_portable.py --glibc 2.17 --wheel "$wheels"/shardcache-*.whl
+# The same check refuses what it should: the debug build's hub links this machine's glibc.
+if "$VENV/bin/python" scripts/check_portable.py --glibc 2.17 "$TARGET/debug/hub-server" >/dev/null 2>&1; then
+  echo "check_portable.py passed $TARGET/debug/hub-server, built against glibc $(ldd --version | head -1 | grep -o '[0-9.]*$')" >&2
+  exit 1
+fi
+
+# An editable install left in the test venv by an older `maturin develop` would not be
+# seen through the .pth line (a path added by a .pth is not scanned for .pth files), but
+# remove it anyway so that no other shardcache can be imported.
+if [ -n "$("$VENV/bin/pip" list --disable-pip-version-check 2>/dev/null | grep '^shardcache ')" ]; then
+  "$VENV/bin/pip" uninstall -q -y --disable-pip-version-check shardcache
+fi
+rm -rf "$WHEEL_VENV"
+"$VENV/bin/python" -m venv "$WHEEL_VENV"
+site() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+site "$VENV" > "$(site "$WHEEL_VENV")/shardcache-test-venv.pth"
+"$WHEEL_VENV/bin/pip" install -q --disable-pip-version-check --no-deps "$wheels"/shardcache-*.whl
+"$WHEEL_VENV/bin/python" - "$WHEEL_VENV" <<'PY'
+import shardcache._native, sys
+where = shardcache._native.__file__
+if not where.startswith(sys.argv[1] + "/"):
+    sys.exit(f"the tests would import shardcache from {where}, not from the wheel just installed")
+PY
+SHARDCACHE_BIN_DIR="$TARGET/debug" "$WHEEL_VENV/bin/python" -m pytest -q client/python/tests

@@ -3,7 +3,8 @@
 # kubernetes-validate checks every resource against the API schema (strict: no unknown
 # fields), and check_manifests.py checks what the schema cannot: probes, resources, a
 # non-root user, secrets never world-readable, the spoke's cache on a claim, metrics
-# annotations.
+# annotations. Then the Helm chart beside them, checked the same way and held to these
+# manifests' flags (deploy/helm/validate.sh).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
@@ -18,7 +19,9 @@ rendered="$(mktemp)"
 trap 'rm -f "$rendered"' EXIT
 kubectl kustomize . > "$rendered"
 "$VENV/bin/kubernetes-validate" --strict --quiet -k "$KUBERNETES_VERSION" "$rendered"
+echo -n "kustomize: "
 "$VENV/bin/python" check_manifests.py "$rendered"
+KUBERNETES_VERSION="$KUBERNETES_VERSION" SHARDCACHE_VENV="$VENV" bash ../helm/validate.sh "$rendered"
 # Monitoring: the recording rules parse (promtool, from Debian's prometheus, installed by
 # scripts/ensure-test-deps.sh), and every query of the Grafana dashboard is a series they
 # record.

@@ -18,7 +18,7 @@ pub mod s3;
 pub mod soak;
 pub use address::KeptAddress;
 pub use group::TestGroup;
-pub use process::{Cli, HubProcess, MountProcess, ProxyProcess, SpokeProcess, binary};
+pub use process::{Cli, HubProcess, MountProcess, ProxyProcess, SpokeProcess, binary, workspace_dir};
 /// The WAN emulator (its own crate, `tools/wan-proxy`), under the name the tests use.
 pub use shardcache_wan as wan;
 

@@ -25,6 +25,16 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// The workspace's root in the checkout under test, for the files tests read (README,
+/// deploy/). cargo sets `CARGO_MANIFEST_DIR` when it runs a test, and that is the
+/// checkout's own; the compile-time value is where the binary was built, which a target
+/// directory reused by a clone elsewhere keeps (cargo does not rebuild a moved checkout).
+pub fn workspace_dir() -> PathBuf {
+    let tests = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from);
+    tests.parent().unwrap().to_path_buf()
+}
+
 /// One run of the `shardcache` CLI to its end: whether it succeeded and what it printed.
 /// The tests' one way to run the CLI (a command that stays up, `mount`, is
 /// [`MountProcess`]).

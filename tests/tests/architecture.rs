@@ -175,7 +175,7 @@ fn without_tests(text: &str) -> &str {
 
 /// The folder of every crate of the workspace (its `members`).
 fn workspace_crates() -> Vec<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = shardcache_tests::workspace_dir();
     let manifest = std::fs::read_to_string(workspace.join("Cargo.toml")).unwrap();
     let members = manifest.lines().find_map(|l| l.strip_prefix("members = [")).unwrap();
     members.trim_end_matches(']').split(',').map(|m| workspace.join(m.trim().trim_matches('"'))).collect()
@@ -237,7 +237,7 @@ fn no_crate_has_modules_that_import_each_other() {
     assert!(graphs >= 8, "the crates' graphs were read: {graphs}");
     // Edges known to exist, one per way a path is written, so that a parser that stops
     // seeing them fails here rather than passing an empty graph.
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = shardcache_tests::workspace_dir();
     let formats = module_graph(&workspace.join("formats/src/lib.rs"));
     assert!(
         formats["decoded"].contains("mds") && formats["decoded"].contains("budget"),
@@ -250,7 +250,7 @@ fn no_crate_has_modules_that_import_each_other() {
 
 #[test]
 fn the_spokes_modules_import_each_other_one_way() {
-    let edges = module_graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../spoke-cache/src/lib.rs"));
+    let edges = module_graph(&shardcache_tests::workspace_dir().join("spoke-cache/src/lib.rs"));
     assert!(edges.get("cache").is_some_and(|e| e.contains("fetch")), "the graph was read: {edges:?}");
     assert_eq!(cycle(&edges), None, "modules that import each other");
     let reaches_cache: Vec<&String> =
@@ -343,7 +343,7 @@ fn file_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
 
 #[test]
 fn the_spokes_files_never_call_back_into_their_caller() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../spoke-cache/src");
+    let src = shardcache_tests::workspace_dir().join("spoke-cache/src");
     let edges = file_graph(&src);
     for (from, to) in [
         ("read_path", "fetch"),
@@ -387,7 +387,7 @@ fn a_cycle_is_found_and_named() {
 /// features this package alone enables), as `name` -> features: `cargo tree`, offline.
 fn dependencies(package: &str) -> BTreeMap<String, BTreeSet<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = shardcache_tests::workspace_dir();
     let out = std::process::Command::new(cargo)
         .args(["tree", "--offline", "-p", package, "-e", "normal,build", "--prefix", "none", "-f", "{p} {f}"])
         .current_dir(workspace)
@@ -412,7 +412,7 @@ fn dependencies(package: &str) -> BTreeMap<String, BTreeSet<String>> {
 fn each_crate_takes_only_what_its_concern_needs() {
     // The format readers' own dependencies: those `formats/Cargo.toml` names itself rather
     // than taking from the workspace (the decoders: parquet, ruzstd, flate2, snap).
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../formats/Cargo.toml");
+    let manifest = shardcache_tests::workspace_dir().join("formats/Cargo.toml");
     let manifest = std::fs::read_to_string(manifest).unwrap();
     let section = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
     let readers: Vec<&str> = section

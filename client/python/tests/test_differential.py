@@ -18,7 +18,7 @@ TARGETS = sorted(differential.OPTIONS)
 def test_accepted_damaged_inputs_read_as_the_reference_readers_read_them(tmp_path):
     subprocess.run(
         [binary("fuzz-bench"), "--inputs", "1500", "--accepted", str(tmp_path), "--keep", "10",
-         "--target", ",".join(TARGETS)],
+         "--target", ",".join(TARGETS), "--seeds", str(REPO / "tests" / "fuzz" / "seeds")],
         check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     proc, addr = start([binary("hub-server"), "--root", str(tmp_path), "--listen", "127.0.0.1:0"],

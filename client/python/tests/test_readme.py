@@ -1,9 +1,10 @@
 """The README's quickstart and Python examples, run as written, so the README cannot
 drift: the blocks marked ``<!-- readme-test: NAME -->`` are taken from README.md and run
-in a fresh directory with the built binaries first on PATH (the quickstart's
-``make dist`` and ``pip install`` steps are what ``make test`` itself did: the build and
-``maturin develop``). Shell blocks run in bash, their background servers in one process
-group that is stopped at the end; Python blocks in this interpreter, in a subprocess."""
+in a fresh directory with the built binaries first on PATH (the quickstart's install
+steps are what ``make test`` itself did: the build, and the wheel built as ``make dist``
+builds it, pip-installed into a fresh venv by scripts/test-python.sh). Shell blocks run
+in bash, their background servers in one process group that is stopped at the end;
+Python blocks in this interpreter, in a subprocess."""
 
 import os
 import pathlib

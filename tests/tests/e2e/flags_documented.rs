@@ -101,7 +101,7 @@ fn documented(readme: &str, prefix: &str) -> BTreeMap<String, String> {
 
 #[test]
 fn the_readme_names_every_flag_and_its_environment_variable() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let readme = std::fs::read_to_string(shardcache_tests::workspace_dir().join("README.md")).unwrap();
     let servers = [
         (hub_server::config::ENV_PREFIX, command::<HubArgs>(hub_server::config::ENV_PREFIX)),
         (spoke_cache::config::ENV_PREFIX, command::<SpokeArgs>(spoke_cache::config::ENV_PREFIX)),

@@ -88,7 +88,7 @@ async fn prometheus_records_the_hit_ratio_per_dataset_and_per_member() {
     // Bytes on the link per byte read, as both spokes counted them.
     let (link, read) = (link_a + link_b, read_a + read_b);
 
-    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/rules.yml");
+    let rules = shardcache_tests::workspace_dir().join("deploy/prometheus/rules.yml").display().to_string();
     let hub_metrics = hub.metrics_addr.clone().unwrap();
     let config = work.path().join("prometheus.yml");
     std::fs::write(

@@ -51,6 +51,11 @@ struct Args {
     accepted: Option<std::path::PathBuf>,
     #[arg(long, default_value_t = 200)]
     keep: usize,
+    /// The reference-written seeds (`tests/fuzz/seeds`). The default is where this
+    /// binary was built from: a target directory reused by a clone elsewhere keeps that
+    /// path (cargo does not rebuild for a moved checkout), so the tests pass theirs.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/seeds"))]
+    seeds: std::path::PathBuf,
 }
 
 /// Writes input `input` of target number `n` under `dir` as `TARGET-INPUT/NAME`.
@@ -64,7 +69,7 @@ fn save(dir: &Path, n: usize, target: &fuzz::Target, seeds: &[(String, bytes::By
 
 fn main() {
     let args = Args::parse();
-    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/seeds"));
+    let root = args.seeds.as_path();
     let wanted = |name: &str| args.target.is_empty() || args.target.iter().any(|t| t == name);
     println!(
         "| target | inputs | read whole | refused (clear error) | failures | parquet crate panics caught | peak memory of an input | inputs/s |"
