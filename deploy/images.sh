@@ -5,8 +5,8 @@
 #
 #   source deploy/images.sh
 #   podman_ready || echo "no images: $PODMAN_UNAVAILABLE"
-#   build_images BIN_DIR || echo "$IMAGES_FAILED"     # localhost/shardcache-{hub,spoke,wan-proxy}:latest
-#   save_images FILE                                  # the three in one archive, layers once
+#   build_images BIN_DIR || echo "$IMAGES_FAILED"     # localhost/shardcache-{hub,spoke,wan-proxy}:{latest,VERSION}
+#   save_images FILE                                  # the three (:VERSION) in one archive, layers once
 #
 # This machine has no Docker engine and no registry:
 # - podman runs with the runc runtime (crun fails here) and lowered ulimits, set for
@@ -82,7 +82,8 @@ image_revision() {
   echo "$rev"
 }
 
-# Builds localhost/shardcache-{hub,spoke,wan-proxy}:latest from the binaries in $1
+# Builds localhost/shardcache-{hub,spoke,wan-proxy}:latest and :VERSION (the tag the
+# Helm chart and deploy/k8s name) from the binaries in $1
 # (after podman_ready); otherwise sets IMAGES_FAILED to why and returns 1.
 build_images() {
   local bin_dir="$1" bin target rootfs
@@ -116,11 +117,13 @@ build_images() {
     --build-arg "VERSION=$(image_version)"
     --build-arg "REVISION=$(image_revision)"
     --build-arg "CREATED=$(git log -1 --format=%cI 2>/dev/null || echo 1970-01-01T00:00:00Z)"
-    --build-arg "SOURCE=$(git remote get-url origin 2>/dev/null || true)"
+    # The clone's origin, without any user or token in it; empty where there is none.
+    --build-arg "SOURCE=$(git remote get-url origin 2>/dev/null | sed -E 's#://[^/@]*@#://#' || true)"
   )
   for target in "${IMAGE_TARGETS[@]}"; do
     if ! podman build -q -f deploy/Dockerfile --target "$target" --build-arg BINARIES=prebuilt \
-        "${labels[@]}" -t "localhost/shardcache-$target:latest" . > /dev/null; then
+        "${labels[@]}" -t "localhost/shardcache-$target:latest" \
+        -t "localhost/shardcache-$target:$(image_version)" . > /dev/null; then
       IMAGES_FAILED="podman build --target $target"; return 1
     fi
   done
@@ -130,6 +133,6 @@ build_images() {
 # the layers they share (the base, the runtime stage) are stored once, not once per image.
 save_images() {
   local refs=() target
-  for target in "${IMAGE_TARGETS[@]}"; do refs+=("localhost/shardcache-$target:latest"); done
+  for target in "${IMAGE_TARGETS[@]}"; do refs+=("localhost/shardcache-$target:$(image_version)"); done
   podman save -q --format docker-archive --multi-image-archive -o "$1" "${refs[@]}"
 }

@@ -23,10 +23,17 @@ if ! command -v debootstrap >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 fi
 root="$(mktemp -d)"
+servers=""
+# The servers stopped and /proc unmounted before the folder goes: never rm -rf into a
+# mounted /proc (left in place, with a message, if it cannot be unmounted).
 cleanup() {
-  [ -n "${servers:-}" ] && kill $servers 2>/dev/null || true
-  umount "$root/proc" 2>/dev/null || true
-  rm -rf "$root"
+  if [ -n "$servers" ]; then kill $servers 2>/dev/null || true; wait $servers 2>/dev/null || true; fi
+  if mountpoint -q "$root/proc"; then umount "$root/proc" || umount -l "$root/proc" || true; fi
+  if mountpoint -q "$root/proc"; then
+    echo "check-old-userland: $root/proc is still mounted; $root left in place" >&2
+  else
+    rm -rf --one-file-system "$root"
+  fi
 }
 trap cleanup EXIT
 
@@ -43,6 +50,7 @@ if [ ! -s "$TARBALL" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-unauthenticated \
       --no-install-recommends python3.9 python3.9-venv >/dev/null && apt-get clean' ||
     fail "apt-get install python3.9 in the chroot failed"
+  mkdir -p "$(dirname "$TARBALL")"
   tar -C "$root" -cf "$TARBALL.partial" . && mv "$TARBALL.partial" "$TARBALL"
   rm -f "$root.debootstrap.log"
 else
@@ -52,7 +60,7 @@ mount -t proc proc "$root/proc"
 
 mkdir -p "$root/dist"
 cp -r "$DIST/bin" "$DIST"/shardcache-*.whl "$root/dist/"
-glibc="$(chroot "$root" ldd --version | head -1 | grep -o '[0-9.]*$')"
+glibc="$(chroot "$root" getconf GNU_LIBC_VERSION | cut -d' ' -f2)"
 echo "check-old-userland: Ubuntu $SUITE, glibc $glibc, $(chroot "$root" python3.9 --version)" >&2
 
 # Servers on port 0; each prints the address it bound.

@@ -6,8 +6,8 @@ A wheel: `auditwheel show` (run from this Python's venv) must find it consistent
 manylinux_GLIBC_ARCH, as its file name's tags say, and needing no external library.
 A binary: the highest GLIBC_ symbol version it asks of the loader (its .gnu.version_r
 section, read with pyelftools, which auditwheel brings) must be GLIBC or lower, and it
-may ask only for the libraries every glibc system has (manylinux's list: no libstdc++,
-no libgcc_s beyond the loader's, no OpenSSL). Prints a table of what each file needs;
+may ask only for the libraries every glibc system has (manylinux's list, libgcc_s
+included: no libstdc++, no OpenSSL). Prints a table of what each file needs;
 exits 1 saying which file asks too much.
 """
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # `make dist`: everything a user installs, in target/dist/ (or $DIST), for Linux with
-# glibc 2.17 or newer (manylinux2014: RHEL/CentOS 7+, Amazon Linux 2, Ubuntu 14.04+,
-# Debian 8+), whatever glibc the building machine has:
+# glibc 2.17 or newer (manylinux2014: RHEL/CentOS 7+, Amazon Linux 2, Ubuntu 18.04+,
+# Debian 10+ and older ones), whatever glibc the building machine has:
 #
 #   bin/hub-server, bin/spoke-cache, bin/shardcache, bin/wan-proxy   release binaries (stripped)
 #   shardcache-VERSION-linux-ARCH-glibc2.17.tar.gz                  the same four, as one archive
-#   shardcache-VERSION-cp39-abi3-manylinux_2_17_ARCH...whl          the Python SDK (CPython 3.9+)
+#   shardcache-VERSION-cp39-abi3-manylinux2014_ARCH.manylinux_2_17_ARCH.whl   the Python SDK (CPython 3.9+)
+#   shardcache-chart-VERSION.tgz                                    the Helm chart (`helm install NAME FILE`)
 #   images/shardcache-images.tar                                    the three container images
 #                                                                   (`docker load -i`, `podman load -i`),
 #                                                                   where podman runs
@@ -48,8 +49,9 @@ if [ "$(cat "$VENV/.shardcache-tools" 2>/dev/null)" != "${TOOLS[*]}" ]; then
   echo "${TOOLS[*]}" > "$VENV/.shardcache-tools"
 fi
 # maturin and cargo-zigbuild find zig as `python -m ziglang` of the venv on PATH. Their
-# zig wrappers are the C and C++ compilers for the target (CC_<triple>, CXX_<triple>);
-# the Makefile's ccache CC stays for build scripts.
+# zig wrappers are the C and C++ compilers for the target (CC_<triple>, CXX_<triple>),
+# which is also the host here, so they compile everything C (not ccache: zig keeps its
+# own cache of compiled files, ~/.cache/zig, which a second build of RocksDB hits).
 export PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV"
 
 step "release binaries for glibc $GLIBC (cargo zigbuild)"
@@ -67,7 +69,9 @@ EOF
 tar -C "$DIST" -czf "$DIST/shardcache-$VERSION-linux-$ARCH-glibc$GLIBC.tar.gz" bin
 
 step "Python wheel (manylinux2014)"
-(cd client/python && CARGO_TARGET_DIR="$TARGET_DIR" maturin build --release --locked -q \
+# Its own target folder: maturin's zig wrappers are not cargo-zigbuild's, and in one folder each
+# build would rebuild every crate the other built.
+(cd client/python && CARGO_TARGET_DIR="$TARGET_DIR/wheel" maturin build --release --locked -q \
   --zig --compatibility manylinux2014 -o "$DIST")
 
 step "what they need of the system"
@@ -79,6 +83,10 @@ if [ "${SHARDCACHE_DIST_USERLAND:-1}" = 1 ] && [ "$(id -u)" -eq 0 ]; then
 else
   echo "dist: not run on an older Linux (needs root; SHARDCACHE_DIST_USERLAND=${SHARDCACHE_DIST_USERLAND:-1})" >&2
 fi
+
+# The chart as `helm package` lays it out (the chart's folder at the archive's root), so
+# that a user installs it without a clone.
+tar -C deploy/helm -czf "$DIST/shardcache-chart-$VERSION.tgz" shardcache
 
 step "container images"
 source deploy/images.sh

@@ -17,9 +17,11 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="${WORK:-/tmp/shardcache-first-hour}"
 ARTEFACTS=""
-if [ "${1:-}" = --from-artefacts ]; then
-  ARTEFACTS="$(cd "${2:?--from-artefacts DIR}" && pwd)"
-fi
+case "$#:${1:-}" in
+  0:) ;;
+  2:--from-artefacts) ARTEFACTS="$(cd "$2" && pwd)" ;;
+  *) echo "usage: scripts/first-hour.sh [--from-artefacts DIR]" >&2; exit 2 ;;
+esac
 rm -rf "$WORK" && mkdir -p "$WORK"
 t0=$(date +%s)
 if [ -z "$ARTEFACTS" ]; then
@@ -30,9 +32,15 @@ if [ -z "$ARTEFACTS" ]; then
   ARTEFACTS="$WORK/clone/target/dist"
   how="make dist (see $WORK/dist.log)"
 else
-  # A user's machine without Rust: every PATH entry that holds cargo or rustc goes.
+  # A user's machine without Rust: every PATH entry that holds cargo or rustc goes
+  # (rustup's ~/.cargo/bin; a system folder such as /usr/bin cannot go, so that fails).
   PATH="$(tr ':' '\n' <<< "$PATH" | while read -r dir; do
-    [ -x "$dir/cargo" ] || [ -x "$dir/rustc" ] || printf '%s:' "$dir"; done)"
+    [ -z "$dir" ] || [ -x "$dir/cargo" ] || [ -x "$dir/rustc" ] || printf '%s:' "$dir"; done)"
+  PATH="${PATH%:}"
+  for tool in tar python3; do
+    command -v "$tool" >/dev/null || {
+      echo "first-hour: $tool went from PATH with cargo or rustc: run it where Rust is not in a system folder" >&2; exit 1; }
+  done
   if command -v cargo >/dev/null || command -v rustc >/dev/null; then
     echo "first-hour: cargo or rustc is still on PATH" >&2; exit 1
   fi

@@ -8,7 +8,8 @@
                                             tests/tests/e2e/flags_documented.rs holds to
                                             the binaries)
   check_chart.py agree KUSTOMIZE HELM       the hub's and the spokes' containers take the
-                                            same flags (env, args, command) and image
+                                            same flags (env, args, command), image and
+                                            probes (a client certificate where needed)
 """
 
 import re
@@ -74,13 +75,13 @@ def agree(kustomize, helm):
         for name in sorted(set(env_a) | set(env_b)):
             if env_a.get(name) != env_b.get(name) and name not in MAY_DIFFER:
                 problems.append(f"{key[0]}: {name} is {env_a.get(name)!r} in the chart, {env_b.get(name)!r} in kustomize")
-        for field in ("args", "command", "image"):
+        for field in ("args", "command", "image", "readinessProbe", "livenessProbe"):
             if a.get(field) != b.get(field):
                 problems.append(f"{key[0]}: {field} {a.get(field)!r} in the chart, {b.get(field)!r} in kustomize")
     if problems:
         sys.exit("the chart (secured group values) and deploy/k8s disagree:\n  " + "\n  ".join(problems))
     count = sum(len(c.get("env", [])) for c in ours.values())
-    print(f"the chart and kustomize agree on the hub's and the spokes' {count} variables, args and images")
+    print(f"the chart and kustomize agree on the hub's and the spokes' {count} variables, args, images and probes")
 
 
 {"builtins": builtins, "flags": flags, "agree": agree}[sys.argv[1]](*sys.argv[2:])

@@ -3,7 +3,8 @@
 check_manifests.py RENDERED [--allow-plaintext]: the kustomize manifests and the Helm
 chart's renders (deploy/helm/validate.sh). Without --allow-plaintext every server serves
 TLS; with it (the chart's defaults) TLS may be off, but every URL, probe and scrape must
-then agree on that.
+then agree on that. A server requiring client certificates (--client-ca without
+--token-file) must get one from its probes and its ServiceMonitor.
 """
 
 import re
@@ -45,6 +46,7 @@ def files_provided(volume):
 workloads = by_kind.get("Deployment", []) + by_kind.get("StatefulSet", [])
 check({w["metadata"]["name"] for w in workloads} == {"shardcache-hub", "shardcache-spoke"}, "hub and spoke workloads")
 tls = {}  # workload name -> serves TLS
+client_cert = {}  # workload name -> requires a client certificate of every client
 for w in workloads:
     name = w["metadata"]["name"]
     pod = w["spec"]["template"]["spec"]
@@ -61,6 +63,20 @@ for w in workloads:
             endpoint = command[command.index("--endpoint") + 1] if "--endpoint" in command else ""
             check(endpoint.startswith(f"{scheme}://localhost:"), f"{name}: {probe} asks {endpoint!r}, the server speaks {scheme}")
             check(("--ca" in command) == tls[name], f"{name}: {probe} passes --ca exactly when the server serves TLS")
+        # A server with --client-ca and no --token-file wants a client certificate in every
+        # TLS handshake (client certificates are optional only with tokens): a probe
+        # without one never passes, the pod is never Ready and liveness restarts it.
+        for ca in (k for k in env if k.endswith("_CLIENT_CA") and env[k]):
+            token_file = ca[: -len("CLIENT_CA")] + "TOKEN_FILE"
+            if tls[name] and not env.get(token_file):
+                client_cert[name] = True
+                for probe in ("readinessProbe", "livenessProbe"):
+                    command = c.get(probe, {}).get("exec", {}).get("command", [])
+                    check("--cert" in command and "--key" in command,
+                          f"{name}: {probe} presents no client certificate (--cert/--key), but {ca} without {token_file} requires one")
+        for probe in ("readinessProbe", "livenessProbe"):
+            command = c.get(probe, {}).get("exec", {}).get("command", [])
+            check(("--cert" in command) == ("--key" in command), f"{name}: {probe} passes --cert and --key together")
         check("cpu" in c.get("resources", {}).get("requests", {}), f"{name}: cpu request")
         check("memory" in c.get("resources", {}).get("limits", {}), f"{name}: memory limit")
         # Every file a flag names is in a mounted volume (a Secret's key mounted under
@@ -127,7 +143,19 @@ hub_env = {e["name"]: e.get("value") for e in hub["spec"]["template"]["spec"]["c
 check(bool(hub_env.get("HUB_METRICS_LISTEN")), "hub serves metrics")
 
 # Metrics: every server is scraped, by pod annotations or a ServiceMonitor, in the scheme
-# it serves.
+# it serves, with a client certificate where it requires one.
+# The Secrets the pods mount their certificates from (README, "Kubernetes": what
+# `shardcache certs` writes, but never the CA's key), and cert-manager's.
+CERTS_KEYS = {"ca.pem"} | {f"{n}.{ext}" for n in ("hub", "spoke", "spoke-client", "client") for ext in ("pem", "key")}
+CERTIFICATE_KEYS = {"ca.crt", "tls.crt", "tls.key"}
+certificate_secrets = {c["spec"]["secretName"] for c in by_kind.get("Certificate", [])}
+tls_secrets = {
+    src["name"]
+    for w in workloads
+    for v in w["spec"]["template"]["spec"].get("volumes", [])
+    if v["name"] == "tls"
+    for src in ([{"name": v["secret"]["secretName"]}] if "secret" in v else [x["secret"] for x in v.get("projected", {}).get("sources", []) if "secret" in x])
+}
 monitors = by_kind.get("ServiceMonitor", [])
 for w in (hub, spoke):
     name = w["metadata"]["name"]
@@ -146,6 +174,16 @@ for w in (hub, spoke):
             check(e.get("scheme") == scheme, f"ServiceMonitor {m['metadata']['name']}: scheme {e.get('scheme')}, {name} serves {scheme}")
             if tls[name]:
                 check(bool(e.get("tlsConfig", {}).get("ca", {}).get("secret", {}).get("name")), "ServiceMonitor: the CA to verify servers")
+            tls_config = e.get("tlsConfig", {})
+            if client_cert.get(name):
+                check(bool(tls_config.get("cert", {}).get("secret", {}).get("name")) and bool(tls_config.get("keySecret", {}).get("name")),
+                      f"ServiceMonitor {m['metadata']['name']}: no client certificate (tlsConfig cert, keySecret), but {name} requires one on its metrics listener")
+            # What it reads is in a rendered Certificate's Secret, or in the pods' one TLS
+            # Secret (a file of `shardcache certs`).
+            for ref in (tls_config.get("ca", {}).get("secret"), tls_config.get("cert", {}).get("secret"), tls_config.get("keySecret")):
+                if ref:
+                    keys = CERTIFICATE_KEYS if ref.get("name") in certificate_secrets else CERTS_KEYS if ref.get("name") in tls_secrets - certificate_secrets else set()
+                    check(ref.get("key") in keys, f"ServiceMonitor {m['metadata']['name']}: {ref} is no key of a rendered Certificate's Secret or of the pods' TLS Secret")
 
 # The custom resources kubernetes-validate has no schema for: known fields only, and
 # what they must hold.
@@ -175,15 +213,16 @@ for c in certificates.values():
     ref = c["spec"]["issuerRef"]
     check(ref["kind"] == "ClusterIssuer" or ref["name"] in issuers, f"Certificate {c['metadata']['name']}: its Issuer {ref['name']} is not rendered")
 # Each server's certificate names what clients check: its Service, and localhost (probes;
-# scrapes by pod IP with server_name localhost); spoke-client is a client identity only.
-for w, role in ((hub, "hub"), (spoke, "spoke"), (spoke, "spoke-client")):
+# scrapes by pod IP with server_name localhost); spoke-client and client are client
+# identities only.
+for w, role in ((hub, "hub"), (spoke, "spoke"), (spoke, "spoke-client"), (hub, "client")):
     sources = [s["secret"] for v in w["spec"]["template"]["spec"].get("volumes", []) for s in v.get("projected", {}).get("sources", []) if "secret" in s]
     for s in sources:
         cert = certificates.get(s["name"])
         if cert and any(item["path"] == f"{role}.pem" for item in s["items"]):
             names, usages = cert["spec"].get("dnsNames", []), cert["spec"].get("usages", [])
-            if role == "spoke-client":
-                check(names == ["spoke-client"] and "client auth" in usages and "server auth" not in usages, f"{role}: a client certificate named spoke-client")
+            if role in ("spoke-client", "client"):
+                check(names == [role] and "client auth" in usages and "server auth" not in usages, f"{role}: a client certificate named {role}")
             else:
                 check({w["metadata"]["name"], "localhost"} <= set(names) and "server auth" in usages and "client auth" not in usages,
                       f"{role}: a server certificate for its Service and localhost: {names} {usages}")

@@ -77,11 +77,38 @@ in whole MiB, written in the largest binary unit that divides it (2000Gi at 90% 
 {{- end }}
 {{- end }}
 
-{{/* The health probe: the CLI asks grpc.health.v1 (the built-in gRPC probe cannot speak TLS). (list $ PORT) */}}
+{{/*
+"true" when a component's server wants a client certificate in every TLS handshake:
+TLS with tls.verifyClients (--client-ca) and no token file of its own (with one, a
+client may present a certificate or a token, and health needs neither). Its metrics
+listener has the same TLS, so its scrapers need a client certificate too. (list $ "hub")
+*/}}
+{{- define "shardcache.requiresClientCert" -}}
+{{- $ := index . 0 }}
+{{- $v := $.Values }}
+{{- $tokenFile := get (dict "hub" $v.tokens.hubTokenFile "spoke" $v.tokens.spokeTokenFile) (index . 1) }}
+{{- if and $v.tls.enabled $v.tls.verifyClients (not (and $v.tokens.secretName $tokenFile)) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when an enabled server wants client certificates: the `client` certificate is then mounted or rendered for probes and scrapes. */}}
+{{- define "shardcache.clientCertUsed" -}}
+{{- if or (and .Values.hub.enabled (include "shardcache.requiresClientCert" (list . "hub"))) (and .Values.spoke.enabled (include "shardcache.requiresClientCert" (list . "spoke"))) }}true{{ end }}
+{{- end }}
+
+{{/*
+The health probe: the CLI asks grpc.health.v1 (the built-in gRPC probe cannot speak TLS),
+with a client certificate where the server requires one: the hub's `client` (mounted for
+that), a spoke's own spoke-client. (list $ "hub" PORT)
+*/}}
 {{- define "shardcache.probes" -}}
 {{- $ := index . 0 }}
-{{- $command := list "shardcache" "--endpoint" (printf "%s://localhost:%d" (include "shardcache.scheme" $) (index . 1)) }}
+{{- $component := index . 1 }}
+{{- $command := list "shardcache" "--endpoint" (printf "%s://localhost:%d" (include "shardcache.scheme" $) (index . 2)) }}
 {{- if $.Values.tls.enabled }}{{ $command = concat $command (list "--ca" "/tls/ca.pem") }}{{ end }}
+{{- if include "shardcache.requiresClientCert" (list $ $component) }}
+{{- $cert := ternary "client" "spoke-client" (eq $component "hub") }}
+{{- $command = concat $command (list "--cert" (printf "/tls/%s.pem" $cert) "--key" (printf "/tls/%s.key" $cert)) }}
+{{- end }}
 {{- $command = append $command "health" -}}
 readinessProbe:
   exec:
@@ -109,12 +136,14 @@ prometheus.io/scheme: {{ include "shardcache.scheme" (index . 0) }}
 
 {{/*
 The TLS volume of one component: only its own keys and the CA certificate, at the paths
-deploy/k8s uses, from the one Secret or from cert-manager's. (list $ "hub")
+deploy/k8s uses, from the one Secret or from cert-manager's; the hub also the `client`
+certificate when it requires client certificates (its probes present it). (list $ "hub")
 */}}
 {{- define "shardcache.tlsVolume" -}}
 {{- $ := index . 0 }}
 {{- $component := index . 1 }}
-{{- $tls := $.Values.tls -}}
+{{- $tls := $.Values.tls }}
+{{- $probeClient := and (eq $component "hub") (include "shardcache.requiresClientCert" (list $ "hub")) -}}
 - name: tls
   projected:
     defaultMode: 0440
@@ -133,6 +162,13 @@ deploy/k8s uses, from the one Secret or from cert-manager's. (list $ "hub")
             - {key: tls.crt, path: spoke-client.pem}
             - {key: tls.key, path: spoke-client.key}
       {{- end }}
+      {{- if $probeClient }}
+      - secret:
+          name: {{ include "shardcache.certSecret" (list $ "client") }}
+          items:
+            - {key: tls.crt, path: client.pem}
+            - {key: tls.key, path: client.key}
+      {{- end }}
     {{- else }}
       - secret:
           name: {{ $tls.secretName }}
@@ -143,6 +179,10 @@ deploy/k8s uses, from the one Secret or from cert-manager's. (list $ "hub")
             {{- if eq $component "spoke" }}
             - {key: spoke-client.pem, path: spoke-client.pem}
             - {key: spoke-client.key, path: spoke-client.key}
+            {{- end }}
+            {{- if $probeClient }}
+            - {key: client.pem, path: client.pem}
+            - {key: client.key, path: client.key}
             {{- end }}
     {{- end }}
 {{- end }}
