@@ -112,13 +112,16 @@ build_images() {
     fi
     strip -o "deploy/.bin/$bin" "$bin_dir/$bin" || { IMAGES_FAILED="strip $bin_dir/$bin"; return 1; }
   done
-  # What the images say they are (deploy/Dockerfile's OCI labels).
+  # What the images say they are (OCI labels; the Dockerfile has the ones that do not
+  # change, and says why these are not build arguments).
+  local oci=org.opencontainers.image
   local labels=(
-    --build-arg "VERSION=$(image_version)"
-    --build-arg "REVISION=$(image_revision)"
-    --build-arg "CREATED=$(git log -1 --format=%cI 2>/dev/null || echo 1970-01-01T00:00:00Z)"
+    --label "$oci.version=$(image_version)"
+    --label "$oci.revision=$(image_revision)"
+    --label "$oci.created=$(git log -1 --format=%cI 2>/dev/null || echo 1970-01-01T00:00:00Z)"
     # The clone's origin, without any user or token in it; empty where there is none.
-    --build-arg "SOURCE=$(git remote get-url origin 2>/dev/null | sed -E 's#://[^/@]*@#://#' || true)"
+    --label "$oci.source=$(git remote get-url origin 2>/dev/null | sed -E 's#://[^/@]*@#://#' || true)"
+    --label "$oci.base.name=$BASE_IMAGE"
   )
   for target in "${IMAGE_TARGETS[@]}"; do
     if ! podman build -q -f deploy/Dockerfile --target "$target" --build-arg BINARIES=prebuilt \
