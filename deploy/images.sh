@@ -113,7 +113,10 @@ build_images() {
     strip -o "deploy/.bin/$bin" "$bin_dir/$bin" || { IMAGES_FAILED="strip $bin_dir/$bin"; return 1; }
   done
   # What the images say they are (OCI labels; the Dockerfile has the ones that do not
-  # change, and says why these are not build arguments).
+  # change). Set by a second build from the first, never from the layer cache: buildah
+  # (1.28) reuses a cached image whole, labels included, when every step is a cache hit,
+  # so a new commit with the same binaries kept the old revision (make test caught it).
+  # FROM and LABEL only: no layer of its own, so the three images still share their base.
   local oci=org.opencontainers.image
   local labels=(
     --label "$oci.version=$(image_version)"
@@ -123,13 +126,20 @@ build_images() {
     --label "$oci.source=$(git remote get-url origin 2>/dev/null | sed -E 's#://[^/@]*@#://#' || true)"
     --label "$oci.base.name=$BASE_IMAGE"
   )
+  local empty
+  empty="$(mktemp -d)"
   for target in "${IMAGE_TARGETS[@]}"; do
     if ! podman build -q -f deploy/Dockerfile --target "$target" --build-arg BINARIES=prebuilt \
-        "${labels[@]}" -t "localhost/shardcache-$target:latest" \
-        -t "localhost/shardcache-$target:$(image_version)" . > /dev/null; then
-      IMAGES_FAILED="podman build --target $target"; return 1
+        -t "localhost/shardcache-$target:layers" . > /dev/null; then
+      rm -rf "$empty"; IMAGES_FAILED="podman build --target $target"; return 1
+    fi
+    if ! echo "FROM localhost/shardcache-$target:layers" | podman build -q --no-cache "${labels[@]}" \
+        -t "localhost/shardcache-$target:latest" -t "localhost/shardcache-$target:$(image_version)" \
+        -f - "$empty" > /dev/null; then
+      rm -rf "$empty"; IMAGES_FAILED="podman build of $target's labels"; return 1
     fi
   done
+  rm -rf "$empty"
 }
 
 # Saves the three images in one docker-archive FILE (`docker load -i`, `podman load -i`):
