@@ -12,9 +12,10 @@
 #                                                                   where podman runs
 #   SHA256SUMS
 #
-# As maturin-built projects (polars, pydantic-core) and cargo-zigbuild users do: zig (PyPI's
-# `ziglang`) links the binaries and the wheel against glibc 2.17's symbols, and C++ (RocksDB)
-# against its own libc++, statically; no manylinux container or sysroot is needed. Then
+# zig (PyPI's `ziglang`) links the binaries and the wheel against glibc 2.17's symbols, and
+# C++ (RocksDB) against its own libc++, statically: maturin's documented way without a
+# manylinux container (polars and pydantic-core build in manylinux2014 containers, the same
+# glibc floor; no image can be pulled here), and cargo-zigbuild's for the binaries. Then
 # scripts/check_portable.py reads what they ask of the system (auditwheel for the wheel)
 # and scripts/check-old-userland.sh runs them on Ubuntu 20.04 in a chroot (as root where
 # debootstrap works; SHARDCACHE_DIST_USERLAND=0 skips it).
