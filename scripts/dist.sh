@@ -70,10 +70,7 @@ EOF
 tar -C "$DIST" -czf "$DIST/shardcache-$VERSION-linux-$ARCH-glibc$GLIBC.tar.gz" bin
 
 step "Python wheel (manylinux2014)"
-# Its own target folder: maturin's zig wrappers are not cargo-zigbuild's, and in one folder each
-# build would rebuild every crate the other built.
-(cd client/python && CARGO_TARGET_DIR="$TARGET_DIR/wheel" maturin build --release --locked -q \
-  --zig --compatibility manylinux2014 -o "$DIST")
+scripts/build-wheel.sh "$VENV" "$TARGET_DIR/wheel" "$DIST" --release
 
 step "what they need of the system"
 "$VENV/bin/python" scripts/check_portable.py --glibc "$GLIBC" --wheel "$DIST"/shardcache-*.whl \

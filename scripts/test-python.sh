@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python SDK's tests, against the wheel users install: built as `make dist` builds it
-# (maturin with zig, manylinux2014: glibc 2.17 or newer; the debug profile here, to keep
-# `make test` quick), checked by scripts/check_portable.py (auditwheel: its tag, the
+# (scripts/build-wheel.sh: maturin with zig, manylinux2014; the debug profile here, to
+# keep `make test` quick), checked by scripts/check_portable.py (auditwheel: its tag, the
 # glibc symbol versions it needs, no external libraries), installed with pip into a fresh venv, then
 # pytest there against the cargo-built hub and spoke binaries. The fresh venv sees the
 # test venv's packages (pytest, numpy, torch, the formats' reference tools) through a
@@ -16,9 +16,7 @@ trap 'rm -rf "$work"' EXIT
 wheels="$work/wheels"
 WHEEL_VENV="$work/venv"
 
-# maturin finds zig (PyPI's ziglang) as `python -m ziglang` of the venv on PATH.
-(cd client/python && PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$VENV" CARGO_TARGET_DIR="$TARGET" \
-  "$VENV/bin/maturin" build -q --locked --zig --compatibility manylinux2014 -o "$wheels")
+scripts/build-wheel.sh "$VENV" "$TARGET" "$wheels"
 "$VENV/bin/python" scripts/check_portable.py --glibc 2.17 --wheel "$wheels"/shardcache-*.whl
 # The same check refuses what it should: the debug build's hub links this machine's glibc
 # (2.36 on Debian 12), newer than 2.17.
@@ -29,12 +27,9 @@ if "$VENV/bin/python" scripts/check_portable.py --glibc 2.17 "$TARGET/debug/hub-
   exit 1
 fi
 
-# An editable install left in the test venv by an older `maturin develop` would not be
-# seen through the .pth line (a path added by a .pth is not scanned for .pth files), but
-# remove it anyway so that no other shardcache can be imported.
-if [ -n "$("$VENV/bin/pip" list --disable-pip-version-check 2>/dev/null | grep '^shardcache ')" ]; then
-  "$VENV/bin/pip" uninstall -q -y --disable-pip-version-check shardcache
-fi
+# The .pth line adds the test venv's folder but not its own .pth files, so an editable
+# install an older `maturin develop` left there is not seen; the check below says so if
+# any other shardcache were imported.
 "$VENV/bin/python" -m venv "$WHEEL_VENV"
 site() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 site "$VENV" > "$(site "$WHEEL_VENV")/shardcache-test-venv.pth"

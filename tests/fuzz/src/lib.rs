@@ -89,7 +89,16 @@ pub fn targets() -> Vec<Target> {
     ]
 }
 
-/// The seed files of `target` under `root` (`tests/fuzz/seeds`), by name.
+/// `tests/fuzz/seeds` of the checkout under test: cargo sets `CARGO_MANIFEST_DIR` when it
+/// runs a test or `cargo run`, and that is the checkout's own; otherwise the compile-time
+/// value, where the binary was built, which a target directory reused by a clone
+/// elsewhere keeps (cargo does not rebuild a moved checkout: pass the folder then).
+pub fn seeds_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR");
+    std::path::PathBuf::from(dir.unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())).join("seeds")
+}
+
+/// The seed files of `target` under `root` ([`seeds_dir`]), by name.
 pub fn seeds(root: &Path, target: &Target) -> std::io::Result<Vec<(String, Bytes)>> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(root.join(target.seeds))? {

@@ -12,18 +12,10 @@ static ALLOC: Counting = fuzz::counting();
 /// Inputs a format in `make test`: a few seconds each on 2 cores.
 const INPUTS: u64 = 3_000;
 
-/// The seeds of the checkout under test: cargo sets `CARGO_MANIFEST_DIR` when it runs a
-/// test; the compile-time value is where the binary was built, which a target directory
-/// reused by a clone elsewhere keeps (cargo does not rebuild a moved checkout).
-fn seeds_root() -> std::path::PathBuf {
-    let dir = std::env::var_os("CARGO_MANIFEST_DIR");
-    std::path::PathBuf::from(dir.unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())).join("seeds")
-}
-
 #[test]
 fn every_seed_written_by_its_reference_writer_is_read_whole() {
     for target in fuzz::targets() {
-        let seeds = fuzz::seeds(&seeds_root(), &target).unwrap();
+        let seeds = fuzz::seeds(&fuzz::seeds_dir(), &target).unwrap();
         match fuzz::read_seeds(&target, &seeds) {
             Ok(Outcome::Read(samples)) => assert!(samples > 0, "{}: no samples", target.name),
             other => panic!("{}: {other:?}", target.name),
@@ -36,7 +28,7 @@ fn damaged_files_are_refused_or_read_never_a_panic_a_hang_or_memory_past_the_bud
     let mut report = Vec::new();
     let mut failures = Vec::new();
     for (n, target) in fuzz::targets().iter().enumerate() {
-        let seeds = fuzz::seeds(&seeds_root(), target).unwrap();
+        let seeds = fuzz::seeds(&fuzz::seeds_dir(), target).unwrap();
         let tally = fuzz::run(&ALLOC, n, target, &seeds, 0, INPUTS);
         report.push(format!(
             "{}: {} inputs, {} read whole, {} refused, {} parquet crate panics caught, peak {} KiB",

@@ -51,10 +51,9 @@ struct Args {
     accepted: Option<std::path::PathBuf>,
     #[arg(long, default_value_t = 200)]
     keep: usize,
-    /// The reference-written seeds (`tests/fuzz/seeds`). The default is where this
-    /// binary was built from: a target directory reused by a clone elsewhere keeps that
-    /// path (cargo does not rebuild for a moved checkout), so the tests pass theirs.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/seeds"))]
+    /// The reference-written seeds (default: [`fuzz::seeds_dir`]; the Python tests pass
+    /// their checkout's).
+    #[arg(long, default_value_os_t = fuzz::seeds_dir())]
     seeds: std::path::PathBuf,
 }
 
