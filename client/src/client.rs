@@ -18,10 +18,9 @@ use shardcache_proto::{
     hedge::AVOID_HEADER,
     job::{EPOCH_HEADER, INDEX_READ_HEADER, JOB_HEADER, check_job_name},
 };
-use tonic::{
-    metadata::{Ascii, MetadataValue},
-    transport::Channel,
-};
+use tonic::metadata::{Ascii, MetadataValue};
+
+use shardcache_transport::liveness::LiveChannel;
 
 use shardcache_routing::{
     HedgeCounters, HedgePolicy, Router,
@@ -109,15 +108,21 @@ impl Client {
         Ok(Self::with_members(connected.members, &connected.name))
     }
 
-    /// Uses an existing channel (custom windows); `endpoint` names it in errors.
-    pub fn from_channel(channel: Channel, endpoint: &str) -> Self {
+    /// Uses an existing channel (custom windows); `endpoint` names it in errors. A tonic
+    /// `Channel` is used as it is; a [`LiveChannel`] made by this SDK's connectors keeps
+    /// its calls from outliving its connections.
+    pub fn from_channel(channel: impl Into<LiveChannel>, endpoint: &str) -> Self {
         Self::from_channel_with(channel, endpoint, Credentials::default())
     }
 
     /// Uses an existing channel and sends `credentials` with every request.
-    pub fn from_channel_with(channel: Channel, endpoint: &str, credentials: Credentials) -> Self {
+    pub fn from_channel_with(
+        channel: impl Into<LiveChannel>,
+        endpoint: &str,
+        credentials: Credentials,
+    ) -> Self {
         let one = [MemberSpec::new(endpoint)];
-        let mut conn = Some(Conn::new(channel, credentials));
+        let mut conn = Some(Conn::new(channel.into(), credentials));
         let members = Members::new(&one, |_| conn.take().ok_or(())).unwrap_or_else(|()| unreachable!());
         Self::with_members(Arc::new(members), endpoint)
     }
@@ -391,7 +396,7 @@ impl Client {
 }
 
 impl Conn {
-    fn new(channel: Channel, credentials: Credentials) -> Self {
+    fn new(channel: LiveChannel, credentials: Credentials) -> Self {
         let reader = ShardReaderClient::with_interceptor(channel.clone(), credentials.clone())
             .max_decoding_message_size(MAX_RESPONSE_BYTES);
         let health = discovery::HealthClient::new(channel);

@@ -6,12 +6,13 @@ use std::fmt;
 
 use shardcache_transport::{
     http2::Http2Settings,
+    liveness::{Links, LiveChannel},
     tls::{ClientTls, ClientTlsFiles},
 };
 use tonic::{
     metadata::{Ascii, MetadataValue},
     service::{Interceptor, interceptor::InterceptedService},
-    transport::{Channel, Endpoint},
+    transport::Endpoint,
 };
 
 use crate::{Error, Result};
@@ -73,8 +74,9 @@ impl Interceptor for Credentials {
     }
 }
 
-/// A channel that carries [`Credentials`].
-pub type AuthChannel = InterceptedService<Channel, Credentials>;
+/// A channel that carries [`Credentials`], whose calls cannot outlive its connections
+/// ([`LiveChannel`]).
+pub type AuthChannel = InterceptedService<LiveChannel, Credentials>;
 
 /// The TLS settings `endpoint`'s scheme asks for: `https://` needs them (system roots
 /// when no files are given), `http://` must not have any.
@@ -97,23 +99,30 @@ pub fn client_tls(endpoint: &str, files: Option<&ClientTlsFiles>) -> Result<Opti
 /// Connects a channel to `endpoint` (naming it in an error) with the tuned HTTP/2
 /// windows (`shardcache_transport::http2`): a trainer keeps many batch reads in flight
 /// on one connection, and hyper's default 5 MiB connection window holds only ~13
-/// responses of 24 x 16 KiB.
-pub async fn connect_channel(endpoint: &str, options: &ConnectOptions) -> Result<Channel> {
+/// responses of 24 x 16 KiB. Its connections are counted, so that no call waits on one
+/// that is gone ([`LiveChannel`]).
+pub async fn connect_channel(endpoint: &str, options: &ConnectOptions) -> Result<LiveChannel> {
     let tls = client_tls(endpoint, options.tls.as_ref())?;
     let parsed = Endpoint::from_shared(endpoint.to_owned())
         .map_err(|cause| Error::Endpoint { endpoint: endpoint.to_owned(), cause })?;
-    Http2Settings::TUNED
+    let links = Links::new();
+    let channel = Http2Settings::TUNED
         .endpoint(parsed)
-        .connect_with_connector(Http2Settings::TUNED.connector(tls))
+        .connect_with_connector(links.connector(Http2Settings::TUNED.connector(tls)))
         .await
-        .map_err(|cause| Error::Connect { endpoint: endpoint.to_owned(), cause })
+        .map_err(|cause| Error::Connect { endpoint: endpoint.to_owned(), cause })?;
+    Ok(LiveChannel::new(channel, links))
 }
 
 /// [`connect_channel`] that connects on first use (and again after a failure): a member
 /// of a group that is down when the client starts does not keep it from starting.
-pub fn connect_channel_lazy(endpoint: &str, options: &ConnectOptions) -> Result<Channel> {
+pub fn connect_channel_lazy(endpoint: &str, options: &ConnectOptions) -> Result<LiveChannel> {
     let tls = client_tls(endpoint, options.tls.as_ref())?;
     let parsed = Endpoint::from_shared(endpoint.to_owned())
         .map_err(|cause| Error::Endpoint { endpoint: endpoint.to_owned(), cause })?;
-    Ok(Http2Settings::TUNED.endpoint(parsed).connect_with_connector_lazy(Http2Settings::TUNED.connector(tls)))
+    let links = Links::new();
+    let channel = Http2Settings::TUNED
+        .endpoint(parsed)
+        .connect_with_connector_lazy(links.connector(Http2Settings::TUNED.connector(tls)));
+    Ok(LiveChannel::new(channel, links))
 }

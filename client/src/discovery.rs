@@ -29,6 +29,8 @@ use shardcache_routing::{
     normalize_url,
 };
 
+use shardcache_transport::liveness::LiveChannel;
+
 use crate::ConnectOptions;
 
 /// How often a `file:` source is checked for a change (a `stat`).
@@ -174,7 +176,7 @@ impl Origin {
 pub async fn connect_one_or_group<T: Send + Sync + 'static>(
     endpoint: &str,
     options: &ConnectOptions,
-    conn: impl Fn(tonic::transport::Channel) -> T + Send + 'static,
+    conn: impl Fn(LiveChannel) -> T + Send + 'static,
 ) -> crate::Result<Connected<T>> {
     let origin = Origin::parse(endpoint).map_err(crate::Error::Config)?;
     match &origin {
@@ -211,7 +213,7 @@ pub async fn connect<T: Send + Sync + 'static>(
     source: Origin,
     what: &str,
     options: &ConnectOptions,
-    conn: impl Fn(tonic::transport::Channel) -> T + Send + 'static,
+    conn: impl Fn(LiveChannel) -> T + Send + 'static,
 ) -> crate::Result<Arc<Members<T>>> {
     let specs = source.resolve().await.map_err(crate::Error::Config)?;
     let options = source.connect_options(options);
@@ -339,7 +341,7 @@ pub fn probe_failed<T: Send + Sync + 'static>(
 }
 
 /// A member's health client (grpc.health.v1; servers answer it without a token).
-pub type HealthClient = tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>;
+pub type HealthClient = tonic_health::pb::health_client::HealthClient<LiveChannel>;
 
 /// Whether `health`'s server says the read service (`shardcache.v1.ShardReader`, which
 /// hubs and spokes both serve) is SERVING.

@@ -163,6 +163,11 @@ fn status_advice(endpoint: &str, status: &tonic::Status) -> String {
     }
     match std::error::Error::source(status) {
         Some(cause) => advice(endpoint, &chain(cause)),
+        // A call the SDK failed itself when its connection went from under it: its
+        // message says how the connection ended (`shardcache_transport::liveness`).
+        None if status.message().starts_with(shardcache_transport::liveness::ORPHANED) => {
+            advice(endpoint, status.message())
+        }
         None => String::new(),
     }
 }
@@ -213,5 +218,21 @@ mod tests {
         let unavailable =
             Error::Status { endpoint: "http://a:1".into(), status: tonic::Status::unavailable("x") };
         assert_eq!(unavailable.verdict(), Verdict::Unwell);
+    }
+
+    #[test]
+    fn a_call_failed_when_its_connection_went_says_how_and_what_to_do() {
+        let status =
+            shardcache_transport::liveness::orphaned_status("Connection reset by peer (os error 104)");
+        let plain = Error::Status { endpoint: "http://a:1".into(), status };
+        assert_eq!(plain.verdict(), Verdict::Unwell, "another member may answer");
+        let said = plain.to_string();
+        assert!(said.contains("Connection reset by peer") && said.contains("use https://"), "{said}");
+        // A server's own UNAVAILABLE gets no advice about this client's connection.
+        let relayed = Error::Status {
+            endpoint: "http://a:1".into(),
+            status: tonic::Status::unavailable("hub unreachable: connection reset"),
+        };
+        assert!(!relayed.to_string().contains("use https://"), "{relayed}");
     }
 }

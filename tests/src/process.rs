@@ -6,6 +6,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    time::Duration,
 };
 
 /// Path of a binary of this workspace, built by `cargo build --bins` (`make test` does).
@@ -35,6 +36,10 @@ pub fn workspace_dir() -> PathBuf {
     tests.parent().unwrap().to_path_buf()
 }
 
+/// How long a one-shot CLI command may run in a test ([`Cli::from`]): minutes beyond
+/// the slowest (a `get` of a test dataset over the emulated link takes seconds).
+pub const CLI_DEADLINE: Duration = Duration::from_secs(300);
+
 /// One run of the `shardcache` CLI to its end: whether it succeeded and what it printed.
 /// The tests' one way to run the CLI (a command that stays up, `mount`, is
 /// [`MountProcess`]).
@@ -57,13 +62,40 @@ impl Cli {
         Self::from(Command::new(binary("shardcache")).arg("--endpoint").arg(endpoint).args(args))
     }
 
-    /// Runs `command` (a `shardcache` command line with its environment) to its end.
+    /// Runs `command` (a `shardcache` command line with its environment) to its end, with
+    /// no stdin. One that has not ended after [`CLI_DEADLINE`] is killed and fails the
+    /// test with its command line and what it printed: a hung CLI names itself instead of
+    /// holding the test binary (and CI) until it is killed.
     pub fn from(command: &mut Command) -> Self {
-        let out = command.output().unwrap();
+        use std::io::Read;
+        let mut child =
+            command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let drain = |mut pipe: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                bytes
+            })
+        };
+        let stdout = drain(Box::new(child.stdout.take().unwrap()));
+        let stderr = drain(Box::new(child.stderr.take().unwrap()));
+        let deadline = std::time::Instant::now() + CLI_DEADLINE;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let printed = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+                panic!("{command:?} had not ended after {CLI_DEADLINE:?}; it printed: {printed}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
         Self {
-            ok: out.status.success(),
-            stdout: out.stdout,
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            ok: status.success(),
+            stdout: stdout.join().unwrap(),
+            stderr: String::from_utf8_lossy(&stderr.join().unwrap()).into_owned(),
         }
     }
 

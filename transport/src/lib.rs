@@ -7,6 +7,8 @@
 //!   connector that applies them;
 //! - [`tls`]: client TLS (reloaded), what a server's TLS shares with it (certificate and
 //!   key files, the handshake timeout, the byte stream of either), and [`tls::check_private`];
+//! - [`liveness`]: a client channel whose calls cannot wait forever on a connection
+//!   that is gone (hyper can lose a request taken while its connection fails);
 //! - [`reload`]: values built from files that are rotated without a restart;
 //! - [`credentials`]: the bearer token file a client reads;
 //! - [`report`]: errors as one line for a person (the SDK's and the servers' exits).
@@ -15,6 +17,7 @@
 
 pub mod credentials;
 pub mod http2;
+pub mod liveness;
 pub mod reload;
 pub mod report;
 pub mod tls;

@@ -24,7 +24,10 @@ use shardcache_routing::{
     HedgeCounters, HedgePolicy, Judged, Router, Verdict,
     members::{MemberSpec, Members, Slot},
 };
-use shardcache_transport::http2::{DEFAULT_HUB_CONNECTIONS, Http2Settings};
+use shardcache_transport::{
+    http2::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
+    liveness::{Links, LiveChannel},
+};
 use tonic::transport::Endpoint;
 
 use crate::{Error, Result};
@@ -96,8 +99,14 @@ impl Hub {
             .keep_alive_while_idle(true);
         let endpoint = transport.http2.endpoint(endpoint);
         let channels: Vec<_> = (0..transport.connections.max(1))
-            // Each lazily connected channel is its own TCP connection.
-            .map(|_| endpoint.connect_with_connector_lazy(transport.http2.connector(tls.clone())))
+            // Each lazily connected channel is its own TCP connection, counted so that no
+            // fetch waits on one that is gone (`shardcache_transport::liveness`).
+            .map(|_| {
+                let links = Links::new();
+                let channel = endpoint
+                    .connect_with_connector_lazy(links.connector(transport.http2.connector(tls.clone())));
+                LiveChannel::new(channel, links)
+            })
             .collect();
         let health = discovery::HealthClient::new(channels[0].clone());
         // Listings and stats ask for bytes as they are; chunk fetches as the chooser says.

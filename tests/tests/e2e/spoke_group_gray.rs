@@ -32,7 +32,8 @@ fn names() -> Vec<String> {
 async fn serving(endpoint: &str) -> bool {
     let channel =
         tonic::transport::Endpoint::from_shared(endpoint.to_owned()).unwrap().connect().await.unwrap();
-    shardcache_client::discovery::serving(&shardcache_client::discovery::HealthClient::new(channel)).await
+    shardcache_client::discovery::serving(&shardcache_client::discovery::HealthClient::new(channel.into()))
+        .await
 }
 
 /// Reads every shard of `dataset` through `client` in batches of a quarter of four
