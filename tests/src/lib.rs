@@ -16,6 +16,7 @@ pub mod pki;
 pub mod process;
 pub mod s3;
 pub mod soak;
+pub mod watchdog;
 pub use address::KeptAddress;
 pub use group::TestGroup;
 pub use process::{Cli, HubProcess, MountProcess, ProxyProcess, SpokeProcess, binary, workspace_dir};
@@ -77,6 +78,7 @@ pub struct TestHub {
     pub stats: Arc<HubStats>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<hub_server::Result<()>>>,
+    _watched: watchdog::Watched,
 }
 
 impl TestHub {
@@ -98,7 +100,14 @@ impl TestHub {
         let task = tokio::spawn(hub_server::serve(listener, source, options, stats.clone(), async {
             let _ = rx.await;
         }));
-        Self { addr, endpoint: format!("{scheme}://{addr}"), stats, shutdown: Some(tx), task: Some(task) }
+        Self {
+            addr,
+            endpoint: format!("{scheme}://{addr}"),
+            stats,
+            shutdown: Some(tx),
+            task: Some(task),
+            _watched: watchdog::watch(),
+        }
     }
 
     pub async fn client(&self) -> Client {
@@ -186,6 +195,7 @@ pub struct TestSpoke {
     pub cache: Arc<Cache>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<spoke_cache::Result<()>>>,
+    _watched: watchdog::Watched,
 }
 
 impl TestSpoke {
@@ -214,6 +224,7 @@ impl TestSpoke {
             cache,
             shutdown: Some(tx),
             task: Some(task),
+            _watched: watchdog::watch(),
         }
     }
 

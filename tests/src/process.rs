@@ -9,6 +9,8 @@ use std::{
     time::Duration,
 };
 
+use crate::watchdog::{Watched, watch};
+
 /// Path of a binary of this workspace, built by `cargo build --bins` (`make test` does).
 pub fn binary(name: &str) -> PathBuf {
     // Tests live in target/<profile>/deps/, benchmark binaries in target/<profile>/.
@@ -142,6 +144,7 @@ fn spawn_and_wait_for(mut command: Command, prefix: &str) -> (Child, String) {
 pub struct MountProcess {
     pub child: Child,
     pub mountpoint: PathBuf,
+    _watched: Watched,
 }
 
 impl MountProcess {
@@ -165,7 +168,7 @@ impl MountProcess {
     fn spawn(mut command: Command, mountpoint: &Path, log: &Path) -> Self {
         command.stderr(std::fs::File::create(log).unwrap());
         let (child, _) = spawn_and_wait_for(command, "shardcache mounted ");
-        Self { child, mountpoint: mountpoint.to_owned() }
+        Self { child, mountpoint: mountpoint.to_owned(), _watched: watch() }
     }
 
     /// Whether `path` is a mount point now (in /proc/self/mounts).
@@ -201,6 +204,7 @@ pub struct HubProcess {
     pub endpoint: String,
     /// Where it serves metrics, when started with `--metrics-listen`.
     pub metrics_addr: Option<String>,
+    _watched: Watched,
 }
 
 impl HubProcess {
@@ -218,7 +222,7 @@ impl HubProcess {
         let mut words = rest.split_whitespace();
         let addr = words.next().unwrap_or_default().to_owned();
         let metrics_addr = words.last().filter(|_| rest.contains(" metrics on ")).map(str::to_owned);
-        Self { endpoint: format!("{scheme}://{addr}"), child, metrics_addr }
+        Self { endpoint: format!("{scheme}://{addr}"), child, metrics_addr, _watched: watch() }
     }
 
     /// Bytes it has served (`shardcache_hub_bytes_served_total`); it must have been
@@ -247,6 +251,7 @@ pub struct ProxyProcess {
     pub child: Child,
     pub addr: SocketAddr,
     pub endpoint: String,
+    _watched: Watched,
 }
 
 impl ProxyProcess {
@@ -254,7 +259,7 @@ impl ProxyProcess {
         let mut command = Command::new(binary("wan-proxy"));
         command.args(["--listen", "127.0.0.1:0", "--upstream", &upstream.to_string()]).args(link_args);
         let (child, addr) = spawn_and_wait_for(command, "wan-proxy listening on ");
-        Self { endpoint: format!("http://{addr}"), addr: addr.parse().unwrap(), child }
+        Self { endpoint: format!("http://{addr}"), addr: addr.parse().unwrap(), child, _watched: watch() }
     }
 }
 
@@ -271,6 +276,7 @@ pub struct SpokeProcess {
     pub child: Child,
     pub endpoint: String,
     pub metrics_addr: String,
+    _watched: Watched,
 }
 
 impl SpokeProcess {
@@ -288,7 +294,12 @@ impl SpokeProcess {
             .args(extra_args);
         let (child, rest) = spawn_and_wait_for(command, "spoke-cache listening on ");
         let (addr, metrics) = rest.split_once(" metrics on ").unwrap();
-        Self { endpoint: format!("http://{addr}"), metrics_addr: metrics.to_owned(), child }
+        Self {
+            endpoint: format!("http://{addr}"),
+            metrics_addr: metrics.to_owned(),
+            child,
+            _watched: watch(),
+        }
     }
 
     /// `kill -9`: no shutdown, no flush.
