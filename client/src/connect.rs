@@ -6,7 +6,7 @@ use std::fmt;
 
 use shardcache_transport::{
     http2::Http2Settings,
-    liveness::{Links, LiveChannel},
+    liveness::LiveChannel,
     tls::{ClientTls, ClientTlsFiles},
 };
 use tonic::{
@@ -105,13 +105,9 @@ pub async fn connect_channel(endpoint: &str, options: &ConnectOptions) -> Result
     let tls = client_tls(endpoint, options.tls.as_ref())?;
     let parsed = Endpoint::from_shared(endpoint.to_owned())
         .map_err(|cause| Error::Endpoint { endpoint: endpoint.to_owned(), cause })?;
-    let links = Links::new();
-    let channel = Http2Settings::TUNED
-        .endpoint(parsed)
-        .connect_with_connector(links.connector(Http2Settings::TUNED.connector(tls)))
+    LiveChannel::connect(&Http2Settings::TUNED.endpoint(parsed), Http2Settings::TUNED.connector(tls))
         .await
-        .map_err(|cause| Error::Connect { endpoint: endpoint.to_owned(), cause })?;
-    Ok(LiveChannel::new(channel, links))
+        .map_err(|cause| Error::Connect { endpoint: endpoint.to_owned(), cause })
 }
 
 /// [`connect_channel`] that connects on first use (and again after a failure): a member
@@ -120,9 +116,5 @@ pub fn connect_channel_lazy(endpoint: &str, options: &ConnectOptions) -> Result<
     let tls = client_tls(endpoint, options.tls.as_ref())?;
     let parsed = Endpoint::from_shared(endpoint.to_owned())
         .map_err(|cause| Error::Endpoint { endpoint: endpoint.to_owned(), cause })?;
-    let links = Links::new();
-    let channel = Http2Settings::TUNED
-        .endpoint(parsed)
-        .connect_with_connector_lazy(links.connector(Http2Settings::TUNED.connector(tls)));
-    Ok(LiveChannel::new(channel, links))
+    Ok(LiveChannel::lazy(&Http2Settings::TUNED.endpoint(parsed), Http2Settings::TUNED.connector(tls)))
 }

@@ -161,13 +161,10 @@ fn status_advice(endpoint: &str, status: &tonic::Status) -> String {
                 spoke, not a hub"
             .into();
     }
+    // (A call the SDK failed itself when its connection went from under it has how the
+    // connection ended as its source: `shardcache_transport::liveness::Orphaned`.)
     match std::error::Error::source(status) {
         Some(cause) => advice(endpoint, &chain(cause)),
-        // A call the SDK failed itself when its connection went from under it: its
-        // message says how the connection ended (`shardcache_transport::liveness`).
-        None if status.message().starts_with(shardcache_transport::liveness::ORPHANED) => {
-            advice(endpoint, status.message())
-        }
         None => String::new(),
     }
 }
@@ -222,12 +219,17 @@ mod tests {
 
     #[test]
     fn a_call_failed_when_its_connection_went_says_how_and_what_to_do() {
-        let status =
-            shardcache_transport::liveness::orphaned_status("Connection reset by peer (os error 104)");
-        let plain = Error::Status { endpoint: "http://a:1".into(), status };
-        assert_eq!(plain.verdict(), Verdict::Unwell, "another member may answer");
-        let said = plain.to_string();
-        assert!(said.contains("Connection reset by peer") && said.contains("use https://"), "{said}");
+        let orphaned = |how| Error::Status {
+            endpoint: "http://a:1".into(),
+            status: shardcache_transport::liveness::orphaned_status(how),
+        };
+        let reset = orphaned("Connection reset by peer (os error 104)");
+        assert_eq!(reset.verdict(), Verdict::Unwell, "another member may answer");
+        let said = reset.to_string();
+        assert!(said.contains("(Connection reset by peer") && said.contains("use https://"), "{said}");
+        // The advice follows how the connection ended, not the status's own words.
+        let alert = orphaned("received fatal alert: DecodeError");
+        assert!(!alert.to_string().contains("use https://"), "{alert}");
         // A server's own UNAVAILABLE gets no advice about this client's connection.
         let relayed = Error::Status {
             endpoint: "http://a:1".into(),

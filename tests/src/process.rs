@@ -90,7 +90,12 @@ impl Cli {
                 let _ = child.kill();
                 let _ = child.wait();
                 let printed = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
-                panic!("{command:?} had not ended after {CLI_DEADLINE:?}; it printed: {printed}");
+                // The program and its arguments (not the environment, which may hold a token).
+                let args: Vec<_> = command.get_args().collect();
+                panic!(
+                    "{:?} {args:?} had not ended after {CLI_DEADLINE:?}; it printed: {printed}",
+                    command.get_program()
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         };

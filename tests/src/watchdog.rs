@@ -10,6 +10,7 @@
 
 use std::{
     collections::BTreeMap,
+    io::Write,
     sync::{
         Mutex, OnceLock,
         atomic::{AtomicU64, Ordering::Relaxed},
@@ -32,7 +33,11 @@ fn running() -> &'static Mutex<BTreeMap<u64, (String, Instant)>> {
                 loop {
                     std::thread::sleep(EVERY);
                     for (test, started) in stalled(STALLED) {
-                        eprintln!(
+                        // Not `eprintln!`: this thread inherits the output capture of
+                        // the test that spawned it, whose captured output libtest has
+                        // already taken, so the line would never be printed.
+                        let _ = writeln!(
+                            std::io::stderr().lock(),
                             "watchdog: test {test} has run for {} s with its servers up: stalled?",
                             started.elapsed().as_secs()
                         );
@@ -56,22 +61,29 @@ fn stalled(limit: Duration) -> Vec<(String, Instant)> {
     oldest.into_iter().map(|(t, s)| (t.to_owned(), s)).collect()
 }
 
-/// A server of the current test, watched until dropped.
+/// A server of the current test, watched until dropped (`None`: not started by a test).
 #[derive(Debug)]
-pub struct Watched(u64);
+pub struct Watched(Option<u64>);
 
 /// Watches a server the current test thread starts, until the returned value is dropped.
+/// A server started outside a test's thread (a benchmark's `main`, which may run for
+/// longer, or an unnamed thread) is not watched.
 pub fn watch() -> Watched {
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    let test = match std::thread::current().name() {
+        None | Some("main") => return Watched(None),
+        Some(test) => test.to_owned(),
+    };
     let id = NEXT.fetch_add(1, Relaxed);
-    let test = std::thread::current().name().unwrap_or("(unnamed thread)").to_owned();
     running().lock().unwrap_or_else(|e| e.into_inner()).insert(id, (test, Instant::now()));
-    Watched(id)
+    Watched(Some(id))
 }
 
 impl Drop for Watched {
     fn drop(&mut self) {
-        running().lock().unwrap_or_else(|e| e.into_inner()).remove(&self.0);
+        if let Some(id) = self.0 {
+            running().lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        }
     }
 }
 
@@ -93,5 +105,8 @@ mod tests {
         assert_eq!(named(Duration::from_secs(3600)), 0, "not for an hour yet");
         drop(servers);
         assert_eq!(named(Duration::ZERO), 0, "its servers are down");
+        // A benchmark's servers (started on `main`) are not watched.
+        let benchmark = std::thread::Builder::new().name("main".into()).spawn(watch).unwrap().join().unwrap();
+        assert!(benchmark.0.is_none());
     }
 }

@@ -26,7 +26,7 @@ use shardcache_routing::{
 };
 use shardcache_transport::{
     http2::{DEFAULT_HUB_CONNECTIONS, Http2Settings},
-    liveness::{Links, LiveChannel},
+    liveness::LiveChannel,
 };
 use tonic::transport::Endpoint;
 
@@ -99,14 +99,10 @@ impl Hub {
             .keep_alive_while_idle(true);
         let endpoint = transport.http2.endpoint(endpoint);
         let channels: Vec<_> = (0..transport.connections.max(1))
-            // Each lazily connected channel is its own TCP connection, counted so that no
-            // fetch waits on one that is gone (`shardcache_transport::liveness`).
-            .map(|_| {
-                let links = Links::new();
-                let channel = endpoint
-                    .connect_with_connector_lazy(links.connector(transport.http2.connector(tls.clone())));
-                LiveChannel::new(channel, links)
-            })
+            // Each lazily connected channel is its own TCP connection, counted so that a
+            // fetch left with no connection ends before --hub-timeout
+            // (`shardcache_transport::liveness`).
+            .map(|_| LiveChannel::lazy(&endpoint, transport.http2.connector(tls.clone())))
             .collect();
         let health = discovery::HealthClient::new(channels[0].clone());
         // Listings and stats ask for bytes as they are; chunk fetches as the chooser says.

@@ -166,3 +166,37 @@ async fn a_stalled_link_moves_nothing_until_healed_and_a_down_link_closes_connec
     proxy.set_fault(wan::Fault::None);
     assert_eq!(echo_through(proxy.addr, b"three".to_vec()).await, b"three");
 }
+
+/// The SDK fails a call left with no connection (`shardcache_transport::liveness`), and
+/// must fail nothing else: a call whose connection is open but silent (a stalled link)
+/// waits past `ORPHAN_GRACE` and is answered once the link heals; a call on a link
+/// that is down fails at once (tonic's own transport error), and the next, once the
+/// link is up, is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdk_call_waits_on_a_silent_connection_past_the_orphan_grace_and_is_answered() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "ds", 1, 64 << 10);
+    let hub = TestHub::start(root.path()).await;
+    let proxy = WanProxy::start("127.0.0.1:0".parse().unwrap(), hub.addr, LinkConfig::rtt(Duration::ZERO))
+        .await
+        .unwrap();
+    let client = shardcache_client::Client::connect(&proxy.endpoint()).await.unwrap();
+    assert_eq!(client.list_datasets().await.unwrap()[0].name, "ds");
+
+    proxy.set_fault(wan::Fault::Stall);
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.list_datasets().await }
+    });
+    // Not a bound on anything: the call must still be waiting after the grace has passed.
+    tokio::time::sleep(shardcache_transport::liveness::ORPHAN_GRACE * 2).await;
+    assert!(!call.is_finished(), "a call on an open connection was failed: {:?}", call.await);
+    proxy.set_fault(wan::Fault::None);
+    assert_eq!(call.await.unwrap().unwrap()[0].name, "ds", "answered once the link healed");
+
+    proxy.set_fault(wan::Fault::Down);
+    let down = client.list_datasets().await.unwrap_err();
+    assert!(matches!(down.code(), Some(tonic::Code::Unknown | tonic::Code::Unavailable)), "{down}");
+    proxy.set_fault(wan::Fault::None);
+    assert_eq!(client.list_datasets().await.unwrap()[0].name, "ds", "the channel connects again");
+}
