@@ -196,7 +196,9 @@ async fn an_sdk_call_waits_on_a_silent_connection_past_the_orphan_grace_and_is_a
 
     proxy.set_fault(wan::Fault::Down);
     let down = client.list_datasets().await.unwrap_err();
-    assert!(matches!(down.code(), Some(tonic::Code::Unknown | tonic::Code::Unavailable)), "{down}");
+    // (tonic's code for it depends on where the close caught the call: any of these.)
+    let transport = [tonic::Code::Unknown, tonic::Code::Unavailable, tonic::Code::Cancelled];
+    assert!(down.code().is_some_and(|code| transport.contains(&code)), "{down}");
     proxy.set_fault(wan::Fault::None);
     assert_eq!(client.list_datasets().await.unwrap()[0].name, "ds", "the channel connects again");
 }
