@@ -1,27 +1,27 @@
 //! A client channel whose calls cannot wait forever once it has no connection left.
 //!
 //! hyper's HTTP/2 client can lose a request it takes while its connection is failing:
-//! the connection task ends with the I/O error and the request's future is never woken.
+//! the connection task ends with the I/O error and the request's future is not woken.
 //! Seen with `shardcache ls` over `http://` to a hub that serves TLS (the hub resets a
 //! plaintext client at once): about 1 run in 80 against a resetting server, 1 in 800
 //! against the test hub, hung until killed with no socket left open; the
 //! `first_hour_errors` test held CI so for 85 minutes. The others fail at once with the
-//! reset, as they should. The cause inside hyper is not found (BENCHMARKS.md, "Calls that
-//! outlived their connection").
+//! reset, as they should. The lost request waits in the dead connection's dispatch queue:
+//! the next call on the channel makes tonic's `Reconnect` drop that connection's sender,
+//! and with it the request, which fails the lost call ("connection closed") within a
+//! millisecond (BENCHMARKS.md, "Calls that outlived their connection"). So a client that
+//! makes another call recovers by itself; the call that is nobody's next (the CLI's one
+//! call, a client's last) waits forever.
 //!
 //! A tonic channel has one connection at a time and opens another only when a call asks
-//! for one (its `Reconnect`), so a call that is still waiting while the channel has no
-//! connection open, and none being opened, has nothing left that could answer it.
-//! [`LiveChannel`] counts its connections, from the connector's call to the drop of the
-//! socket (hyper drops it when the connection ends), and fails a call that has waited
-//! [`ORPHAN_GRACE`] with none, with `UNAVAILABLE` and how the last one ended: what the
-//! call should have answered. Calls answered in the usual way are untouched: the check
-//! only watches a counter.
-//!
-//! What it does not cover: a call lost while other calls keep the channel connected
-//! (the count never reaches 0; a per-call bound such as the spoke's `--hub-timeout` is
-//! what ends it), and a response body, whose stream hyper does fail when its connection
-//! ends. So it protects a one-call client (the CLI) and a client's last calls.
+//! for one, so a call that is still waiting while the channel has no connection open,
+//! and none being opened, has nothing left that could answer it. [`LiveChannel`] counts
+//! its connections, from the connector's call to the drop of the socket (hyper drops it
+//! when the connection ends), and fails a call that has waited [`ORPHAN_GRACE`] with
+//! none, with `UNAVAILABLE` and how the last one ended: what the call should have
+//! answered. Calls answered in the usual way are untouched: the check only watches a
+//! counter. (A response body is not watched: hyper fails its stream when the connection
+//! ends.)
 
 use std::{
     fmt,
