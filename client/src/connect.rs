@@ -105,7 +105,7 @@ pub async fn connect_channel(endpoint: &str, options: &ConnectOptions) -> Result
     let tls = client_tls(endpoint, options.tls.as_ref())?;
     let parsed = Endpoint::from_shared(endpoint.to_owned())
         .map_err(|cause| Error::Endpoint { endpoint: endpoint.to_owned(), cause })?;
-    LiveChannel::connect(&Http2Settings::TUNED.endpoint(parsed), Http2Settings::TUNED.connector(tls))
+    LiveChannel::connect(parsed, Http2Settings::TUNED, tls)
         .await
         .map_err(|cause| Error::Connect { endpoint: endpoint.to_owned(), cause })
 }
@@ -116,5 +116,5 @@ pub fn connect_channel_lazy(endpoint: &str, options: &ConnectOptions) -> Result<
     let tls = client_tls(endpoint, options.tls.as_ref())?;
     let parsed = Endpoint::from_shared(endpoint.to_owned())
         .map_err(|cause| Error::Endpoint { endpoint: endpoint.to_owned(), cause })?;
-    Ok(LiveChannel::lazy(&Http2Settings::TUNED.endpoint(parsed), Http2Settings::TUNED.connector(tls)))
+    Ok(LiveChannel::lazy(parsed, Http2Settings::TUNED, tls))
 }

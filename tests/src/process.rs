@@ -5,7 +5,7 @@ use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command, Output, Stdio},
     time::Duration,
 };
 
@@ -42,6 +42,37 @@ pub fn workspace_dir() -> PathBuf {
 /// the slowest (a `get` of a test dataset over the emulated link takes seconds).
 pub const CLI_DEADLINE: Duration = Duration::from_secs(300);
 
+/// `command` run with no stdin to its end (`Ok`, as `Command::output`), or killed once
+/// `deadline` has passed (`Err`, with what it printed until then).
+pub fn output_within(command: &mut Command, deadline: Duration) -> Result<Output, Output> {
+    use std::io::Read;
+    let mut child =
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Drained while it runs: a child blocked on a full pipe would never end.
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let until = std::time::Instant::now() + deadline;
+    let (status, ended) = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break (status, true);
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            break (child.wait().unwrap(), false);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let out = Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() };
+    if ended { Ok(out) } else { Err(out) }
+}
+
 /// One run of the `shardcache` CLI to its end: whether it succeeded and what it printed.
 /// The tests' one way to run the CLI (a command that stays up, `mount`, is
 /// [`MountProcess`]).
@@ -69,40 +100,21 @@ impl Cli {
     /// test with its command line and what it printed: a hung CLI names itself instead of
     /// holding the test binary (and CI) until it is killed.
     pub fn from(command: &mut Command) -> Self {
-        use std::io::Read;
-        let mut child =
-            command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let drain = |mut pipe: Box<dyn Read + Send>| {
-            std::thread::spawn(move || {
-                let mut bytes = Vec::new();
-                let _ = pipe.read_to_end(&mut bytes);
-                bytes
-            })
-        };
-        let stdout = drain(Box::new(child.stdout.take().unwrap()));
-        let stderr = drain(Box::new(child.stderr.take().unwrap()));
-        let deadline = std::time::Instant::now() + CLI_DEADLINE;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                let printed = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+        match output_within(command, CLI_DEADLINE) {
+            Ok(out) => Self {
+                ok: out.status.success(),
+                stdout: out.stdout,
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            },
+            Err(out) => {
                 // The program and its arguments (not the environment, which may hold a token).
                 let args: Vec<_> = command.get_args().collect();
                 panic!(
-                    "{:?} {args:?} had not ended after {CLI_DEADLINE:?}; it printed: {printed}",
-                    command.get_program()
+                    "{:?} {args:?} had not ended after {CLI_DEADLINE:?}; it printed: {}",
+                    command.get_program(),
+                    String::from_utf8_lossy(&out.stderr)
                 );
             }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        Self {
-            ok: status.success(),
-            stdout: stdout.join().unwrap(),
-            stderr: String::from_utf8_lossy(&stderr.join().unwrap()).into_owned(),
         }
     }
 

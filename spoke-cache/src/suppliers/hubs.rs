@@ -97,12 +97,11 @@ impl Hub {
             .http2_keep_alive_interval(HUB_KEEPALIVE_INTERVAL)
             .keep_alive_timeout(HUB_KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
-        let endpoint = transport.http2.endpoint(endpoint);
         let channels: Vec<_> = (0..transport.connections.max(1))
             // Each lazily connected channel is its own TCP connection, counted so that a
             // fetch left with no connection ends before --hub-timeout
             // (`shardcache_transport::liveness`).
-            .map(|_| LiveChannel::lazy(&endpoint, transport.http2.connector(tls.clone())))
+            .map(|_| LiveChannel::lazy(endpoint.clone(), transport.http2, tls.clone()))
             .collect();
         let health = discovery::HealthClient::new(channels[0].clone());
         // Listings and stats ask for bytes as they are; chunk fetches as the chooser says.

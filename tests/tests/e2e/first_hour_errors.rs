@@ -84,7 +84,7 @@ async fn every_ls_over_http_to_a_tls_hub_ends_and_says_use_https() {
     let orphaned = (0..runs)
         .filter(|_| {
             fails_saying(&["--endpoint", &plain, "ls"], &["use https://"])
-                .contains("closed before the server answered")
+                .contains(shardcache_transport::liveness::ORPHANED)
         })
         .count();
     eprintln!("{runs} runs ended, {orphaned} after their connection went from under their call");
