@@ -3,8 +3,8 @@
 //! hyper's HTTP/2 client can lose a request it takes while its connection is failing:
 //! the connection task ends with the I/O error and the request's future is not woken.
 //! Seen with `shardcache ls` over `http://` to a hub that serves TLS (the hub resets a
-//! plaintext client at once): between 1 run in 80 and 1 in 1,000 of a debug build,
-//! with the machine's load (`lost-call-bench`), hung until killed with no socket left; the
+//! plaintext client at once): about 1 run in 1,000 of a debug build (`lost-call-bench`),
+//! more on a busier machine, hung until killed with no socket left; the
 //! `first_hour_errors` test held CI so for 85 minutes. The others fail at once with the
 //! reset, as they should. The lost request waits in the dead connection's dispatch queue:
 //! the next call on the channel makes tonic's `Reconnect` drop that connection's sender,
