@@ -1,8 +1,10 @@
 """link-bench's map-style reader: shardcache.ShardDataset under
-torch.utils.data.DataLoader(shuffle=True), as a new user writes it, for `--epochs`
-epochs; after each, one JSON line: the epoch, samples and bytes read, the bytes the
-spoke's fetches took on the link meanwhile (its status), seconds. Every sample is
-compared with the dataset's files (`--files`)."""
+torch.utils.data.DataLoader(shuffle=True), as a new user writes it (or, `--sampler`,
+with shardcache.ShardSampler, which sends the spoke its order), for `--epochs` epochs;
+after each, one JSON line: the epoch, samples and bytes read, the bytes the spoke's
+fetches took on the link meanwhile (its status; straight from a hub, which has none,
+every byte read), seconds. Every sample is compared with the dataset's files
+(`--files`)."""
 
 import argparse
 import json
@@ -20,6 +22,7 @@ parser.add_argument("--files", required=True)
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--workers", type=int, default=2)
+parser.add_argument("--sampler", action="store_true", help="shardcache.ShardSampler instead of shuffle=True")
 args = parser.parse_args()
 
 records = []
@@ -33,7 +36,13 @@ assert len(ds) == len(records), (len(ds), len(records))
 
 
 def on_the_link():
-    return client.status()["datasets"].get(args.dataset, {}).get("upstream_wire_bytes", 0)
+    """What the spoke's fetches took on the link so far; None straight from a hub."""
+    try:
+        return client.status()["datasets"].get(args.dataset, {}).get("upstream_wire_bytes", 0)
+    except shardcache.ShardcacheError as error:
+        if getattr(error, "code", "") != "UNIMPLEMENTED":
+            raise
+        return None
 
 
 class Indexed(torch.utils.data.Dataset):
@@ -46,11 +55,17 @@ class Indexed(torch.utils.data.Dataset):
         return list(zip(indices, ds.__getitems__(indices)))
 
 
+sampler = shardcache.ShardSampler(ds, seed=0) if args.sampler else None
 for epoch in range(args.epochs):
     before, started = on_the_link(), time.monotonic()
+    if sampler is not None:
+        sampler.set_epoch(epoch)
+        shuffling = {"sampler": sampler}
+    else:
+        shuffling = {"shuffle": True, "generator": torch.Generator().manual_seed(epoch)}
     loader = torch.utils.data.DataLoader(
-        Indexed(), batch_size=args.batch_size, shuffle=True, num_workers=args.workers, collate_fn=list,
-        generator=torch.Generator().manual_seed(epoch), persistent_workers=False,
+        Indexed(), batch_size=args.batch_size, num_workers=args.workers, collate_fn=list,
+        persistent_workers=False, **shuffling,
     )
     samples = 0
     for batch in loader:
@@ -58,5 +73,7 @@ for epoch in range(args.epochs):
             assert sample == records[index], f"sample {index} differs from the files"
             samples += 1
     seconds = time.monotonic() - started
+    after = on_the_link()
+    link = samples * 16384 if after is None else after - before
     print(json.dumps({"epoch": epoch + 1, "samples": samples, "read": samples * 16384,
-                      "link": on_the_link() - before, "seconds": seconds}), flush=True)
+                      "link": link, "seconds": seconds}), flush=True)

@@ -5,6 +5,8 @@
 //!   (tables recorded in BENCHMARKS.md) and `seed-demo` (`make demo`);
 //! - [`formats`]: datasets in the formats the SDK reads (Megatron, .npy, MDS, tar);
 //! - [`measure`]: raw TCP references, rates, percentiles, CPU time and peak RSS;
+//! - [`orders`]: the orders a data loader reads in (uniform, block shuffles) and a reader
+//!   that reads them as the SDK's datasets do, with their plans (`order-bench`);
 //! - [`profile`]: CPU profiles (`perf record`) summarised by category;
 //! - [`demo`]: the seed demo's simulated trainer, readers, nginx peer and report.
 
@@ -13,4 +15,5 @@
 pub mod demo;
 pub mod formats;
 pub mod measure;
+pub mod orders;
 pub mod profile;

@@ -5,8 +5,8 @@ use std::{collections::BTreeMap, sync::Arc};
 use futures::{StreamExt, stream::BoxStream};
 use shardcache_proto::v1::{
     DatasetStatus, EpochPlan, EvictRequest, EvictResponse, JobStatus, MemberStatus, PinRequest, PlanRequest,
-    PrefetchProgress, PrefetchRequest, PrincipalStatus, ShardRef, StatusRequest, StatusResponse,
-    cache_control_client::CacheControlClient,
+    PlanResponse, PrefetchProgress, PrefetchRequest, PrincipalStatus, SamplePlanRequest, SamplePlanResponse,
+    ShardRef, StatusRequest, StatusResponse, cache_control_client::CacheControlClient,
 };
 
 use shardcache_routing::members::{List, Members};
@@ -184,28 +184,33 @@ impl CacheClient {
         dataset: &str,
         epochs: &[PlannedEpoch],
     ) -> Result<u64> {
+        Ok(self.plan(job, epoch, dataset, epochs).await?.shards)
+    }
+
+    /// [`CacheClient::set_plan`], with the whole answer: the shards the plan names, and
+    /// whether a spoke follows it sample by sample (`samples`: its blocks do not fit the
+    /// cache; send its samples with [`CacheClient::plan_samples`]). A group's answers
+    /// as one: the most shards, and samples if any member follows samples.
+    pub async fn plan(
+        &self,
+        job: &str,
+        epoch: u64,
+        dataset: &str,
+        epochs: &[PlannedEpoch],
+    ) -> Result<PlanResponse> {
         // Each shard once in a table, each position its index there: a plan of a million
         // positions is four megabytes on the wire and in the spoke's hands, not a
         // million pairs of names.
-        let mut table: Vec<ShardRef> = Vec::new();
-        let mut index: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+        let mut table = ShardTable::new(dataset);
         let epochs: Vec<EpochPlan> = epochs
             .iter()
             .map(|planned| EpochPlan {
-                shard_index: planned
-                    .shards
-                    .iter()
-                    .map(|shard| {
-                        *index.entry(shard.as_str()).or_insert_with(|| {
-                            table.push(ShardRef { dataset: dataset.to_owned(), shard: shard.clone() });
-                            table.len() as u32 - 1
-                        })
-                    })
-                    .collect(),
+                shard_index: planned.shards.iter().map(|shard| table.index(shard)).collect(),
                 until: planned.until.clone(),
                 ..Default::default()
             })
             .collect();
+        let table = table.shards;
         let request = PlanRequest { job: job.to_owned(), epoch, epochs, shard_table: table };
         let answers = self
             .on_all(|mut control| {
@@ -213,8 +218,80 @@ impl CacheClient {
                 async move { control.set_plan(request).await }
             })
             .await?;
-        Ok(answers.iter().map(|a| a.shards).max().unwrap_or(0))
+        Ok(PlanResponse {
+            shards: answers.iter().map(|a| a.shards).max().unwrap_or(0),
+            samples: answers.iter().any(|a| a.samples),
+        })
     }
+
+    /// Sends `job`'s next reads of `dataset`, sample by sample (a rolling window ahead of
+    /// its reads: see `PlanSamples` in the proto), `epoch_samples` samples an epoch. The
+    /// spoke fetches the nearest ahead in batches, holds them until read and keeps those
+    /// read again. A group's members each take them (each follows the samples of the
+    /// shards it owns); the answer is the largest window a member fetches.
+    pub async fn plan_samples(
+        &self,
+        job: &str,
+        dataset: &str,
+        epoch_samples: u64,
+        reads: &[PlannedSample],
+    ) -> Result<SamplePlanResponse> {
+        let mut table = ShardTable::new(dataset);
+        let mut request = SamplePlanRequest { job: job.to_owned(), epoch_samples, ..Default::default() };
+        for read in reads {
+            request.position.push(read.position);
+            request.shard.push(table.index(&read.shard));
+            request.offset.push(read.offset);
+            request.length.push(read.length);
+            request.next_use.push(read.next_use.unwrap_or(0));
+        }
+        request.shard_table = table.shards;
+        let answers = self
+            .on_all(|mut control| {
+                let request = request.clone();
+                async move { control.plan_samples(request).await }
+            })
+            .await?;
+        Ok(SamplePlanResponse {
+            planned: answers.iter().map(|a| a.planned).max().unwrap_or(0),
+            window_bytes: answers.iter().map(|a| a.window_bytes).max().unwrap_or(0),
+        })
+    }
+}
+
+/// The shards a plan names, each once, in the order first named: positions name them by
+/// their index here.
+struct ShardTable<'a> {
+    dataset: &'a str,
+    shards: Vec<ShardRef>,
+    index: std::collections::HashMap<&'a str, u32>,
+}
+
+impl<'a> ShardTable<'a> {
+    fn new(dataset: &'a str) -> Self {
+        Self { dataset, shards: Vec::new(), index: std::collections::HashMap::new() }
+    }
+
+    /// The index of `shard`, added if it is new.
+    fn index(&mut self, shard: &'a str) -> u32 {
+        *self.index.entry(shard).or_insert_with(|| {
+            self.shards.push(ShardRef { dataset: self.dataset.to_owned(), shard: shard.to_owned() });
+            self.shards.len() as u32 - 1
+        })
+    }
+}
+
+/// One read of a plan followed sample by sample ([`CacheClient::plan_samples`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedSample {
+    /// Its place among the job's reads, counted across epochs: epoch x samples an epoch +
+    /// its place in the epoch.
+    pub position: u64,
+    pub shard: String,
+    pub offset: u64,
+    pub length: u64,
+    /// The position of the same sample's next read (`None`: not planned).
+    pub next_use: Option<u64>,
 }
 
 /// Members' answers apart from their failures (each with its URL); every member failing
@@ -304,6 +381,10 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
         }
         merged.peer_refusals += answer.peer_refusals;
         merged.speculation_unread_bytes += answer.speculation_unread_bytes;
+        merged.kept_sample_bytes += answer.kept_sample_bytes;
+        merged.kept_sample_packs += answer.kept_sample_packs;
+        merged.staged_sample_bytes += answer.staged_sample_bytes;
+        merged.sample_window_bytes += answer.sample_window_bytes;
         // The members' mean: each speculates for its own readers.
         merged.speculation_useful_share += answer.speculation_useful_share / count;
     }

@@ -13,7 +13,7 @@
 //! - [`stream`]: the client's streams, a verified [`ShardStream`] of any size that
 //!   carries on from another member of a group;
 //! - [`control`]: the spoke's cache control ([`CacheClient`]: prefetch, status, evict,
-//!   pin, plans);
+//!   pin, plans of shards and of samples);
 //! - [`client`]: the [`Client`]: listings, stats and verified reads of ranges and batches,
 //!   from one server or a group's members (routed by `shardcache_routing`);
 //! - [`discovery`]: the one way a client connects, to one server or a group, and who is
@@ -21,7 +21,9 @@
 //! - [`verify`]: what makes bytes [`Verified`] (decoding, offsets, CRC32C, one version);
 //! - [`connect`]: TLS (`https://` URLs), client certificates and bearer tokens;
 //! - [`range`]: what a read asks for;
-//! - [`error`]: what can go wrong, with the gRPC code where the server gave one.
+//! - [`error`]: what can go wrong, with the gRPC code where the server gave one;
+//! - [`order`]: orders of samples computed a position at a time (keyed permutations, a
+//!   map-style sampler over ranks) and where a sample is read next, for plans.
 //!
 //! Datasets read as samples in their own formats are `shardcache-formats`, on top of this.
 
@@ -30,13 +32,14 @@ pub mod connect;
 pub mod control;
 pub mod discovery;
 pub mod error;
+pub mod order;
 pub mod range;
 pub mod stream;
 pub mod verify;
 
 pub use client::{Client, Listed};
 pub use connect::{ConnectOptions, Credentials};
-pub use control::{CacheClient, PlannedEpoch, PrefetchStream};
+pub use control::{CacheClient, PlannedEpoch, PlannedSample, PrefetchStream};
 pub use error::{Error, Result};
 pub use range::Range;
 pub use stream::ShardStream;

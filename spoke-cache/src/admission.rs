@@ -8,7 +8,11 @@
 //! - [`Admission::forget_chunk`]: a stored chunk that failed its check is made absent
 //!   and its file removed, so that a refetch can store it again;
 //! - [`Admission::remove`]: a shard version leaves the catalog, its files the disk, its
-//!   bytes the capacity (eviction, an `Evict` call, a version the hub replaced).
+//!   bytes the capacity (eviction, an `Evict` call, a version the hub replaced);
+//! - [`Admission::keep`]: a sample read by a job that follows samples, kept for a later
+//!   epoch when the plan reads it again (`policy::keep`): many to a pack, one file
+//!   (`kept.rs`, `store/packs.rs`); [`Admission::read_kept`], [`Admission::evict_pack`]
+//!   and [`Admission::forget_kept`] (a version the hub replaced) read and take them out.
 //!
 //! An entry's chunk-write lock orders these: admissions share it, removals take it
 //! alone, so no chunk file is added after its shard was removed.
@@ -29,9 +33,10 @@ use crate::{
     catalog::Catalog,
     entry::Entry,
     entry::set_bit,
+    kept::{Found, Kept},
     metrics::Metrics,
-    policy::speculation::Speculation,
-    store::{Store, blocking},
+    policy::{keep, speculation::Speculation},
+    store::{PageFault, Store, blocking},
 };
 
 /// The store, the catalog and the capacity, for admitting and removing.
@@ -45,6 +50,8 @@ pub struct Admission {
     /// Removed shards whose pages could not be deleted: (store id, bytes), counted in
     /// `used` until deleted.
     undeleted: Mutex<Vec<(u64, u64)>>,
+    /// The samples kept for later epochs.
+    kept: Kept,
 }
 
 /// Bytes free on the filesystem holding `dir`, for an unprivileged writer.
@@ -54,13 +61,19 @@ pub fn filesystem_available(dir: &std::path::Path) -> Option<u64> {
 }
 
 impl Admission {
+    /// The admission over `store`, with the samples `kept` it holds (`Kept::load`).
     pub fn new(
-        store: Arc<Store>,
+        (store, kept): (Arc<Store>, Kept),
         catalog: Arc<Catalog>,
         (capacity, speculation): (Arc<Capacity>, Arc<Speculation>),
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { store, catalog, capacity, metrics, speculation, undeleted: Mutex::default() }
+        Self { store, catalog, capacity, metrics, speculation, undeleted: Mutex::default(), kept }
+    }
+
+    /// The samples kept for later epochs.
+    pub fn kept(&self) -> &Kept {
+        &self.kept
     }
 
     /// What speculation brought and what came of it.
@@ -263,6 +276,113 @@ impl Admission {
                 self.undeleted.lock().unwrap_or_else(|p| p.into_inner()).push((entry.id, bytes));
                 0
             }
+        }
+    }
+}
+
+/// Kept samples (`kept.rs`, `store/packs.rs`).
+impl Admission {
+    /// Keeps `bytes` (verified), the sample at `offset` of `entry` read for `principal`,
+    /// whose next read the plan puts at `next_use`, if the keep rule takes it (read again,
+    /// and room below the keep limit: `policy::keep`); a pack is written once one's worth
+    /// waits. Whether it is kept (now or before).
+    pub fn keep(
+        self: &Arc<Self>,
+        entry: &Entry,
+        offset: u64,
+        bytes: Checked,
+        principal: &str,
+        next_use: Option<u64>,
+    ) -> bool {
+        let length = bytes.data.len() as u64;
+        if self.kept.holds(entry, offset, length) {
+            return true;
+        }
+        if !keep::keeps(next_use, length, self.capacity.used(), self.capacity.capacity()) {
+            return false;
+        }
+        let Some(full) = self.kept.add(entry, offset, bytes, principal) else { return true };
+        self.capacity.added(length);
+        if full {
+            let admission = self.clone();
+            tokio::spawn(async move { admission.flush_kept().await });
+        }
+        true
+    }
+
+    /// Writes the kept samples waiting as one pack; samples that could not be written are
+    /// no longer kept (a full disk lowers the capacity, as for chunks).
+    pub async fn flush_kept(&self) {
+        let Some((pack, samples)) = self.kept.cut() else { return };
+        let store = self.store.clone();
+        match blocking(move || store.write_pack(pack, &samples)).await {
+            Ok(()) => {
+                self.metrics.kept_packs_written.fetch_add(1, Relaxed);
+                if !self.kept.written(pack) {
+                    // Every sample of it was forgotten while it was written.
+                    self.delete_pack(pack).await;
+                }
+            }
+            Err(e) => {
+                self.capacity.removed(self.kept.unpacked(pack));
+                self.storing_failed("a pack of kept samples", &e);
+            }
+        }
+    }
+
+    /// `length` bytes of the kept sample at `offset` of `entry`: from memory while its
+    /// pack is written, else from the store; `None` when it is not kept, or its stored
+    /// copy failed its check (it is then forgotten: the read fetches it).
+    pub async fn read_kept(&self, entry: &Entry, offset: u64, length: u64) -> Result<Option<Checked>> {
+        let (pack, ordinal) = match self.kept.find(entry, offset, length) {
+            None => return Ok(None),
+            Some(Found::Pending(bytes)) => return Ok(Some(bytes)),
+            Some(Found::Packed { pack, ordinal, .. }) => (pack, ordinal),
+        };
+        let store = self.store.clone();
+        match blocking(move || store.read_sample(pack, ordinal, 0, length)).await? {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(fault) => {
+                match &fault {
+                    PageFault::Corrupt { .. } => self.metrics.checksum_failures.fetch_add(1, Relaxed),
+                    PageFault::Unreadable { .. } => self.metrics.store_read_errors.fetch_add(1, Relaxed),
+                    PageFault::Missing { .. } => 0,
+                };
+                tracing::error!(dataset = %entry.dataset, shard = %entry.shard, offset, ?fault, "a kept sample could not be read back; fetching it");
+                let (gone, bytes) = self.kept.forget(entry, offset);
+                self.capacity.removed(bytes);
+                if let Some(pack) = gone {
+                    self.delete_pack(pack).await;
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Forgets the kept samples of `entry`'s version (the hub has another, or none).
+    pub async fn forget_kept(&self, entry: &Entry) {
+        let (packs, bytes) = self.kept.forget_version(entry);
+        self.capacity.removed(bytes);
+        for pack in packs {
+            self.delete_pack(pack).await;
+        }
+    }
+
+    /// Evicts pack `pack` (its samples and its file); the bytes it freed.
+    pub async fn evict_pack(&self, pack: u64) -> u64 {
+        let bytes = self.kept.unpacked(pack);
+        if bytes > 0 {
+            self.capacity.removed(bytes);
+            self.delete_pack(pack).await;
+            self.metrics.evicted_bytes.fetch_add(bytes, Relaxed);
+        }
+        bytes
+    }
+
+    async fn delete_pack(&self, pack: u64) {
+        let store = self.store.clone();
+        if let Err(e) = blocking(move || store.delete_pack(pack)).await {
+            tracing::error!(error = %e, pack, "could not delete a pack of kept samples");
         }
     }
 }

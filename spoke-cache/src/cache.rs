@@ -22,6 +22,9 @@
 //! - [`ReadPath`] (`read_path.rs`): stored, fetched-and-stored or fetched-as-read parts;
 //! - [`ReadAhead`] (`read_ahead.rs`): which misses are stored (`policy::admit`), and the
 //!   read-ahead and whole-shard fetches after a read (`policy::speculation`);
+//! - [`SamplePlans`] and the [`SampleFollower`] (`samples/`): jobs followed sample by
+//!   sample, their next samples fetched ahead and held ([`Staged`]), what they read again
+//!   kept (`kept.rs`, in the admission);
 //!
 //! each given the parts it uses when the cache opens, none calling back into this
 //! facade or into the part that called it (`tests/tests/architecture.rs`). Here: the
@@ -54,6 +57,7 @@ use crate::{
     fetch::{Alongside, FetchFor, FetchOwner},
     index_reads::IndexReads,
     jobs::JobRow,
+    kept::Kept,
     lookup::Lookups,
     metrics::Metrics,
     plan::{PlanLimits, PlanWindow, Plans},
@@ -61,6 +65,7 @@ use crate::{
     policy::{admit::AdmissionFilter, shares::Shares, speculation::Speculation},
     read_ahead::ReadAhead,
     read_path::{ReadFor, ReadPath},
+    samples::{SamplePlans, follow::SampleFollower, staged::Staged},
     store::Store,
     suppliers::{Chain, Supply, hubs::Hubs},
 };
@@ -119,6 +124,9 @@ pub struct Cache {
     /// and the lookups ask of it is their `Supply`).
     chain: Arc<Chain>,
     plans: Arc<Plans>,
+    /// Jobs followed sample by sample, and their samples held for their reads.
+    samples: Arc<SamplePlans>,
+    staged: Arc<Staged>,
     metrics: Arc<Metrics>,
     /// Pin changes, one at a time (their limit is checked against all pins).
     pinning: tokio::sync::Mutex<()>,
@@ -153,6 +161,33 @@ fn read_ahead(
     }
 }
 
+/// What `store` holds, loaded: the catalog (records with the chunks their files hold;
+/// files of no record are gone), the kept samples (named by shard version: they load
+/// whatever the records say), the capacity with both counted, and the admission over them.
+fn stored(
+    store: &Arc<Store>,
+    config: &CacheConfig,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<Catalog>, Arc<Capacity>, Arc<Admission>)> {
+    let (catalog, used) = Catalog::load(store.clone(), config.chunk_size, config.revalidate_after)?;
+    let catalog = Arc::new(catalog);
+    let (kept, kept_bytes) = Kept::load(store.load_packs()?);
+    let capacity = Arc::new(Capacity::new(
+        config.capacity,
+        config.high_watermark,
+        config.low_watermark,
+        used + kept_bytes,
+    ));
+    let speculation = Arc::new(Speculation::new(config.capacity));
+    let admission = Arc::new(Admission::new(
+        (store.clone(), kept),
+        catalog.clone(),
+        (capacity.clone(), speculation),
+        metrics.clone(),
+    ));
+    Ok((catalog, capacity, admission))
+}
+
 /// Looks for a fetch a joining member asks for, and the pause between two: a read opens a
 /// shard and starts its fetches within microseconds of the lookup it waited for.
 pub const JOIN_ATTEMPTS: usize = 3;
@@ -163,18 +198,7 @@ impl Cache {
     /// come from `chain`.
     pub fn open(store: Store, chain: Chain, config: CacheConfig, metrics: Arc<Metrics>) -> Result<Arc<Self>> {
         let store = Arc::new(store);
-        // Records with the chunks their files hold; files of no record are gone.
-        let (catalog, used) = Catalog::load(store.clone(), config.chunk_size, config.revalidate_after)?;
-        let catalog = Arc::new(catalog);
-        let capacity =
-            Arc::new(Capacity::new(config.capacity, config.high_watermark, config.low_watermark, used));
-        let speculation = Arc::new(Speculation::new(config.capacity));
-        let admission = Arc::new(Admission::new(
-            store.clone(),
-            catalog.clone(),
-            (capacity.clone(), speculation),
-            metrics.clone(),
-        ));
+        let (catalog, capacity, admission) = stored(&store, &config, &metrics)?;
         let chain = Arc::new(chain);
         let lookups = Arc::new(Lookups::new(
             catalog.clone(),
@@ -212,9 +236,12 @@ impl Cache {
             read_ahead: read_ahead.clone(),
             chunk_size: config.chunk_size,
         };
+        let (samples, staged) = (Arc::new(SamplePlans::default()), Arc::new(Staged::default()));
         let reads = ReadPath {
             store: store.clone(),
             plans: plans.clone(),
+            samples: samples.clone(),
+            staged: staged.clone(),
             filter,
             fetch: fetch.clone(),
             admission: admission.clone(),
@@ -235,6 +262,8 @@ impl Cache {
             fetch,
             chain,
             plans,
+            samples,
+            staged,
             metrics,
             pinning: tokio::sync::Mutex::new(()),
             cold,
@@ -327,6 +356,37 @@ impl Cache {
     /// The jobs' access plans (`SetPlan`).
     pub fn plans(&self) -> &Plans {
         &self.plans
+    }
+
+    /// The jobs followed sample by sample (`PlanSamples`).
+    pub fn samples(&self) -> &SamplePlans {
+        &self.samples
+    }
+
+    /// The follower of the sample plans, with the parts it uses.
+    pub fn sample_follower(&self) -> SampleFollower {
+        SampleFollower {
+            plans: self.samples.clone(),
+            staged: self.staged.clone(),
+            capacity: self.capacity.clone(),
+            lookups: self.lookups.clone(),
+            fetch: self.fetch.clone(),
+            chain: self.chain.clone(),
+            admission: self.admission.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Bytes of samples kept for later epochs, the packs holding them, and the bytes of
+    /// samples fetched ahead of their reads.
+    pub fn samples_held(&self) -> (u64, u64, u64) {
+        let (kept, packs) = self.admission.kept().bytes_and_packs();
+        (kept, packs as u64, self.staged.bytes())
+    }
+
+    /// Writes the kept samples waiting for their pack (the server does, now and then).
+    pub async fn flush_kept(&self) {
+        self.admission.flush_kept().await;
     }
 
     /// The evictor, with the parts it uses.

@@ -12,7 +12,8 @@ use shardcache_proto::{
     v1::{
         Chunk, DatasetStatus, EvictRequest, EvictResponse, JobStatus, MemberStatus, PinRequest, PinResponse,
         PlanRequest, PlanResponse, PlanStatus, PrefetchProgress, PrefetchRequest, PrincipalStatus,
-        ReadRangeRequest, StatusRequest, StatusResponse, cache_control_server::CacheControl,
+        ReadRangeRequest, SamplePlanRequest, SamplePlanResponse, StatusRequest, StatusResponse,
+        cache_control_server::CacheControl,
     },
 };
 use shardcache_serving::auth::Grant;
@@ -25,6 +26,8 @@ use crate::{
     cache::Cache,
     entry::Entry,
     plan::{MAX_PLAN_POSITIONS, NewPlan, PlanRefused},
+    policy::keep,
+    samples::{MAX_PLANNED_PER_JOB, PlannedRead},
 };
 
 /// Shards a prefetch fetches at once when the request does not say. Each shard fetch
@@ -227,6 +230,7 @@ impl CacheControl for Control {
         };
         if grant.may_control() {
             let (hub_trouble, age) = cache.hubs().trouble().unwrap_or_default();
+            let (kept, packs, staged) = cache.samples_held();
             status = StatusResponse {
                 capacity_bytes: cache.capacity().capacity(),
                 used_bytes: cache.used_bytes(),
@@ -238,6 +242,10 @@ impl CacheControl for Control {
                 hub_trouble_age_s: age.as_secs(),
                 speculation_useful_share: cache.speculation().useful_share(),
                 speculation_unread_bytes: cache.speculation().unread(),
+                kept_sample_bytes: kept,
+                kept_sample_packs: packs,
+                staged_sample_bytes: staged,
+                sample_window_bytes: keep::window_bound(cache.capacity().capacity()),
                 server_view: true,
                 ..status
             };
@@ -350,9 +358,32 @@ impl CacheControl for Control {
             .collect::<Vec<_>>()
             .await;
         plan.shards = resolved.into_iter().collect::<Result<_, Status>>()?;
-        let shards = self.cache.plans().set(grant.principal(), &req.job, plan).map_err(refused)? as u64;
-        tracing::info!(principal = grant.principal(), job = %req.job, epoch = req.epoch, reads = positions, shards, "access plan set");
-        Ok(Response::new(PlanResponse { shards }))
+        let room = self.cache.capacity().low_watermark();
+        let (shards, samples) =
+            self.cache.plans().set(grant.principal(), &req.job, plan, room).map_err(refused)?;
+        let shards = shards as u64;
+        tracing::info!(principal = grant.principal(), job = %req.job, epoch = req.epoch, reads = positions, shards, samples, "access plan set");
+        Ok(Response::new(PlanResponse { shards, samples }))
+    }
+
+    async fn plan_samples(
+        &self,
+        request: Request<SamplePlanRequest>,
+    ) -> Result<Response<SamplePlanResponse>, Status> {
+        let grant = Grant::of(&request)?;
+        let req = request.into_inner();
+        shardcache_proto::job::check_job_name(&req.job).map_err(Status::invalid_argument)?;
+        let (table, reads) = planned_samples(&req, self.max_read)?;
+        for (dataset, _) in &table {
+            grant.check(dataset)?;
+        }
+        let planned = self
+            .cache
+            .samples()
+            .add((grant.principal(), &req.job), req.epoch_samples, &table, &reads)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        let window_bytes = keep::window_bound(self.cache.capacity().capacity());
+        Ok(Response::new(SamplePlanResponse { planned: planned as u64, window_bytes }))
     }
 
     async fn unpin(&self, request: Request<PinRequest>) -> Result<Response<PinResponse>, Status> {
@@ -422,6 +453,52 @@ fn plan_positions(
     Ok((table, plan))
 }
 
+/// A sample plan's shards (each once) and its reads, naming them by index.
+type PlannedSamples = (Vec<crate::entry::ShardKey>, Vec<PlannedRead>);
+
+/// A sample plan request's shards and reads, checked: one entry per read in each list,
+/// every shard named validly and in the table, every range non-empty, within `--max-read`
+/// and not past the end of a shard that could exist.
+fn planned_samples(req: &SamplePlanRequest, max_read: u64) -> Result<PlannedSamples, Status> {
+    let count = req.position.len();
+    if [req.shard.len(), req.offset.len(), req.length.len(), req.next_use.len()].iter().any(|&n| n != count) {
+        return Err(Status::invalid_argument(
+            "a sample plan's position, shard, offset, length and next_use lists must have one entry per read each",
+        ));
+    }
+    if count > MAX_PLANNED_PER_JOB {
+        return Err(Status::invalid_argument(format!(
+            "a sample plan of {count} reads is over the limit of {MAX_PLANNED_PER_JOB}; send the next few thousand \
+             reads at a time"
+        )));
+    }
+    let mut table = Vec::with_capacity(req.shard_table.len());
+    for shard in &req.shard_table {
+        table
+            .push((DatasetName::new(&shard.dataset)?.to_string(), ShardName::new(&shard.shard)?.to_string()));
+    }
+    let mut reads = Vec::with_capacity(count);
+    for i in 0..count {
+        let (shard, offset, length) = (req.shard[i], req.offset[i], req.length[i]);
+        if shard as usize >= table.len() {
+            return Err(Status::invalid_argument(format!(
+                "read {i} of the sample plan names shard {shard} of a table of {}",
+                table.len()
+            )));
+        }
+        if length == 0 || length > max_read || offset.checked_add(length).is_none() {
+            return Err(Status::invalid_argument(format!(
+                "read {i} of the sample plan ({} bytes at offset {offset}) must be 1 byte to --max-read ({max_read} \
+                 bytes) of a shard",
+                length
+            )));
+        }
+        let next_use = (req.next_use[i] > 0).then_some(req.next_use[i]);
+        reads.push(PlannedRead { position: req.position[i], shard, offset, length, next_use });
+    }
+    Ok((table, reads))
+}
+
 /// Every plan's progress.
 fn plan_statuses(cache: &Cache) -> Vec<PlanStatus> {
     let progress = cache.plans().progress();
@@ -433,6 +510,7 @@ fn plan_statuses(cache: &Cache) -> Vec<PlanStatus> {
             cursor: p.cursor as u64,
             positions: p.positions as u64,
             lag: p.lag as u64,
+            samples: p.samples,
         })
         .collect()
 }

@@ -9,6 +9,9 @@
 //! Whole shards go first (a training epoch reads whole shards, so half a shard is worth
 //! little); pinned shards never; shards held by a running prefetch only when nothing
 //! else is left (a plan larger than the cache must not push it past its capacity).
+//! Packs of kept samples (`kept.rs`) are read next epoch: they go after every shard no
+//! plan reads again and before every shard a plan reads (its block or the next), least
+//! recently used first.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -28,12 +31,23 @@ pub struct Evictor {
     pub shares: Arc<Shares>,
 }
 
-/// An entry eviction may take.
+/// What eviction may take.
+enum Target {
+    Shard(Arc<Entry>),
+    /// A pack of kept samples, by id.
+    Pack(u64),
+}
+
+/// A shard or pack eviction may take.
 struct Candidate {
-    entry: Arc<Entry>,
+    target: Target,
     holder: String,
     bytes: u64,
 }
+
+/// Where packs of kept samples stand among planned shards (`plan::evict_before`): read
+/// again further away than any shard a plan is reading or reads next.
+const PACK_DISTANCE: usize = usize::MAX;
 
 impl Evictor {
     /// Every entry eviction may take, in the order it takes them where no share says
@@ -55,9 +69,16 @@ impl Evictor {
                     (state.prefetching > 0, state.last_access, state.record.holder.clone(), bytes)
                 };
                 let next_use = self.plans.next_use(&(e.dataset.clone(), e.shard.clone()));
-                Some(((held, (next_use, last_access)), Candidate { entry: e, holder, bytes }))
+                Some(((held, (next_use, last_access)), Candidate { target: Target::Shard(e), holder, bytes }))
             })
             .collect();
+        candidates.extend(self.admission.kept().candidates().into_iter().map(|pack| {
+            let target = Target::Pack(pack.pack);
+            (
+                (false, (Some(PACK_DISTANCE), pack.last_access)),
+                Candidate { target, holder: pack.holder, bytes: pack.bytes },
+            )
+        }));
         candidates.sort_by(|(a, _), (b, _)| a.0.cmp(&b.0).then_with(|| crate::plan::evict_before(a.1, b.1)));
         candidates.into_iter().map(|(_, c)| c).collect()
     }
@@ -88,12 +109,17 @@ impl Evictor {
             .or(if candidates.is_empty() { None } else { Some(0) })
     }
 
-    /// The entry eviction would take next: for an admission by `principal`, the one its
-    /// admission would displace (`policy::admit` weighs the two).
+    /// The shard eviction would take next: for an admission by `principal`, the one its
+    /// admission would displace (`policy::admit` weighs the two); `None` when it would
+    /// take a pack of kept samples (read once a pass each: worth no more than what
+    /// displaces them) or nothing.
     pub fn victim_for(&self, principal: Option<&str>) -> Option<Arc<Entry>> {
         let candidates = self.candidates();
         let held = Self::held(&candidates);
-        self.pick(&candidates, &held, principal).map(|at| candidates[at].entry.clone())
+        match &candidates[self.pick(&candidates, &held, principal)?].target {
+            Target::Shard(entry) => Some(entry.clone()),
+            Target::Pack(_) => None,
+        }
     }
 
     /// The entry to evict next.
@@ -127,10 +153,15 @@ impl Evictor {
             if let Some(h) = held.get_mut(&victim.holder) {
                 *h = h.saturating_sub(victim.bytes);
             }
-            let (evicted, freed) = self.admission.evict(std::slice::from_ref(&victim.entry)).await;
-            tracing::debug!(dataset = %victim.entry.dataset, shard = %victim.entry.shard, freed, "evicted");
-            shards += evicted;
-            bytes += freed;
+            match &victim.target {
+                Target::Shard(entry) => {
+                    let (evicted, freed) = self.admission.evict(std::slice::from_ref(entry)).await;
+                    tracing::debug!(dataset = %entry.dataset, shard = %entry.shard, freed, "evicted");
+                    shards += evicted;
+                    bytes += freed;
+                }
+                Target::Pack(pack) => bytes += self.admission.evict_pack(*pack).await,
+            }
         }
         if shards > 0 {
             tracing::info!(shards, bytes, used = self.capacity.used(), "evicted to the low watermark");

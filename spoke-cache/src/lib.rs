@@ -15,9 +15,12 @@
 //!   counted by supplier; reads alongside a first stat;
 //! - [`suppliers`]: the chain: peers ranked before this spoke, peers holding a chunk,
 //!   hubs, asked with hedging ([`suppliers::peers`], [`suppliers::hubs`]);
-//! - [`admission`]: chunks into the store, shards out of it, the capacity in step;
+//! - [`admission`]: chunks into the store, shards out of it, the capacity in step; and
+//!   samples kept for a later epoch ([`kept`]: which, and where), many to a pack;
 //! - [`capacity`]: bytes against the watermarks; [`evict`]: the evictor;
 //! - [`plan`]: jobs' access plans and the eviction order they give (Belady);
+//! - [`samples`]: plans followed sample by sample (orders whose blocks do not fit the
+//!   cache): their next samples fetched ahead in batches and held until read;
 //! - [`plan_fetch`]: prefetch that follows the plans, never evicting a nearer read;
 //! - [`cache`]: the facade over the parts; [`cold_open`]: a shard's entry, a first
 //!   read's chunks alongside its stat; [`read_path`]: stored, fetched or fetched-as-read
@@ -43,6 +46,7 @@ pub mod evict;
 pub mod fetch;
 pub mod index_reads;
 pub mod jobs;
+pub mod kept;
 pub mod lookup;
 pub mod metrics;
 pub mod plan;
@@ -51,6 +55,7 @@ pub mod policy;
 pub mod read_ahead;
 pub mod read_path;
 pub mod revalidation;
+pub mod samples;
 pub mod server;
 pub mod shared;
 pub mod source;

@@ -174,6 +174,7 @@ impl Lookups {
             Ok(info) => {
                 tracing::info!(dataset = %dataset, shard = %shard, old = %entry.version, new = %info.version, "shard changed on the hub");
                 self.admission.remove(&entry, false).await;
+                self.admission.forget_kept(&entry).await;
                 Ok(self.install(key, &info).await)
             }
             Err(e) if e.hub_cannot_answer() => {
@@ -184,6 +185,7 @@ impl Lookups {
             }
             Err(e) if e.code() == tonic::Code::NotFound => {
                 self.admission.remove(&entry, true).await;
+                self.admission.forget_kept(&entry).await;
                 Err(e)
             }
             Err(e) => Err(e),

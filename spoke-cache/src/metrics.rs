@@ -57,6 +57,10 @@ pub struct Metrics {
     pub disk_full: AtomicU64,
     /// Background fetches of a whole shard started by a miss (read-ahead's big brother).
     pub whole_shard_fetches: AtomicU64,
+    /// Batches of planned samples fetched ahead of their reads (`samples/follow.rs`).
+    pub sample_batches: AtomicU64,
+    /// Packs of kept samples written (`kept.rs`).
+    pub kept_packs_written: AtomicU64,
     pub evicted_shards: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub upstream_requests: AtomicU64,
@@ -90,6 +94,9 @@ pub struct Occupancy {
     /// Of what speculation brought lately, the share reads used; bytes it holds unread.
     pub speculation_useful_share: f64,
     pub speculation_unread_bytes: u64,
+    /// Bytes of samples kept for later epochs, and of samples fetched ahead of reads.
+    pub kept_sample_bytes: u64,
+    pub staged_sample_bytes: u64,
     /// The token file no longer loads, so requests with tokens are refused (an alarm).
     pub token_file_broken: bool,
     /// Members of the spoke's group as it sees them now (itself included); 0 alone.
@@ -193,8 +200,22 @@ impl Metrics {
                 "Background fetches of the rest of a shard started by a miss (--fetch-whole-shard)",
                 &self.whole_shard_fetches,
             ),
+            (
+                "shardcache_spoke_sample_batches_total",
+                "Batches of planned samples fetched ahead of their reads (plans followed sample by sample)",
+                &self.sample_batches,
+            ),
+            (
+                "shardcache_spoke_kept_packs_written_total",
+                "Packs (files) of samples kept for later epochs written",
+                &self.kept_packs_written,
+            ),
             ("shardcache_spoke_evicted_shards_total", "Shards evicted", &self.evicted_shards),
-            ("shardcache_spoke_evicted_bytes_total", "Bytes evicted", &self.evicted_bytes),
+            (
+                "shardcache_spoke_evicted_bytes_total",
+                "Bytes evicted (shards and packs of kept samples)",
+                &self.evicted_bytes,
+            ),
             (
                 "shardcache_spoke_upstream_requests_total",
                 "Chunk fetches sent to the hub",
@@ -228,6 +249,25 @@ impl Metrics {
     }
 }
 
+/// What the plans followed sample by sample hold (gauges).
+fn render_samples(out: &mut String, occupancy: &Occupancy) {
+    let gauges = [
+        (
+            "shardcache_spoke_kept_sample_bytes",
+            "Bytes of samples kept for later epochs (plans followed sample by sample; in used_bytes)",
+            occupancy.kept_sample_bytes,
+        ),
+        (
+            "shardcache_spoke_staged_sample_bytes",
+            "Bytes of planned samples fetched ahead of their reads and held until read",
+            occupancy.staged_sample_bytes,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+    }
+}
+
 /// What the cache holds now, and its settings (gauges).
 fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
     let gauges = [
@@ -237,7 +277,7 @@ fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
             occupancy.capacity_bytes,
         ),
         ("shardcache_spoke_configured_capacity_bytes", "--capacity", occupancy.configured_capacity_bytes),
-        ("shardcache_spoke_used_bytes", "Bytes of cached chunks", occupancy.used_bytes),
+        ("shardcache_spoke_used_bytes", "Bytes of cached chunks and kept samples", occupancy.used_bytes),
         ("shardcache_spoke_disk_bytes", "Bytes of live RocksDB files", occupancy.disk_bytes),
         (
             "shardcache_spoke_group_members",
@@ -258,6 +298,7 @@ fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
     for (name, help, value) in gauges {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
     }
+    render_samples(out, occupancy);
     let name = "shardcache_spoke_peer_refusals_total";
     let _ = writeln!(
         out,

@@ -11,20 +11,23 @@
 
 use std::sync::{Arc, atomic::Ordering::Relaxed};
 
+use futures::FutureExt;
+
 use shardcache_proto::checksum::Checked;
 
 use crate::{
     Error, Result,
     admission::Admission,
     capacity::Capacity,
-    entry::Entry,
-    fetch::{Alongside, ChunkFetch, FetchFor, FetchOwner},
+    entry::{Entry, ShardKey},
+    fetch::{Alongside, ChunkFetch, FetchFor, FetchOwner, KnownPart, SharedFetch},
     index_reads::IndexReads,
     jobs::JobRow,
     metrics::Metrics,
     plan::Plans,
     policy::admit::{self, AdmissionFilter},
     read_ahead::ReadAhead,
+    samples::{Matched, SamplePlans, staged::Staged},
     store::{PageFault, Store, blocking},
     suppliers::{Chain, Joined},
 };
@@ -34,6 +37,9 @@ use crate::{
 pub struct ReadPath {
     pub store: Arc<Store>,
     pub plans: Arc<Plans>,
+    /// Jobs followed sample by sample, and the samples fetched ahead for them.
+    pub samples: Arc<SamplePlans>,
+    pub staged: Arc<Staged>,
     /// Every part read counts in it, hit or miss (`policy::admit`).
     pub filter: Arc<AdmissionFilter>,
     pub fetch: FetchOwner,
@@ -105,26 +111,28 @@ impl ReadPath {
     /// Every missing chunk's fetch starts before anything is awaited, so a cold read of
     /// n chunks costs one round trip upstream, not n; and every stored part is read in
     /// one trip to the blocking pool, so a warm batch makes one hop off the runtime.
+    /// A range that is a kept sample, or a sample its job's plan had fetched ahead, is
+    /// read whole from there; a job that follows samples keeps what its plan reads again.
     pub async fn read_many(
         &self,
         wants: &[(&Arc<Entry>, u64, u64)],
         reader: &ReadFor,
     ) -> Result<Vec<Checked>> {
-        // The jobs that planned these shards have reached them (before any admission
-        // this read causes makes room by the plans). A straggler's miss (the reader's own
-        // plan has moved past the shard) is fetched as read and not stored: its room is
-        // the plan's, for what is read next.
-        let mut stragglers = std::collections::HashSet::new();
-        // A format's index reads are no step of a plan (the SDK sends them untagged; an
-        // older one may not).
-        if self.plans.any() && !reader.index_read {
-            let mut seen = std::collections::HashSet::new();
-            for (entry, ..) in wants.iter().filter(|(entry, ..)| seen.insert(entry.id)) {
-                if self.plans.read(&entry.dataset, &entry.shard, &reader.principal, reader.job.as_deref()) {
-                    stragglers.insert(entry.id);
-                }
-            }
-        }
+        let stragglers = self.stragglers(wants, reader);
+        // A job followed sample by sample: its misses are fetched as read (never a whole
+        // chunk: the room is its window's and its keeps'), and nothing is read ahead.
+        // Its planned reads leave its window now, before they are fetched (the follower
+        // does not fetch them again beside them), with what the plan says of each.
+        let planned: Option<Vec<Matched>> = (!reader.index_read
+            && self.samples.follows(&reader.principal, reader.job.as_deref()))
+        .then(|| {
+            let shards: Vec<ShardKey> =
+                wants.iter().map(|(e, ..)| (e.dataset.clone(), e.shard.clone())).collect();
+            let reads =
+                wants.iter().zip(&shards).map(|(&(_, offset, length), shard)| (shard, offset, length));
+            self.samples.reads(&reader.principal, reader.job.as_deref(), reads)
+        });
+        let follows = planned.is_some();
         let mut parts = Vec::new();
         // Per range, the reads in a row of its shard that began where the one before
         // ended (0: not sequential): what read-ahead follows, and what the filter counts.
@@ -137,6 +145,10 @@ impl ReadPath {
             if !reader.index_read {
                 runs[want] = entry.read_from(offset, end);
             }
+            if let Some(sample) = self.sample_part(want, entry, offset, length) {
+                parts.push(sample);
+                continue;
+            }
             for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
                 let (chunk_start, chunk_len) = entry.chunk_range(index);
                 let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
@@ -145,37 +157,148 @@ impl ReadPath {
                     // an admission would weigh against.
                     self.filter.read(entry.chunk_key(index), to - from);
                 }
-                let (provenance, bytes) = self.provenance(entry, index, (from, to), reader, &stragglers);
-                let missed =
-                    matches!(provenance, Provenance::Chunk(_) | Provenance::Direct | Provenance::Hedged);
-                parts.push(Part { want, entry, index, from, to, provenance, missed, bytes });
+                let (provenance, bytes) =
+                    self.provenance(entry, index, (from, to), reader, (&stragglers, follows));
+                let missed = !matches!(provenance, Provenance::Stored | Provenance::Kept);
+                parts.push(Part { want, entry, index, from, to, provenance, missed, bytes, pending: None });
             }
         }
         self.read_stored_parts(&mut parts, reader).await?;
+        self.read_kept_samples(&mut parts).await?;
+        self.fetch_parts(&mut parts, reader).await?;
+        Ok(self.assemble(wants, (parts, &runs), reader, (&stragglers, planned.as_deref())))
+    }
+
+    /// The entries of `wants` whose plans have moved past them for `reader`: the jobs that
+    /// planned these shards have reached them (before any admission this read causes
+    /// makes room by the plans). A straggler's miss (the reader's own plan has moved past
+    /// the shard) is fetched as read and not stored: its room is the plan's, for what is
+    /// read next.
+    fn stragglers(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        reader: &ReadFor,
+    ) -> std::collections::HashSet<u64> {
+        let mut stragglers = std::collections::HashSet::new();
+        // A format's index reads are no step of a plan (the SDK sends them untagged; an
+        // older one may not).
+        if self.plans.any() && !reader.index_read {
+            let mut seen = std::collections::HashSet::new();
+            for (entry, ..) in wants.iter().filter(|(entry, ..)| seen.insert(entry.id)) {
+                if self.plans.read(&entry.dataset, &entry.shard, &reader.principal, reader.job.as_deref()) {
+                    stragglers.insert(entry.id);
+                }
+            }
+        }
+        stragglers
+    }
+
+    /// The range `[offset, offset + length)` of `entry` read whole as a sample, when its
+    /// chunks are not all stored: a sample fetched ahead for its job (`samples/`), or one
+    /// kept for this epoch (`kept.rs`).
+    fn sample_part<'a>(
+        &self,
+        want: usize,
+        entry: &'a Arc<Entry>,
+        offset: u64,
+        length: u64,
+    ) -> Option<Part<'a>> {
+        let end = offset + length;
+        let index = offset / entry.chunk_size;
+        if (index..=(end - 1) / entry.chunk_size).all(|i| entry.has_chunk(i)) {
+            return None;
+        }
+        let part = |provenance, missed, pending| Part {
+            want,
+            entry,
+            index,
+            from: offset,
+            to: end,
+            provenance,
+            missed,
+            bytes: None,
+            pending,
+        };
+        // Kept first: a copy fetched ahead meanwhile (a race with the keep) is dropped.
+        if self.admission.kept().holds(entry, offset, length) {
+            drop(self.staged.take(&(entry.id, offset, length)));
+            return Some(part(Provenance::KeptSample, false, None));
+        }
+        let staged = self.staged.take(&(entry.id, offset, length))?;
+        Some(part(Provenance::Staged, true, Some(staged)))
+    }
+
+    /// Reads the parts that are kept samples; one whose stored copy fails is fetched as
+    /// read instead (the admission forgot it).
+    async fn read_kept_samples(&self, parts: &mut [Part<'_>]) -> Result<()> {
+        for part in parts.iter_mut().filter(|p| matches!(p.provenance, Provenance::KeptSample)) {
+            match self.admission.read_kept(part.entry, part.from, part.to - part.from).await? {
+                Some(bytes) => part.bytes = Some(bytes),
+                None => {
+                    (part.provenance, part.missed) = (Provenance::Direct, true);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetches the parts that are not at hand: those fetched as read, and those whose
+    /// chunk is filled beside them, in one batch (one round trip upstream for the call's
+    /// misses), then the fills; chunks being fetched joined; samples fetched ahead taken.
+    async fn fetch_parts(&self, parts: &mut [Part<'_>], reader: &ReadFor) -> Result<()> {
+        let as_read = |p: &&mut Part<'_>| {
+            p.bytes.is_none() && matches!(p.provenance, Provenance::Direct | Provenance::Fill(_))
+        };
+        let asked: Vec<(&Arc<Entry>, u64, u64)> =
+            parts.iter_mut().filter(as_read).map(|p| (p.entry, p.from, p.to - p.from)).collect();
+        let mut started = self.fetch.start_direct(&asked, reader.fetch()).into_iter();
+        for part in parts.iter_mut().filter(as_read) {
+            let shared = started.next();
+            if let (Provenance::Fill(fill), Some(bytes)) = (&mut part.provenance, &shared)
+                && let Some(fill) = fill.take()
+            {
+                // The chunk's fill takes this part from this fetch.
+                let bytes = bytes.clone();
+                tokio::spawn(async move {
+                    let _ = fill.send(bytes.await);
+                });
+            }
+            part.pending = shared;
+        }
         let fetched = parts.iter().filter(|p| p.bytes.is_none()).map(|part| {
             let chunk_start = part.index * part.entry.chunk_size;
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
             let chunk = match &part.provenance {
                 Provenance::Chunk(fetch) => Some(fetch.fetched.clone()),
-                Provenance::Stored | Provenance::Direct | Provenance::Kept | Provenance::Hedged => None,
+                _ => None,
             };
-            let hedged = matches!(part.provenance, Provenance::Hedged);
+            let (hedged, staged) = (
+                matches!(part.provenance, Provenance::Hedged),
+                matches!(part.provenance, Provenance::Staged),
+            );
+            let pending = part.pending.clone();
             let (entry, index, from, length) = (part.entry, part.index, part.from, part.to - part.from);
             async move {
-                match chunk {
+                match (chunk, pending) {
                     // A part of a chunk is copied out rather than sliced: a slice would
                     // keep the whole chunk alive as long as the response, so a batch of
                     // small reads in many chunks would hold chunk size x ranges instead
                     // of what it returns.
-                    Some(chunk) => Ok::<_, Error>(chunk.await?.part(range.start, range.end)),
-                    None if hedged => self.hedged_part(entry, index, (from, length), range, reader).await,
-                    None => {
-                        let bytes = self.fetch.direct(entry, from, length, reader.fetch()).await?;
+                    (Some(chunk), _) => Ok::<_, Error>(chunk.await?.part(range.start, range.end)),
+                    // A sample fetched ahead that failed is fetched again for its read.
+                    (None, Some(pending)) if staged => match pending.await {
+                        Ok(bytes) => Ok(bytes),
+                        Err(_) => self.fetch.direct(entry, from, length, reader.fetch()).await,
+                    },
+                    (None, Some(pending)) => {
+                        let bytes = pending.await?;
                         if reader.index_read {
                             self.index_reads.put((entry.id, from, length), bytes.clone());
                         }
                         Ok(bytes)
                     }
+                    _ if hedged => self.hedged_part(entry, index, (from, length), range, reader).await,
+                    _ => self.fetch.direct(entry, from, length, reader.fetch()).await,
                 }
             }
         });
@@ -183,7 +306,7 @@ impl ReadPath {
         for part in parts.iter_mut().filter(|p| p.bytes.is_none()) {
             part.bytes = fetched.next();
         }
-        Ok(self.assemble(wants, (parts, &runs), reader, &stragglers))
+        Ok(())
     }
 
     /// Where the part `[from, to)` of chunk `index` of `entry` comes from for `reader`
@@ -197,7 +320,7 @@ impl ReadPath {
         index: u64,
         (from, to): (u64, u64),
         reader: &ReadFor,
-        stragglers: &std::collections::HashSet<u64>,
+        (stragglers, follows): (&std::collections::HashSet<u64>, bool),
     ) -> (Provenance, Option<Checked>) {
         let (stored, unread) = entry.has_chunk_for_read(index);
         if stored {
@@ -220,15 +343,41 @@ impl ReadPath {
         if self.chain.owner_was_asked(&entry.dataset, &entry.shard, &reader.avoid) {
             return (Provenance::Hedged, None);
         }
+        // A chunk being fetched is joined once it has asked upstream (its bytes come no
+        // later than a fetch of the part's own would). One still waiting for its room (a
+        // prefetch's queue) is lent this read's part, fetched as read now: it asks only for
+        // the rest when it starts.
+        let (chunk_start, chunk_len) = entry.chunk_range(index);
+        // (A fetch taking up the read alongside a first stat brings the chunk whole: joined.)
+        let alongside =
+            || self.fetch.speculation(&entry.dataset, &entry.shard, chunk_start, chunk_len).is_some();
         if let Some(running) = self.fetch.running(entry, index) {
-            return (Provenance::Chunk(running), None);
+            if running.is_started() || alongside() {
+                return (Provenance::Chunk(running), None);
+            }
+            let (part, known) = part_for_fill(from, to);
+            return match running.lend(known) {
+                true => (Provenance::Fill(Some(part)), None),
+                false => (Provenance::Direct, None),
+            };
         }
-        if self.read_ahead.stores(entry, index, &reader.principal) {
-            // `None`: stored since it was looked at.
-            return (
-                self.fetch.chunk(entry, index, reader.fetch()).map_or(Provenance::Stored, Provenance::Chunk),
-                None,
-            );
+        // A job followed sample by sample stores no chunk: its room is its window's and
+        // its keeps' (`policy::keep`).
+        if !follows && self.read_ahead.stores(entry, index, &reader.principal) {
+            // The whole chunk is being read alongside the shard's first stat (another reader's
+            // cold open): its fetch takes those bytes, and this read waits for them, not
+            // for a fetch of its own part.
+            if alongside()
+                && let Some(fetch) = self.fetch.chunk(entry, index, reader.fetch())
+            {
+                return (Provenance::Chunk(fetch), None);
+            }
+            // The read is answered by its own bytes; the chunk is filled beside it. The fill
+            // is registered now (readers of the chunk arriving meanwhile join it), its part
+            // handed over once this call's batch fetches it (`fetch_parts`).
+            let (part, known) = part_for_fill(from, to);
+            drop(self.fetch.fill(entry, index, known, reader.fetch()));
+            return (Provenance::Fill(Some(part)), None);
         }
         self.filter.fetched_as_read(entry.chunk_key(index), to - from);
         (Provenance::Direct, None)
@@ -319,13 +468,14 @@ impl ReadPath {
     }
 
     /// Each range's parts joined, counted as hits or misses; starts speculation (not for a
-    /// plan's stragglers, nor for index reads).
+    /// plan's stragglers, nor for index reads, nor for a job followed sample by sample,
+    /// whose plan says what it reads again: kept here when it crossed the link).
     fn assemble(
         &self,
         wants: &[(&Arc<Entry>, u64, u64)],
         (parts, runs): (Vec<Part<'_>>, &[u32]),
         reader: &ReadFor,
-        stragglers: &std::collections::HashSet<u64>,
+        (stragglers, planned): (&std::collections::HashSet<u64>, Option<&[Matched]>),
     ) -> Vec<Checked> {
         let row = &reader.row;
         // Parts were planned in the order of the ranges: each range takes its run.
@@ -336,7 +486,7 @@ impl ReadPath {
             let (mut mine, mut missed, mut stored_miss, mut last) = (Vec::new(), false, false, None);
             while let Some(part) = parts.next_if(|p| p.want == want) {
                 missed |= part.missed;
-                stored_miss |= matches!(part.provenance, Provenance::Chunk(_));
+                stored_miss |= matches!(part.provenance, Provenance::Chunk(_) | Provenance::Fill(_));
                 last = Some(part.index);
                 mine.extend(part.bytes);
             }
@@ -344,6 +494,7 @@ impl ReadPath {
             // shards: a batch of 1-byte reads over thousands of cold shards must not
             // start a background fetch of each.
             let share = !reader.index_read
+                && planned.is_none()
                 && (speculated.len() < SPECULATIVE_SHARDS_PER_CALL || speculated.contains(&entry.id));
             if let Some(last) = last.filter(|_| share && !stragglers.contains(&entry.id)) {
                 speculated.insert(entry.id);
@@ -363,7 +514,15 @@ impl ReadPath {
             requests.fetch_add(1, Relaxed);
             bytes.fetch_add(length, Relaxed);
             row.read(length, !missed);
-            out.push(Checked::concat(mine));
+            let read = Checked::concat(mine);
+            // A sample of a job followed sample by sample that crossed the link is kept if the
+            // plan reads it again (`Admission::keep`).
+            if let (Some(Matched::Planned { next_use }), true) = (planned.and_then(|p| p.get(want)), missed) {
+                self.admission.keep(entry, wants[want].1, read.clone(), &reader.principal, *next_use);
+                // A copy the follower fetched ahead as this read fetched it is no one's now.
+                drop(self.staged.take(&(entry.id, wants[want].1, length)));
+            }
+            out.push(read);
         }
         // While the cache has room what crossed beyond the reads is kept for later reads
         // (whole shards fetched for a reader that reads half of each): an investment, not
@@ -445,13 +604,30 @@ impl ReadPath {
     }
 }
 
+/// `[from, to)` as a part a chunk's fetch takes from a reader's fetch as read: the end
+/// the read sends its bytes into (`fetch_parts`), and the part the chunk's fetch awaits.
+fn part_for_fill(from: u64, to: u64) -> (tokio::sync::oneshot::Sender<Result<Checked>>, KnownPart) {
+    let (part, bytes) = tokio::sync::oneshot::channel();
+    let bytes = async move {
+        bytes.await.unwrap_or_else(|_| Err(Error::Internal("the read a fill waited for ended".into())))
+    };
+    (part, KnownPart { from, to, bytes: bytes.boxed().shared() })
+}
+
 /// Where a part's bytes come from (its provenance: "source" is the read service's trait).
 enum Provenance {
     Stored,
     /// The chunk's fetch (it is stored once fetched).
     Chunk(ChunkFetch),
+    /// Fetched as read, and the rest of its chunk fetched beside it, the whole stored (a
+    /// miss the admission stores: `FetchOwner::fill`); the fill's part is sent it here.
+    Fill(Option<tokio::sync::oneshot::Sender<Result<Checked>>>),
     /// Fetched as read, not stored (not admitted, a plan's straggler, an index read).
     Direct,
+    /// A whole range its job's plan fetched ahead (`samples/`).
+    Staged,
+    /// A whole range kept for a later epoch (`kept.rs`).
+    KeptSample,
     /// Asked of the owner the reader's client asked first (a hedge, a failover), else as
     /// any miss (`ReadPath::hedged_part`).
     Hedged,
@@ -473,4 +649,6 @@ struct Part<'a> {
     /// It did not come from the store (a miss).
     missed: bool,
     bytes: Option<Checked>,
+    /// Its fetch as read, once started.
+    pending: Option<SharedFetch>,
 }

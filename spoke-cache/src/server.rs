@@ -205,6 +205,8 @@ pub async fn serve(
     say_what_is_wrong_at_start(&cache, options, listener.local_addr().ok());
     let evictor = tokio::spawn(cache.evictor().run(stopped()));
     let plan_fetcher = tokio::spawn(cache.plan_fetcher().run(stopped()));
+    let sample_follower = tokio::spawn(cache.sample_follower().run(stopped()));
+    let kept_flusher = tokio::spawn(flush_kept(cache.clone(), stopped()));
     let scraped = cache.clone();
     let metrics = tokio::spawn(serve_metrics(
         metrics_listener,
@@ -253,7 +255,7 @@ pub async fn serve(
     )
     .await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(evictor, plan_fetcher, metrics);
+    let _ = tokio::join!(evictor, plan_fetcher, sample_follower, metrics);
     // Readers get a fetched chunk's bytes before it is stored: let the chunks fetched so
     // far land, so that a clean stop keeps what was read (bounded: a fetch that is still
     // waiting for a stalled hub is given up).
@@ -261,7 +263,28 @@ pub async fn serve(
     while cache.fetches_in_flight() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+    // Kept samples waiting for their pack are written: a clean stop keeps them too.
+    let _ = kept_flusher.await;
     served.map_err(|e| Error::Transport(e.to_string()))
+}
+
+/// How often kept samples waiting for their pack are written when fewer than a pack's
+/// worth wait: a job that keeps slowly (the last samples of an epoch) is on disk within
+/// a second, and a pack is a few dozen samples at least.
+pub const KEPT_FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Writes the kept samples that wait, every [`KEPT_FLUSH_EVERY`] and once more at
+/// `shutdown`.
+async fn flush_kept(cache: Arc<Cache>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    let mut every = tokio::time::interval(KEPT_FLUSH_EVERY);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = every.tick() => cache.flush_kept().await,
+        }
+    }
+    cache.flush_kept().await;
 }
 
 /// How long a stopping spoke waits for fetched chunks to be stored. Storing what the
@@ -292,6 +315,7 @@ fn occupancy(cache: &Cache) -> Occupancy {
             (principal, (bytes, share))
         })
         .collect();
+    (occupancy.kept_sample_bytes, _, occupancy.staged_sample_bytes) = cache.samples_held();
     occupancy.speculation_useful_share = cache.speculation().useful_share();
     occupancy.speculation_unread_bytes = cache.speculation().unread();
     for entry in cache.entries() {

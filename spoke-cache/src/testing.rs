@@ -55,7 +55,9 @@ pub struct FakeSupply {
     /// Calls (fetches and stats) still to fail.
     failures: AtomicUsize,
     wrong: Mutex<Option<Wrong>>,
+    /// Ranges asked for (one each, batched or not), and calls that asked for several.
     pub fetches: AtomicUsize,
+    pub batches: AtomicUsize,
     pub stats: AtomicUsize,
     /// Bytes being fetched now, and the most there ever were at once.
     fetching: AtomicU64,
@@ -121,6 +123,11 @@ impl FakeSupply {
 
     async fn answer_for(&self, want: Want<'_>) -> Result<Supplied> {
         self.call().await?;
+        self.answer_now(want)
+    }
+
+    /// The answer to `want`, with no latency and no failure on command.
+    fn answer_now(&self, want: Want<'_>) -> Result<Supplied> {
         let (mut version, data) = self.held(want.dataset, want.shard)?;
         if want.version.is_some_and(|v| v != version) {
             let message = format!("{} is at {version}", want.shard);
@@ -141,6 +148,33 @@ impl FakeSupply {
 impl Supply for FakeSupply {
     fn fetch<'a>(&'a self, want: Want<'a>, _avoid: &'a [String]) -> BoxFuture<'a, Result<Supplied>> {
         self.supply(want).boxed()
+    }
+
+    /// One call for all of `wants` (one latency, one failure), each its own answer, as a
+    /// hub's `ReadRanges`.
+    fn fetch_many<'a>(
+        &'a self,
+        wants: &'a [Want<'a>],
+        _avoid: &'a [String],
+    ) -> BoxFuture<'a, Vec<Result<Supplied>>> {
+        async move {
+            self.batches.fetch_add(1, SeqCst);
+            let length: u64 = wants.iter().map(|w| w.length).sum();
+            let now = self.fetching.fetch_add(length, SeqCst) + length;
+            self.most_fetching.fetch_max(now, SeqCst);
+            let called = self.call().await;
+            let mut answers = Vec::with_capacity(wants.len());
+            for &want in wants {
+                self.fetches.fetch_add(1, SeqCst);
+                answers.push(match &called {
+                    Ok(()) => self.answer_now(want),
+                    Err(e) => Err(e.clone()),
+                });
+            }
+            self.fetching.fetch_sub(length, SeqCst);
+            answers
+        }
+        .boxed()
     }
 
     fn join_owner<'a>(&'a self, _want: Want<'a>, _avoid: &'a [String]) -> BoxFuture<'a, Joined> {
@@ -189,8 +223,9 @@ pub fn parts(chunk_size: u64, capacity: u64, bytes_in_flight: u64) -> Parts {
     let capacity = Arc::new(Capacity::new(capacity, 0.95, 0.85, used));
     let metrics = Arc::new(Metrics::default());
     let speculation = Arc::new(Speculation::new(capacity.capacity()));
+    let (kept, _) = crate::kept::Kept::load(store.load_packs().unwrap());
     let admission = Arc::new(Admission::new(
-        store.clone(),
+        (store.clone(), kept),
         catalog.clone(),
         (capacity.clone(), speculation),
         metrics.clone(),

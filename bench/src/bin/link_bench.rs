@@ -9,7 +9,10 @@
 //!   --bs=16k --rw=randread --numjobs=64`), every record once an epoch;
 //! - `python` (with `--python PY`, a Python with this repo's SDK and torch:
 //!   `scripts/link-bench.sh`): `shardcache.ShardDataset` under
-//!   `DataLoader(shuffle=True, batch_size=32, num_workers=2)`, as a new user writes it;
+//!   `DataLoader(shuffle=True, batch_size=32, num_workers=2)`, as a new user writes it,
+//!   then the same straight from the hub over the same link (its baseline);
+//! - `sampler` (the same Python): the same reader with `sampler=shardcache.ShardSampler(ds)`,
+//!   which sends the spoke its order (a plan followed sample by sample);
 //! - `tenants`: on a spoke with tokens, Alice trains on 64 MiB (half the cache) for an
 //!   epoch, then reads her next epoch while Bob scans 384 MiB (three times the cache)
 //!   once: Alice's hits in her second epoch, and what Bob's scan cost.
@@ -126,6 +129,7 @@ async fn sdk(setup: &Setup) -> Vec<Row> {
     let spoke = setup.spoke(cache.path(), &[]);
     let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
     let client = Client::connect(&spoke.endpoint).await.unwrap();
+    let hub = Client::connect(&setup.link.endpoint).await.unwrap();
     let mut rows = Vec::new();
     for epoch in 1..=2 {
         let order = shuffled(SHARDS, SHARD, u64::from(epoch));
@@ -135,6 +139,20 @@ async fn sdk(setup: &Setup) -> Vec<Row> {
         let link = on_the_link(&control, "c4").await - before;
         let read = order.len() as u64 * RECORD;
         rows.push(Row::half_size("SDK ReadRanges", epoch, read, link, seconds));
+    }
+    // The same reads straight from the hub over the same link: every byte crosses it.
+    for epoch in 1..=2 {
+        let order = shuffled(SHARDS, SHARD, u64::from(epoch));
+        let started = Instant::now();
+        read_batches(&hub, "c4", &setup.files, &order).await;
+        let read = order.len() as u64 * RECORD;
+        rows.push(Row::half_size(
+            "SDK ReadRanges, no cache",
+            epoch,
+            read,
+            read,
+            started.elapsed().as_secs_f64(),
+        ));
     }
     rows
 }
@@ -189,15 +207,25 @@ async fn mount(setup: &Setup) -> Vec<Row> {
     rows
 }
 
-async fn python(setup: &Setup, python: &str) -> Vec<Row> {
+/// The Python map-style reader (`link/map_style.py`) through a fresh half-size spoke, or
+/// (`spoke` false) straight from the hub over the link; `sampler`: with ShardSampler.
+async fn python(setup: &Setup, python: &str, (spoke, sampler): (bool, bool)) -> Vec<Row> {
     let cache = tempfile::tempdir().unwrap();
-    let spoke = setup.spoke(cache.path(), &[]);
+    let spoke = spoke.then(|| setup.spoke(cache.path(), &[]));
+    let endpoint = spoke.as_ref().map_or(setup.link.endpoint.clone(), |s| s.endpoint.clone());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/link/map_style.py");
     let files = setup.root.path().join("c4");
-    let out = std::process::Command::new(python)
-        .args([script, "--endpoint", &spoke.endpoint, "--dataset", "c4", "--files", files.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let mut args =
+        vec![script, "--endpoint", &endpoint, "--dataset", "c4", "--files", files.to_str().unwrap()];
+    if sampler {
+        args.push("--sampler");
+    }
+    let reader = match (&spoke, sampler) {
+        (Some(_), false) => "Python ShardDataset, DataLoader(shuffle=True)",
+        (Some(_), true) => "Python ShardDataset, DataLoader(sampler=ShardSampler)",
+        (None, _) => "Python ShardDataset, DataLoader(shuffle=True), no cache",
+    };
+    let out = std::process::Command::new(python).args(&args).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout)
         .unwrap()
@@ -207,7 +235,7 @@ async fn python(setup: &Setup, python: &str) -> Vec<Row> {
             let read = v["read"].as_u64().unwrap();
             let epoch = v["epoch"].as_u64().unwrap() as u32;
             let (link, seconds) = (v["link"].as_u64().unwrap(), v["seconds"].as_f64().unwrap());
-            Row::half_size("Python ShardDataset, DataLoader(shuffle=True)", epoch, read, link, seconds)
+            Row::half_size(reader, epoch, read, link, seconds)
         })
         .collect()
 }
@@ -285,7 +313,7 @@ async fn main() {
         args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1).cloned())
     };
     let python_bin = arg("--python");
-    let wanted = arg("--readers").unwrap_or_else(|| "sdk,mount,python,tenants".into());
+    let wanted = arg("--readers").unwrap_or_else(|| "sdk,mount,python,sampler,tenants".into());
     let setup = Setup::new();
     let mut rows = Vec::new();
     for reader in wanted.split(',') {
@@ -293,11 +321,18 @@ async fn main() {
             "sdk" => rows.extend(sdk(&setup).await),
             "mount" => rows.extend(mount(&setup).await),
             "python" => match &python_bin {
-                Some(bin) => rows.extend(python(&setup, bin).await),
+                Some(bin) => {
+                    rows.extend(python(&setup, bin, (true, false)).await);
+                    rows.extend(python(&setup, bin, (false, false)).await);
+                }
                 None => eprintln!("python: skipped (give --python PY, or run scripts/link-bench.sh)"),
             },
+            "sampler" => match &python_bin {
+                Some(bin) => rows.extend(python(&setup, bin, (true, true)).await),
+                None => eprintln!("sampler: skipped (give --python PY, or run scripts/link-bench.sh)"),
+            },
             "tenants" => rows.extend(tenants(&setup).await),
-            other => panic!("unknown reader {other:?}: sdk, mount, python, tenants"),
+            other => panic!("unknown reader {other:?}: sdk, mount, python, sampler, tenants"),
         }
     }
     println!(

@@ -202,24 +202,33 @@ async fn main() -> anyhow::Result<()> {
         demo.compression_setups(work.path()).await?;
     }
 
-    // 5. and 6. Room for half the dataset: least recently used, then the access plan.
+    // 5. and 6. Room for half the dataset, in each order: least recently used, the access
+    // plan, and no cache at all.
     if !demo.args.skip_small_cache && !demo.args.group_only {
-        for (setup, with_plan) in [("half-size spoke, LRU", false), ("half-size spoke, plan", true)] {
-            println!("\n== {setup}");
+        for setup in small_cache::SETUPS {
+            println!("\n== {}", setup.name);
             let cache = tempfile::tempdir_in(work.path())?;
             let capacity = format!("{}B", demo.dataset_bytes() / 2);
-            let spoke = SpokeProcess::start(
-                &proxy.endpoint,
-                cache.path(),
-                &["--capacity", &capacity, "--plan-window", &demo.args.plan_window],
-            );
-            let small = small_cache::SmallCache { spoke: &spoke.endpoint, job: demo.workload() };
-            let (rows, steps) = small.run(setup, with_plan).await?;
+            let spoke = setup.cached.then(|| {
+                SpokeProcess::start(
+                    &proxy.endpoint,
+                    cache.path(),
+                    &["--capacity", &capacity, "--plan-window", &demo.args.plan_window],
+                )
+            });
+            let server = spoke.as_ref().map_or(&proxy.endpoint, |s| &s.endpoint);
+            let small = small_cache::SmallCache {
+                spoke: server,
+                job: demo.workload(),
+                order: setup.order,
+                cached: setup.cached,
+            };
+            let (rows, steps) = small.run(setup.name, setup.plan).await?;
             for r in &rows {
                 println!("{}", small_cache::markdown_row(r));
             }
             demo.small_rows.extend(rows);
-            demo.small_series.push((setup.to_owned(), steps));
+            demo.small_series.push((setup.name.to_owned(), steps));
         }
     }
     // 7. to 9. Two trainer nodes: a spoke each, a group of three spokes, and the group

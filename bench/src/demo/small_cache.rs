@@ -1,17 +1,22 @@
 //! The demo's small-cache setups: a spoke with room for half the dataset, three epochs
 //! in a new order each, evicting least recently used, or following the job's access
-//! plan (`SetPlan` at each epoch's start: this epoch and the next). Reads name the job
-//! and epoch, so each epoch's hit ratio and hub bytes are the spoke's own per-job rows.
+//! plan (`SetPlan` at each epoch's start: this epoch and the next; and, where the spoke
+//! follows it sample by sample, the epoch's samples with where each is read next:
+//! `PlanSamples`). Reads name the job and epoch, so each epoch's hit ratio and hub bytes
+//! are the spoke's own per-job rows. The orders: the demo's block shuffle, a uniform
+//! shuffle (one block of every shard: `StreamingShardDataset(shard_block=ALL)`), and a
+//! map-style sampler's (`ShardSampler`'s permutation); each also read straight from the
+//! hub with no cache, its baseline.
 
 use std::time::Duration;
 
 use futures::FutureExt;
-use shardcache_client::{CacheClient, Client, PlannedEpoch};
+use shardcache_client::{CacheClient, Client, PlannedEpoch, PlannedSample, order::SamplerOrder};
 
 use super::{
     Workload, readers,
     report::phase_row,
-    trainer::{EpochOrder, Step, epoch_order, run_epoch},
+    trainer::{EpochOrder, Sample, Step, epoch_order, run_epoch},
 };
 
 /// Epochs each small-cache setup runs.
@@ -34,17 +39,113 @@ pub struct EpochRow {
     pub first_steps_gpu_util_pct: f64,
 }
 
-/// A small-cache setup: the spoke to read through, and the job.
+/// How a small-cache setup's epochs order the samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The demo's block shuffle (`--block-shards`).
+    Blocks,
+    /// Every sample of the epoch in one random order (one block of every shard).
+    Uniform,
+    /// A map-style sampler's order (`shardcache_client::order::SamplerOrder`).
+    Sampler,
+}
+
+/// One row group of the small-cache table: its name, order, whether it reads through a
+/// spoke of half the dataset's size (else straight from the hub) and sends its plan.
+#[derive(Debug, Clone, Copy)]
+pub struct Setup {
+    pub name: &'static str,
+    pub order: Order,
+    pub cached: bool,
+    pub plan: bool,
+}
+
+/// The small-cache setups, each beside its baseline with no cache.
+pub const SETUPS: [Setup; 8] = [
+    Setup { name: "half-size spoke, LRU", order: Order::Blocks, cached: true, plan: false },
+    Setup { name: "half-size spoke, plan", order: Order::Blocks, cached: true, plan: true },
+    Setup { name: "block shuffle, no cache", order: Order::Blocks, cached: false, plan: false },
+    Setup { name: "uniform shuffle, half-size spoke, plan", order: Order::Uniform, cached: true, plan: true },
+    Setup { name: "uniform shuffle, no cache", order: Order::Uniform, cached: false, plan: false },
+    Setup {
+        name: "map-style, ShardSampler, half-size spoke",
+        order: Order::Sampler,
+        cached: true,
+        plan: true,
+    },
+    Setup {
+        name: "map-style, RandomSampler, half-size spoke",
+        order: Order::Sampler,
+        cached: true,
+        plan: false,
+    },
+    Setup { name: "map-style, no cache", order: Order::Sampler, cached: false, plan: false },
+];
+
+/// A small-cache setup: the server to read through (a spoke, or the hub: `cached` false),
+/// the job and its order.
 #[derive(Debug, Clone)]
 pub struct SmallCache<'a> {
     pub spoke: &'a str,
     pub job: Workload<'a>,
+    pub order: Order,
+    pub cached: bool,
 }
 
 impl SmallCache<'_> {
     fn order(&self, epoch: u64) -> EpochOrder {
+        let layout = self.job.layout;
         // Seeds 11, 12, ...: other orders than the seed setups' epochs.
-        epoch_order(self.job.layout, self.job.block_shards, 11 + epoch)
+        match self.order {
+            Order::Blocks => epoch_order(layout, self.job.block_shards, 11 + epoch),
+            Order::Uniform => epoch_order(layout, layout.shards, 11 + epoch),
+            Order::Sampler => {
+                let n = u64::from(layout.shards) * layout.samples_per_shard;
+                let sampler = SamplerOrder { n, seed: 11, shuffle: true, ranks: 1, drop_last: false };
+                let samples: Vec<Sample> = sampler
+                    .rank_samples(epoch, 0, (0, 0), n)
+                    .into_iter()
+                    .map(|i| Sample {
+                        shard: (i / layout.samples_per_shard) as u32,
+                        offset: i % layout.samples_per_shard * layout.sample_bytes,
+                    })
+                    .collect();
+                let mut shard_order: Vec<u32> = Vec::new();
+                for s in &samples {
+                    if !shard_order.contains(&s.shard) {
+                        shard_order.push(s.shard);
+                    }
+                }
+                EpochOrder { samples, shard_order }
+            }
+        }
+    }
+
+    /// Sends the spoke epoch `epoch`'s samples (positions counted across epochs), each
+    /// with the position of its read in the next epoch, as the SDK does for a plan the
+    /// spoke follows sample by sample (here all of an epoch at its start, in calls of
+    /// 8192: the spoke fetches the nearest first whatever it holds).
+    async fn plan_samples(&self, control: &CacheClient, epoch: u64) -> anyhow::Result<()> {
+        let (this, next) = (self.order(epoch), self.order(epoch + 1));
+        let n = this.samples.len() as u64;
+        let at: std::collections::HashMap<(u32, u64), u64> =
+            next.samples.iter().enumerate().map(|(i, s)| ((s.shard, s.offset), i as u64)).collect();
+        let reads: Vec<PlannedSample> = this
+            .samples
+            .iter()
+            .enumerate()
+            .map(|(i, s)| PlannedSample {
+                position: epoch * n + i as u64,
+                shard: self.job.names[s.shard as usize].clone(),
+                offset: s.offset,
+                length: self.job.sample_bytes,
+                next_use: at.get(&(s.shard, s.offset)).map(|p| (epoch + 1) * n + p),
+            })
+            .collect();
+        for window in reads.chunks(8192) {
+            control.plan_samples(&format!("{JOB}/all-ranks"), self.job.dataset, n, window).await?;
+        }
+        Ok(())
     }
 
     fn plan(&self, epoch: u64) -> PlannedEpoch {
@@ -55,31 +156,55 @@ impl SmallCache<'_> {
     /// Runs [`EPOCHS`] epochs (the first with no head start: the job's first step comes
     /// as soon as its first batches do); returns each epoch's row and every step.
     pub async fn run(&self, setup: &str, with_plan: bool) -> anyhow::Result<(Vec<EpochRow>, Vec<Step>)> {
-        let control = CacheClient::connect(self.spoke).await?;
+        let control = match self.cached {
+            true => Some(CacheClient::connect(self.spoke).await?),
+            false => None,
+        };
         let dataset_bytes =
             u64::from(self.job.layout.shards) * self.job.layout.samples_per_shard * self.job.sample_bytes;
         let global = self.job.shape.ranks * self.job.shape.batch_per_rank;
         let (mut rows, mut all) = (Vec::new(), Vec::new());
         for epoch in 0..EPOCHS {
-            if with_plan {
+            if let (true, Some(control)) = (with_plan, &control) {
                 // One plan for the job: every rank reads its slice of each step, in step
                 // order, so the job as a whole reads the epoch order.
-                control
-                    .set_plan(
+                let answer = control
+                    .plan(
                         &format!("{JOB}/all-ranks"),
                         epoch,
                         self.job.dataset,
                         &[self.plan(epoch), self.plan(epoch + 1)],
                     )
                     .await?;
+                if answer.samples {
+                    self.plan_samples(control, epoch).await?;
+                }
             }
             let client = Client::connect(self.spoke).await?.for_job(JOB, epoch)?;
             let read = readers::grpc(client, self.job.dataset, self.job.names.clone(), self.job.sample_bytes);
             let order = self.order(epoch);
             let run = run_epoch(&order, self.job.shape, read, Duration::ZERO, |_| async {}.boxed()).await?;
+            let reads: Vec<Duration> = run.reads.iter().map(|(_, d)| *d).collect();
+            let whole = phase_row(setup, "", &run.steps, &reads, global, None);
+            let first = phase_row(setup, "", &run.steps[..10.min(run.steps.len())], &[], global, None);
+            let Some(control) = &control else {
+                // Straight from the hub: every byte read crossed the link once.
+                rows.push(EpochRow {
+                    setup: setup.to_owned(),
+                    epoch: epoch + 1,
+                    hit_reads_pct: 0.0,
+                    hub_bytes_per_dataset: (run.steps.len() * global) as f64 * self.job.sample_bytes as f64
+                        / dataset_bytes as f64,
+                    gpu_util_pct: whole.gpu_util_pct,
+                    samples_per_s: whole.samples_per_s,
+                    first_steps_gpu_util_pct: first.gpu_util_pct,
+                });
+                all.extend(run.steps);
+                continue;
+            };
             // Fetches of this epoch's shards may still be running (a whole-shard fetch
             // after the last read): wait for the hub bytes to stop growing.
-            let status = settled_status(&control).await?;
+            let status = settled_status(control).await?;
             let row = status
                 .jobs
                 .iter()
@@ -91,9 +216,6 @@ impl SmallCache<'_> {
                 row.reads,
                 run.steps.len() * global
             );
-            let reads: Vec<Duration> = run.reads.iter().map(|(_, d)| *d).collect();
-            let whole = phase_row(setup, "", &run.steps, &reads, global, None);
-            let first = phase_row(setup, "", &run.steps[..10.min(run.steps.len())], &[], global, None);
             rows.push(EpochRow {
                 setup: setup.to_owned(),
                 epoch: epoch + 1,

@@ -8,6 +8,7 @@
 //! - Errors are `ShardcacheError` with `.code` (the gRPC code, e.g. `"NOT_FOUND"`) and
 //!   `.message`; bytes handed out have passed the SDK's CRC32C, offset and version checks.
 
+mod order;
 mod samples;
 
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,7 @@ use pyo3::{
     types::{PyBytes, PyDict, PyList},
 };
 use shardcache_client::{
-    CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, Range, ShardStream,
+    CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, PlannedSample, Range, ShardStream,
 };
 use shardcache_formats::{Budget, SampleIndex};
 use shardcache_transport::tls::ClientTlsFiles;
@@ -411,14 +412,69 @@ impl Client {
         epochs: Vec<Vec<String>>,
         until: Option<Vec<Vec<u32>>>,
     ) -> PyResult<u64> {
-        let mut until = until.unwrap_or_default().into_iter();
-        let epochs: Vec<PlannedEpoch> = epochs
-            .into_iter()
-            .map(|shards| PlannedEpoch { shards, until: until.next().unwrap_or_default() })
-            .collect();
+        let epochs = planned_epochs(epochs, until);
         let runtime = runtime()?;
         let control = self.control(py, &runtime)?;
         py.detach(|| runtime.block_on(control.set_plan(&job, epoch, &dataset, &epochs))).map_err(to_py)
+    }
+
+    /// ``set_plan``, answering a dict: ``shards`` (the distinct shards the plan names) and
+    /// ``samples`` (True: a block of it does not fit the spoke's cache, so the spoke
+    /// follows it sample by sample: send its samples with ``plan_samples``).
+    #[pyo3(signature = (job, epoch, dataset, epochs, until=None))]
+    fn plan<'py>(
+        &self,
+        py: Python<'py>,
+        job: String,
+        epoch: u64,
+        dataset: String,
+        epochs: Vec<Vec<String>>,
+        until: Option<Vec<Vec<u32>>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let epochs = planned_epochs(epochs, until);
+        let runtime = runtime()?;
+        let control = self.control(py, &runtime)?;
+        let answer =
+            py.detach(|| runtime.block_on(control.plan(&job, epoch, &dataset, &epochs))).map_err(to_py)?;
+        let d = PyDict::new(py);
+        d.set_item("shards", answer.shards)?;
+        d.set_item("samples", answer.samples)?;
+        Ok(d)
+    }
+
+    /// Tells a spoke ``job``'s next reads of ``dataset`` sample by sample: ``reads`` are
+    /// ``(position, shard, offset, length, next_use)`` (positions counted across epochs
+    /// of ``epoch_samples`` samples; ``next_use`` the position of the sample's next read,
+    /// or None). The spoke fetches the nearest ahead, holds them until read and keeps
+    /// those read again. Answers a dict: ``planned`` (reads it holds in the plan) and
+    /// ``window_bytes`` (how far ahead it fetches).
+    fn plan_samples<'py>(
+        &self,
+        py: Python<'py>,
+        job: String,
+        dataset: String,
+        epoch_samples: u64,
+        reads: Vec<(u64, String, u64, u64, Option<u64>)>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let reads: Vec<PlannedSample> = reads
+            .into_iter()
+            .map(|(position, shard, offset, length, next_use)| PlannedSample {
+                position,
+                shard,
+                offset,
+                length,
+                next_use,
+            })
+            .collect();
+        let runtime = runtime()?;
+        let control = self.control(py, &runtime)?;
+        let answer = py
+            .detach(|| runtime.block_on(control.plan_samples(&job, &dataset, epoch_samples, &reads)))
+            .map_err(to_py)?;
+        let d = PyDict::new(py);
+        d.set_item("planned", answer.planned)?;
+        d.set_item("window_bytes", answer.window_bytes)?;
+        Ok(d)
     }
 
     /// A spoke's occupancy and per-dataset counters.
@@ -474,6 +530,12 @@ impl Client {
         d.set_item("principals", principals)?;
         d.set_item("speculation_useful_share", status.speculation_useful_share)?;
         d.set_item("speculation_unread_bytes", status.speculation_unread_bytes)?;
+        // Plans followed sample by sample: what the spoke keeps for later epochs, and holds
+        // fetched ahead of reads.
+        d.set_item("kept_sample_bytes", status.kept_sample_bytes)?;
+        d.set_item("kept_sample_packs", status.kept_sample_packs)?;
+        d.set_item("staged_sample_bytes", status.staged_sample_bytes)?;
+        d.set_item("sample_window_bytes", status.sample_window_bytes)?;
         let plans = PyList::empty(py);
         for p in status.plans {
             let item = PyDict::new(py);
@@ -547,11 +609,23 @@ impl ShardReader {
     }
 }
 
+/// A plan's epochs as Python gives them: one shard list each, and (or not) one `until`
+/// list each.
+fn planned_epochs(epochs: Vec<Vec<String>>, until: Option<Vec<Vec<u32>>>) -> Vec<PlannedEpoch> {
+    let mut until = until.unwrap_or_default().into_iter();
+    epochs
+        .into_iter()
+        .map(|shards| PlannedEpoch { shards, until: until.next().unwrap_or_default() })
+        .collect()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<ShardReader>()?;
     m.add_class::<samples::Samples>()?;
+    m.add_class::<order::Permutation>()?;
+    m.add_class::<order::SamplerOrder>()?;
     m.add("ShardcacheError", m.py().get_type::<ShardcacheError>())?;
     Ok(())
 }

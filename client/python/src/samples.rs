@@ -72,6 +72,21 @@ impl Samples {
         self.index.units()
     }
 
+    /// Where each of ``samples`` (``(shard, sample)`` each) is: a list per sample of its
+    /// pieces ``(shard, offset, length)`` (one for most formats; a WebDataset sample's
+    /// fields; a window of tokens across two shards), what a read of it asks the server
+    /// for: what a plan followed sample by sample names. Raises for a format whose
+    /// samples are not ranges of its files (MDS shards compressed whole).
+    fn pieces(&self, samples: Vec<(usize, u64)>) -> PyResult<Vec<Vec<(usize, u64, u64)>>> {
+        samples
+            .into_iter()
+            .map(|(shard, k)| {
+                let pieces = self.index.pieces(shard, k).map_err(crate::to_py)?;
+                Ok(pieces.into_iter().map(|p| (p.shard, p.offset, p.length)).collect())
+            })
+            .collect()
+    }
+
     /// The size of a record (format "records"), else None.
     #[getter]
     fn record_size(&self) -> Option<u64> {

@@ -62,3 +62,54 @@ def test_a_plan_names_the_shards_in_the_order_of_their_first_read():
         for shard, _, _ in block.units:
             ends[shard] = len(expected) - 1
     assert blocks == expected and until == [ends[s] for s in expected]
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _reference_permutation(n, key):
+    """The Python permutation every release before the Rust one computed (the states they
+    saved resume in its order): a Feistel network over the next power of four, keyed by
+    blake2b, cycle-walking."""
+    import hashlib
+
+    bits = max(2, (n - 1).bit_length())
+    bits += bits & 1
+    half, mask = bits // 2, (1 << (bits // 2)) - 1
+    digest = hashlib.blake2b(key.encode(), digest_size=32).digest()
+    keys = [int.from_bytes(digest[8 * r: 8 * r + 8], "little") for r in range(4)]
+
+    def mix(x):
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+        return x ^ (x >> 31)
+
+    def encrypt(x):
+        left, right = x >> half, x & mask
+        for k in keys:
+            left, right = right, left ^ (mix(right ^ k) & mask)
+        return (left << half) | right
+
+    def at(p):
+        x = encrypt(p)
+        while x >= n:
+            x = encrypt(x)
+        return x
+
+    return [at(p) for p in range(n)]
+
+
+@pytest.mark.parametrize("n,key", [(1, "a"), (5, "shardcache:0:1:block0"), (1000, "k"), (4097, "shardcache:3:2:block8")])
+def test_the_native_permutation_is_the_one_earlier_releases_computed_and_inverts(n, key):
+    p = Permutation(n, key)
+    assert [p[i] for i in range(n)] == _reference_permutation(n, key)
+    assert p.take(0, n) == [p[i] for i in range(n)]
+    assert all(p.position_of(p[i]) == i for i in range(n))
+
+
+def test_where_a_block_begins_is_where_its_samples_are_read():
+    order = EpochOrder(UNITS, seed=4, epoch=1, shuffle=True, shard_block=2)
+    for position, (shard, sample) in enumerate(order):
+        start = order.block_start_of(shard, sample)
+        block = order.blocks[order.starts.index(start)]
+        assert block.start <= position < block.start + block.size, (shard, sample)

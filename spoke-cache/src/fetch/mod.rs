@@ -46,7 +46,7 @@ use crate::{
 };
 
 /// A chunk's bytes (with their checksum), shared by everyone waiting for them.
-pub(crate) type SharedFetch = Shared<BoxFuture<'static, Result<Checked>>>;
+pub type SharedFetch = Shared<BoxFuture<'static, Result<Checked>>>;
 
 /// One chunk's fetch, shared by everyone who needs the chunk while it runs.
 #[derive(Debug, Clone)]
@@ -58,6 +58,41 @@ pub struct ChunkFetch {
     pub(crate) stored: Shared<BoxFuture<'static, Result<u64>>>,
     /// A read has used (or waits for) its bytes: stored, it is no unread speculation.
     read: Arc<std::sync::atomic::AtomicBool>,
+    /// It has its room and has asked upstream: a reader joining it waits no longer than a
+    /// fetch of its own would (one still waiting for room is not joined: `ReadPath`).
+    started: Arc<std::sync::atomic::AtomicBool>,
+    /// A part of the chunk a reader fetches as read, to be taken instead of asked for when
+    /// the fetch starts (a fill's, or one lent while it waited for room).
+    known: Arc<Mutex<Option<KnownPart>>>,
+}
+
+impl ChunkFetch {
+    /// Whether it has asked upstream already.
+    pub fn is_started(&self) -> bool {
+        self.started.load(Relaxed)
+    }
+
+    /// Lends it `part`, which a reader fetches as read, while it waits for room: when it
+    /// starts it asks only for the rest of the chunk (the reader is answered by its own
+    /// fetch, the link carries the chunk once). Whether it took the part (not once started,
+    /// nor when another reader's part is there already).
+    pub fn lend(&self, part: KnownPart) -> bool {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_started() || known.is_some() {
+            return false;
+        }
+        *known = Some(part);
+        true
+    }
+}
+
+/// The part of a chunk a reader's fetch as read brings (`[from, to)` of the shard), which
+/// the chunk's fill takes instead of fetching it again ([`FetchOwner::fill`]).
+#[derive(Debug)]
+pub struct KnownPart {
+    pub from: u64,
+    pub to: u64,
+    pub bytes: SharedFetch,
 }
 
 /// Whom a fetch is for.
@@ -142,6 +177,32 @@ impl FetchOwner {
     /// one is already running (then the bytes it fetches are counted in `fetch.row`).
     /// `None` when the chunk is stored: read it from the store.
     pub fn chunk(&self, entry: &Arc<Entry>, index: u64, fetch: FetchFor<'_>) -> Option<ChunkFetch> {
+        self.start_chunk(entry, index, fetch, None)
+    }
+
+    /// Chunk `index` of `entry` filled beside a reader's fetch as read of `part` of it (a
+    /// miss the admission stores): the rest of the chunk is fetched (the part's bytes are
+    /// the reader's fetch's, not asked again), the whole verified and stored. The reader is
+    /// answered as soon as its own bytes arrive, never after the chunk's; the link carries
+    /// the chunk once. The running fetch of the chunk when one was running already (it
+    /// then brings the whole chunk); `None` when the chunk is stored.
+    pub fn fill(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        part: KnownPart,
+        fetch: FetchFor<'_>,
+    ) -> Option<ChunkFetch> {
+        self.start_chunk(entry, index, fetch, Some(part))
+    }
+
+    fn start_chunk(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        fetch: FetchFor<'_>,
+        part: Option<KnownPart>,
+    ) -> Option<ChunkFetch> {
         let key = (entry.id, index);
         let mut inflight = self.inner.inflight();
         if let Some(running) = inflight.get(&key) {
@@ -162,13 +223,22 @@ impl FetchOwner {
         let speculated = self.inner.speculations.get(&entry.dataset, &entry.shard, offset, length);
         let (bytes_tx, bytes_rx) = tokio::sync::oneshot::channel();
         let read = Arc::new(std::sync::atomic::AtomicBool::new(!fetch.speculative));
-        let job = self.inner.clone().fetch(
-            entry.clone(),
+        // Room at hand: the fetch asks upstream as soon as its task runs (readers join it).
+        let room = self.inner.upstream.room_now(length);
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(room.is_some()));
+        let known = Arc::new(Mutex::new(part));
+        let task = ChunkTask {
+            entry: entry.clone(),
             index,
-            Owned::of(fetch),
-            (speculated, read.clone(), self.inner.capacity.reserve(length)),
-            bytes_tx,
-        );
+            fetch: Owned::of(fetch),
+            known: known.clone(),
+            speculated,
+            read: read.clone(),
+            room,
+            started: started.clone(),
+            _reserved: self.inner.capacity.reserve(length),
+        };
+        let job = self.inner.clone().fetch(task, bytes_tx);
         // Removed only after this fetch was registered: the lock is held until then.
         let done = self.inner.clone();
         let stored = spawn_shared("chunk fetch", job, move || {
@@ -179,7 +249,7 @@ impl FetchOwner {
                 .await
                 .unwrap_or_else(|_| Err(Error::Internal("a chunk fetch ended without an answer".into())))
         };
-        let fetch = ChunkFetch { fetched: fetched.boxed().shared(), stored, read };
+        let fetch = ChunkFetch { fetched: fetched.boxed().shared(), stored, read, started, known };
         inflight.insert(key, fetch.clone());
         Some(fetch)
     }
@@ -260,18 +330,97 @@ impl FetchOwner {
             match direct.get(&key) {
                 Some(running) => running.clone(),
                 None => {
-                    let (inner, entry, owned) = (self.inner.clone(), entry.clone(), Owned::of(fetch));
-                    let job = async move { inner.fetch_as_read(&entry, offset, length, &owned).await };
-                    let done = self.inner.clone();
-                    let shared = spawn_shared("range fetch", job, move || {
-                        done.direct().remove(&key);
-                    });
+                    let shared = self.spawn_direct(entry, offset, length, fetch);
                     direct.insert(key, shared.clone());
                     shared
                 }
             }
         };
         shared.await
+    }
+
+    /// Every `(entry, offset, length)` of `wants` fetched as read and not stored, as
+    /// [`FetchOwner::direct`]; see [`FetchOwner::start_direct`].
+    pub async fn direct_many(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        fetch: FetchFor<'_>,
+    ) -> Result<Vec<Checked>> {
+        futures::future::try_join_all(self.start_direct(wants, fetch)).await
+    }
+
+    /// The fetches as read of `wants`, one shared fetch each, in order: a running one of
+    /// the same range joined, one taking up a read alongside the shard's stat on its own,
+    /// and all the others started together in as few calls upstream as the suppliers
+    /// allow (`Supply::fetch_many`): a batch of a reader's misses costs one round trip
+    /// over the long link, as it does to a hub with no cache, not one per range.
+    pub fn start_direct(&self, wants: &[(&Arc<Entry>, u64, u64)], fetch: FetchFor<'_>) -> Vec<SharedFetch> {
+        let mut out: Vec<Option<SharedFetch>> = vec![None; wants.len()];
+        // (slot, entry, offset, length) of the ranges the batch fetches, each once.
+        let mut batch: Vec<(usize, Arc<Entry>, u64, u64)> = Vec::new();
+        let mut in_batch: HashMap<(u64, u64, u64), usize> = HashMap::new();
+        let mut repeats: Vec<(usize, usize)> = Vec::new();
+        let mut direct = self.inner.direct();
+        for (slot, &(entry, offset, length)) in wants.iter().enumerate() {
+            let key = (entry.id, offset, length);
+            if let Some(running) = direct.get(&key) {
+                out[slot] = Some(running.clone());
+            } else if let Some(&j) = in_batch.get(&key) {
+                repeats.push((slot, j));
+            } else if self.inner.speculations.get(&entry.dataset, &entry.shard, offset, length).is_some() {
+                let shared = self.spawn_direct(entry, offset, length, fetch);
+                direct.insert(key, shared.clone());
+                out[slot] = Some(shared);
+            } else {
+                in_batch.insert(key, batch.len());
+                batch.push((slot, entry.clone(), offset, length));
+            }
+        }
+        if !batch.is_empty() {
+            let keys: Vec<(u64, u64, u64)> = batch.iter().map(|(_, e, o, l)| (e.id, *o, *l)).collect();
+            let parts: Vec<(Arc<Entry>, u64, u64)> =
+                batch.iter().map(|(_, e, o, l)| (e.clone(), *o, *l)).collect();
+            let (inner, owned) = (self.inner.clone(), Owned::of(fetch));
+            let job = async move { Ok(inner.fetch_batch_as_read(&parts, &owned).await) };
+            let (done, done_keys) = (self.inner.clone(), keys.clone());
+            // One task fetches the batch; each range's readers share its part of the answer.
+            let all = spawn_shared("range batch fetch", job, move || {
+                let mut direct = done.direct();
+                for key in &done_keys {
+                    direct.remove(key);
+                }
+            });
+            for (j, (slot, ..)) in batch.iter().enumerate() {
+                let one = all.clone().map(move |answers| answers.and_then(|a| a[j].clone())).boxed().shared();
+                direct.insert(keys[j], one.clone());
+                out[*slot] = Some(one);
+            }
+        }
+        drop(direct);
+        for (slot, j) in repeats {
+            out[slot] = out[batch[j].0].clone();
+        }
+        out.into_iter()
+            .map(|shared| {
+                shared.unwrap_or_else(|| {
+                    futures::future::ready(Err(Error::Internal("a range went unfetched".into())))
+                        .boxed()
+                        .shared()
+                })
+            })
+            .collect()
+    }
+
+    /// The shared fetch as read of one range, on its own (it takes up a read alongside
+    /// the shard's stat).
+    fn spawn_direct(&self, entry: &Arc<Entry>, offset: u64, length: u64, fetch: FetchFor<'_>) -> SharedFetch {
+        let key = (entry.id, offset, length);
+        let (inner, entry, owned) = (self.inner.clone(), entry.clone(), Owned::of(fetch));
+        let job = async move { inner.fetch_as_read(&entry, offset, length, &owned).await };
+        let done = self.inner.clone();
+        spawn_shared("range fetch", job, move || {
+            done.direct().remove(&key);
+        })
     }
 
     /// `[offset, offset + length)` of `entry` from the owner its reader's client asked
@@ -326,37 +475,58 @@ impl Inner {
         {
             return Ok(data);
         }
-        let _room = self.upstream.room(length).await?;
+        let _room = self.upstream.read_room(length).await?;
         self.upstream.supply(entry, offset, length, &fetch.row, &fetch.avoid).await
+    }
+
+    /// The body of [`FetchOwner::start_direct`]'s batch: the ranges of `parts` within the
+    /// room of all of them, in as few calls as the suppliers allow, each its own answer.
+    async fn fetch_batch_as_read(
+        &self,
+        parts: &[(Arc<Entry>, u64, u64)],
+        fetch: &Owned,
+    ) -> Vec<Result<Checked>> {
+        let total = parts.iter().map(|(_, _, length)| length).sum();
+        let _room = match self.upstream.read_room(total).await {
+            Ok(room) => room,
+            Err(e) => return parts.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let parts: Vec<(&Entry, u64, u64)> = parts.iter().map(|(e, o, l)| (&**e, *o, *l)).collect();
+        self.upstream.supply_many(&parts, &fetch.row, &fetch.avoid).await
     }
 
     /// The fetch of chunk `index` of `entry`: its bytes to `readers` as soon as they are
     /// verified, then to the store (as unread speculation unless a read joined it); the
-    /// bytes that crossed the link once stored.
+    /// bytes that crossed the link once stored. With a known `part` (a fill), only the rest
+    /// of the chunk is asked for, and the part's bytes are taken from its reader's fetch.
     async fn fetch(
         self: Arc<Self>,
-        entry: Arc<Entry>,
-        index: u64,
-        fetch: Owned,
-        (speculated, read, _reserved): (
-            Option<speculation::SpeculativeRead>,
-            Arc<std::sync::atomic::AtomicBool>,
-            crate::capacity::Reservation,
-        ),
+        task: ChunkTask,
         readers: tokio::sync::oneshot::Sender<Result<Checked>>,
     ) -> Result<u64> {
+        let ChunkTask { entry, index, fetch, known, speculated, read, room, started, _reserved } = task;
         let (offset, length) = entry.chunk_range(index);
         // Held until the chunk is stored (see `Upstream::room`).
-        let _room = self.upstream.room(length).await?;
+        let _room = match room {
+            Some(room) => room,
+            None => self.upstream.room(length).await?,
+        };
+        // Started under the part's lock: a part lent from now on is refused (`lend`).
+        let part = {
+            let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
+            started.store(true, Relaxed);
+            known.take()
+        };
         let speculated = match speculated {
             Some(read) => read
                 .await
                 .filter(|(read, version)| *version == entry.version && read.data.len() as u64 == length),
             None => None,
         };
-        let fetched = match speculated {
-            Some((data, _)) => Ok(data),
-            None => self.upstream.supply(&entry, offset, length, &fetch.row, &fetch.avoid).await,
+        let fetched = match (speculated, part) {
+            (Some((data, _)), _) => Ok(data),
+            (None, Some(part)) => self.fill(&entry, (offset, length), part, &fetch).await,
+            (None, None) => self.upstream.supply(&entry, offset, length, &fetch.row, &fetch.avoid).await,
         };
         let _ = readers.send(fetched.clone());
         // Serving the verified bytes was still right when caching them failed (counted
@@ -365,6 +535,73 @@ impl Inner {
         let _ = self.admission.admit(&entry, index, fetched?, &fetch.principal, unread).await;
         Ok(length)
     }
+
+    /// The chunk `[offset, offset + length)` of `entry` from `part` (a reader's fetch of
+    /// it as read) and the rest fetched around it (at most two ranges, one call): each
+    /// piece verified on arrival, their checksums combined into the chunk's, which the
+    /// store checks its pages against.
+    async fn fill(
+        &self,
+        entry: &Entry,
+        (offset, length): (u64, u64),
+        part: KnownPart,
+        fetch: &Owned,
+    ) -> Result<Checked> {
+        let end = offset + length;
+        let rest: Vec<(&Entry, u64, u64)> = [(offset, part.from), (part.to, end)]
+            .into_iter()
+            .filter(|(from, to)| to > from)
+            .map(|(from, to)| (entry, from, to - from))
+            .collect();
+        let (rest, part_bytes) =
+            futures::future::join(self.upstream.supply_many(&rest, &fetch.row, &fetch.avoid), part.bytes)
+                .await;
+        // The reader's fetch failed, or its call ended before it started (readers who joined
+        // this fill wait for it too): the part is fetched here.
+        let part_bytes = match part_bytes {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                self.upstream.supply(entry, part.from, part.to - part.from, &fetch.row, &fetch.avoid).await?
+            }
+        };
+        let mut pieces = Vec::with_capacity(3);
+        let mut rest = rest.into_iter();
+        if part.from > offset {
+            pieces.push(rest.next().unwrap_or_else(|| Err(Error::Internal("a fill lost a piece".into())))?);
+        }
+        pieces.push(part_bytes);
+        if part.to < end {
+            pieces.push(rest.next().unwrap_or_else(|| Err(Error::Internal("a fill lost a piece".into())))?);
+        }
+        let chunk = Checked::concat(pieces);
+        if chunk.data.len() as u64 != length {
+            return Err(Error::Internal(format!(
+                "a fill of {}/{} at {offset} assembled {} bytes of {length}",
+                entry.dataset,
+                entry.shard,
+                chunk.data.len()
+            )));
+        }
+        Ok(chunk)
+    }
+}
+
+/// What a chunk's fetch task holds.
+struct ChunkTask {
+    entry: Arc<Entry>,
+    index: u64,
+    fetch: Owned,
+    /// A reader's part of it, taken instead of asked for ([`ChunkFetch::lend`]).
+    known: Arc<Mutex<Option<KnownPart>>>,
+    /// A read of it alongside the shard's first stat, whose bytes it takes.
+    speculated: Option<speculation::SpeculativeRead>,
+    /// A read used (or waits for) its bytes.
+    read: Arc<std::sync::atomic::AtomicBool>,
+    /// Its room in the byte bound when there was some at once; else waited for.
+    room: Option<tokio::sync::OwnedSemaphorePermit>,
+    started: Arc<std::sync::atomic::AtomicBool>,
+    /// Its bytes counted as being fetched to be stored, until it ends.
+    _reserved: crate::capacity::Reservation,
 }
 
 /// A [`FetchFor`] a fetch task keeps.

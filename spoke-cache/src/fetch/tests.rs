@@ -128,3 +128,94 @@ async fn a_range_fetched_as_read_is_shared_and_never_stored() {
     assert_eq!(row.hub_bytes.load(Relaxed), 5000, "what crossed is the range, not its chunk");
     assert!(!entry.has_chunk(0) && parts.capacity.used() == 0, "a read as read is not stored");
 }
+
+#[tokio::test]
+async fn a_batch_of_ranges_fetched_as_read_is_one_call_upstream_and_joins_what_runs() {
+    let parts = parts(CHUNK, 1 << 30, 1 << 30);
+    let (a, b) = (pattern(2 * CHUNK as usize, 8), pattern(CHUNK as usize, 9));
+    parts.supply.put("ds", "a", "v1", a.clone());
+    parts.supply.put("ds", "b", "v1", b.clone());
+    parts.supply.set_latency(Duration::from_millis(20));
+    let (ea, eb) = (parts.entry("ds", "a").await.unwrap(), parts.entry("ds", "b").await.unwrap());
+    let row = JobRow::default();
+    // One range is already being fetched by another reader: joined, not asked again.
+    let running = parts.fetch.direct(&ea, 0, 100, for_read(&row));
+    let wants = [(&ea, 0, 100), (&ea, 70_000, 300), (&eb, 10, 20), (&ea, 70_000, 300)];
+    let (_, batch) = futures::future::join(running, parts.fetch.direct_many(&wants, for_read(&row))).await;
+    let batch = batch.unwrap();
+    assert_eq!(batch[0].data[..], a[..100]);
+    assert_eq!(batch[1].data[..], a[70_000..70_300]);
+    assert_eq!(batch[2].data[..], b[10..30]);
+    assert_eq!(batch[3].data[..], a[70_000..70_300], "a range asked twice in a call is fetched once");
+    assert_eq!(parts.supply.batches.load(SeqCst), 1, "the misses of one call cross in one call");
+    assert_eq!(parts.supply.fetches.load(SeqCst), 3, "the running range and two new ones");
+    assert_eq!(row.hub_bytes.load(Relaxed), 420);
+    assert!(parts.capacity.used() == 0, "ranges fetched as read are not stored");
+}
+
+#[tokio::test]
+async fn a_fill_stores_the_chunk_from_the_readers_part_and_the_rest_crossing_once() {
+    let parts = parts(CHUNK, 1 << 30, 1 << 30);
+    let data = pattern(3 * CHUNK as usize, 10);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let row = JobRow::default();
+    // A reader's 5000 bytes inside chunk 1, fetched as read; the chunk filled beside.
+    let (from, to) = (CHUNK + 1000, CHUNK + 6000);
+    let part = parts.fetch.start_direct(&[(&entry, from, to - from)], for_read(&row)).remove(0);
+    let fill = parts.fetch.fill(&entry, 1, KnownPart { from, to, bytes: part.clone() }, for_read(&row));
+    assert_eq!(part.await.unwrap().data[..], data[from as usize..to as usize]);
+    assert_eq!(fill.expect("the fill runs").stored.await.unwrap(), CHUNK);
+    assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..2 * CHUNK as usize]);
+    assert_eq!(row.hub_bytes.load(Relaxed), CHUNK, "the part once, the rest once: the chunk's bytes");
+    // At the chunk's edges the fill asks for one range, not two.
+    let part = parts.fetch.start_direct(&[(&entry, 0, 10)], for_read(&row)).remove(0);
+    let fill = parts.fetch.fill(&entry, 0, KnownPart { from: 0, to: 10, bytes: part }, for_read(&row));
+    fill.unwrap().stored.await.unwrap();
+    assert_eq!(parts.stored(&entry, 0, CHUNK).unwrap(), data[..CHUNK as usize]);
+    assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK);
+}
+
+#[tokio::test]
+async fn a_fill_whose_readers_fetch_failed_fetches_the_part_itself() {
+    let parts = parts(CHUNK, 1 << 30, 1 << 30);
+    let data = pattern(CHUNK as usize, 11);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let row = JobRow::default();
+    parts.supply.fail_next(1);
+    let part = parts.fetch.start_direct(&[(&entry, 100, 200)], for_read(&row)).remove(0);
+    assert!(part.clone().await.is_err(), "the reader's own fetch failed");
+    let fill = parts.fetch.fill(&entry, 0, KnownPart { from: 100, to: 300, bytes: part }, for_read(&row));
+    assert_eq!(
+        fill.expect("the fill runs").stored.await.unwrap(),
+        CHUNK,
+        "readers who joined it are answered"
+    );
+    assert_eq!(parts.stored(&entry, 0, CHUNK).unwrap(), data);
+    assert_eq!(row.hub_bytes.load(Relaxed), CHUNK, "the chunk crossed once: the failed part brought nothing");
+}
+
+#[tokio::test]
+async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
+    // Room for one chunk in flight: the second chunk's fetch waits behind the first.
+    let parts = parts(CHUNK, 1 << 30, CHUNK);
+    let data = pattern(2 * CHUNK as usize, 12);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    parts.supply.set_latency(Duration::from_millis(50));
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let row = JobRow::default();
+    let first = parts.fetch.chunk(&entry, 0, for_read(&row)).unwrap();
+    let queued = parts.fetch.chunk(&entry, 1, for_read(&row)).unwrap();
+    assert!(first.is_started() && !queued.is_started(), "the second waits for room");
+    // A reader of 100 bytes of chunk 1 fetches them as read and lends them to the fetch.
+    let (from, to) = (CHUNK + 500, CHUNK + 600);
+    let part = parts.fetch.start_direct(&[(&entry, from, to - from)], for_read(&row)).remove(0);
+    assert!(queued.lend(KnownPart { from, to, bytes: part.clone() }));
+    assert!(!queued.lend(KnownPart { from, to, bytes: part.clone() }), "one part a fetch");
+    assert_eq!(part.await.unwrap().data[..], data[from as usize..to as usize], "answered before the chunk");
+    assert_eq!(queued.stored.await.unwrap(), CHUNK);
+    first.stored.await.unwrap();
+    assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..]);
+    assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK, "each chunk crossed once, the lent part with it");
+}

@@ -36,6 +36,11 @@ pub(super) struct Upstream {
     /// Room for `--upstream-bytes-in-flight`, in KiB permits: a fetch waits for room
     /// before it asks upstream, and holds it until its chunk is on disk.
     budget: Arc<Semaphore>,
+    /// As much room again for ranges fetched as read (they are served, never stored): a
+    /// reader's own bytes never wait behind chunks being filled and stored beside it.
+    reads: Semaphore,
+    /// KiB permits each of the two holds: what one wait may take at most.
+    permits: u32,
     /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests upstream.
     requests: Semaphore,
     metrics: Arc<Metrics>,
@@ -48,18 +53,31 @@ impl Upstream {
         bytes_in_flight: u64,
         chunk_size: u64,
     ) -> Self {
+        let permits = kib(bytes_in_flight.max(chunk_size));
         Self {
             supply,
-            budget: Arc::new(Semaphore::new((bytes_in_flight.max(chunk_size) >> 10) as usize)),
+            budget: Arc::new(Semaphore::new(permits as usize)),
+            reads: Semaphore::new(permits as usize),
+            permits,
             requests: Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT),
             metrics,
         }
     }
 
     /// Room for `length` bytes in flight, waited for.
-    pub(super) async fn room(&self, length: u64) -> Result<SemaphorePermit<'_>> {
+    pub(super) async fn room(&self, length: u64) -> Result<OwnedSemaphorePermit> {
         self.budget
-            .acquire_many(kib(length))
+            .clone()
+            .acquire_many_owned(kib(length).min(self.permits))
+            .await
+            .map_err(|_| Error::Internal("upstream budget closed".into()))
+    }
+
+    /// Room for `length` bytes fetched as read, waited for (a batch larger than the whole
+    /// bound waits for all of it).
+    pub(super) async fn read_room(&self, length: u64) -> Result<SemaphorePermit<'_>> {
+        self.reads
+            .acquire_many(kib(length).min(self.permits))
             .await
             .map_err(|_| Error::Internal("upstream budget closed".into()))
     }
@@ -96,11 +114,50 @@ impl Upstream {
         let _request =
             self.requests.acquire().await.map_err(|_| Error::Internal("upstream requests closed".into()))?;
         let started = Instant::now();
-        let want = want(entry, offset, length);
-        match self.supply.fetch(want, avoid).await {
+        let answer = self.supply.fetch(want(entry, offset, length), avoid).await;
+        self.checked(entry, (offset, length), answer, row, started.elapsed())
+    }
+
+    /// `parts` (`(entry, offset, length)` each, at its entry's version) in as few calls as
+    /// the suppliers allow (`Supply::fetch_many`), within one request's room, counted in
+    /// `row`: each with its own answer, in order.
+    pub(super) async fn supply_many(
+        &self,
+        parts: &[(&Entry, u64, u64)],
+        row: &JobRow,
+        avoid: &[String],
+    ) -> Vec<Result<Checked>> {
+        let Ok(_request) = self.requests.acquire().await else {
+            return parts.iter().map(|_| Err(Error::Internal("upstream requests closed".into()))).collect();
+        };
+        let started = Instant::now();
+        let wants: Vec<Want<'_>> =
+            parts.iter().map(|&(entry, offset, length)| want(entry, offset, length)).collect();
+        let answers = self.supply.fetch_many(&wants, avoid).await;
+        let elapsed = started.elapsed();
+        parts
+            .iter()
+            .zip(answers)
+            .map(|(&(entry, offset, length), answer)| {
+                self.checked(entry, (offset, length), answer, row, elapsed)
+            })
+            .collect()
+    }
+
+    /// A supplier's `answer` for `[offset, offset + length)` of `entry`, checked and
+    /// counted in `row`: a newer version on the hub expires the entry.
+    fn checked(
+        &self,
+        entry: &Entry,
+        (offset, length): (u64, u64),
+        answer: Result<Supplied>,
+        row: &JobRow,
+        elapsed: Duration,
+    ) -> Result<Checked> {
+        match answer {
             Ok(supplied) => {
                 check(entry, offset, length, &supplied)?;
-                self.count(&entry.dataset, &supplied, row, started.elapsed());
+                self.count(&entry.dataset, &supplied, row, elapsed);
                 Ok(supplied.data)
             }
             Err(e) if e.code() == tonic::Code::Aborted => {

@@ -35,6 +35,9 @@ pub(super) struct JobPlan {
     /// When the plan was set or a read last met it: a plan idle for
     /// `PlanLimits::idle_expiry` is a finished job's, and is dropped.
     pub(super) touched: std::time::Instant,
+    /// Followed sample by sample (a block does not fit the cache: `Plans::set`): it
+    /// neither prefetches nor keeps whole shards.
+    pub(super) samples: bool,
 }
 
 /// What a read was to a job's plan.
@@ -71,6 +74,7 @@ impl JobPlan {
             cursor: 0,
             lag,
             touched: std::time::Instant::now(),
+            samples: false,
         };
         plan.block_starts = plan.blocks();
         plan
@@ -98,6 +102,22 @@ impl JobPlan {
 
     pub(super) fn len(&self) -> usize {
         self.shard.len()
+    }
+
+    /// Bytes of the largest block (`size` of a shard): what must be in the cache at once
+    /// to read it whole shard by whole shard.
+    pub(super) fn largest_block(&self, size: impl Fn(u32) -> u64) -> u64 {
+        let mut largest = 0;
+        let mut start = 0;
+        while start < self.len() {
+            let end = self.block_end(start);
+            let mut shards: Vec<u32> = self.shard[start..=end].to_vec();
+            shards.sort_unstable();
+            shards.dedup();
+            largest = largest.max(shards.into_iter().map(&size).sum());
+            start = end + 1;
+        }
+        largest
     }
 
     /// The shard first read at position `at`.

@@ -40,6 +40,13 @@ mod table;
 
 pub use self::job::CURSOR_REACH;
 
+/// A plan is followed whole shard by whole shard while its largest block takes at most
+/// this share of the room below the low watermark (the block being read, and the next
+/// fetched beside it); past it, sample by sample (`samples/`): whole shards of a block
+/// larger than that are evicted before they are read (2.2-3x the dataset an epoch over
+/// the link, issue 47's measurement).
+pub const SHARD_BLOCK_SHARE: f64 = 2.0 / 3.0;
+
 /// Most positions one plan may have (two epochs of a large dataset: the seed's C4 at 64
 /// MiB shards is ~12k shards an epoch). Positions are counted in 32 bits.
 pub const MAX_PLAN_POSITIONS: usize = 1 << 20;
@@ -159,6 +166,8 @@ pub struct Progress {
     pub cursor: usize,
     pub positions: usize,
     pub lag: usize,
+    /// Followed sample by sample.
+    pub samples: bool,
 }
 
 #[derive(Debug, Default)]
@@ -196,11 +205,14 @@ impl Book {
         Some(plan)
     }
 
-    fn insert(&mut self, owner: PlanKey, new: NewPlan, lag: usize) -> usize {
+    fn insert(&mut self, owner: PlanKey, new: NewPlan, (lag, room): (usize, u64)) -> (usize, bool) {
         let NewPlan { shards, positions, until, epochs } = new;
         let ids: Vec<u32> = shards.into_iter().map(|(key, size)| self.table.intern(key, size)).collect();
         let distinct = ids.len();
-        let plan = JobPlan::new((positions, until, epochs), &ids, lag);
+        let mut plan = JobPlan::new((positions, until, epochs), &ids, lag);
+        plan.samples =
+            plan.largest_block(|shard| self.table.size(shard)) as f64 > room as f64 * SHARD_BLOCK_SHARE;
+        let samples = plan.samples;
         let id = self.free.pop().unwrap_or(self.plans.len() as u32);
         if self.by_shard.len() < self.table.len() {
             self.by_shard.resize_with(self.table.len(), Vec::new);
@@ -213,7 +225,7 @@ impl Book {
             None => self.plans.push(Some((owner.clone(), plan))),
         }
         self.ids.insert(owner, id);
-        distinct
+        (distinct, samples)
     }
 
     /// The plans that name `key`, by id.
@@ -297,26 +309,33 @@ impl Plans {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sets `principal`'s plan for `job` (`plan`: each position, in order); an empty
-    /// one withdraws it. Returns the distinct shards it names, or the bound it would
-    /// cross.
-    pub fn set(&self, principal: &str, job: &str, plan: impl Into<NewPlan>) -> Result<usize, PlanRefused> {
+    /// Sets `principal`'s plan for `job` (`plan`: each position, in order) in a cache with
+    /// `room` bytes below its low watermark; an empty one withdraws it. Returns the
+    /// distinct shards it names and whether it is followed sample by sample (its largest
+    /// block over [`SHARD_BLOCK_SHARE`] of the room), or the bound it would cross.
+    pub fn set(
+        &self,
+        principal: &str,
+        job: &str,
+        plan: impl Into<NewPlan>,
+        room: u64,
+    ) -> Result<(usize, bool), PlanRefused> {
         let plan = plan.into();
         let owner = (principal.to_owned(), job.to_owned());
         let mut book = self.book();
         book.expire(self.limits.idle_expiry);
-        let distinct = if plan.is_empty() {
+        let set = if plan.is_empty() {
             book.remove(&owner);
-            0
+            (0, false)
         } else {
             book.check(&owner, plan.len(), &self.limits)?;
             let lag = book.remove(&owner).map_or(0, |old| old.lag);
-            book.insert(owner, plan, lag)
+            book.insert(owner, plan, (lag, room))
         };
         self.any.store(!book.ids.is_empty(), Relaxed);
         drop(book);
         self.changed.notify_one();
-        Ok(distinct)
+        Ok(set)
     }
 
     /// Refuses, before any work, a plan of `positions` for `principal`'s `job` that
@@ -347,7 +366,10 @@ impl Plans {
                 continue;
             };
             plan.touched = std::time::Instant::now();
+            // A plan followed sample by sample keeps no shard's room: no read of it is a
+            // straggler's to it.
             match plan.read(id) {
+                Seen::Straggler if plan.samples => {}
                 Seen::Moved => moved = true,
                 Seen::Straggler => {
                     straggler |=
@@ -364,14 +386,19 @@ impl Plans {
     }
 
     /// How many plan positions away `key`'s next planned read is, over all plans that
-    /// name it (0 while a job is reading it); `None` when no plan reads it again.
+    /// name it and are followed shard by shard (0 while a job is reading it); `None` when
+    /// no such plan reads it again (a plan followed sample by sample says what it reads
+    /// again sample by sample: `samples/`).
     pub fn next_use(&self, key: &ShardKey) -> Option<usize> {
         if !self.any.load(Relaxed) {
             return None;
         }
         let book = self.book();
         let id = book.table.id(key)?;
-        book.naming(key).iter().filter_map(|&p| book.plan(p)?.1.next_use(id)).min()
+        book.naming(key)
+            .iter()
+            .filter_map(|&p| book.plan(p).filter(|(_, plan)| !plan.samples)?.1.next_use(id))
+            .min()
     }
 
     /// Drops the plans no read has met for `--plan-idle-expiry` (the evictor's pass and
@@ -394,6 +421,7 @@ impl Plans {
                 cursor: plan.cursor,
                 positions: plan.len(),
                 lag: plan.lag,
+                samples: plan.samples,
             })
             .collect();
         out.sort();
@@ -449,7 +477,7 @@ impl Plans {
         let book = self.book();
         // (distance, ahead, plan, position) of each plan's shards in use and ahead.
         let mut near: Vec<(usize, bool, &(PlanKey, JobPlan), usize)> = Vec::new();
-        for entry in book.live() {
+        for entry in book.live().filter(|(_, plan)| !plan.samples) {
             let plan = &entry.1;
             let positions = match window {
                 PlanWindow::Blocks => plan.window(),

@@ -18,7 +18,7 @@ fn in_order(shards: &[u32]) -> Vec<Planned> {
 /// the plan is the sequence itself, the cursor moved by each read.
 fn misses_by_plan(sequence: &[u32], capacity: usize) -> usize {
     let plans = Plans::default();
-    plans.set("", "job", in_order(sequence)).expect("within the bounds");
+    plans.set("", "job", in_order(sequence), u64::MAX).expect("within the bounds");
     let (mut cached, mut misses) = (Vec::<u32>::new(), 0);
     for &item in sequence {
         plans.read("ds", &format!("s{item}"), "", None);
@@ -93,14 +93,14 @@ fn reshuffled_epochs_keep_a_stable_set_where_lru_keeps_nothing() {
 fn cursors_follow_reads_a_little_ahead_and_plans_are_per_job() {
     let plans = Plans::default();
     assert_eq!(plans.next_use(&key(1)), None, "no plan: no next use");
-    plans.set("", "a", in_order(&[0, 1, 2, 3, 1])).expect("within the bounds");
-    plans.set("", "b", in_order(&[3, 2])).expect("within the bounds");
+    plans.set("", "a", in_order(&[0, 1, 2, 3, 1]), u64::MAX).expect("within the bounds");
+    plans.set("", "b", in_order(&[3, 2]), u64::MAX).expect("within the bounds");
     assert_eq!(plans.next_use(&key(1)), Some(1));
     assert_eq!(plans.next_use(&key(3)), Some(0), "job b reads it first");
     plans.read("ds", "s2", "", None); // job a reaches position 2, job b position 1
     assert_eq!(plans.next_use(&key(1)), Some(2), "its second read in a's plan");
     assert_eq!(plans.next_use(&key(0)), None, "a read it already, b never will");
-    plans.set("", "a", Vec::new()).expect("within the bounds");
+    plans.set("", "a", Vec::new(), u64::MAX).expect("within the bounds");
     assert_eq!(plans.next_use(&key(1)), None, "withdrawn");
 }
 
@@ -114,6 +114,7 @@ fn shards_read_together_stay_in_use_until_their_last_read() {
             "",
             "job",
             vec![planned(0, 0, 2), planned(1, 1, 2), planned(2, 2, 2), planned(3, 3, 3), planned(0, 4, 4)],
+            u64::MAX,
         )
         .expect("within the bounds");
     plans.read("ds", "s0", "", None);
@@ -143,7 +144,12 @@ fn the_window_is_the_block_being_read_and_the_next_one() {
     let plans = Plans::default();
     let blocks = [(0, 2), (1, 2), (2, 2), (3, 4), (4, 4), (5, 6), (6, 6)];
     plans
-        .set("", "job", blocks.iter().map(|&(i, until)| planned(i, i as usize, until)).collect::<Vec<_>>())
+        .set(
+            "",
+            "job",
+            blocks.iter().map(|&(i, until)| planned(i, i as usize, until)).collect::<Vec<_>>(),
+            u64::MAX,
+        )
         .expect("within the bounds");
     let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
     assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"]);
@@ -156,7 +162,7 @@ fn the_window_is_the_block_being_read_and_the_next_one() {
         "block 1 is done: the window moved on by a block"
     );
     // Without `until`s each shard is its own block: the one being read and the next.
-    plans.set("", "job", in_order(&[7, 8, 9])).expect("within the bounds");
+    plans.set("", "job", in_order(&[7, 8, 9]), u64::MAX).expect("within the bounds");
     plans.read("ds", "s7", "", None);
     assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s7", "s8"]);
 }
@@ -164,13 +170,13 @@ fn the_window_is_the_block_being_read_and_the_next_one() {
 #[test]
 fn a_plan_changed_mid_epoch_is_followed() {
     let plans = Plans::default();
-    plans.set("", "job", in_order(&[0, 1, 2, 3])).expect("within the bounds");
+    plans.set("", "job", in_order(&[0, 1, 2, 3]), u64::MAX).expect("within the bounds");
     plans.read("ds", "s0", "", None);
     plans.read("ds", "s1", "", None);
     assert_eq!(plans.next_use(&key(3)), Some(2));
     // The job resumes with another order for the rest of its epoch (say, after a
     // restart with a new world size): the new plan replaces the old, cursor and all.
-    plans.set("", "job", in_order(&[3, 2])).expect("within the bounds");
+    plans.set("", "job", in_order(&[3, 2]), u64::MAX).expect("within the bounds");
     assert_eq!(plans.next_use(&key(3)), Some(0));
     assert_eq!(plans.next_use(&key(2)), Some(1));
     assert_eq!(plans.next_use(&key(1)), None, "not in the new plan");
@@ -187,7 +193,7 @@ fn stragglers_are_told_apart_and_do_not_move_the_cursor() {
     for planned in &mut order[8..] {
         planned.epoch = 1;
     }
-    plans.set("", "job/rank0/worker1", order).expect("within the bounds");
+    plans.set("", "job/rank0/worker1", order, u64::MAX).expect("within the bounds");
     assert!(!plans.read("ds", "s4", "", Some("job")), "the reads move the cursor");
     assert_eq!(plans.next_use(&key(3)), Some(7), "shard 3 is done");
     // A slower reader still reads shard 3 (the block before the cursor's): a
@@ -218,10 +224,10 @@ fn plans_are_their_principals_own_and_bounded_per_principal_and_in_all() {
         ..PlanLimits::default()
     };
     let plans = Plans::new(limits);
-    plans.set("alice", "train", in_order(&[0, 1, 2])).expect("within the bounds");
+    plans.set("alice", "train", in_order(&[0, 1, 2]), u64::MAX).expect("within the bounds");
     // Bob's "train" is his own: it neither replaces nor withdraws Alice's.
-    plans.set("bob", "train", in_order(&[5])).expect("within the bounds");
-    plans.set("bob", "train", Vec::new()).expect("withdrawing is always allowed");
+    plans.set("bob", "train", in_order(&[5]), u64::MAX).expect("within the bounds");
+    plans.set("bob", "train", Vec::new(), u64::MAX).expect("withdrawing is always allowed");
     assert_eq!(plans.next_use(&key(1)), Some(1), "alice's plan is still there");
     let owners: Vec<_> = plans.progress().into_iter().map(|p| (p.principal, p.job)).collect();
     assert_eq!(owners, [("alice".to_owned(), "train".to_owned())]);
@@ -231,37 +237,65 @@ fn plans_are_their_principals_own_and_bounded_per_principal_and_in_all() {
     assert!(!plans.read("ds", "s0", "bob", Some("train")), "bob has no plan named train");
 
     // Replacing a plan does not count the plan it replaces.
-    plans.set("alice", "train", in_order(&[0, 1, 2, 3, 4, 5])).expect("6 positions, the principal's bound");
-    let refused = plans.set("alice", "eval", in_order(&[7])).unwrap_err();
+    plans
+        .set("alice", "train", in_order(&[0, 1, 2, 3, 4, 5]), u64::MAX)
+        .expect("6 positions, the principal's bound");
+    let refused = plans.set("alice", "eval", in_order(&[7]), u64::MAX).unwrap_err();
     assert_eq!(refused.flag, "--max-plan-positions-per-principal", "{refused}");
     assert_eq!((refused.would, refused.limit), (7, 6));
-    plans.set("alice", "train", in_order(&[0, 1])).expect("smaller");
-    plans.set("alice", "eval", in_order(&[7])).expect("room now");
-    let refused = plans.set("alice", "third", in_order(&[8])).unwrap_err();
+    plans.set("alice", "train", in_order(&[0, 1]), u64::MAX).expect("smaller");
+    plans.set("alice", "eval", in_order(&[7]), u64::MAX).expect("room now");
+    let refused = plans.set("alice", "third", in_order(&[8]), u64::MAX).unwrap_err();
     assert_eq!(refused.flag, "--max-plans-per-principal", "{refused}");
     assert!(refused.to_string().contains("principal \"alice\""), "{refused}");
-    plans.set("bob", "a", in_order(&[9])).expect("bob has his own room");
-    let refused = plans.set("carol", "a", in_order(&[9])).unwrap_err();
+    plans.set("bob", "a", in_order(&[9]), u64::MAX).expect("bob has his own room");
+    let refused = plans.set("carol", "a", in_order(&[9]), u64::MAX).unwrap_err();
     assert_eq!(refused.flag, "--max-plans", "the spoke's bound: {refused}");
     // A withdrawn plan leaves the index: no shard keeps a next use through it.
-    plans.set("alice", "eval", Vec::new()).expect("withdrawn");
+    plans.set("alice", "eval", Vec::new(), u64::MAX).expect("withdrawn");
     assert_eq!(plans.next_use(&key(7)), None);
 }
 
 #[test]
 fn plans_no_read_meets_expire() {
     let idle = Plans::new(PlanLimits { idle_expiry: std::time::Duration::ZERO, ..PlanLimits::default() });
-    idle.set("alice", "done", in_order(&[0, 1])).expect("within the bounds");
+    idle.set("alice", "done", in_order(&[0, 1]), u64::MAX).expect("within the bounds");
     assert!(idle.progress().is_empty(), "a plan idle for the expiry is dropped");
     assert_eq!(idle.next_use(&key(1)), None);
     // A read meets a plan and keeps it: expired 1.2 s after it was set, 0.6 s after the
     // read (the margins are the sleeps' overshoot on a loaded machine).
     let second = std::time::Duration::from_millis(1000);
     let kept = Plans::new(PlanLimits { idle_expiry: second, ..PlanLimits::default() });
-    kept.set("alice", "running", in_order(&[0, 1])).expect("within the bounds");
+    kept.set("alice", "running", in_order(&[0, 1]), u64::MAX).expect("within the bounds");
     std::thread::sleep(second * 6 / 10);
     kept.read("ds", "s0", "alice", None);
     std::thread::sleep(second * 6 / 10);
     kept.expire();
     assert_eq!(kept.progress().len(), 1, "the read met the plan less than the expiry ago");
+}
+
+#[test]
+fn a_plan_whose_block_does_not_fit_two_thirds_of_the_room_is_followed_sample_by_sample() {
+    // Blocks of three 1-byte shards: 3 bytes each.
+    let blocks =
+        || [(0, 2), (1, 2), (2, 2), (3, 5), (4, 5), (5, 5)].map(|(i, until)| planned(i, i as usize, until));
+    let plans = Plans::default();
+    assert_eq!(
+        plans.set("", "fits", blocks().to_vec(), 5).unwrap(),
+        (6, false),
+        "3 of 5 bytes: shard by shard"
+    );
+    assert_eq!(
+        plans.set("", "big", blocks().to_vec(), 4).unwrap(),
+        (6, true),
+        "3 of 4 bytes: sample by sample"
+    );
+    assert_eq!(
+        plans.progress().iter().map(|p| (p.job.as_str(), p.samples)).collect::<Vec<_>>(),
+        [("big", true), ("fits", false)]
+    );
+    // Only the plan followed shard by shard prefetches and orders eviction.
+    plans.set("", "fits", Vec::new(), 5).unwrap();
+    assert_eq!(plans.next_use(&key(0)), None, "no shard's room is held for a plan of samples");
+    assert!(plans.upcoming(PlanWindow::Blocks).is_empty(), "and nothing is prefetched whole for it");
 }

@@ -4,13 +4,17 @@
 //!
 //! - [`admit`]: which missed chunks are stored, and which are fetched as read;
 //! - [`frequency`]: how much of each chunk has been read lately (the filter's sketch);
+//! - [`keep`]: the window of samples fetched ahead of a job's reads, and which samples
+//!   read are kept for a later epoch (plans followed sample by sample);
 //! - [`shares`]: each tenant's share of the capacity, which eviction keeps;
 //! - [`speculation`]: read-ahead and whole-shard fetches, sized by what they brought that
 //!   was read;
-//! - [`simulate`]: the model of the cache these run in, the traces, Belady's MIN.
+//! - [`simulate`]: the model of the cache these run in, the traces, Belady's MIN (over
+//!   chunks, and over samples).
 
 pub mod admit;
 pub mod frequency;
+pub mod keep;
 pub mod shares;
 pub mod simulate;
 pub mod speculation;

@@ -479,6 +479,23 @@ pub mod traces {
         out
     }
 
+    /// Epoch `epoch` of `samples` 16 KiB samples (one shard) as `DistributedSampler` deals
+    /// them to `ranks` ranks reading in lockstep (`drop_last=False`): a permutation padded
+    /// with its first samples to a multiple of the ranks, read in its order.
+    pub fn distributed_sampler_epoch(samples: u64, ranks: u64, epoch: u64) -> Vec<Read> {
+        let mut rng = Rng::new(0x5a3b_1e00 + epoch);
+        let mut order: Vec<u64> = (0..samples).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let padding = samples.div_ceil(ranks) * ranks - samples;
+        let padded: Vec<u64> = order.iter().chain(order.iter().take(padding as usize)).copied().collect();
+        padded
+            .into_iter()
+            .map(|i| Read { principal: 0, shard: 0, offset: i * (16 << 10), length: 16 << 10 })
+            .collect()
+    }
+
     /// `epochs` epochs over every `record`-byte record of `shards` shards of `shard_size`
     /// as the SDK's `StreamingShardDataset` reads them without a plan (and `plan-bench`):
     /// the shards permuted per epoch, the records of each block of `block` shards
@@ -589,5 +606,6 @@ pub mod traces {
     }
 }
 
+pub mod samples;
 #[cfg(test)]
 mod tests;

@@ -29,17 +29,22 @@ use shardcache_proto::checksum::{combine, crc32c};
 use super::layout::{CF_PAGES, PAGE_HEADER, db_error, page_key};
 use crate::{Error, Result};
 
-/// Names of the files this module writes: `chunk-<id>-<page>-<n>.sst` in `ingest/`.
-/// Where chunk files are written before they are ingested, under the cache directory.
+/// Where files are written before they are ingested, under the cache directory: chunk
+/// files `chunk-<id>-<page>-<n>.sst`, packs of kept samples `pack-<id>.sst`
+/// (`packs.rs`).
 pub(super) const DIR: &str = "ingest";
-const FILE_PREFIX: &str = "chunk-";
+const CHUNK_PREFIX: &str = "chunk-";
+pub(super) const PACK_PREFIX: &str = "pack-";
 const FILE_SUFFIX: &str = ".sst";
 
-/// Builds chunk files and ingests them, group-committed.
+/// Builds files and ingests them into one column family, group-committed.
 pub(super) struct Ingester {
     dir: PathBuf,
-    /// The pages column family's options: the file must be readable as one of its tables.
+    /// The column family's name and options: a file must be readable as one of its tables.
+    family: &'static str,
     pages: Options,
+    /// The names of this ingester's files begin so (a crash's leftovers are removed).
+    prefix: &'static str,
     /// Makes file names unique among concurrent writers of one process.
     sequence: AtomicU64,
     queue: Mutex<Queue>,
@@ -65,9 +70,19 @@ impl std::fmt::Debug for Ingester {
 }
 
 impl Ingester {
-    /// Prepares `<cache-dir>/ingest/`, removing chunk files a crash left there (ours by
-    /// name; nothing else in the directory is touched).
-    pub(super) fn new(cache_dir: &Path, pages: Options) -> Result<Self> {
+    /// The chunk files' ingester (the pages column family, with its `options`).
+    pub(super) fn chunks(cache_dir: &Path, options: Options) -> Result<Self> {
+        Self::new(cache_dir, (CF_PAGES, options), CHUNK_PREFIX)
+    }
+
+    /// Prepares `<cache-dir>/ingest/` for files of `family` named `prefix...`, removing
+    /// such files a crash left there (ours by name; nothing else in the directory is
+    /// touched).
+    pub(super) fn new(
+        cache_dir: &Path,
+        (family, pages): (&'static str, Options),
+        prefix: &'static str,
+    ) -> Result<Self> {
         let dir = cache_dir.join(DIR);
         let io = |what: &str, e: std::io::Error| Error::Store {
             what: format!("{what} {}", dir.display()),
@@ -77,14 +92,16 @@ impl Ingester {
         for entry in std::fs::read_dir(&dir).map_err(|e| io("listing", e))?.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with(FILE_PREFIX) && name.ends_with(FILE_SUFFIX) {
-                tracing::info!(file = %name, "removing a chunk file left by an interrupted write");
+            if name.starts_with(prefix) && name.ends_with(FILE_SUFFIX) {
+                tracing::info!(file = %name, "removing a file left by an interrupted write");
                 std::fs::remove_file(entry.path()).map_err(|e| io("cleaning", e))?;
             }
         }
         Ok(Self {
             dir,
+            family,
             pages,
+            prefix,
             sequence: AtomicU64::new(0),
             queue: Mutex::default(),
             progress: Condvar::new(),
@@ -104,7 +121,7 @@ impl Ingester {
         (data, crc): (&[u8], u32),
     ) -> Result<()> {
         let n = self.sequence.fetch_add(1, Relaxed);
-        let path = self.dir.join(format!("{FILE_PREFIX}{id:016x}-{first_page:012x}-{n}{FILE_SUFFIX}"));
+        let path = self.dir.join(format!("{}{id:016x}-{first_page:012x}-{n}{FILE_SUFFIX}", self.prefix));
         if let Err(e) = self.write(&path, first_page, id, page_size, (data, crc)) {
             let _ = std::fs::remove_file(&path);
             return Err(e);
@@ -154,9 +171,22 @@ impl Ingester {
         writer.finish().map_err(db_error("finishing a chunk file"))
     }
 
+    /// A new file's path, named after `id` (unique among this process's files).
+    pub(super) fn path(&self, id: u64) -> PathBuf {
+        let n = self.sequence.fetch_add(1, Relaxed);
+        self.dir.join(format!("{}{id:016x}-{n}{FILE_SUFFIX}", self.prefix))
+    }
+
+    /// A writer of a file of this ingester's column family, opened at `path`.
+    pub(super) fn writer(&self, path: &Path) -> Result<SstFileWriter<'_>> {
+        let writer = SstFileWriter::create(&self.pages);
+        writer.open(path).map_err(db_error("creating a file to ingest"))?;
+        Ok(writer)
+    }
+
     /// Queues `path` for ingestion and waits for its outcome, ingesting for everyone
-    /// queued when no one else is (group commit).
-    fn ingest(&self, db: &DB, path: PathBuf) -> Result<()> {
+    /// queued when no one else is (group commit). A file that was not ingested is removed.
+    pub(super) fn ingest(&self, db: &DB, path: PathBuf) -> Result<()> {
         let mut queue = self.lock();
         let ticket = queue.next_ticket;
         queue.next_ticket += 1;
@@ -190,8 +220,8 @@ impl Ingester {
     /// Ingests `batch` in one call; if that fails, file by file, so each writer gets its
     /// own outcome. A file that was not ingested is removed.
     fn ingest_batch(&self, db: &DB, batch: Vec<(u64, PathBuf)>) -> Vec<(u64, Result<()>)> {
-        let Some(pages) = db.cf_handle(CF_PAGES) else {
-            let missing = Error::Internal("the pages column family is missing".into());
+        let Some(pages) = db.cf_handle(self.family) else {
+            let missing = Error::Internal(format!("the {} column family is missing", self.family));
             return batch.into_iter().map(|(t, _)| (t, Err(missing.clone()))).collect();
         };
         let mut options = IngestExternalFileOptions::default();
@@ -208,7 +238,7 @@ impl Ingester {
             .map(|(ticket, path)| {
                 let outcome = db
                     .ingest_external_file_cf_opts(&pages, &options, vec![&path])
-                    .map_err(db_error("ingesting a chunk file"));
+                    .map_err(db_error("ingesting a file"));
                 if outcome.is_err() {
                     let _ = std::fs::remove_file(&path);
                 }

@@ -103,3 +103,21 @@ pub fn db_error(what: &str) -> impl FnOnce(rocksdb::Error) -> Error + '_ {
         if damaged { Error::Damaged { what, message } } else { Error::Store { what, message } }
     }
 }
+
+/// Why stored bytes could not be returned (a page of a chunk, a kept sample by ordinal).
+/// The caller fetches them instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageFault {
+    Missing {
+        page: u64,
+    },
+    Corrupt {
+        page: u64,
+    },
+    /// The disk would not give the page back (an I/O error: a bad sector, a file gone
+    /// from under the store); `error` is RocksDB's words.
+    Unreadable {
+        page: u64,
+        error: String,
+    },
+}

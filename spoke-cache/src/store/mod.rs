@@ -32,6 +32,7 @@ mod files;
 mod ingest;
 mod layout;
 mod merge;
+mod packs;
 
 use std::{
     collections::HashMap,
@@ -51,8 +52,9 @@ use self::{
     merge::direct_io_works,
 };
 pub use self::{
-    layout::{CF_PAGES, PAGE_SIZE, ShardRecord, page_key, shard_key},
+    layout::{CF_PAGES, PAGE_SIZE, PageFault, ShardRecord, page_key, shard_key},
     merge::DEFAULT_MERGE_ABOVE_FILES,
+    packs::{CF_SAMPLES, PackedSample},
 };
 use crate::{Error, Result};
 
@@ -98,23 +100,6 @@ impl Default for StoreOptions {
     }
 }
 
-/// Why stored bytes could not be returned. The caller refetches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PageFault {
-    Missing {
-        page: u64,
-    },
-    Corrupt {
-        page: u64,
-    },
-    /// The disk would not give the page back (an I/O error: a bad sector, a file gone
-    /// from under the store); `error` is RocksDB's words.
-    Unreadable {
-        page: u64,
-        error: String,
-    },
-}
-
 impl Drop for Store {
     /// A clean stop leaves the records in SST files, so the next start replays no WAL.
     fn drop(&mut self) {
@@ -129,6 +114,8 @@ pub struct Store {
     db: DB,
     path: PathBuf,
     ingester: Ingester,
+    /// Packs of kept samples are ingested into their own column family (`packs.rs`).
+    packs: Ingester,
     page_size: u64,
     merge_above_files: u64,
 }
@@ -218,6 +205,8 @@ impl Store {
         let mut cfs = vec![
             ColumnFamilyDescriptor::new(CF_PAGES, pages.clone()),
             ColumnFamilyDescriptor::new(CF_SHARDS, shards),
+            // Packs are files of the same kind as chunks: ingested, never compacted.
+            ColumnFamilyDescriptor::new(CF_SAMPLES, pages.clone()),
         ];
         if legacy {
             cfs.push(ColumnFamilyDescriptor::new(CF_LEGACY_PAGES, Options::default()));
@@ -240,11 +229,13 @@ impl Store {
             tracing::warn!(dir = %dir.display(), "cache written by an older shardcache: dropping its pages (they will be fetched again)");
             db.drop_cf(CF_LEGACY_PAGES).map_err(db_error("dropping the old pages"))?;
         }
-        let ingester = Ingester::new(dir, pages)?;
+        let packs = Ingester::new(dir, (CF_SAMPLES, pages.clone()), ingest::PACK_PREFIX)?;
+        let ingester = Ingester::chunks(dir, pages)?;
         Ok(Self {
             db,
             path: dir.to_owned(),
             ingester,
+            packs,
             page_size: options.page_size,
             merge_above_files: options.merge_above_files,
         })
@@ -471,7 +462,37 @@ impl Store {
                 })
                 .unwrap_or(0)
         };
-        size(CF_PAGES) + size(CF_SHARDS)
+        size(CF_PAGES) + size(CF_SHARDS) + size(CF_SAMPLES)
+    }
+}
+
+/// Kept samples, in packs (`packs.rs`).
+impl Store {
+    /// Writes pack `pack` of `samples` (each verified against its CRC32C) as one file:
+    /// all of it is stored once this returns `Ok`, none of it before.
+    pub fn write_pack(&self, pack: u64, samples: &[(PackedSample, Checked)]) -> Result<()> {
+        packs::write(&self.packs, &self.db, pack, samples)
+    }
+
+    /// `[from, from + length)` of the sample at `ordinal` of `pack`, checked.
+    pub fn read_sample(
+        &self,
+        pack: u64,
+        ordinal: u32,
+        from: u64,
+        length: u64,
+    ) -> Result<Result<Checked, PageFault>> {
+        packs::read(&self.db, pack, ordinal, (from, length))
+    }
+
+    /// Drops pack `pack` and its disk space.
+    pub fn delete_pack(&self, pack: u64) -> Result<()> {
+        packs::delete(&self.db, pack)
+    }
+
+    /// Every whole pack with what it holds (anything else in the family is removed).
+    pub fn load_packs(&self) -> Result<Vec<(u64, Vec<PackedSample>)>> {
+        packs::load(&self.db)
     }
 }
 

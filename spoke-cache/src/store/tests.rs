@@ -328,3 +328,75 @@ fn a_page_the_disk_cannot_read_is_a_fault_to_refetch_and_the_chunk_can_be_admitt
         assert!(read(&store, id, 0, CHUNK).unwrap().unwrap() == data, "shard {id}");
     }
 }
+
+/// A sample of `dataset/s` at `offset` with `data`.
+fn sample(offset: u64, data: &[u8]) -> (PackedSample, Checked) {
+    let name = PackedSample {
+        dataset: "ds".into(),
+        shard: "s".into(),
+        version: "v1".into(),
+        offset,
+        length: data.len() as u64,
+    };
+    (name, checked(data))
+}
+
+#[test]
+fn a_pack_of_samples_is_one_file_read_back_checked_kept_across_reopen_and_dropped_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern(100_000);
+    let samples = vec![
+        sample(0, &data[..16_384]),
+        sample(50_000, &data[50_000..66_384]),
+        sample(90_000, &data[90_000..]),
+    ];
+    {
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.write_pack(3, &samples).unwrap();
+        let second = store.read_sample(3, 1, 0, 16_384).unwrap().unwrap();
+        assert_eq!(second.data[..], data[50_000..66_384]);
+        assert_eq!(second.crc32c, crc32c(&second.data));
+        assert_eq!(store.read_sample(3, 2, 0, 5_000).unwrap().unwrap().data[..], data[90_000..95_000]);
+        assert_eq!(
+            store.read_sample(3, 2, 0, 10_001).unwrap(),
+            Err(PageFault::Missing { page: 2 }),
+            "past its end"
+        );
+        assert_eq!(store.read_sample(4, 0, 0, 1).unwrap(), Err(PageFault::Missing { page: 0 }));
+        // A sample whose bytes are not what they were checked as is never written.
+        let mut bad = sample(0, &data[..100]);
+        bad.1.crc32c ^= 1;
+        assert!(store.write_pack(5, &[bad]).is_err());
+    }
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let packs = store.load_packs().unwrap();
+    assert_eq!(packs, vec![(3, samples.iter().map(|(s, _)| s.clone()).collect())], "pack 5 never was");
+    assert_eq!(store.read_sample(3, 0, 0, 16_384).unwrap().unwrap().data[..], data[..16_384]);
+    let before = store.disk_bytes();
+    store.delete_pack(3).unwrap();
+    assert!(store.disk_bytes() < before, "its file is gone");
+    assert_eq!(store.read_sample(3, 0, 0, 1).unwrap(), Err(PageFault::Missing { page: 0 }));
+    assert!(store.load_packs().unwrap().is_empty());
+}
+
+#[test]
+fn a_samples_file_that_is_not_one_whole_pack_is_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+        store.write_pack(1, &[sample(0, b"kept")]).unwrap();
+        // A file RocksDB wrote itself (keys through the memtable, no manifest).
+        let family = store.db.cf_handle(CF_SAMPLES).unwrap();
+        store.db.put_cf(&family, packs::sample_key(9, 0), b"stray").unwrap();
+        store.db.flush_cf(&family).unwrap();
+    }
+    let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
+    let packs = store.load_packs().unwrap();
+    assert_eq!(packs.iter().map(|(p, _)| *p).collect::<Vec<_>>(), [1]);
+    assert_eq!(
+        store.read_sample(9, 0, 0, 1).unwrap(),
+        Err(PageFault::Missing { page: 0 }),
+        "the stray is gone"
+    );
+    assert_eq!(store.read_sample(1, 0, 0, 4).unwrap().unwrap().data[..], b"kept"[..]);
+}

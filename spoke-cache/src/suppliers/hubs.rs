@@ -186,9 +186,42 @@ impl Hubs {
                 client.read_range(range).await
             })
             .await?;
-        if let Some((plain, zstd)) =
-            hub.conn.compression.fetched(compressed, started.elapsed(), read.data.len() as u64)
-        {
+        self.timed(hub, compressed, started.elapsed(), read.data.len() as u64);
+        Ok(read)
+    }
+
+    /// `ranges` in one `ReadRanges` call to the hubs of `route`, hedged as any call to
+    /// them (`Hubs::first_answer`), each asking for zstd as its chooser says and timing
+    /// the call for it: a batch of misses costs one round trip over the long link.
+    pub async fn fetch_batch(
+        &self,
+        route: &[Arc<HubSlot>],
+        ranges: &[shardcache_client::Range],
+    ) -> Result<Vec<shardcache_client::Verified>> {
+        let answer = self
+            .router
+            .call(route, |i, _| async move {
+                let hub = &route[i];
+                let compressed = hub.conn.compression.compress();
+                let started = std::time::Instant::now();
+                let read = self
+                    .ask(hub, |client| async move {
+                        let client = if compressed { client.compressing() } else { client };
+                        client.read_ranges(ranges).await
+                    })
+                    .await?;
+                let bytes = read.iter().map(|r| r.data.len() as u64).sum();
+                self.timed(hub, compressed, started.elapsed(), bytes);
+                Ok(read)
+            })
+            .await;
+        answer.map_err(|e| e.unwrap_or_else(|| Error::Config("no hubs".into())))
+    }
+
+    /// A fetch of `bytes` from `hub` took `elapsed`, compressed or not: its chooser learns
+    /// from it, and says so when it changes its mind.
+    fn timed(&self, hub: &HubSlot, compressed: bool, elapsed: Duration, bytes: u64) {
+        if let Some((plain, zstd)) = hub.conn.compression.fetched(compressed, elapsed, bytes) {
             let asks =
                 if zstd < plain * super::compression::ZSTD_WINS_BELOW { "zstd" } else { "bytes as they are" };
             let (plain_mb_s, zstd_mb_s) = ((1e-6 / plain) as u64, (1e-6 / zstd) as u64);
@@ -199,7 +232,6 @@ impl Hubs {
                 "chunk fetches now ask for {asks} (--hub-compression auto)"
             );
         }
-        Ok(read)
     }
 
     /// Runs `call` on a hub, bounded by `--hub-timeout`; its failure as the spoke's error.

@@ -73,6 +73,14 @@ impl Supply for Chain {
         Chain::fetch(self, want, avoid).boxed()
     }
 
+    fn fetch_many<'a>(
+        &'a self,
+        wants: &'a [Want<'a>],
+        avoid: &'a [String],
+    ) -> BoxFuture<'a, Vec<Result<Supplied>>> {
+        Chain::fetch_many(self, wants, avoid).boxed()
+    }
+
     fn join_owner<'a>(&'a self, want: Want<'a>, avoid: &'a [String]) -> BoxFuture<'a, Joined> {
         Chain::join_owner(self, want, avoid).boxed()
     }
@@ -90,6 +98,13 @@ pub struct Chain {
     counters: Arc<HedgeCounters>,
     late_joins: Arc<LateJoins>,
 }
+
+/// Bytes one batch of ranges asks a hub for (one `ReadRanges`): a chunk's worth at the
+/// default `--chunk-size`, so a batch is on the link no longer than a chunk fetch, and far
+/// under a hub's `--max-read` (16 MiB by default); several batches in flight fill the link.
+pub const BATCH_BYTES: u64 = 4 << 20;
+/// Ranges one batch carries at most (a hub takes `MAX_RANGES_PER_CALL`, 4096).
+pub const BATCH_RANGES: usize = 1024;
 
 /// A join not answered in this many of its waits was never going to be: the owner is
 /// demoted (a healthy owner behind a full link answers within a few).
@@ -283,6 +298,101 @@ impl Chain {
         let answer =
             hedged(&candidates, &HedgePolicy::UPSTREAM, &self.counters, |i| self.ask(&asks[i], want)).await;
         answer.map_err(|failed| failed.map_or_else(|| Error::Config("no hubs".into()), |f| f.error))
+    }
+
+    /// `wants` in as few calls as their hubs allow: ranges whose shards go first to the
+    /// same hub, at a known version, in batches of at most [`BATCH_BYTES`] and
+    /// [`BATCH_RANGES`] (one `ReadRanges` each); each answer in order. In a group, and for
+    /// a range at no known version, each range goes its own way ([`Chain::fetch`]: the
+    /// members ranked before this spoke, and those holding it, come before the hubs).
+    pub async fn fetch_many(&self, wants: &[Want<'_>], avoid: &[String]) -> Vec<Result<Supplied>> {
+        let alone = |i: usize| async move { (i, self.fetch(wants[i], avoid).await) };
+        if self.peers.is_some() || wants.len() == 1 {
+            let each = futures::future::join_all((0..wants.len()).map(alone)).await;
+            return each.into_iter().map(|(_, answer)| answer).collect();
+        }
+        let mut by_hub: std::collections::BTreeMap<String, (Vec<Arc<HubSlot>>, Vec<usize>)> =
+            std::collections::BTreeMap::new();
+        let mut single = Vec::new();
+        for (i, want) in wants.iter().enumerate() {
+            let route = self.hubs.route(Some((want.dataset, want.shard)));
+            match route.first().filter(|_| want.version.is_some()) {
+                Some(first) => {
+                    by_hub.entry(first.url.clone()).or_insert_with(|| (route.clone(), Vec::new())).1.push(i)
+                }
+                None => single.push(i),
+            }
+        }
+        let mut batches: Vec<(Vec<Arc<HubSlot>>, Vec<usize>)> = Vec::new();
+        for (route, indices) in by_hub.into_values() {
+            let mut batch: Vec<usize> = Vec::new();
+            let mut bytes = 0;
+            for i in indices {
+                if !batch.is_empty() && (bytes + wants[i].length > BATCH_BYTES || batch.len() == BATCH_RANGES)
+                {
+                    batches.push((route.clone(), std::mem::take(&mut batch)));
+                    bytes = 0;
+                }
+                bytes += wants[i].length;
+                batch.push(i);
+            }
+            batches.push((route, batch));
+        }
+        let batched = batches.into_iter().map(|(route, indices)| async move {
+            let asked: Vec<Want<'_>> = indices.iter().map(|&i| wants[i]).collect();
+            indices.into_iter().zip(self.fetch_batch(&route, &asked).await).collect::<Vec<_>>()
+        });
+        let (batched, single) = futures::future::join(
+            futures::future::join_all(batched),
+            futures::future::join_all(single.into_iter().map(alone)),
+        )
+        .await;
+        let mut out: Vec<Option<Result<Supplied>>> = (0..wants.len()).map(|_| None).collect();
+        for (i, answer) in batched.into_iter().flatten().chain(single) {
+            out[i] = Some(answer);
+        }
+        out.into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| Err(Error::Internal("a range of a batch went unasked".into())))
+            })
+            .collect()
+    }
+
+    /// One batch of `wants` from the hubs of `route` in one `ReadRanges`. A batch the hubs
+    /// refuse whole for one range's sake (a shard changed: ABORTED; a `--max-read`
+    /// smaller than the batch) is asked range by range, so that only that range's readers
+    /// see its answer.
+    async fn fetch_batch(&self, route: &[Arc<HubSlot>], wants: &[Want<'_>]) -> Vec<Result<Supplied>> {
+        if wants.len() == 1 {
+            return vec![self.fetch(wants[0], &[]).await];
+        }
+        let ranges: Vec<shardcache_client::Range> = wants
+            .iter()
+            .map(|want| {
+                let mut range =
+                    shardcache_client::Range::new(want.dataset, want.shard, want.offset, want.length);
+                range.expected_version = want.version.map(str::to_owned);
+                range
+            })
+            .collect();
+        match self.hubs.fetch_batch(route, &ranges).await {
+            Ok(read) => read
+                .into_iter()
+                .map(|read| {
+                    let data = Checked { data: read.data, crc32c: read.crc32c };
+                    Ok(Supplied {
+                        data,
+                        version: read.version,
+                        from: SuppliedBy::Hub,
+                        wire_len: read.wire_len,
+                    })
+                })
+                .collect(),
+            Err(e) if matches!(e.code(), tonic::Code::Aborted | tonic::Code::InvalidArgument) => {
+                futures::future::join_all(wants.iter().map(|&want| self.fetch(want, &[]))).await
+            }
+            Err(e) => wants.iter().map(|_| Err(e.clone())).collect(),
+        }
     }
 
     async fn ask(&self, ask: &Ask, want: Want<'_>) -> std::result::Result<Supplied, Failed> {

@@ -2,7 +2,7 @@
 //! `hubs.rs`): what is wanted, what was supplied and by whom, a supplier's failure, a
 //! join's answer, and the [`Supply`] the fetch owner and the lookups ask.
 
-use futures::future::BoxFuture;
+use futures::{FutureExt, future::BoxFuture};
 use shardcache_proto::{checksum::Checked, v1::ShardInfo};
 use shardcache_routing::{Judged, Verdict};
 
@@ -88,6 +88,18 @@ pub trait Supply: std::fmt::Debug + Send + Sync {
     /// `want` from the first supplier that has it, leaving out the members in `avoid`
     /// (a client already asked them).
     fn fetch<'a>(&'a self, want: Want<'a>, avoid: &'a [String]) -> BoxFuture<'a, Result<Supplied>>;
+
+    /// `wants` in as few calls as the suppliers allow (ranges a hub serves, many to one
+    /// `ReadRanges`), each with its own answer, in order: a batch of a reader's misses
+    /// costs the long link one round trip, not one per range. By default, one `fetch`
+    /// each, all at once.
+    fn fetch_many<'a>(
+        &'a self,
+        wants: &'a [Want<'a>],
+        avoid: &'a [String],
+    ) -> BoxFuture<'a, Vec<Result<Supplied>>> {
+        futures::future::join_all(wants.iter().map(|&want| self.fetch(want, avoid))).boxed()
+    }
 
     /// `want` from the owner its client asked first (`Chain::join_owner`).
     fn join_owner<'a>(&'a self, want: Want<'a>, avoid: &'a [String]) -> BoxFuture<'a, Joined>;

@@ -34,6 +34,7 @@ mod spoke_group_secure;
 mod spoke_group_trust;
 mod spoke_plans;
 mod spoke_reads;
+mod spoke_samples;
 mod spoke_soak;
 mod tenancy;
 mod wan_link;

@@ -48,7 +48,19 @@ fn query(port: u16, query: &str) -> Vec<(serde_json::Value, f64)> {
 /// What the spoke at `endpoint` counted of its one dataset: (hit reads, reads, bytes on
 /// the link, bytes read).
 async fn counted(endpoint: &str) -> (f64, f64, f64, f64) {
-    let status = shardcache_client::CacheClient::connect(endpoint).await.unwrap().status().await.unwrap();
+    let control = shardcache_client::CacheClient::connect(endpoint).await.unwrap();
+    // A miss is answered by its own bytes and its chunk filled beside it: counted once
+    // the fills are done (the link bytes stop growing; bounded).
+    let mut status = control.status().await.unwrap();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = control.status().await.unwrap();
+        let settled = now.datasets[0].upstream_wire_bytes == status.datasets[0].upstream_wire_bytes;
+        status = now;
+        if settled {
+            break;
+        }
+    }
     let d = &status.datasets[0];
     let reads = (d.hit_requests + d.miss_requests) as f64;
     (d.hit_requests as f64, reads, d.upstream_wire_bytes as f64, (d.hit_bytes + d.miss_bytes) as f64)

@@ -44,10 +44,21 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
     let markdown = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(markdown.contains("| spoke, cold + prefetch | epoch 2 (warm) |"), "{markdown}");
 
-    // The half-size spoke: three epochs each way (the demo checked that the spoke's
-    // per-job row counted every read).
+    // The half-size spoke: three epochs each way, each order beside its baseline with no
+    // cache (the demo checked that the spoke's per-job row counted every read).
     let small = json["small_cache"]["rows"].as_array().unwrap();
-    assert_eq!(small.len(), 6, "{small:?}");
+    assert_eq!(small.len(), 24, "{small:?}");
+    // A uniform shuffle and a map-style sampler with their plans: each epoch brings what it
+    // reads at most (whole shards brought the uniform shuffle 125x before).
+    for setup in ["uniform shuffle, half-size spoke, plan", "map-style, ShardSampler, half-size spoke"] {
+        let epochs: Vec<f64> = small
+            .iter()
+            .filter(|r| r["setup"] == setup)
+            .map(|r| r["hub_bytes_per_dataset"].as_f64().unwrap())
+            .collect();
+        assert_eq!(epochs.len(), 3, "{setup}: {small:?}");
+        assert!(epochs.iter().all(|&e| e <= 1.05), "{setup}: hub bytes per dataset {epochs:?}");
+    }
     // Two nodes: a spoke each fetches the dataset twice, a group once; warm, neither.
     let group = json["group"].as_array().unwrap();
     let link = |setup: &str, epoch: u64| {

@@ -310,6 +310,15 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             status.speculation_useful_share * 100.0,
             ByteSize(status.speculation_unread_bytes).human()
         );
+        if status.kept_sample_bytes > 0 || status.staged_sample_bytes > 0 {
+            println!(
+                "samples: {} kept for later epochs in {} packs, {} fetched ahead of reads (window {})",
+                ByteSize(status.kept_sample_bytes).human(),
+                status.kept_sample_packs,
+                ByteSize(status.staged_sample_bytes).human(),
+                ByteSize(status.sample_window_bytes).human()
+            );
+        }
     } else {
         println!(
             "cache: as {:?}: your datasets, jobs and plans (capacity, hubs and global counters need a token with \
@@ -323,10 +332,11 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
     print_group(&status);
     if !status.plans.is_empty() {
         println!();
-        println!("{:<32} {:>10} {:>10} {:>6}", "PLAN", "CURSOR", "POSITIONS", "LAG");
+        println!("{:<32} {:>10} {:>10} {:>6} {:>8}", "PLAN", "CURSOR", "POSITIONS", "LAG", "FOLLOWED");
         for p in &status.plans {
             let job = owned_by(&p.principal, &p.job, &status.principal);
-            println!("{job:<32} {:>10} {:>10} {:>6}", p.cursor, p.positions, p.lag);
+            let followed = if p.samples { "samples" } else { "shards" };
+            println!("{job:<32} {:>10} {:>10} {:>6} {followed:>8}", p.cursor, p.positions, p.lag);
         }
     }
     Ok(())

@@ -7,7 +7,9 @@
 Datasets for training loops (PyTorch's DataLoader when torch is installed, plain
 iteration without it):
 
-- :class:`ShardDataset`, map-style: ``len(ds)``, ``ds[i]`` -> the i-th record;
+- :class:`ShardDataset`, map-style: ``len(ds)``, ``ds[i]`` -> the i-th record; with
+  :class:`ShardSampler` (a drop-in for ``RandomSampler`` and ``DistributedSampler``) the
+  spoke is told the order it reads, fetches ahead and keeps what is read again;
 - :class:`StreamingShardDataset`, iterable: deterministic shard- and sample-level
   shuffle from ``(seed, epoch)``, split across ranks and DataLoader workers without
   overlap, resumable mid-epoch, and it tells the spoke the epoch's order so prefetch
@@ -19,5 +21,6 @@ and ``.message``.
 
 from ._native import Client, ShardcacheError
 from .datasets import ShardDataset, StreamingShardDataset
+from .sampler import ShardSampler
 
-__all__ = ["Client", "ShardcacheError", "ShardDataset", "StreamingShardDataset"]
+__all__ = ["Client", "ShardcacheError", "ShardDataset", "ShardSampler", "StreamingShardDataset"]

@@ -86,6 +86,25 @@ class Client:
         """Tells a spoke the shard order of ``job`` (one list per epoch from ``epoch``
         on, and for each shard the last shard first read before its own last read), so it
         evicts what is read again furthest away; returns the distinct shards."""
+    def plan(
+        self,
+        job: str,
+        epoch: int,
+        dataset: str,
+        epochs: List[List[str]],
+        until: Optional[List[List[int]]] = None,
+    ) -> Dict[str, Union[int, bool]]:
+        """``set_plan``, answering ``shards`` and ``samples`` (True: the spoke follows the
+        plan sample by sample; send its samples with ``plan_samples``)."""
+    def plan_samples(
+        self,
+        job: str,
+        dataset: str,
+        epoch_samples: int,
+        reads: List[Tuple[int, str, int, int, Optional[int]]],
+    ) -> Dict[str, int]:
+        """Sends ``job``'s next reads sample by sample: ``(position, shard, offset, length,
+        next_use)`` each; answers ``planned`` and ``window_bytes``."""
     def status(self) -> Dict[str, object]: ...
     def _bench_read_many(self, ranges: List[Tuple[str, str, int, int]], rounds: int) -> float: ...
 
@@ -124,6 +143,27 @@ class Samples:
         rows as pyarrow's ``to_pylist`` gives them."""
     def read_fields(self, samples: List[Tuple[int, int]]) -> List[Dict[str, object]]:
         """WebDataset samples: dicts of ``__key__`` and each field's bytes."""
+    def pieces(self, samples: List[Tuple[int, int]]) -> List[List[Tuple[int, int, int]]]:
+        """Each sample's ranges ``(shard, offset, length)``, as a read asks for them."""
     def __len__(self) -> int: ...
     def read(self, samples: List[Tuple[int, int]]) -> List[bytes]:
         """The bytes of ``(shard number, sample number)`` pairs, in order, batched."""
+
+class Permutation:
+    """A keyed bijection of ``range(n)``, computed per position, with its inverse."""
+    def __init__(self, n: int, key: str) -> None: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, position: int) -> int: ...
+    def position_of(self, value: int) -> int: ...
+    def take(self, start: int, count: int) -> List[int]: ...
+
+class SamplerOrder:
+    """A map-style sampler's order over ranks, as ``DistributedSampler`` deals it."""
+    def __init__(self, n: int, seed: int, shuffle: bool, num_replicas: int, drop_last: bool) -> None: ...
+    @property
+    def places(self) -> int: ...
+    @property
+    def per_rank(self) -> int: ...
+    def rank_places(self, rank: int, base: int, start: int, count: int) -> List[int]: ...
+    def rank_samples(self, epoch: int, rank: int, base: int, start: int, count: int) -> List[int]: ...
+    def place_of(self, epoch: int, sample: int) -> Optional[int]: ...

@@ -51,6 +51,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from ._native import Client, ShardcacheError
 from . import order as order_module
 from .order import EpochOrder
+from .plans import SAMPLE_RANGES_FORMATS, SampleWindow, follows_samples, planned_reads
 
 # The epoch order's version in a saved state (2: computed per position, shardcache.order).
 ORDER_VERSION = 2
@@ -209,6 +210,7 @@ class _Records:
         state = dict(self.__dict__)
         state["_client"] = None
         state["_samples"] = None
+        state.pop("_tag", None)
         return state
 
     def locate(self, index: int) -> Tuple[int, int]:
@@ -240,7 +242,14 @@ class ShardDataset(_MapBase):
 
     ``ds[i]`` reads sample ``i`` (one request); ``ds.get_batch(indices)`` reads many in
     one round trip, and so does a ``DataLoader``'s batch (its fetcher calls
-    ``__getitems__``). Use a sampler (``DistributedSampler``) to split it across ranks.
+    ``__getitems__``). Split it across ranks and shuffle it with
+    :class:`shardcache.ShardSampler` (a drop-in for ``RandomSampler`` and
+    ``DistributedSampler`` that tells the spoke the order it reads, so that a spoke
+    smaller than the dataset fetches the next samples ahead and keeps what is read
+    again), or with any sampler.
+
+    Reads say they are for job ``job`` (default: ``"DATASET"``; a ShardSampler names its
+    own) and the epoch :meth:`set_epoch` chose, so a spoke reports them per job and epoch.
     """
 
     def __init__(
@@ -253,24 +262,38 @@ class ShardDataset(_MapBase):
         format: str = "records",
         seq_len: Optional[int] = None,
         allow_unsafe_types: bool = False,
+        job: Optional[str] = None,
         **client_args: Any,
     ):
         self._records = _Records(
             endpoint, dataset, record_size, dtype, client_args, tensor_dtype, format=format, seq_len=seq_len,
             allow_unsafe_types=allow_unsafe_types,
         )
+        self.job = job or dataset
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch reads say they are for (a ShardSampler sets it with its own)."""
+        self.epoch = epoch
+
+    def _tagged(self) -> "_Records":
+        records = self._records
+        if getattr(records, "_tag", None) != (self.job, self.epoch):
+            records.client.set_job(self.job, self.epoch)
+            records._tag = (self.job, self.epoch)
+        return records
 
     def __len__(self) -> int:
         return self._records.total
 
     def __getitem__(self, index: int) -> Any:
-        records = self._records
+        records = self._tagged()
         if index < 0:
             index += records.total
         return records.load([records.locate(index)])[0]
 
     def get_batch(self, indices: List[int]) -> List[Any]:
-        records = self._records
+        records = self._tagged()
         return records.load([records.locate(i) for i in indices])
 
     def __getitems__(self, indices: List[int]) -> List[Any]:
@@ -296,7 +319,10 @@ class StreamingShardDataset(_IterableBase):
     shards for the rest of this epoch and the next, in the order of their first reads,
     and which are read together (a block), as ``JOB/rankR/workerW``. The spoke then
     prefetches the shards read next and, when it is smaller than the dataset, evicts
-    what is read again furthest away. A server that takes no plans (a hub, an older
+    what is read again furthest away. Where a block does not fit the spoke's cache (a
+    uniform shuffle: ``shard_block`` = the number of shards), the spoke says so and the
+    worker sends its next samples as it reads (``shardcache.plans``): the spoke fetches
+    them ahead in batches and keeps for the next epoch what it can, never whole shards. A server that takes no plans (a hub, an older
     spoke) is told nothing more, and a plan the spoke refuses is a warning, never a
     failed epoch. ``prefetch=True`` (used when no plan was taken) asks the spoke to
     fetch this worker's shards in epoch order instead.
@@ -430,24 +456,43 @@ class StreamingShardDataset(_IterableBase):
         names = self._records.shards
         return [names[s] for s in shards], until
 
-    def _send_plan(self, now_order: EpochOrder, worker_id: int, num_workers: int) -> bool:
+    def _send_plan(self, now_order: EpochOrder, worker_id: int, num_workers: int) -> Optional[Dict[str, Any]]:
         """Sends this worker's plan for the rest of this epoch (``now_order``) and the
-        next; returns whether the spoke took it."""
+        next; returns the spoke's answer (``shards``, ``samples``), or None when it took
+        none."""
         then_order = self._order(self.epoch + 1)
         now, now_until = self._plan(now_order, self._positions(now_order, worker_id, num_workers))
         then, then_until = self._plan(then_order, self._positions(then_order, worker_id, num_workers, fresh=True))
         records = self._records
         try:
             job = f"{self._job()}/rank{self.rank}/worker{worker_id}"
-            records.client.set_plan(job, self.epoch, records.dataset, [now, then], [now_until, then_until])
-            return True
+            return records.client.plan(job, self.epoch, records.dataset, [now, then], [now_until, then_until])
         except ShardcacheError as error:
             # A plan is a hint: without it the spoke evicts least recently used. A server
             # that takes no plans says UNIMPLEMENTED; anything else is worth a warning.
             if getattr(error, "code", "") != "UNIMPLEMENTED":
                 warnings.warn(f"shardcache: the spoke did not take the access plan: {error}", stacklevel=2)
-            return False
+            return None
 
+    def _sample_window(self, order: EpochOrder, worker_id: int, num_workers: int) -> Optional[SampleWindow]:
+        """This worker's reads sent to a spoke that follows the plan sample by sample:
+        positions across epochs, each sample's next use the start of the next epoch's block
+        that reads it (``shardcache.plans``)."""
+        records = self._records
+        if records.format not in SAMPLE_RANGES_FORMATS:
+            return None
+        then_order = self._order(self.epoch + 1)
+        size = len(order)
+        now_base, then_base = self.epoch * size, (self.epoch + 1) * size
+
+        def next_use(sample: Tuple[int, int]) -> int:
+            # +1: position 0 means "none" on the wire, and a next use is never that.
+            return then_base + then_order.block_start_of(*sample) + 1
+
+        positions = self._positions(order, worker_id, num_workers)
+        planned = planned_reads(positions, now_base, lambda p: order[p], next_use)
+        job = f"{self._job()}/rank{self.rank}/worker{worker_id}"
+        return SampleWindow(records, job, size, planned)
     def epoch_order(self) -> List[Tuple[int, int]]:
         """(shard number, record number) of every record, in this epoch's order, as a
         list (to look at; iterating the dataset never lists the order: see
@@ -482,13 +527,17 @@ class StreamingShardDataset(_IterableBase):
         order = self._order()
         if next(self._positions(order, worker_id, num_workers), None) is None:
             return  # nothing left for this worker this epoch
-        planned = self.plan and self._send_plan(order, worker_id, num_workers)
-        if self.prefetch and not planned:
+        answer = self._send_plan(order, worker_id, num_workers) if self.plan else None
+        if self.prefetch and answer is None:
             shards, _ = self._plan(order, self._positions(order, worker_id, num_workers))
             records.client.prefetch(records.dataset, shards, wait=False)
+        # A block larger than the spoke's cache: the spoke follows this worker's samples.
+        window = self._sample_window(order, worker_id, num_workers) if follows_samples(answer) else None
         items = order.items(self._positions(order, worker_id, num_workers))
         while True:
             batch = list(itertools.islice(items, self.read_batch))
             if not batch:
                 return
+            if window is not None:
+                window.read(len(batch))
             yield from records.load(batch)

@@ -13,7 +13,8 @@ one block's inner shuffle at a time:
   warning: those blocks were shuffled another way);
 - a larger block is shuffled by a permutation computed per position (a Feistel network
   over the next power of four, cycle-walking the values past the block back in: Black &
-  Rogaway's cipher on an arbitrary domain), in constant memory.
+  Rogaway's cipher on an arbitrary domain), in constant memory: :class:`Permutation`, the
+  Rust SDK's (``shardcache_client::order``), one implementation for both.
 
 A worker walks only its own positions (``base + rank + world_size * j``), so each
 worker's cost is its share of the epoch, not the epoch.
@@ -21,53 +22,13 @@ worker's cost is its share of the epoch, not the epoch.
 
 import array
 import bisect
-import hashlib
 import random
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ._native import Permutation
+
 # Samples a block may have and still be shuffled as a list (8 MiB of positions).
 LISTED_BLOCK = 1 << 20
-
-_MASK64 = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    """splitmix64's finaliser: a 64-bit value whose every bit depends on every bit of x."""
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
-    return x ^ (x >> 31)
-
-
-class Permutation:
-    """A bijection of ``range(n)`` keyed by a string, computed per position."""
-
-    ROUNDS = 4
-
-    def __init__(self, n: int, key: str):
-        self.n = n
-        bits = max(2, (n - 1).bit_length())
-        bits += bits & 1  # two equal halves: the domain is at most 4n
-        self.half = bits // 2
-        self.mask = (1 << self.half) - 1
-        digest = hashlib.blake2b(key.encode(), digest_size=8 * self.ROUNDS).digest()
-        self.keys = [int.from_bytes(digest[8 * r : 8 * r + 8], "little") for r in range(self.ROUNDS)]
-
-    def _encrypt(self, x: int) -> int:
-        left, right = x >> self.half, x & self.mask
-        for key in self.keys:
-            left, right = right, left ^ (_mix(right ^ key) & self.mask)
-        return (left << self.half) | right
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, position: int) -> int:
-        if not 0 <= position < self.n:
-            raise IndexError(f"position {position} is outside 0..{self.n}")
-        x = self._encrypt(position)
-        while x >= self.n:  # cycle-walking: at most a few steps, the domain being < 4n
-            x = self._encrypt(x)
-        return x
 
 
 class _Block:
@@ -129,9 +90,31 @@ class EpochOrder:
             total += block.size
         self.size = total
         self._current: Optional[_Block] = None
+        # Which block reads each unit, and each shard's units (first sample, unit), for
+        # where a sample is read (`block_start_of`).
+        self.unit_block = [0] * len(units)
+        for at, u in enumerate(picked):
+            self.unit_block[u] = at // shard_block
+        self.units = units
+        self._shard_units: Optional[Dict[int, List[Tuple[int, int]]]] = None
 
     def __len__(self) -> int:
         return self.size
+
+    def block_start_of(self, shard: int, sample: int) -> int:
+        """The position at which the block that reads ``(shard, sample)`` begins: where the
+        sample is read, to a block (a plan followed sample by sample needs no more: any
+        sample kept until its block is read is read once then)."""
+        if self._shard_units is None:
+            by_shard: Dict[int, List[Tuple[int, int]]] = {}
+            for u, (s, first, _) in enumerate(self.units):
+                by_shard.setdefault(s, []).append((first, u))
+            for listed in by_shard.values():
+                listed.sort()
+            self._shard_units = by_shard
+        listed = self._shard_units[shard]
+        u = listed[bisect.bisect_right(listed, (sample, len(self.units))) - 1][1]
+        return self.starts[self.unit_block[u]]
 
     def _block(self, position: int) -> _Block:
         block = self.blocks[bisect.bisect_right(self.starts, position) - 1]

@@ -1,0 +1,197 @@
+//! `order-bench`: any order at the cost of a sequential read. A hub behind a 60 ms,
+//! 2 Gbit/s link (`wan-proxy`; the hub's compression off, so link bytes are bytes),
+//! 256 MiB of 16 KiB records in 16 shards of 16 MiB, read three epochs in a new order
+//! each, by a reader as the SDK's datasets read (`bench/src/orders.rs`: batches of 32, 8 in
+//! flight, every byte checked), each setup on a fresh spoke process:
+//!
+//! - a uniform shuffle (every record of the epoch in one random order: `ShardSampler`,
+//!   `StreamingShardDataset(shard_block=16)`) through a spoke half the dataset's size,
+//!   with its plan (followed sample by sample) and without (a plain `RandomSampler`);
+//! - the default block shuffle (`shard_block=4`) through the same spoke, with its plan:
+//!   the order the spoke was built around, the speed to match;
+//! - a uniform shuffle through a spoke a tenth of the dataset's size, beside the block
+//!   shuffle through a spoke larger than the dataset;
+//! - the block shuffle of 8 shards of 4 MiB through a spoke of 16 MiB (a block is the
+//!   whole cache);
+//! - and the uniform and block readers straight from the hub over the same link, no cache.
+//!
+//! Per epoch: bytes over the link per byte read (the spoke's `upstream_wire_bytes`; a
+//! reader with no cache reads each byte once over it), records/s, the share of reads
+//! from the cache, and whether the spoke followed the plan sample by sample.
+//!
+//! ```sh
+//! cargo build --release --workspace --bins && target/release/order-bench [--only NAME]
+//! ```
+
+#![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
+
+use shardcache_bench::orders::{Epoch, Layout, Order, Plan, Reader, epoch};
+use shardcache_client::{CacheClient, Client};
+use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess, make_dataset};
+
+const MIB: u64 = 1 << 20;
+const EPOCHS: u64 = 3;
+const SEED: u64 = 47;
+
+/// One setup: a dataset, an order, a spoke's capacity (`None`: no cache), a plan.
+struct Setup {
+    name: &'static str,
+    dataset: &'static str,
+    order: Order,
+    capacity: Option<u64>,
+    plan: Plan,
+}
+
+/// One epoch's row.
+struct Row {
+    setup: &'static str,
+    epoch: u64,
+    link_per_read: f64,
+    records_per_s: f64,
+    hit_share: f64,
+    samples: bool,
+}
+
+/// The two datasets, their hub behind the link.
+struct World {
+    _root: tempfile::TempDir,
+    _hub: HubProcess,
+    link: ProxyProcess,
+    files: std::collections::HashMap<&'static str, (Layout, Vec<Vec<u8>>)>,
+}
+
+impl World {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let mut files = std::collections::HashMap::new();
+        for (name, layout) in [
+            ("c4", Layout { shards: 16, shard: 16 * MIB, record: 16 << 10 }),
+            ("big-shards", Layout { shards: 8, shard: 4 * MIB, record: 16 << 10 }),
+        ] {
+            let dir = make_dataset(root.path(), name, layout.shards, layout.shard);
+            let read = (0..layout.shards)
+                .map(|s| std::fs::read(dir.join(shardcache_cli::dataset_gen::shard_name(s))).unwrap())
+                .collect();
+            files.insert(name, (layout, read));
+        }
+        let hub = HubProcess::start(root.path(), &["--link-compression-level", "0"]);
+        let addr = hub.endpoint.trim_start_matches("http://").parse().unwrap();
+        let link = ProxyProcess::start(addr, &["--rtt", "60ms", "--rate", "2Gbit"]);
+        Self { _root: root, _hub: hub, link, files }
+    }
+}
+
+/// The wire bytes the spoke took from the hub for `dataset` so far, and its hit reads
+/// and reads of the job.
+async fn counters(control: &CacheClient, dataset: &str, job: &str, epoch: u64) -> (u64, u64, u64) {
+    let status = control.status().await.unwrap();
+    let wire = status.datasets.iter().find(|d| d.dataset == dataset).map_or(0, |d| d.upstream_wire_bytes);
+    let row = status.jobs.iter().find(|j| j.job == job && j.epoch == epoch);
+    (wire, row.map_or(0, |r| r.hit_reads), row.map_or(0, |r| r.reads))
+}
+
+async fn run(world: &World, setup: &Setup) -> Vec<Row> {
+    let (layout, files) = &world.files[setup.dataset];
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = setup.capacity.map(|capacity| {
+        SpokeProcess::start(&world.link.endpoint, cache.path(), &["--capacity", &format!("{capacity}B")])
+    });
+    let endpoint = spoke.as_ref().map_or(world.link.endpoint.clone(), |s| s.endpoint.clone());
+    let control = match &spoke {
+        Some(s) => Some(CacheClient::connect(&s.endpoint).await.unwrap()),
+        None => None,
+    };
+    let reader = Reader {
+        client: Client::connect(&endpoint).await.unwrap(),
+        control: control.clone(),
+        dataset: setup.dataset,
+        job: "trainer",
+        layout: *layout,
+        files,
+        batch: 32,
+        in_flight: 8,
+    };
+    let epochs: Vec<Epoch> = (0..=EPOCHS).map(|e| epoch(*layout, setup.order, SEED, e)).collect();
+    let mut rows = Vec::new();
+    for number in 0..EPOCHS {
+        let before = match &control {
+            Some(c) => counters(c, setup.dataset, "trainer", number).await.0,
+            None => 0,
+        };
+        let (seconds, samples) =
+            reader.epoch(number, (&epochs[number as usize], &epochs[number as usize + 1]), setup.plan).await;
+        let (wire, hits, reads) = match &control {
+            Some(c) => counters(c, setup.dataset, "trainer", number).await,
+            None => (before + layout.bytes(), 0, layout.records()),
+        };
+        assert_eq!(reads, layout.records(), "{}: every record read once an epoch", setup.name);
+        rows.push(Row {
+            setup: setup.name,
+            epoch: number + 1,
+            link_per_read: (wire - before) as f64 / layout.bytes() as f64,
+            records_per_s: layout.records() as f64 / seconds,
+            hit_share: hits as f64 / reads.max(1) as f64,
+            samples,
+        });
+    }
+    rows
+}
+
+/// The setups, in the order they run.
+fn setups() -> Vec<Setup> {
+    let (half, tenth) = (128 * MIB, 256 * MIB / 10);
+    let setup = |name, dataset, order, capacity, plan| Setup { name, dataset, order, capacity, plan };
+    vec![
+        setup("uniform, plan, half-size spoke", "c4", Order::Uniform, Some(half), Plan::Plan),
+        setup("uniform, no plan, half-size spoke", "c4", Order::Uniform, Some(half), Plan::None),
+        setup("blocks of 4, plan, half-size spoke", "c4", Order::Blocks(4), Some(half), Plan::Plan),
+        setup("uniform, no cache", "c4", Order::Uniform, None, Plan::None),
+        setup("blocks of 4, no cache", "c4", Order::Blocks(4), None, Plan::None),
+        setup("uniform, plan, tenth-size spoke", "c4", Order::Uniform, Some(tenth), Plan::Plan),
+        setup(
+            "blocks of 4, plan, spoke larger than the data",
+            "c4",
+            Order::Blocks(4),
+            Some(512 * MIB),
+            Plan::Plan,
+        ),
+        setup(
+            "8 x 4 MiB in blocks of 4, plan, 16 MiB spoke",
+            "big-shards",
+            Order::Blocks(4),
+            Some(16 * MIB),
+            Plan::Plan,
+        ),
+        setup("8 x 4 MiB in blocks of 4, no cache", "big-shards", Order::Blocks(4), None, Plan::None),
+    ]
+}
+
+fn print(rows: &[Row]) {
+    println!(
+        "256 MiB of 16 KiB records (16 x 16 MiB; and 32 MiB in 8 x 4 MiB), 60 ms 2 Gbit/s link, hub compression off"
+    );
+    println!("| setup | epoch | link / read | records/s | reads from the cache | followed |");
+    println!("|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.3} | {:.0} | {:.1}% | {} |",
+            r.setup,
+            r.epoch,
+            r.link_per_read,
+            r.records_per_s,
+            100.0 * r.hit_share,
+            if r.samples { "samples" } else { "-" }
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let only = std::env::args().skip_while(|a| a != "--only").nth(1);
+    let world = World::new();
+    let mut rows = Vec::new();
+    for setup in setups().iter().filter(|s| only.as_deref().is_none_or(|o| s.name.contains(o))) {
+        rows.extend(run(&world, setup).await);
+    }
+    print(&rows);
+}
