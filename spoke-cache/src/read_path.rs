@@ -269,7 +269,8 @@ impl ReadPath {
             let chunk_start = part.index * part.entry.chunk_size;
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
             let chunk = match &part.provenance {
-                Provenance::Chunk(fetch) => Some(fetch.fetched.clone()),
+                Provenance::Chunk(fetch) => Some((fetch.fetched.clone(), chunk_start)),
+                Provenance::Piece(piece, start) => Some((piece.clone(), *start)),
                 _ => None,
             };
             let (hedged, staged) = (
@@ -284,7 +285,10 @@ impl ReadPath {
                     // keep the whole chunk alive as long as the response, so a batch of
                     // small reads in many chunks would hold chunk size x ranges instead
                     // of what it returns.
-                    (Some(chunk), _) => Ok::<_, Error>(chunk.await?.part(range.start, range.end)),
+                    (Some((chunk, start)), _) => {
+                        let within = (from - start) as usize..(from - start + length) as usize;
+                        Ok::<_, Error>(chunk.await?.part(within.start, within.end))
+                    }
                     // A sample fetched ahead that failed is fetched again for its read.
                     (None, Some(pending)) if staged => match pending.await {
                         Ok(bytes) => Ok(bytes),
@@ -352,6 +356,10 @@ impl ReadPath {
         let alongside =
             || self.fetch.speculation(&entry.dataset, &entry.shard, chunk_start, chunk_len).is_some();
         if let Some(running) = self.fetch.running(entry, index) {
+            // A fill's piece that holds the part: waited for alone, not the whole chunk.
+            if let Some((start, piece)) = running.piece_for(from, to) {
+                return (Provenance::Piece(piece, start), None);
+            }
             if running.is_started() || alongside() {
                 return (Provenance::Chunk(running), None);
             }
@@ -624,6 +632,8 @@ enum Provenance {
     Fill(Option<tokio::sync::oneshot::Sender<Result<Checked>>>),
     /// Fetched as read, not stored (not admitted, a plan's straggler, an index read).
     Direct,
+    /// A piece of a chunk being filled (`ChunkFetch::piece_for`), and where it starts.
+    Piece(SharedFetch, u64),
     /// A whole range its job's plan fetched ahead (`samples/`).
     Staged,
     /// A whole range kept for a later epoch (`kept.rs`).

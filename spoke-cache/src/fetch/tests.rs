@@ -219,3 +219,31 @@ async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
     assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..]);
     assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK, "each chunk crossed once, the lent part with it");
 }
+
+#[tokio::test]
+async fn a_reader_of_another_part_of_a_chunk_being_filled_waits_for_its_piece_only() {
+    let parts = parts(CHUNK, 1 << 30, 1 << 30);
+    let data = pattern(CHUNK as usize, 13);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let row = JobRow::default();
+    let (from, to) = (30_000, 31_000);
+    let part = parts.fetch.start_direct(&[(&entry, from, to - from)], for_read(&row)).remove(0);
+    let fill = parts.fetch.fill(&entry, 0, KnownPart { from, to, bytes: part }, for_read(&row)).unwrap();
+    // Once started, the fill says which piece holds a range (before and after the part).
+    for _ in 0..1000 {
+        if fill.piece_for(100, 200).is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (start, before) = fill.piece_for(100, 200).expect("the piece before the part");
+    assert_eq!(start, 0);
+    assert_eq!(before.await.unwrap().data[..], data[..from as usize]);
+    let (start, after) = fill.piece_for(40_000, 40_010).expect("the piece after it");
+    assert_eq!(start, to);
+    assert_eq!(after.await.unwrap().data[..], data[to as usize..]);
+    assert!(fill.piece_for(29_000, 32_000).is_none(), "a range across pieces waits for the chunk");
+    assert_eq!(fill.stored.await.unwrap(), CHUNK);
+    assert_eq!(parts.stored(&entry, 0, CHUNK).unwrap(), data);
+}
