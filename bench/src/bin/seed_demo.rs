@@ -205,31 +205,11 @@ async fn main() -> anyhow::Result<()> {
     // 5. and 6. Room for half the dataset, in each order: least recently used, the access
     // plan, and no cache at all.
     if !demo.args.skip_small_cache && !demo.args.group_only {
-        for setup in small_cache::SETUPS {
-            println!("\n== {}", setup.name);
-            let cache = tempfile::tempdir_in(work.path())?;
-            let capacity = format!("{}B", demo.dataset_bytes() / 2);
-            let spoke = setup.cached.then(|| {
-                SpokeProcess::start(
-                    &proxy.endpoint,
-                    cache.path(),
-                    &["--capacity", &capacity, "--plan-window", &demo.args.plan_window],
-                )
-            });
-            let server = spoke.as_ref().map_or(&proxy.endpoint, |s| &s.endpoint);
-            let small = small_cache::SmallCache {
-                spoke: server,
-                job: demo.workload(),
-                order: setup.order,
-                cached: setup.cached,
-            };
-            let (rows, steps) = small.run(setup.name, setup.plan).await?;
-            for r in &rows {
-                println!("{}", small_cache::markdown_row(r));
-            }
-            demo.small_rows.extend(rows);
-            demo.small_series.push((setup.name.to_owned(), steps));
-        }
+        let spoke = (demo.dataset_bytes() / 2, demo.args.plan_window.as_str());
+        let (rows, series) =
+            small_cache::run_setups(&proxy.endpoint, work.path(), spoke, demo.workload()).await?;
+        demo.small_rows.extend(rows);
+        demo.small_series.extend(series);
     }
     // 7. to 9. Two trainer nodes: a spoke each, a group of three spokes, and the group
     // losing a member mid-epoch.

@@ -82,6 +82,36 @@ pub const SETUPS: [Setup; 8] = [
     Setup { name: "map-style, no cache", order: Order::Sampler, cached: false, plan: false },
 ];
 
+/// Runs every setup of [`SETUPS`] against `hub` (over the link), each through a fresh
+/// spoke of `capacity` bytes with `--plan-window plan_window` where it has one, and
+/// prints its rows; every setup's rows and steps.
+pub async fn run_setups(
+    hub: &str,
+    work: &std::path::Path,
+    (capacity, plan_window): (u64, &str),
+    job: Workload<'_>,
+) -> anyhow::Result<(Vec<EpochRow>, Vec<(String, Vec<Step>)>)> {
+    let (mut rows, mut series) = (Vec::new(), Vec::new());
+    for setup in SETUPS {
+        println!("\n== {}", setup.name);
+        let cache = tempfile::tempdir_in(work)?;
+        let capacity = format!("{capacity}B");
+        let spoke = setup.cached.then(|| {
+            let args = ["--capacity", capacity.as_str(), "--plan-window", plan_window];
+            shardcache_tests::SpokeProcess::start(hub, cache.path(), &args)
+        });
+        let server = spoke.as_ref().map_or(hub, |s| s.endpoint.as_str());
+        let small = SmallCache { spoke: server, job, order: setup.order, cached: setup.cached };
+        let (epochs, steps) = small.run(setup.name, setup.plan).await?;
+        for r in &epochs {
+            println!("{}", markdown_row(r));
+        }
+        rows.extend(epochs);
+        series.push((setup.name.to_owned(), steps));
+    }
+    Ok((rows, series))
+}
+
 /// A small-cache setup: the server to read through (a spoke, or the hub: `cached` false),
 /// the job and its order.
 #[derive(Debug, Clone)]

@@ -13,9 +13,12 @@
 //! deciding meanwhile whether the cache has room see them.
 //!
 //! A miss the cache does not store (`policy::admit`) is fetched as read ([`FetchOwner::
-//! direct`]): just the range, shared by concurrent readers of the same range, never
-//! stored.
+//! direct`], `as_read.rs`): just the range, shared by concurrent readers of the same
+//! range, never stored, a call's misses in one batch upstream. A miss it stores is
+//! answered the same way, its chunk filled beside it (`fill.rs`).
 
+mod as_read;
+mod fill;
 mod speculation;
 #[cfg(test)]
 mod tests;
@@ -74,37 +77,25 @@ impl ChunkFetch {
     pub fn is_started(&self) -> bool {
         self.started.load(Relaxed)
     }
-
-    /// The piece of a fill that holds `[from, to)` of the shard, with where it starts: what
-    /// a reader of that range waits for, rather than the whole chunk.
-    pub fn piece_for(&self, from: u64, to: u64) -> Option<(u64, SharedFetch)> {
-        let pieces = self.pieces.get()?;
-        let (start, _, bytes) = pieces.iter().find(|&&(start, end, _)| start <= from && to <= end)?;
-        Some((*start, bytes.clone()))
-    }
-
-    /// Lends it `part`, which a reader fetches as read, while it waits for room: when it
-    /// starts it asks only for the rest of the chunk (the reader is answered by its own
-    /// fetch, the link carries the chunk once). Whether it took the part (not once started,
-    /// nor when another reader's part is there already).
-    pub fn lend(&self, part: KnownPart) -> bool {
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        if self.is_started() || known.is_some() {
-            return false;
-        }
-        *known = Some(part);
-        true
-    }
 }
 
 /// The part of a chunk a reader's fetch as read brings (`[from, to)` of the shard), which
-/// the chunk's fill takes instead of fetching it again ([`FetchOwner::fill`]).
+/// the chunk's fill takes instead of fetching it again (`FetchOwner::fill`).
 #[derive(Debug)]
 pub struct KnownPart {
     pub from: u64,
     pub to: u64,
     pub bytes: SharedFetch,
 }
+
+/// A fill's pieces, published once it has asked for them: `(from, to)` of the shard
+/// each, and its bytes as they arrive.
+type Pieces = std::sync::OnceLock<Vec<(u64, u64, SharedFetch)>>;
+
+/// Pieces a fill asks for the rest of its chunk in, all at once: a reader of another
+/// part of the chunk waits for the piece that holds it, not for the whole chunk (a 4 MiB
+/// chunk takes 16 ms of a 2 Gbit/s link to arrive, a 1 MiB piece 4).
+pub const FILL_PIECE: u64 = 1 << 20;
 
 /// Whom a fetch is for.
 #[derive(Debug, Clone, Copy)]
@@ -149,15 +140,6 @@ struct Inner {
     direct: Mutex<HashMap<(u64, u64, u64), SharedFetch>>,
     speculations: Arc<Speculations>,
 }
-
-/// A fill's pieces, published once it has asked for them: `(from, to)` of the shard
-/// each, and its bytes as they arrive.
-type Pieces = std::sync::OnceLock<Vec<(u64, u64, SharedFetch)>>;
-
-/// Pieces a fill asks for the rest of its chunk in, all at once: a reader of another
-/// part of the chunk waits for the piece that holds it, not for the whole chunk (a 4 MiB
-/// chunk takes 16 ms of a 2 Gbit/s link to arrive, a 1 MiB piece 4).
-pub const FILL_PIECE: u64 = 1 << 20;
 
 impl FetchOwner {
     /// Fetches from `supply` into `admission`, with at most `bytes_in_flight` fetched and
@@ -335,116 +317,6 @@ impl FetchOwner {
             .await
     }
 
-    /// `[offset, offset + length)` of `entry` fetched as it is asked for and not stored
-    /// (a miss the cache does not admit, a plan's straggler, an index read): counted in
-    /// `fetch.row`, within the byte and request bounds, one fetch for concurrent readers of
-    /// the same range; a read of it started alongside the shard's stat is taken up.
-    pub async fn direct(
-        &self,
-        entry: &Arc<Entry>,
-        offset: u64,
-        length: u64,
-        fetch: FetchFor<'_>,
-    ) -> Result<Checked> {
-        let key = (entry.id, offset, length);
-        let shared = {
-            let mut direct = self.inner.direct();
-            match direct.get(&key) {
-                Some(running) => running.clone(),
-                None => {
-                    let shared = self.spawn_direct(entry, offset, length, fetch);
-                    direct.insert(key, shared.clone());
-                    shared
-                }
-            }
-        };
-        shared.await
-    }
-
-    /// Every `(entry, offset, length)` of `wants` fetched as read and not stored, as
-    /// [`FetchOwner::direct`]; see [`FetchOwner::start_direct`].
-    pub async fn direct_many(
-        &self,
-        wants: &[(&Arc<Entry>, u64, u64)],
-        fetch: FetchFor<'_>,
-    ) -> Result<Vec<Checked>> {
-        futures::future::try_join_all(self.start_direct(wants, fetch)).await
-    }
-
-    /// The fetches as read of `wants`, one shared fetch each, in order: a running one of
-    /// the same range joined, one taking up a read alongside the shard's stat on its own,
-    /// and all the others started together in as few calls upstream as the suppliers
-    /// allow (`Supply::fetch_many`): a batch of a reader's misses costs one round trip
-    /// over the long link, as it does to a hub with no cache, not one per range.
-    pub fn start_direct(&self, wants: &[(&Arc<Entry>, u64, u64)], fetch: FetchFor<'_>) -> Vec<SharedFetch> {
-        let mut out: Vec<Option<SharedFetch>> = vec![None; wants.len()];
-        // (slot, entry, offset, length) of the ranges the batch fetches, each once.
-        let mut batch: Vec<(usize, Arc<Entry>, u64, u64)> = Vec::new();
-        let mut in_batch: HashMap<(u64, u64, u64), usize> = HashMap::new();
-        let mut repeats: Vec<(usize, usize)> = Vec::new();
-        let mut direct = self.inner.direct();
-        for (slot, &(entry, offset, length)) in wants.iter().enumerate() {
-            let key = (entry.id, offset, length);
-            if let Some(running) = direct.get(&key) {
-                out[slot] = Some(running.clone());
-            } else if let Some(&j) = in_batch.get(&key) {
-                repeats.push((slot, j));
-            } else if self.inner.speculations.get(&entry.dataset, &entry.shard, offset, length).is_some() {
-                let shared = self.spawn_direct(entry, offset, length, fetch);
-                direct.insert(key, shared.clone());
-                out[slot] = Some(shared);
-            } else {
-                in_batch.insert(key, batch.len());
-                batch.push((slot, entry.clone(), offset, length));
-            }
-        }
-        if !batch.is_empty() {
-            let keys: Vec<(u64, u64, u64)> = batch.iter().map(|(_, e, o, l)| (e.id, *o, *l)).collect();
-            let parts: Vec<(Arc<Entry>, u64, u64)> =
-                batch.iter().map(|(_, e, o, l)| (e.clone(), *o, *l)).collect();
-            let (inner, owned) = (self.inner.clone(), Owned::of(fetch));
-            let job = async move { Ok(inner.fetch_batch_as_read(&parts, &owned).await) };
-            let (done, done_keys) = (self.inner.clone(), keys.clone());
-            // One task fetches the batch; each range's readers share its part of the answer.
-            let all = spawn_shared("range batch fetch", job, move || {
-                let mut direct = done.direct();
-                for key in &done_keys {
-                    direct.remove(key);
-                }
-            });
-            for (j, (slot, ..)) in batch.iter().enumerate() {
-                let one = all.clone().map(move |answers| answers.and_then(|a| a[j].clone())).boxed().shared();
-                direct.insert(keys[j], one.clone());
-                out[*slot] = Some(one);
-            }
-        }
-        drop(direct);
-        for (slot, j) in repeats {
-            out[slot] = out[batch[j].0].clone();
-        }
-        out.into_iter()
-            .map(|shared| {
-                shared.unwrap_or_else(|| {
-                    futures::future::ready(Err(Error::Internal("a range went unfetched".into())))
-                        .boxed()
-                        .shared()
-                })
-            })
-            .collect()
-    }
-
-    /// The shared fetch as read of one range, on its own (it takes up a read alongside
-    /// the shard's stat).
-    fn spawn_direct(&self, entry: &Arc<Entry>, offset: u64, length: u64, fetch: FetchFor<'_>) -> SharedFetch {
-        let key = (entry.id, offset, length);
-        let (inner, entry, owned) = (self.inner.clone(), entry.clone(), Owned::of(fetch));
-        let job = async move { inner.fetch_as_read(&entry, offset, length, &owned).await };
-        let done = self.inner.clone();
-        spawn_shared("range fetch", job, move || {
-            done.direct().remove(&key);
-        })
-    }
-
     /// `[offset, offset + length)` of `entry` from the owner its reader's client asked
     /// first, out of its store or the fetch of it that it runs (`Chain::join_owner`): a
     /// hedge or failover that reached this spoke costs the long link nothing while the
@@ -488,35 +360,6 @@ impl Inner {
         self.direct.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The body of [`FetchOwner::direct`]'s shared fetch.
-    async fn fetch_as_read(&self, entry: &Entry, offset: u64, length: u64, fetch: &Owned) -> Result<Checked> {
-        if let Some(read) = self.speculations.get(&entry.dataset, &entry.shard, offset, length)
-            && let Some((data, version)) = read.await
-            && version == entry.version
-            && data.data.len() as u64 == length
-        {
-            return Ok(data);
-        }
-        let _room = self.upstream.read_room(length).await?;
-        self.upstream.supply(entry, offset, length, &fetch.row, &fetch.avoid).await
-    }
-
-    /// The body of [`FetchOwner::start_direct`]'s batch: the ranges of `parts` within the
-    /// room of all of them, in as few calls as the suppliers allow, each its own answer.
-    async fn fetch_batch_as_read(
-        &self,
-        parts: &[(Arc<Entry>, u64, u64)],
-        fetch: &Owned,
-    ) -> Vec<Result<Checked>> {
-        let total = parts.iter().map(|(_, _, length)| length).sum();
-        let _room = match self.upstream.read_room(total).await {
-            Ok(room) => room,
-            Err(e) => return parts.iter().map(|_| Err(e.clone())).collect(),
-        };
-        let parts: Vec<(&Entry, u64, u64)> = parts.iter().map(|(e, o, l)| (&**e, *o, *l)).collect();
-        self.upstream.supply_many(&parts, &fetch.row, &fetch.avoid).await
-    }
-
     /// The fetch of chunk `index` of `entry`: its bytes to `readers` as soon as they are
     /// verified, then to the store (as unread speculation unless a read joined it); the
     /// bytes that crossed the link once stored. With a known `part` (a fill), only the rest
@@ -557,70 +400,6 @@ impl Inner {
         let unread = !read.load(Relaxed);
         let _ = self.admission.admit(&entry, index, fetched?, &fetch.principal, unread).await;
         Ok(length)
-    }
-
-    /// The chunk `[offset, offset + length)` of `entry` from `part` (a reader's fetch of
-    /// it as read) and the rest fetched around it in pieces of at most [`FILL_PIECE`], all
-    /// at once, each published in `pieces` as it is asked for (a reader of another part
-    /// waits for its piece only): each verified on arrival, their checksums combined into
-    /// the chunk's, which the store checks its pages against.
-    async fn fill(
-        &self,
-        entry: &Entry,
-        (offset, length): (u64, u64),
-        (part, pieces): (KnownPart, &Pieces),
-        fetch: &Owned,
-    ) -> Result<Checked> {
-        let end = offset + length;
-        let mut cut = Vec::new();
-        for (from, to) in [(offset, part.from), (part.to, end)] {
-            let mut at = from;
-            while at < to {
-                cut.push((at, (at + FILL_PIECE).min(to)));
-                at = (at + FILL_PIECE).min(to);
-            }
-        }
-        let (senders, published): (Vec<_>, Vec<_>) = cut
-            .iter()
-            .map(|&(from, to)| {
-                let (tx, rx) = tokio::sync::oneshot::channel::<Result<Checked>>();
-                let bytes = async move {
-                    rx.await.unwrap_or_else(|_| Err(Error::Internal("a fill ended before its piece".into())))
-                };
-                (tx, (from, to, bytes.boxed().shared()))
-            })
-            .unzip();
-        let _ = pieces.set(published);
-        let asked = cut.iter().zip(senders).map(|(&(from, to), tx)| async move {
-            let bytes = self.upstream.supply(entry, from, to - from, &fetch.row, &fetch.avoid).await;
-            let _ = tx.send(bytes.clone());
-            bytes
-        });
-        let (rest, part_bytes) = futures::future::join(futures::future::join_all(asked), part.bytes).await;
-        // The reader's fetch failed, or its call ended before it started (readers who joined
-        // this fill wait for it too): the part is fetched here.
-        let part_bytes = match part_bytes {
-            Ok(bytes) => bytes,
-            Err(_) => {
-                self.upstream.supply(entry, part.from, part.to - part.from, &fetch.row, &fetch.avoid).await?
-            }
-        };
-        let mut pieces: Vec<(u64, Checked)> = Vec::with_capacity(rest.len() + 1);
-        for (&(from, _), bytes) in cut.iter().zip(rest) {
-            pieces.push((from, bytes?));
-        }
-        pieces.push((part.from, part_bytes));
-        pieces.sort_by_key(|(from, _)| *from);
-        let chunk = Checked::concat(pieces.into_iter().map(|(_, bytes)| bytes).collect());
-        if chunk.data.len() as u64 != length {
-            return Err(Error::Internal(format!(
-                "a fill of {}/{} at {offset} assembled {} bytes of {length}",
-                entry.dataset,
-                entry.shard,
-                chunk.data.len()
-            )));
-        }
-        Ok(chunk)
     }
 }
 

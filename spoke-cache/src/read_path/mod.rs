@@ -9,6 +9,9 @@
 //! what it would displace); otherwise the part the read wants is fetched as read and
 //! served without being stored. Every part read, stored or not, counts in the filter.
 
+mod samples;
+mod stored;
+
 use std::sync::{Arc, atomic::Ordering::Relaxed};
 
 use futures::FutureExt;
@@ -28,7 +31,7 @@ use crate::{
     policy::admit::{self, AdmissionFilter},
     read_ahead::ReadAhead,
     samples::{Matched, SamplePlans, staged::Staged},
-    store::{PageFault, Store, blocking},
+    store::Store,
     suppliers::{Chain, Joined},
 };
 
@@ -191,55 +194,6 @@ impl ReadPath {
             }
         }
         stragglers
-    }
-
-    /// The range `[offset, offset + length)` of `entry` read whole as a sample, when its
-    /// chunks are not all stored: a sample fetched ahead for its job (`samples/`), or one
-    /// kept for this epoch (`kept.rs`).
-    fn sample_part<'a>(
-        &self,
-        want: usize,
-        entry: &'a Arc<Entry>,
-        offset: u64,
-        length: u64,
-    ) -> Option<Part<'a>> {
-        let end = offset + length;
-        let index = offset / entry.chunk_size;
-        if (index..=(end - 1) / entry.chunk_size).all(|i| entry.has_chunk(i)) {
-            return None;
-        }
-        let part = |provenance, missed, pending| Part {
-            want,
-            entry,
-            index,
-            from: offset,
-            to: end,
-            provenance,
-            missed,
-            bytes: None,
-            pending,
-        };
-        // Kept first: a copy fetched ahead meanwhile (a race with the keep) is dropped.
-        if self.admission.kept().holds(entry, offset, length) {
-            drop(self.staged.take(&(entry.id, offset, length)));
-            return Some(part(Provenance::KeptSample, false, None));
-        }
-        let staged = self.staged.take(&(entry.id, offset, length))?;
-        Some(part(Provenance::Staged, true, Some(staged)))
-    }
-
-    /// Reads the parts that are kept samples; one whose stored copy fails is fetched as
-    /// read instead (the admission forgot it).
-    async fn read_kept_samples(&self, parts: &mut [Part<'_>]) -> Result<()> {
-        for part in parts.iter_mut().filter(|p| matches!(p.provenance, Provenance::KeptSample)) {
-            match self.admission.read_kept(part.entry, part.from, part.to - part.from).await? {
-                Some(bytes) => part.bytes = Some(bytes),
-                None => {
-                    (part.provenance, part.missed) = (Provenance::Direct, true);
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Fetches the parts that are not at hand: those fetched as read, and those whose
@@ -420,61 +374,6 @@ impl ReadPath {
         self.fetch.direct(entry, from, length, reader.fetch()).await
     }
 
-    /// Reads the parts that are stored, in one trip to the blocking pool; a part whose
-    /// stored copy fails its check is read again (refetched).
-    async fn read_stored_parts(&self, parts: &mut [Part<'_>], reader: &ReadFor) -> Result<()> {
-        let is_stored = |p: &&mut Part<'_>| matches!(p.provenance, Provenance::Stored);
-        let stored: Vec<(u64, u64, u64)> =
-            parts.iter_mut().filter(is_stored).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
-        if stored.is_empty() {
-            return Ok(());
-        }
-        let store = self.store.clone();
-        let read: Vec<Result<Checked, PageFault>> =
-            blocking(move || stored.into_iter().map(|(id, from, len)| store.read(id, from, len)).collect())
-                .await?;
-        for (part, result) in parts.iter_mut().filter(is_stored).zip(read) {
-            match result {
-                Ok(bytes) => part.bytes = Some(bytes),
-                Err(fault) => {
-                    self.stored_fault(part.entry, part.index, fault).await;
-                    part.missed = true;
-                    part.bytes = Some(self.reread(part.entry, part.index, part.from, part.to, reader).await?);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Bytes `[from, to)` of chunk `index` of `entry` after its stored copy failed: from
-    /// its refetch, or from the store when another reader's fetch stored it meanwhile.
-    async fn reread(
-        &self,
-        entry: &Arc<Entry>,
-        index: u64,
-        from: u64,
-        to: u64,
-        reader: &ReadFor,
-    ) -> Result<Checked> {
-        for _ in 0..FAULT_RETRIES {
-            match self.fetch.chunk(entry, index, reader.fetch()) {
-                Some(fetch) => {
-                    let start = (from - index * entry.chunk_size) as usize;
-                    return Ok(fetch.fetched.await?.part(start, start + (to - from) as usize));
-                }
-                None => {
-                    if let Some(bytes) = self.read_stored(entry, index, from, to).await? {
-                        return Ok(bytes);
-                    }
-                }
-            }
-        }
-        Err(Error::Internal(format!(
-            "chunk {index} of {}/{} kept failing its check after {FAULT_RETRIES} refetches",
-            entry.dataset, entry.shard
-        )))
-    }
-
     /// Each range's parts joined, counted as hits or misses; starts speculation (not for a
     /// plan's stragglers, nor for index reads, nor for a job followed sample by sample,
     /// whose plan says what it reads again: kept here when it crossed the link).
@@ -549,66 +448,6 @@ impl ReadPath {
             );
         }
         out
-    }
-
-    /// `[offset, offset + length)` of `entry` (inside the shard) from the store only:
-    /// `None` when any chunk of it is not stored (or fails its check), never a fetch.
-    pub async fn read_cached(&self, entry: &Arc<Entry>, offset: u64, length: u64) -> Result<Option<Checked>> {
-        if length == 0 {
-            return Ok(Some(Checked::default()));
-        }
-        let end = offset + length;
-        let mut parts = Vec::new();
-        for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
-            let (chunk_start, chunk_len) = entry.chunk_range(index);
-            if !entry.has_chunk(index) {
-                return Ok(None);
-            }
-            let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
-            match self.read_stored(entry, index, from, to).await? {
-                Some(bytes) => parts.push(bytes),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(Checked::concat(parts)))
-    }
-
-    /// Stored bytes `[from, to)` of chunk `index`, or `None` when they must be fetched
-    /// (a missing or corrupt page: the chunk is then marked absent).
-    async fn read_stored(
-        &self,
-        entry: &Arc<Entry>,
-        index: u64,
-        from: u64,
-        to: u64,
-    ) -> Result<Option<Checked>> {
-        let (store, id) = (self.store.clone(), entry.id);
-        match blocking(move || store.read(id, from, to - from)).await? {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(fault) => {
-                self.stored_fault(entry, index, fault).await;
-                Ok(None)
-            }
-        }
-    }
-
-    /// A stored chunk that cannot be served: counted and logged, then forgotten so that
-    /// it is fetched again.
-    async fn stored_fault(&self, entry: &Arc<Entry>, index: u64, fault: PageFault) {
-        match fault {
-            PageFault::Corrupt { page } => {
-                self.metrics.checksum_failures.fetch_add(1, Relaxed);
-                tracing::error!(dataset = %entry.dataset, shard = %entry.shard, page, "stored page failed its checksum; refetching");
-            }
-            PageFault::Unreadable { page, error } => {
-                self.metrics.store_read_errors.fetch_add(1, Relaxed);
-                tracing::error!(dataset = %entry.dataset, shard = %entry.shard, page, %error, "the disk could not read a stored page; refetching (check the cache disk)");
-            }
-            PageFault::Missing { .. } => {
-                tracing::warn!(dataset = %entry.dataset, shard = %entry.shard, ?fault, "stored chunk incomplete; refetching");
-            }
-        }
-        self.admission.forget_chunk(entry, index).await;
     }
 }
 
