@@ -5,8 +5,10 @@
 //! (every miss stored, the rest of its shard fetched), every miss stored alone, S3-FIFO's
 //! ghost (a miss stored the second time it misses), the spoke's frequency filter with its
 //! speculation, and Belady's MIN with bypass (the most hits a cache of this size can have,
-//! at chunk granularity, knowing the future). Bytes over the link per byte read and hit
-//! ratio per phase.
+//! at chunk granularity, knowing the future); then the plan followed sample by sample
+//! (`simulate::samples::planned`: each sample fetched as read, those read again kept
+//! under the capacity less the window) beside Belady's MIN over samples (the whole
+//! capacity, no window). Bytes over the link per byte read and hit ratio per phase.
 //!
 //! ```sh
 //! cargo build --release -p shardcache-bench --bin policy-bench && target/release/policy-bench
@@ -14,7 +16,7 @@
 
 use spoke_cache::policy::{
     shares::Shares,
-    simulate::{Model, Outcome, Policy, Read, belady, simulate, traces},
+    simulate::{Model, Outcome, Policy, Read, belady, samples, simulate, traces},
 };
 
 const MIB: u64 = 1 << 20;
@@ -67,6 +69,21 @@ fn cases() -> Vec<Case> {
             labels: &["epoch 1", "epoch 2", "epoch 3"],
         },
         Case {
+            name: "uniform shuffle of 16 KiB records, dataset 2x the cache, 3 epochs",
+            model,
+            phases: traces::shuffled_epochs(16, 16 * MIB, RECORD, 3, 5)
+                .chunks(16 * 1024)
+                .map(<[Read]>::to_vec)
+                .collect(),
+            labels: &["epoch 1", "epoch 2", "epoch 3"],
+        },
+        Case {
+            name: "blocks of 4 shards as large as the cache (8 x 4 MiB, a 16 MiB cache)",
+            model: Model::new(16 * MIB, 4 * MIB, 4 * MIB),
+            phases: traces::block_shuffled_epochs((8, 4 * MIB, RECORD), 4, 3, 9),
+            labels: &["epoch 1", "epoch 2", "epoch 3"],
+        },
+        Case {
             name: "working set of half the cache, a scan of 3x, the next epoch",
             model,
             phases: traces::working_set_and_scan((0, false), 4, 24, 16 * MIB, (RECORD, MIB)),
@@ -93,20 +110,27 @@ fn main() {
     for (name, _) in &policies {
         print!(" {name} |");
     }
-    println!(" Belady's MIN |");
-    println!("|---|---|{}---|", "---|".repeat(policies.len()));
+    println!(" Belady's MIN | plan, sample by sample | Belady's MIN over samples |");
+    println!("|---|---|{}---|---|---|", "---|".repeat(policies.len()));
     for case in cases() {
         let runs: Vec<Vec<Outcome>> = policies
             .iter()
             .map(|(_, policy)| simulate(case.model, *policy, &Shares::default(), &case.phases))
             .collect();
         let best = belady(case.model, &case.phases);
+        let planned = samples::planned(case.model.capacity, &case.phases);
+        let best_samples = samples::belady(case.model.capacity, &case.phases);
         for (phase, label) in case.labels.iter().enumerate() {
             print!("| {} | {label} |", case.name);
             for run in &runs {
                 print!(" {} |", cell(&run[phase]));
             }
-            println!(" {} |", cell(&best[phase]));
+            println!(
+                " {} | {} | {} |",
+                cell(&best[phase]),
+                cell(&planned[phase]),
+                cell(&best_samples[phase])
+            );
         }
     }
 }

@@ -317,10 +317,12 @@ impl ReadPath {
             if running.is_started() || alongside() {
                 return (Provenance::Chunk(running), None);
             }
+            // (Another reader's part is lent to it already: this one waits for the chunk,
+            // rather than bring its part twice.)
             let (part, known) = part_for_fill(from, to);
             return match running.lend(known) {
                 true => (Provenance::Fill(Some(part)), None),
-                false => (Provenance::Direct, None),
+                false => (Provenance::Chunk(running), None),
             };
         }
         // A job followed sample by sample stores no chunk: its room is its window's and
