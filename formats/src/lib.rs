@@ -150,7 +150,8 @@ impl SampleIndex {
     /// Reads `dataset`'s index in `format` through `client`.
     /// Index reads say so (`Client::for_index`): a spoke does not start fetching every
     /// shard whose header was read.
-    /// The memory budget is `SHARDCACHE_MEMORY_BUDGET`'s, else [`budget::DEFAULT_BUDGET`].
+    /// The memory budget is `SHARDCACHE_MEMORY_BUDGET`'s, else what this process may use
+    /// ([`budget::for_process`]).
     pub async fn open(client: &Client, dataset: &str, format: &Format) -> Result<Self> {
         Self::open_with(client, dataset, format, Budget::from_env()?).await
     }

@@ -239,6 +239,12 @@ fn compressed(
     if files.len() != file.shards.len() {
         return Err(damaged(dataset, INDEX, None, "a compressed shard without its zip_data"));
     }
+    for (shard, zipped) in file.shards.iter().zip(files) {
+        let codec = shard.compression.as_deref().and_then(Codec::of).unwrap_or(Codec::Zstd);
+        if let Err(why) = within_expansion(codec, zipped.size, shard.raw_data.bytes) {
+            return Err(damaged(dataset, INDEX, None, format!("{}: {why}", zipped.shard)));
+        }
+    }
     Ok(SampleIndex {
         dataset: dataset.to_owned(),
         shards: files.iter().map(|f| f.shard.clone()).collect(),
@@ -293,6 +299,19 @@ impl Codec {
             _ => None,
         }
     }
+
+    /// The most one compressed byte can decompress to, by the format: zstd's RLE block (a
+    /// 3-byte header and one byte) is a block of 128 KiB; deflate's longest match (258
+    /// bytes) costs at least 2 bits (1032:1, zlib's own bound); snappy's longest copy (64
+    /// bytes) is 3 bytes. A size claimed past `compressed x` this is a lie, refused before
+    /// anything is allocated for it.
+    pub fn max_expansion(self) -> u64 {
+        match self {
+            Self::Zstd => 32 << 10,
+            Self::Gzip => 1032,
+            Self::Snappy => 22,
+        }
+    }
 }
 
 /// What a compressed shard holds: its uncompressed size and samples, and how it was
@@ -312,10 +331,15 @@ pub fn unpack(dataset: &str, file: &str, raw: &Raw, zipped: &[u8], held: Held) -
     use std::io::Read;
     let Raw { bytes, samples, codec } = raw;
     let bad = |why: String| damaged(dataset, file, None, why);
-    // Never more than index.json says, which the budget had room for (held): a hostile
-    // file cannot make it allocate more.
-    let mut data = Vec::with_capacity(usize::try_from(*bytes).map_err(|_| bad(format!("{bytes} bytes")))?);
-    let mut limited = |reader: &mut dyn Read| reader.take(*bytes + 1).read_to_end(&mut data).map(|_| ());
+    // A size no stream of these bytes can decompress to: a damaged index.json, refused
+    // before anything is allocated (checked at open against the listed size too).
+    within_expansion(*codec, zipped.len() as u64, *bytes).map_err(bad)?;
+    usize::try_from(*bytes).map_err(|_| bad(format!("{bytes} bytes")))?;
+    // Never more than index.json says, which the budget had room for (held), and grown
+    // as the stream produces it: a claim larger than the stream allocates what the
+    // stream gives, not what it claims.
+    let mut data = Vec::new();
+    let mut limited = |reader: &mut dyn Read| read_growing(reader, *bytes + 1, &mut data);
     // What follows the compressed stream: nothing (zeros after a gzip member, as
     // Python's gzip.decompress allows), else the file is damaged (zstd.decompress and
     // gzip.decompress refuse it; decoding only the first stream would hide the damage).
@@ -358,6 +382,43 @@ pub fn unpack(dataset: &str, file: &str, raw: &Raw, zipped: &[u8], held: Held) -
     let bounds = offsets(dataset, &format!("{file} (decompressed)"), *samples, *bytes, &data)?;
     Ok(Unpacked { bounds, data: Bytes::from(data), _held: held })
 }
+
+/// Whether `compressed` bytes of `codec` can decompress to the `claimed` bytes; why not.
+fn within_expansion(codec: Codec, compressed: u64, claimed: u64) -> std::result::Result<(), String> {
+    let most = compressed.saturating_mul(codec.max_expansion());
+    match claimed <= most {
+        true => Ok(()),
+        false => Err(format!(
+            "{INDEX} says it decompresses to {claimed} bytes, but {compressed} bytes of {codec:?} decompress to \
+             {most} at most ({}x)",
+            codec.max_expansion()
+        )),
+    }
+}
+
+/// Decompressed bytes appended to `data` as `reader` produces them, `limit` at most:
+/// capacity doubled as it fills (at least [`UNPACK_STEP`], never past `limit`), so what
+/// is allocated is at most twice what the stream gave, never what a file claims.
+fn read_growing(reader: &mut dyn std::io::Read, limit: u64, data: &mut Vec<u8>) -> std::io::Result<()> {
+    use std::io::Read;
+    loop {
+        let room = limit - data.len() as u64;
+        if room == 0 {
+            return Ok(());
+        }
+        if data.len() == data.capacity() {
+            let more = (data.capacity() as u64).max(UNPACK_STEP).min(room);
+            data.reserve_exact(more as usize); // within `limit`: held by the budget
+        }
+        let spare = (data.capacity() - data.len()) as u64;
+        if (&mut *reader).take(spare.min(room)).read_to_end(data)? == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// The first step of a decompressed shard's buffer.
+const UNPACK_STEP: u64 = 4 << 20;
 
 /// The bytes of a shard's count and offset table: `u32 N`, `u32 offsets[N + 1]`; `None`
 /// past 2^64 (a count no file holds).
@@ -415,6 +476,38 @@ fn offsets(dataset: &str, name: &str, samples: u64, bytes: u64, head: &[u8]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_past_what_the_codec_can_expand_to_is_refused_before_allocating() {
+        let raw = |bytes, codec| Raw { bytes, samples: 1, codec };
+        let held = || Budget::new(u64::MAX).take(0, String::new).unwrap();
+        // 100 bytes of snappy claimed to be 4 GiB: damaged, named, nothing allocated.
+        let err =
+            unpack("d", "s.mds.snappy", &raw(u32::MAX as u64, Codec::Snappy), &[0; 100], held()).unwrap_err();
+        assert!(matches!(err, Error::Damaged { .. }), "{err}");
+        assert!(err.to_string().contains("100 bytes of Snappy decompress to 2200 at most"), "{err}");
+        assert!(within_expansion(Codec::Zstd, 32 << 10, 1 << 30).is_ok(), "zstd's RLE blocks: 32768x");
+        assert!(within_expansion(Codec::Zstd, 32 << 10, (1 << 30) + 1).is_err());
+        assert!(within_expansion(Codec::Gzip, 1000, 1_032_001).is_err());
+    }
+
+    #[test]
+    fn a_buffer_grows_with_what_the_stream_gives_not_with_the_claim() {
+        // A claim of 1 GiB, a stream of 10 bytes: a step allocated, not the claim.
+        let mut data = Vec::new();
+        read_growing(&mut &[7u8; 10][..], (1 << 30) + 1, &mut data).unwrap();
+        assert_eq!(data, [7; 10]);
+        assert!(data.capacity() as u64 <= UNPACK_STEP, "{}", data.capacity());
+        // A long stream: at most twice what it gave, and never past the limit.
+        let long = vec![1u8; (9 << 20) + 3];
+        let mut data = Vec::new();
+        read_growing(&mut &long[..], 1 << 30, &mut data).unwrap();
+        assert_eq!(data.len(), long.len());
+        assert!(data.capacity() <= 2 * long.len(), "{}", data.capacity());
+        let mut data = Vec::new();
+        read_growing(&mut &long[..], 5 << 20, &mut data).unwrap();
+        assert_eq!((data.len(), data.capacity()), (5 << 20, 5 << 20), "stops at the limit");
+    }
 
     #[test]
     fn offsets_must_be_sorted_start_past_their_table_and_end_at_the_file() {

@@ -8,7 +8,12 @@ reference writer, small so that a mutated copy is read in well under a milliseco
 - wds: webdataset's ``TarWriter`` (pax headers for a long name), and wds-gnu: GNU tar's
   ``--format=gnu`` (``L`` long-name records) over the same files;
 - parquet: ``pyarrow.parquet.write_table``: snappy, zstd and gzip, data pages v1 and v2,
-  dictionaries, lists, structs, maps, nulls.
+  dictionaries, lists, structs, maps, nulls;
+- hostile/: files no mutation of a small seed reaches, each refused within the budget
+  (``tests/fuzz/tests/formats.rs``): mds-snappy-claim, ``MDSWriter``'s snappy shard of
+  ~100 bytes whose index.json claims 4 GiB - 1 of raw data; mds-zstd-bombs, four
+  ``MDSWriter`` zstd shards of ~32 KiB that each decompress to 1 GiB (one sample of
+  zeros), read side by side.
 
 Run with the test venv (scripts/ensure-test-deps.sh installs it):
     ~/.cache/shardcache/venv/bin/python tests/fuzz/make_seeds.py tests/fuzz/seeds
@@ -125,6 +130,36 @@ def parquet(root, rng):
                        data_page_version=version, use_dictionary=["label", "text"])
 
 
+def hostile(root):
+    import json
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from streaming import MDSWriter
+    claim = root / "hostile" / "mds-snappy-claim"
+    with MDSWriter(out=str(claim), columns={"id": "int", "text": "str"}, compression="snappy") as writer:
+        for i in range(4):
+            writer.write({"id": i, "text": f"sample {i}"})
+    index = json.loads((claim / "index.json").read_text())
+    index["shards"][0]["raw_data"]["bytes"] = (1 << 32) - 1
+    (claim / "index.json").write_text(json.dumps(index))
+    # One shard of one sample of zeros, 1 GiB in all; the others are copies under their
+    # own names (MDSWriter would hold each whole in memory to write it).
+    bombs = root / "hostile" / "mds-zstd-bombs"
+    blob = (1 << 30) - 64  # the shard's header and the sample's size fill the rest
+    with MDSWriter(out=str(bombs), columns={"blob": "bytes"}, compression="zstd:3",
+                   size_limit=1 << 31) as writer:
+        writer.write({"blob": bytes(blob)})
+    index = json.loads((bombs / "index.json").read_text())
+    first = index["shards"][0]
+    for n in range(1, 4):
+        shard = json.loads(json.dumps(first))
+        shard["raw_data"]["basename"] = f"shard.{n:05d}.mds"
+        shard["zip_data"]["basename"] = f"shard.{n:05d}.mds.zstd"
+        shutil.copy(bombs / first["zip_data"]["basename"], bombs / shard["zip_data"]["basename"])
+        index["shards"].append(shard)
+    (bombs / "index.json").write_text(json.dumps(index))
+
+
 def main():
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/fuzz/seeds")
     if out.exists():
@@ -136,6 +171,7 @@ def main():
     mds(out, rng)
     webdataset(out, rng)
     parquet(out, rng)
+    hostile(out)
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         print(f"{path.relative_to(out)}\t{path.stat().st_size}")
 

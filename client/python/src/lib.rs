@@ -72,6 +72,32 @@ fn code_name(code: tonic::Code) -> String {
     name
 }
 
+/// The processes sharing this machine's memory with this one, as the budget divides it:
+/// inside a DataLoader worker, its workers and the main process; else 1. Asks torch only
+/// when it is already imported (a worker is started by torch).
+fn dataloader_processes(py: Python<'_>) -> u64 {
+    let workers = || -> PyResult<Option<u64>> {
+        let modules = py.import("sys")?.getattr("modules")?;
+        if !modules.contains("torch.utils.data")? {
+            return Ok(None);
+        }
+        let info = py.import("torch.utils.data")?.call_method0("get_worker_info")?;
+        match info.is_none() {
+            true => Ok(None),
+            false => Ok(Some(info.getattr("num_workers")?.extract()?)),
+        }
+    };
+    workers().ok().flatten().map_or(1, |workers| workers + 1)
+}
+
+/// `message` to Python's logger "shardcache" at INFO (shown where the trainer's logging
+/// shows INFO); a logging failure is not the read's.
+fn log_info(py: Python<'_>, message: &str) {
+    let _ = py
+        .import("logging")
+        .and_then(|logging| logging.call_method1("getLogger", ("shardcache",)))
+        .and_then(|logger| logger.call_method1("info", (message,)));
+}
 fn to_py(err: Error) -> PyErr {
     let code = match &err {
         Error::Status { status, .. } => code_name(status.code()),
@@ -323,7 +349,10 @@ impl Client {
     /// `"webdataset"`, `"parquet"` (a sample per row) or `"tokens"` (.npy files, or raw files of `dtype`: windows of `seq_len + 1` tokens
     /// every `seq_len`). `memory_budget`: the bytes the reader may hold for what it
     /// decodes from the files (decompressed MDS shards, decoded Parquet row groups, the
-    /// index); `SHARDCACHE_MEMORY_BUDGET`, else 4 GiB. A damaged file raises
+    /// index); `SHARDCACHE_MEMORY_BUDGET`, else what this process may use (an eighth of
+    /// its address-space limit, half its cgroup's or the machine's memory shared with a
+    /// DataLoader's workers, 4 GiB at most), logged and kept as `Samples.memory_budget`.
+    /// A damaged file raises
     /// `ShardcacheError` (`INVALID_ARGUMENT`, naming the file and byte); one that needs
     /// more than the budget, `RESOURCE_EXHAUSTED`.
     #[pyo3(signature = (dataset, format="records", record_size=None, seq_len=None, dtype=None, seed=None, num_samples=None, memory_budget=None))]
@@ -342,7 +371,11 @@ impl Client {
         let format = samples::format(format, record_size, seq_len, dtype, seed, num_samples)?;
         let budget = match memory_budget {
             Some(bytes) => Budget::new(bytes),
-            None => Budget::from_env().map_err(to_py)?,
+            None => {
+                let budget = Budget::from_env_sharing(dataloader_processes(slf.py())).map_err(to_py)?;
+                log_info(slf.py(), &format!("{dataset}: memory budget {} bytes", budget.limit()));
+                budget
+            }
         };
         let index = slf
             .get()

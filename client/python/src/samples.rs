@@ -60,6 +60,13 @@ impl Samples {
     }
 
     /// Samples per shard.
+    /// The bytes this reader may hold for what it decodes (`Client.samples`'
+    /// `memory_budget`, `SHARDCACHE_MEMORY_BUDGET`, or what the process may use).
+    #[getter]
+    fn memory_budget(&self) -> u64 {
+        self.index.budget().limit()
+    }
+
     #[getter]
     fn counts(&self) -> Vec<u64> {
         self.index.counts()

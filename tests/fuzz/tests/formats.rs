@@ -23,6 +23,31 @@ fn every_seed_written_by_its_reference_writer_is_read_whole() {
     }
 }
 
+/// The hostile seeds (`tests/fuzz/seeds/hostile/`): what each is refused with.
+const HOSTILE: [(&str, &str); 2] = [
+    // index.json claims 4 GiB - 1 for a snappy shard of ~100 bytes: damaged, at open.
+    ("hostile/mds-snappy-claim", "INVALID_ARGUMENT"),
+    // Four zstd shards of ~32 KiB, each 1 GiB decompressed: past the budget, before any
+    // is decompressed.
+    ("hostile/mds-zstd-bombs", "RESOURCE_EXHAUSTED"),
+];
+
+#[test]
+fn hostile_files_are_refused_within_the_budget_never_at_the_allocator() {
+    for (seeds, code) in HOSTILE {
+        let target =
+            fuzz::Target { name: seeds, seeds, format: shardcache_formats::Format::Mds, structured: true };
+        let files = fuzz::seeds(&fuzz::seeds_dir(), &target).unwrap();
+        // An allocation past the budget and the harness's margin aborts this test (the
+        // other tests of this binary set and lift the same limit: a guard, not the verdict).
+        let baseline = ALLOC.allocated();
+        let _ = ALLOC.set_limit(baseline + fuzz::SOFT_CAP as usize);
+        let outcome = fuzz::read_seeds(&target, &files);
+        let _ = ALLOC.set_limit(usize::MAX);
+        assert_eq!(outcome, Ok(fuzz::Outcome::Refused(code)), "{seeds}");
+    }
+}
+
 #[test]
 fn damaged_files_are_refused_or_read_never_a_panic_a_hang_or_memory_past_the_budget() {
     let mut report = Vec::new();

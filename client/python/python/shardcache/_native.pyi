@@ -61,7 +61,10 @@ class Client:
         packs it: ``seq_len``, ``seed`` = its random_seed, 1234 by default, ``num_samples``), ``"mds"`` (index.json + shards, decoded with ``Samples.decode``),
         ``"webdataset"`` (tar shards, ``Samples.read_fields``), ``"parquet"`` (a sample per row, ``Samples.read_decoded``) or ``"tokens"`` (.npy files, or raw files of ``dtype``: windows of
         ``seq_len + 1`` tokens every ``seq_len``). ``memory_budget``: bytes the reader may
-        hold for what it decodes (``SHARDCACHE_MEMORY_BUDGET``, else 4 GiB); a damaged
+        hold for what it decodes (``SHARDCACHE_MEMORY_BUDGET``, else what the process may
+        use: an eighth of its address-space limit, half its cgroup's or the machine's
+        memory shared with a DataLoader's workers, 4 GiB at most; logged to the
+        ``shardcache`` logger, and ``Samples.memory_budget``); a damaged
         file raises ``ShardcacheError`` with ``code`` ``"INVALID_ARGUMENT"`` naming the
         file and byte, one past the budget ``"RESOURCE_EXHAUSTED"``."""
     def read_many(self, ranges: List[Tuple[str, str, int, int]]) -> List[bytes]:
@@ -121,6 +124,10 @@ class Samples:
     def shards(self) -> List[str]: ...
     @property
     def counts(self) -> List[int]: ...
+    @property
+    def memory_budget(self) -> int:
+        """The bytes this reader may hold for what it decodes (``Client.samples``'
+        ``memory_budget``, ``SHARDCACHE_MEMORY_BUDGET``, or what the process may use)."""
     @property
     def units(self) -> List[Tuple[int, int, int]]:
         """What a block shuffle shuffles, ``(shard, first sample, samples)`` each: every
