@@ -298,11 +298,17 @@ impl Admission {
         if self.kept.holds(entry, offset, length) {
             return true;
         }
-        if !keep::keeps(next_use, length, self.capacity.used(), self.capacity.capacity()) {
+        // The keep rule (`keep::keeps`), its room taken in the same step: concurrent reads
+        // each seeing room for one more sample kept one past the limit (CI of 71c5749).
+        if next_use.is_none()
+            || !self.capacity.added_within(length, keep::keep_limit(self.capacity.capacity()))
+        {
             return false;
         }
-        let Some(full) = self.kept.add(entry, offset, bytes, principal) else { return true };
-        self.capacity.added(length);
+        let Some(full) = self.kept.add(entry, offset, bytes, principal) else {
+            self.capacity.removed(length); // kept already, and counted then
+            return true;
+        };
         if full {
             let admission = self.clone();
             tokio::spawn(async move { admission.flush_kept().await });

@@ -117,6 +117,18 @@ impl Capacity {
         self.wake_if_over();
     }
 
+    /// `bytes` added only if the cache then holds at most `limit`, decided and counted at
+    /// once (two callers cannot both pass a check that only one of them fits): whether
+    /// they were.
+    pub fn added_within(&self, bytes: u64, limit: u64) -> bool {
+        let fits =
+            self.used.fetch_update(Relaxed, Relaxed, |used| used.checked_add(bytes).filter(|&u| u <= limit));
+        if fits.is_ok() {
+            self.wake_if_over();
+        }
+        fits.is_ok()
+    }
+
     /// `bytes` left the cache.
     pub fn removed(&self, bytes: u64) {
         self.used.fetch_sub(bytes, Relaxed);
@@ -166,5 +178,31 @@ pub struct Evicting<'a>(&'a Capacity);
 impl Drop for Evicting<'_> {
     fn drop(&mut self) {
         self.0.evicting.fetch_sub(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_added_within_a_limit_never_pass_it_from_many_threads() {
+        // 64 threads each adding 16 KiB samples against a limit of 100 of them: exactly
+        // 100 fit, whatever the interleaving (a check then an add let one more in).
+        let capacity = std::sync::Arc::new(Capacity::new(1 << 30, 0.95, 0.9, 0));
+        let limit = 100 * 16_384;
+        let added: u64 = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..64)
+                .map(|_| {
+                    let capacity = capacity.clone();
+                    scope.spawn(move || {
+                        (0..10).filter(|_| capacity.added_within(16_384, limit)).count() as u64
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        assert_eq!((added, capacity.used()), (100, limit));
+        assert!(!capacity.added_within(1, limit), "full");
     }
 }
