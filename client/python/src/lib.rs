@@ -8,6 +8,8 @@
 //! - Errors are `ShardcacheError` with `.code` (the gRPC code, e.g. `"NOT_FOUND"`) and
 //!   `.message`; bytes handed out have passed the SDK's CRC32C, offset and version checks.
 
+mod budget;
+mod errors;
 mod order;
 mod samples;
 
@@ -25,6 +27,8 @@ use shardcache_client::{
 use shardcache_formats::{Budget, SampleIndex};
 use shardcache_transport::tls::ClientTlsFiles;
 use tokio::runtime::Runtime;
+
+pub(crate) use errors::{no_panic, to_py};
 
 create_exception!(_native, ShardcacheError, PyException, "A failed shardcache call; see .code and .message.");
 
@@ -58,81 +62,6 @@ fn runtime() -> PyResult<Arc<Runtime>> {
     );
     *slot = Some((pid, runtime.clone()));
     Ok(runtime)
-}
-
-/// `NotFound` -> `NOT_FOUND`, as gRPC names codes.
-fn code_name(code: tonic::Code) -> String {
-    let mut name = String::new();
-    for (i, c) in format!("{code:?}").chars().enumerate() {
-        if c.is_uppercase() && i > 0 {
-            name.push('_');
-        }
-        name.push(c.to_ascii_uppercase());
-    }
-    name
-}
-
-/// The processes sharing this machine's memory with this one, as the budget divides it:
-/// inside a DataLoader worker, its workers and the main process; else 1. Asks torch only
-/// when it is already imported (a worker is started by torch).
-fn dataloader_processes(py: Python<'_>) -> u64 {
-    let workers = || -> PyResult<Option<u64>> {
-        let modules = py.import("sys")?.getattr("modules")?;
-        if !modules.contains("torch.utils.data")? {
-            return Ok(None);
-        }
-        let info = py.import("torch.utils.data")?.call_method0("get_worker_info")?;
-        match info.is_none() {
-            true => Ok(None),
-            false => Ok(Some(info.getattr("num_workers")?.extract()?)),
-        }
-    };
-    workers().ok().flatten().map_or(1, |workers| workers + 1)
-}
-
-/// `message` to Python's logger "shardcache" at INFO (shown where the trainer's logging
-/// shows INFO); a logging failure is not the read's.
-fn log_info(py: Python<'_>, message: &str) {
-    let _ = py
-        .import("logging")
-        .and_then(|logging| logging.call_method1("getLogger", ("shardcache",)))
-        .and_then(|logger| logger.call_method1("info", (message,)));
-}
-fn to_py(err: Error) -> PyErr {
-    let code = match &err {
-        Error::Status { status, .. } => code_name(status.code()),
-        Error::Connect { .. } => "UNAVAILABLE".into(),
-        Error::VersionChanged { .. } => "ABORTED".into(),
-        Error::Checksum { .. } | Error::Protocol { .. } => "DATA_LOSS".into(),
-        Error::Config(_) | Error::Endpoint { .. } | Error::Damaged { .. } => "INVALID_ARGUMENT".into(),
-        Error::OverBudget { .. } => "RESOURCE_EXHAUSTED".into(),
-    };
-    let message = err.to_string();
-    Python::attach(|py| {
-        let err = ShardcacheError::new_err(format!("{code}: {message}"));
-        let value = err.value(py);
-        // Both are plain attributes; setting them cannot fail on a fresh exception.
-        let _ = value.setattr("code", code);
-        let _ = value.setattr("message", message);
-        err
-    })
-}
-
-/// `work`'s result, or a panic in it (a bug) as `ShardcacheError` with code `INTERNAL`:
-/// pyo3 would raise `PanicException`, a `BaseException` that a trainer's `except
-/// Exception` does not catch, from a file a DataLoader worker merely read.
-pub(crate) fn no_panic<T>(work: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|payload| {
-        let what = shardcache_client::error::panic_message(payload.as_ref());
-        let message =
-            format!("shardcache failed inside (a bug; please report it with the file read): {what}");
-        Python::attach(|py| {
-            let err = ShardcacheError::new_err(format!("INTERNAL: {message}"));
-            let _ = err.value(py).setattr("code", "INTERNAL");
-            let _ = err.value(py).setattr("message", message);
-            Err(err)
-        })
-    })
 }
 
 /// A connection made in one process.
@@ -371,11 +300,7 @@ impl Client {
         let format = samples::format(format, record_size, seq_len, dtype, seed, num_samples)?;
         let budget = match memory_budget {
             Some(bytes) => Budget::new(bytes),
-            None => {
-                let budget = Budget::from_env_sharing(dataloader_processes(slf.py())).map_err(to_py)?;
-                log_info(slf.py(), &format!("{dataset}: memory budget {} bytes", budget.limit()));
-                budget
-            }
+            None => budget::default_budget(slf.py(), &dataset).map_err(to_py)?,
         };
         let index = slf
             .get()
