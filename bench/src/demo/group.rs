@@ -159,21 +159,13 @@ impl Groups<'_> {
             if losing {
                 // Back on its address and cache, before the next epoch; the nodes see it
                 // serving again by their health checks (every 500 ms).
-                {
+                let restarted = {
                     let mut started = started.lock().unwrap_or_else(|p| p.into_inner());
                     let member = started.member(self.hub, 1);
                     started.spokes[1] = Some(member);
-                }
-                for _ in 0..100 {
-                    if clients.iter().all(|c| c.failing_members().is_empty()) {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                anyhow::ensure!(
-                    clients.iter().all(|c| c.failing_members().is_empty()),
-                    "the nodes did not see the restarted member serving within 10 s"
-                );
+                    format!("http://{}", started.addrs[1])
+                };
+                seen_serving(&clients, &restarted).await?;
             }
         }
         Ok(rows)
@@ -227,4 +219,22 @@ pub fn markdown(rows: &[GroupRow]) -> String {
         );
     }
     out
+}
+
+/// Waits (30 s at most) for every node's client to see `restarted` serving again by its
+/// health checks. (Only it is waited for: a member still up that lost three hedge races in
+/// a row on a busy machine stays on probation until a read finds it answering first, and
+/// no read is made here.)
+async fn seen_serving(clients: &[Client], restarted: &str) -> anyhow::Result<()> {
+    let back = || clients.iter().all(|c| !c.failing_members().iter().any(|m| m == restarted));
+    for _ in 0..300 {
+        if back() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!(
+        "the nodes did not see the restarted member {restarted} serving within 30 s: failing {:?}",
+        clients.iter().map(Client::failing_members).collect::<Vec<_>>()
+    )
 }

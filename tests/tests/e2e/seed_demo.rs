@@ -9,23 +9,7 @@ use shardcache_tests::binary;
 #[test]
 fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() {
     let out = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(binary("seed-demo"))
-        .args(["--out", out.path().to_str().unwrap(), "--ranks", "4", "--batch", "8", "--steps", "20"])
-        .args([
-            "--shard-size",
-            "1MiB",
-            "--compute",
-            "5ms",
-            "--startup",
-            "200ms",
-            "--rtt",
-            "10ms",
-            "--skip-nginx",
-        ])
-        .env("RUST_LOG", "warn")
-        .status()
-        .unwrap();
-    assert!(status.success());
+    run_demo(out.path());
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("results.json")).unwrap()).unwrap();
     let rows = json["rows"].as_array().unwrap();
@@ -93,4 +77,39 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
     assert!(on_link(1, 0) < fetched * 3 / 4, "compressed: {} of {fetched} bytes crossed", on_link(1, 0));
     assert_eq!((on_link(0, 1), on_link(1, 1)), (0, 0), "the warm epoch crossed nothing");
     assert!(markdown.contains("Bytes over the link per epoch"), "{markdown}");
+}
+
+/// Runs the scaled-down demo into `out`; its failure message carries the demo's own.
+fn run_demo(out: &std::path::Path) {
+    let run = std::process::Command::new(binary("seed-demo"))
+        .args(["--out", out.to_str().unwrap(), "--ranks", "4", "--batch", "8", "--steps", "20"])
+        .args([
+            "--shard-size",
+            "1MiB",
+            "--compute",
+            "5ms",
+            "--startup",
+            "200ms",
+            "--rtt",
+            "10ms",
+            "--skip-nginx",
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    // The demo's own checks say what failed on stderr: its tail goes into the message, where
+    // CI's summary of a run shows it (the demo's output is long and the summary is not).
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let is_frame = |l: &str| {
+        let l = l.trim_start();
+        l.starts_with("at ") || l.split_once(": ").is_some_and(|(n, _)| n.parse::<u32>().is_ok())
+    };
+    let tail: Vec<&str> = stderr.lines().filter(|l| !is_frame(l)).collect();
+    assert!(
+        run.status.success(),
+        "seed-demo exited {}; stdout:\n{}\nstderr (last lines):\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stdout),
+        tail[tail.len().saturating_sub(40)..].join("\n")
+    );
 }
