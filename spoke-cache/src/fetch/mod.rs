@@ -68,7 +68,7 @@ pub struct ChunkFetch {
     /// the fetch starts (a fill's, or one lent while it waited for room).
     known: Arc<Mutex<Option<KnownPart>>>,
     /// A fill's pieces once it has started: each `(from, to)` of the shard and its bytes
-    /// as they arrive (`FILL_PIECE`).
+    /// as they arrive (`fill.rs`).
     pieces: Arc<Pieces>,
 }
 
@@ -91,11 +91,6 @@ pub struct KnownPart {
 /// A fill's pieces, published once it has asked for them: `(from, to)` of the shard
 /// each, and its bytes as they arrive.
 type Pieces = std::sync::OnceLock<Vec<(u64, u64, SharedFetch)>>;
-
-/// Pieces a fill asks for the rest of its chunk in, all at once: a reader of another
-/// part of the chunk waits for the piece that holds it, not for the whole chunk (a 4 MiB
-/// chunk takes 16 ms of a 2 Gbit/s link to arrive, a 1 MiB piece 4).
-pub const FILL_PIECE: u64 = 1 << 20;
 
 /// Whom a fetch is for.
 #[derive(Debug, Clone, Copy)]
@@ -277,6 +272,12 @@ impl FetchOwner {
         }
         let from = (offset - start) as usize;
         if let Some(running) = self.running(entry, index) {
+            // A fill's piece (or its reader's part) that holds the range: the owner's
+            // reader waits no longer than that, and neither does a member joining it.
+            if let Some((piece_start, piece)) = running.piece_for(offset, offset + length) {
+                let from = (offset - piece_start) as usize;
+                return Some(async move { Ok(piece.await?.part(from, from + length as usize)) }.boxed());
+            }
             let fetched = running.fetched;
             return Some(async move { Ok(fetched.await?.part(from, from + length as usize)) }.boxed());
         }

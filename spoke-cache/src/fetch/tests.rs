@@ -226,6 +226,7 @@ async fn a_reader_of_another_part_of_a_chunk_being_filled_waits_for_its_piece_on
     let data = pattern(CHUNK as usize, 13);
     parts.supply.put("ds", "s", "v1", data.clone());
     let entry = parts.entry("ds", "s").await.unwrap();
+    parts.supply.set_latency(Duration::from_millis(50));
     let row = JobRow::default();
     let (from, to) = (30_000, 31_000);
     let part = parts.fetch.start_direct(&[(&entry, from, to - from)], for_read(&row)).remove(0);
@@ -237,6 +238,13 @@ async fn a_reader_of_another_part_of_a_chunk_being_filled_waits_for_its_piece_on
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    // A range within the reader's part waits for that part, and so does a member hedged to
+    // that joins this fetch (`running_range`, asked while the fill runs: every fetch takes
+    // 50 ms here): no longer than the first reader.
+    let joined = parts.fetch.running_range(&entry, 30_100, 100).expect("the fill is running");
+    let (start, within) = fill.piece_for(30_100, 30_200).expect("the reader's part");
+    assert_eq!((start, within.await.unwrap().data.len() as u64), (from, to - from));
+    assert_eq!(joined.await.unwrap().data[..], data[30_100..30_200]);
     let (start, before) = fill.piece_for(100, 200).expect("the piece before the part");
     assert_eq!(start, 0);
     assert_eq!(before.await.unwrap().data[..], data[..from as usize]);

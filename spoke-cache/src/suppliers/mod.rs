@@ -115,13 +115,27 @@ const WAITED: u8 = 0;
 const GIVEN_UP: u8 = 1;
 const FINISHED: u8 = 2;
 
-/// Joins given up on and still running, per owner ([`Chain::join_owner`]).
+/// Joins given up on and still running, per owner, and when each owner last answered a
+/// join with bytes ([`Chain::join_owner`]).
 #[derive(Debug, Default)]
-struct LateJoins(std::sync::Mutex<HashMap<String, u32>>);
+struct LateJoins(
+    std::sync::Mutex<HashMap<String, u32>>,
+    std::sync::Mutex<HashMap<String, std::time::Instant>>,
+);
 
 impl LateJoins {
     fn joins(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `owner` answered a join with bytes just now.
+    fn answered(&self, owner: &str) {
+        self.1.lock().unwrap_or_else(|p| p.into_inner()).insert(owner.to_owned(), std::time::Instant::now());
+    }
+
+    /// Whether `owner` answered a join with bytes within `within`: it is busy, not hung.
+    fn answered_within(&self, owner: &str, within: Duration) -> bool {
+        self.1.lock().unwrap_or_else(|p| p.into_inner()).get(owner).is_some_and(|at| at.elapsed() < within)
     }
 
     fn is_late(&self, owner: &str) -> bool {
@@ -236,21 +250,10 @@ impl Chain {
                 if given_up {
                     late_joins.done(&owner.url);
                 }
-                let Ok(answer) = answer else {
-                    // Never answered: no slow owner takes this long. Its shards are
-                    // the next member's to fetch and store until it answers again.
-                    // Joins that were late together end together: one demotion, one line.
-                    if !owner.health.is_demoted() {
-                        let pause = owner.health.demote();
-                        counters.demotions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!(member = owner.url, pause = ?pause, "it did not answer a join at all (its link to the hub hangs?): its shards are taken over for a while");
-                    }
-                    return Err(Failed::unwell(Error::Peer {
-                        peer: owner.url.clone(),
-                        message: "did not answer a join".into(),
-                    }));
-                };
-                answer
+                if let Ok(Ok(_)) = &answer {
+                    late_joins.answered(&owner.url);
+                }
+                answer.unwrap_or_else(|_| Err(never_answered(&owner, &late_joins, &counters, give_up)))
             })
         };
         match tokio::time::timeout(wait, join).await {
@@ -418,4 +421,31 @@ impl Chain {
             }
         }
     }
+}
+
+/// The failure of a join `owner` did not answer within `give_up`: no slow owner takes this
+/// long, so it is demoted and its shards are the next member's to fetch and store until it
+/// answers again; joins that were late together end together (one demotion, one line).
+/// Unless it answered another join with bytes meanwhile: an owner whose link is full at a
+/// cold start answers its joins seconds late, and taking its chunks over then brings them
+/// twice (1.2-2.1x the dataset in `group-bench --gray`'s healthy group); a hung link
+/// answers none.
+fn never_answered(
+    owner: &PeerSlot,
+    late_joins: &LateJoins,
+    counters: &HedgeCounters,
+    give_up: Duration,
+) -> Failed {
+    if late_joins.answered_within(&owner.url, give_up) {
+        return Failed::not_here(Error::Peer {
+            peer: owner.url.clone(),
+            message: "answered a join too late".into(),
+        });
+    }
+    if !owner.health.is_demoted() {
+        let pause = owner.health.demote();
+        counters.demotions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(member = owner.url, pause = ?pause, "it did not answer a join at all (its link to the hub hangs?): its shards are taken over for a while");
+    }
+    Failed::unwell(Error::Peer { peer: owner.url.clone(), message: "did not answer a join".into() })
 }
