@@ -298,11 +298,10 @@ impl Admission {
         if self.kept.holds(entry, offset, length) {
             return true;
         }
-        // The keep rule (`keep::keeps`), its room taken in the same step: concurrent reads
-        // each seeing room for one more sample kept one past the limit (CI of 71c5749).
-        if next_use.is_none()
-            || !self.capacity.added_within(length, keep::keep_limit(self.capacity.capacity()))
-        {
+        // Its room taken in the same step as the check: concurrent reads each seeing room
+        // for one more sample kept one past the limit (CI of 71c5749).
+        let capacity = self.capacity.capacity();
+        if !keep::keeps_within(next_use, capacity, |limit| self.capacity.added_within(length, limit)) {
             return false;
         }
         let Some(full) = self.kept.add(entry, offset, bytes, principal) else {

@@ -59,7 +59,6 @@ impl Samples {
         self.index.shards().to_vec()
     }
 
-    /// Samples per shard.
     /// The bytes this reader may hold for what it decodes (`Client.samples`'
     /// `memory_budget`, `SHARDCACHE_MEMORY_BUDGET`, or what the process may use).
     #[getter]
@@ -67,6 +66,7 @@ impl Samples {
         self.index.budget().limit()
     }
 
+    /// Samples per shard.
     #[getter]
     fn counts(&self) -> Vec<u64> {
         self.index.counts()

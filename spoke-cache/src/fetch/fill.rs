@@ -62,7 +62,7 @@ impl Inner {
         // alone, as long as the first reader did; waiting for the whole chunk instead
         // outlasts a hedged member's wait for the owner, and the member then fetches the
         // chunk itself.
-        let (senders, published): (Vec<_>, Vec<_>) = cut
+        let (mut senders, published): (Vec<_>, Vec<_>) = cut
             .iter()
             .chain(std::iter::once(&(part.from, part.to)))
             .map(|&(from, to)| {
@@ -74,7 +74,6 @@ impl Inner {
             })
             .unzip();
         let _ = pieces.set(published);
-        let mut senders = senders;
         let part_sender = senders.pop();
         let asked = cut.iter().zip(senders).map(|(&(from, to), tx)| async move {
             let bytes = self.upstream.supply(entry, from, to - from, &fetch.row, &fetch.avoid).await;

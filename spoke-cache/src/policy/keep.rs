@@ -46,7 +46,14 @@ pub fn keep_limit(capacity: u64) -> u64 {
 /// `None`) is kept, with `held` bytes held (kept, stored and being stored) of a cache of
 /// `capacity`.
 pub fn keeps(next_use: Option<u64>, length: u64, held: u64, capacity: u64) -> bool {
-    next_use.is_some() && held.saturating_add(length) <= keep_limit(capacity)
+    keeps_within(next_use, capacity, |limit| held.saturating_add(length) <= limit)
+}
+
+/// [`keeps`] where `fits(limit)` says whether the sample fits under the keep limit: the
+/// spoke's check takes the sample's room in the same step (`Capacity::added_within`), so
+/// that concurrent reads cannot each see room for one more.
+pub fn keeps_within(next_use: Option<u64>, capacity: u64, fits: impl FnOnce(u64) -> bool) -> bool {
+    next_use.is_some() && fits(keep_limit(capacity))
 }
 
 #[cfg(test)]
