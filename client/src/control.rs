@@ -385,6 +385,9 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
         merged.kept_sample_packs += answer.kept_sample_packs;
         merged.staged_sample_bytes += answer.staged_sample_bytes;
         merged.sample_window_bytes += answer.sample_window_bytes;
+        merged.hub_fetches_plain += answer.hub_fetches_plain;
+        merged.hub_fetches_zstd += answer.hub_fetches_zstd;
+        merged.store_own_bytes += answer.store_own_bytes;
         // The members' mean: each speculates for its own readers.
         merged.speculation_useful_share += answer.speculation_useful_share / count;
     }

@@ -303,6 +303,11 @@ impl Cache {
         self.capacity.used()
     }
 
+    /// Bytes of RocksDB's own files: the margin beside `--capacity` (`Store::own_bytes`).
+    pub fn store_own_bytes(&self) -> u64 {
+        self.store.own_bytes()
+    }
+
     /// Bytes the store's files take on disk.
     pub fn disk_bytes(&self) -> u64 {
         self.store.disk_bytes()

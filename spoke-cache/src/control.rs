@@ -231,6 +231,7 @@ impl CacheControl for Control {
         if grant.may_control() {
             let (hub_trouble, age) = cache.hubs().trouble().unwrap_or_default();
             let (kept, packs, staged) = cache.samples_held();
+            let (hub_fetches_plain, hub_fetches_zstd) = cache.hubs().fetches_asked();
             status = StatusResponse {
                 capacity_bytes: cache.capacity().capacity(),
                 used_bytes: cache.used_bytes(),
@@ -246,6 +247,9 @@ impl CacheControl for Control {
                 kept_sample_packs: packs,
                 staged_sample_bytes: staged,
                 sample_window_bytes: keep::window_bound(cache.capacity().capacity()),
+                hub_fetches_plain,
+                hub_fetches_zstd,
+                store_own_bytes: cache.store_own_bytes(),
                 server_view: true,
                 ..status
             };

@@ -107,6 +107,8 @@ pub struct Occupancy {
     pub peer_bad_chunks: u64,
     /// Members that refused this spoke's credentials within the last minute.
     pub members_refusing: u64,
+    /// Chunk fetches asked of the hubs as they are, and for zstd (counters).
+    pub hub_fetches: (u64, u64),
 }
 
 impl Metrics {
@@ -249,6 +251,18 @@ impl Metrics {
     }
 }
 
+/// Chunk fetches asked of the hubs as they are and for zstd (`--hub-compression`).
+fn render_hub_fetches(out: &mut String, (plain, zstd): (u64, u64)) {
+    let name = "shardcache_spoke_hub_fetches_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Chunk fetches asked of the hubs, by encoding asked for (--hub-compression; under auto, \
+         what it measured to deliver faster)\n# TYPE {name} counter\n{name}{{encoding=\"plain\"}} {}\n\
+         {name}{{encoding=\"zstd\"}} {}",
+        plain, zstd
+    );
+}
+
 /// What the plans followed sample by sample hold (gauges).
 fn render_samples(out: &mut String, occupancy: &Occupancy) {
     let gauges = [
@@ -314,6 +328,7 @@ fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
          # TYPE {name} counter\n{name} {}",
         occupancy.peer_bad_chunks
     );
+    render_hub_fetches(out, occupancy.hub_fetches);
     let name = "shardcache_spoke_cached_bytes";
     let _ = writeln!(out, "# HELP {name} Cached bytes per dataset\n# TYPE {name} gauge");
     for (dataset, (_, bytes, _)) in &occupancy.datasets {

@@ -305,6 +305,7 @@ fn occupancy(cache: &Cache) -> Occupancy {
             .chain()
             .peers()
             .map_or(0, |p| p.states().iter().filter(|m| m.state == "refusing this spoke").count() as u64),
+        hub_fetches: cache.hubs().fetches_asked(),
         ..Default::default()
     };
     let (held, shares) = cache.held_and_shares();

@@ -55,3 +55,100 @@ pub fn fill(dir: &Path, leave: u64) -> PathBuf {
     }
     path
 }
+
+/// (data, own) bytes on disk under a spoke's cache directory now: chunk and pack files
+/// (RocksDB's tables, and the files being written in `ingest/`), and RocksDB's own files
+/// (its log, MANIFEST, options). Files deleted while it looks are skipped.
+pub fn cache_dir_bytes(dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let (mut data, mut own) = (0, 0);
+    // A file being ingested is linked into RocksDB's directory before its name in
+    // `ingest/` goes: one file, counted once.
+    let mut seen = std::collections::HashSet::new();
+    let mut pending = vec![(dir.to_owned(), true)];
+    while let Some((dir, top)) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if !seen.insert((meta.dev(), meta.ino())) {
+                continue;
+            }
+            if meta.is_dir() {
+                pending.push((entry.path(), false));
+            } else if !top || entry.file_name().to_string_lossy().ends_with(".sst") {
+                data += meta.blocks() * 512;
+            } else {
+                own += meta.blocks() * 512;
+            }
+        }
+    }
+    (data, own)
+}
+
+/// The largest [`cache_dir_bytes`] of a cache directory, sampled every millisecond on a
+/// thread of its own until [`DiskPeak::stop`].
+#[derive(Debug)]
+pub struct DiskPeak {
+    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<Peak>,
+}
+
+/// What a [`DiskPeak`] saw: the peaks of data and of RocksDB's own files, how many
+/// samples it took, and the directory's files when data peaked (for a failure message).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Peak {
+    pub data: u64,
+    pub own: u64,
+    pub samples: u64,
+    pub files_at_peak: String,
+}
+
+/// `dir`'s files, each `path bytes` on a line, sorted.
+pub fn listing(dir: &Path) -> String {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(at) = pending.pop() {
+        for entry in std::fs::read_dir(&at).into_iter().flatten().flatten() {
+            match entry.metadata() {
+                Ok(meta) if meta.is_dir() => pending.push(entry.path()),
+                Ok(meta) => {
+                    let name = entry.path().strip_prefix(dir).unwrap_or(&entry.path()).display().to_string();
+                    files.push(format!("{name} {}", meta.len()));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    files.sort();
+    files.join("\n")
+}
+
+impl DiskPeak {
+    pub fn start(dir: &Path) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (flag, dir) = (running.clone(), dir.to_owned());
+        let sampler = std::thread::spawn(move || {
+            let mut peak = Peak::default();
+            while flag.load(Relaxed) {
+                let (data, own) = cache_dir_bytes(&dir);
+                if data > peak.data {
+                    peak.files_at_peak = listing(&dir);
+                }
+                peak = Peak {
+                    data: peak.data.max(data),
+                    own: peak.own.max(own),
+                    samples: peak.samples + 1,
+                    files_at_peak: peak.files_at_peak,
+                };
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            peak
+        });
+        Self { running, sampler }
+    }
+
+    pub fn stop(self) -> Peak {
+        self.running.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.sampler.join().unwrap_or_default()
+    }
+}

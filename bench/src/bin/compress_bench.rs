@@ -14,6 +14,14 @@
 //! cargo build --release --workspace --bins && target/release/compress-bench /tmp/cdata
 //! ```
 //!
+//! 3. `--hub-compression auto` (the spoke's default) beside `off` and `zstd`, each a cold
+//!    fill of token data (`gen --tokens zipf`: uint32 ids, Zipf over LLaMA 3's vocabulary)
+//!    through a spoke from a hub at its default level, over a 60 ms link capped at
+//!    1 Gbit/s (the link bounds delivery: auto should compress) and uncapped (the cores
+//!    bound it: auto should not), three runs each: seconds, bytes on the link / dataset,
+//!    and the fetches asked each way (the spoke's `status`). `compress-bench --auto` runs
+//!    this table alone (no DATA_DIR).
+//!
 //! `COMPRESS_BENCH_IN_FLIGHT=256MiB` runs the spokes with that `--upstream-bytes-in-flight`,
 //! `COMPRESS_BENCH_PARALLELISM=64` prefetches that many shards at once.
 //! The bench checks that each fill stored the whole dataset (the spoke's upstream bytes
@@ -23,6 +31,8 @@
 
 use std::{path::Path, time::Instant};
 
+use hub_server::config::DEFAULT_COMPRESSION_LEVEL;
+use shardcache_cli::dataset_gen::{GenSpec, Tokens, generate};
 use shardcache_client::CacheClient;
 use shardcache_proto::encoding;
 use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess};
@@ -72,15 +82,29 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0 // USER_HZ
 }
 
-/// A cold fill of `dataset` through a fresh spoke: (seconds, upstream bytes, bytes on
-/// the link, hub CPU seconds).
+/// What one cold fill measured.
+struct Fill {
+    seconds: f64,
+    upstream: u64,
+    wire: u64,
+    hub_cpu: f64,
+    /// Chunk fetches the spoke asked as they are, and for zstd.
+    asked: (u64, u64),
+}
+
+/// A cold fill of `dataset` through a fresh spoke.
 /// Without `link`, the spoke talks to the hub directly: the fill's ceiling on this
 /// machine (the spoke's store and the CPU the processes share).
-async fn cold_fill(root: &Path, dataset: &str, level: i32, link: bool) -> (f64, u64, u64, f64) {
+/// `link`: the emulator's `--rate` (`Some("")`: uncapped), or none (no emulator).
+async fn cold_fill(root: &Path, dataset: &str, level: i32, link: Option<&str>, mode: &str) -> Fill {
     let level = level.to_string();
     let hub = HubProcess::start(root, &["--link-compression-level", &level]);
     let hub_addr = hub.endpoint.trim_start_matches("http://").parse().unwrap();
-    let proxy = link.then(|| ProxyProcess::start(hub_addr, &["--rtt", "60ms", "--rate", "2Gbit"]));
+    let proxy = link.map(|rate| {
+        let args: &[&str] =
+            if rate.is_empty() { &["--rtt", "60ms"] } else { &["--rtt", "60ms", "--rate", rate] };
+        ProxyProcess::start(hub_addr, args)
+    });
     let upstream = proxy.as_ref().map_or(&hub.endpoint, |p| &p.endpoint);
     let cache = tempfile::tempdir().unwrap();
     // COMPRESS_BENCH_IN_FLIGHT=SIZE: the spoke's --upstream-bytes-in-flight (decoded bytes
@@ -88,9 +112,7 @@ async fn cold_fill(root: &Path, dataset: &str, level: i32, link: bool) -> (f64, 
     let in_flight = std::env::var("COMPRESS_BENCH_IN_FLIGHT").ok();
     let mut args: Vec<&str> =
         in_flight.iter().flat_map(|v| ["--upstream-bytes-in-flight", v.as_str()]).collect();
-    // Every fetch asks for zstd: what the hub's level does, not what the spoke's `auto`
-    // would choose.
-    args.extend(["--hub-compression", "zstd"]);
+    args.extend(["--hub-compression", mode]);
     let spoke = SpokeProcess::start(upstream, cache.path(), &args);
     let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
     let cpu = cpu_seconds(hub.child.id());
@@ -100,14 +122,74 @@ async fn cold_fill(root: &Path, dataset: &str, level: i32, link: bool) -> (f64, 
     let hub_cpu = cpu_seconds(hub.child.id()) - cpu;
     let status = control.status().await.unwrap();
     let row = status.datasets.iter().find(|d| d.dataset == dataset).unwrap();
-    let result = (elapsed, row.upstream_bytes, row.upstream_wire_bytes, hub_cpu);
+    let result = Fill {
+        seconds: elapsed,
+        upstream: row.upstream_bytes,
+        wire: row.upstream_wire_bytes,
+        hub_cpu,
+        asked: (status.hub_fetches_plain, status.hub_fetches_zstd),
+    };
     spoke.kill();
     result
 }
 
+/// Table 3: `--hub-compression auto` beside `off` and `zstd` on token data, over a link
+/// that bounds delivery (1 Gbit/s) and one that does not.
+async fn auto_rows() {
+    const SHARDS: u32 = 256;
+    const SHARD_SIZE: u64 = 4 << 20;
+    let root = tempfile::tempdir().unwrap();
+    let spec = GenSpec {
+        dir: root.path().to_owned(),
+        dataset: "tokens".into(),
+        shards: SHARDS,
+        shard_size: SHARD_SIZE,
+        record_size: 16 << 10,
+        seed: 0,
+        tokens: Tokens::Zipf,
+    };
+    generate(&spec).unwrap();
+    let size = u64::from(SHARDS) * SHARD_SIZE;
+    println!(
+        "\n`--hub-compression` on token data (gen --tokens zipf, {} MiB), a cold fill through a spoke \
+         (Prefetch, {} shards at once), hub at its default level, 60 ms link",
+        size >> 20,
+        parallelism()
+    );
+    println!(
+        "| link | --hub-compression | run | seconds | MB/s of the dataset | on the link / dataset | fetches plain / zstd |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (rate, link) in [("1Gbit", "1 Gbit/s"), ("", "uncapped")] {
+        for run in 1..=3 {
+            for mode in ["off", "zstd", "auto"] {
+                let fill =
+                    cold_fill(root.path(), "tokens", DEFAULT_COMPRESSION_LEVEL, Some(rate), mode).await;
+                assert_eq!(fill.upstream, size, "{mode}: the whole dataset was fetched, once");
+                let (plain, zstd) = fill.asked;
+                match mode {
+                    "off" => assert!(zstd == 0 && fill.wire == size, "off: {zstd} fetches asked zstd"),
+                    "zstd" => assert_eq!(plain, 0, "zstd: {plain} fetches asked plain"),
+                    _ => {}
+                }
+                let (mbs, share) = (size as f64 / 1e6 / fill.seconds, fill.wire as f64 / size as f64);
+                println!(
+                    "| {link} | {mode} | {run} | {:.2} | {mbs:.0} | {share:.3} | {plain} / {zstd} |",
+                    fill.seconds
+                );
+            }
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
-    let root = std::path::PathBuf::from(std::env::args().nth(1).expect("usage: compress-bench DATA_DIR"));
+    let arg = std::env::args().nth(1).expect("usage: compress-bench DATA_DIR | --auto");
+    if arg == "--auto" {
+        auto_rows().await;
+        return;
+    }
+    let root = std::path::PathBuf::from(arg);
     println!("| dataset | zstd level | bytes / on the link | compress MB/s (1 core) | decompress MB/s |");
     println!("|---|---|---|---|---|");
     let mut sizes = Vec::new();
@@ -121,7 +203,7 @@ async fn main() {
         }
     }
     println!();
-    let default = hub_server::config::DEFAULT_COMPRESSION_LEVEL;
+    let default = DEFAULT_COMPRESSION_LEVEL;
     println!(
         "Cold fill through a spoke, hub behind wan-proxy --rtt 60ms --rate 2Gbit (Prefetch of every shard, {} at once)",
         parallelism()
@@ -133,7 +215,10 @@ async fn main() {
     let runs = [(0, false), (0, true), (1, true), (3, true)];
     for (dataset, size) in DATASETS.iter().zip(sizes) {
         for (level, link) in runs.into_iter().filter(|&(level, _)| level == 0 || LEVELS.contains(&level)) {
-            let (s, upstream, wire, cpu) = cold_fill(&root, dataset, level, link).await;
+            // Every fetch asks for zstd: what the hub's level does, not what `auto` would choose.
+            let rate = link.then_some("2Gbit");
+            let Fill { seconds: s, upstream, wire, hub_cpu: cpu, .. } =
+                cold_fill(&root, dataset, level, rate, "zstd").await;
             assert_eq!(upstream, size, "{dataset}: the whole dataset was fetched, once");
             if level == 0 {
                 assert_eq!(wire, upstream, "{dataset}: without compression every byte goes as it is");
@@ -148,4 +233,5 @@ async fn main() {
             println!("| {dataset} | {label} | {s:.2} | {mbs:.0} | {share:.3} | {cpu:.2} |");
         }
     }
+    auto_rows().await;
 }

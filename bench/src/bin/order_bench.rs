@@ -17,7 +17,9 @@
 //!
 //! Per epoch: bytes over the link per byte read (the spoke's `upstream_wire_bytes`; a
 //! reader with no cache reads each byte once over it), records/s, the share of reads
-//! from the cache, and whether the spoke followed the plan sample by sample.
+//! from the cache, whether the spoke followed the plan sample by sample, and the peak
+//! of the cache directory (sampled every millisecond: chunk and pack files, those being
+//! written included, against `--capacity`; and RocksDB's own files beside it, issue 48).
 //!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/order-bench [--only NAME]
@@ -27,7 +29,11 @@
 
 use shardcache_bench::orders::{Epoch, Layout, Order, Plan, Reader, epoch};
 use shardcache_client::{CacheClient, Client};
-use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess, make_dataset};
+use shardcache_tests::{
+    HubProcess, ProxyProcess, SpokeProcess,
+    disk::{DiskPeak, Peak},
+    make_dataset,
+};
 
 const MIB: u64 = 1 << 20;
 const EPOCHS: u64 = 3;
@@ -50,6 +56,8 @@ struct Row {
     records_per_s: f64,
     hit_share: f64,
     samples: bool,
+    /// The cache directory's peak during the epoch, and the capacity (spoke setups).
+    disk: Option<(Peak, u64)>,
 }
 
 /// The two datasets, their hub behind the link.
@@ -118,8 +126,13 @@ async fn run(world: &World, setup: &Setup) -> Vec<Row> {
             Some(c) => counters(c, setup.dataset, "trainer", number).await.0,
             None => 0,
         };
+        let sampler = setup.capacity.map(|capacity| (DiskPeak::start(cache.path()), capacity));
         let (seconds, samples) =
             reader.epoch(number, (&epochs[number as usize], &epochs[number as usize + 1]), setup.plan).await;
+        let disk = sampler.map(|(sampler, capacity)| (sampler.stop(), capacity));
+        if let Some((peak, _)) = &disk {
+            assert!(peak.samples > 10, "{}: the cache directory was sampled through the epoch", setup.name);
+        }
         let (wire, hits, reads) = match &control {
             Some(c) => counters(c, setup.dataset, "trainer", number).await,
             None => (before + layout.bytes(), 0, layout.records()),
@@ -132,6 +145,7 @@ async fn run(world: &World, setup: &Setup) -> Vec<Row> {
             records_per_s: layout.records() as f64 / seconds,
             hit_share: hits as f64 / reads.max(1) as f64,
             samples,
+            disk,
         });
     }
     rows
@@ -170,17 +184,22 @@ fn print(rows: &[Row]) {
     println!(
         "256 MiB of 16 KiB records (16 x 16 MiB; and 32 MiB in 8 x 4 MiB), 60 ms 2 Gbit/s link, hub compression off"
     );
-    println!("| setup | epoch | link / read | records/s | reads from the cache | followed |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| setup | epoch | link / read | records/s | reads from the cache | followed | peak chunk files / capacity (+ RocksDB's own) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     for r in rows {
+        let disk = r.disk.as_ref().map_or("-".to_owned(), |(peak, capacity)| {
+            format!("{:.3} (+{} KiB)", peak.data as f64 / *capacity as f64, peak.own >> 10)
+        });
         println!(
-            "| {} | {} | {:.3} | {:.0} | {:.1}% | {} |",
+            "| {} | {} | {:.3} | {:.0} | {:.1}% | {} | {disk} |",
             r.setup,
             r.epoch,
             r.link_per_read,
             r.records_per_s,
             100.0 * r.hit_share,
-            if r.samples { "samples" } else { "-" }
+            if r.samples { "samples" } else { "-" },
         );
     }
 }

@@ -494,6 +494,11 @@ impl Client {
         d.set_item("kept_sample_packs", status.kept_sample_packs)?;
         d.set_item("staged_sample_bytes", status.staged_sample_bytes)?;
         d.set_item("sample_window_bytes", status.sample_window_bytes)?;
+        // Chunk fetches asked of the hubs as they are and for zstd (--hub-compression).
+        d.set_item("hub_fetches_plain", status.hub_fetches_plain)?;
+        d.set_item("hub_fetches_zstd", status.hub_fetches_zstd)?;
+        // RocksDB's own files: the margin beside capacity_bytes.
+        d.set_item("store_own_bytes", status.store_own_bytes)?;
         let plans = PyList::empty(py);
         for p in status.plans {
             let item = PyDict::new(py);

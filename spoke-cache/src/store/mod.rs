@@ -191,7 +191,12 @@ impl Store {
         db_options.set_max_total_wal_size(4 * options.write_buffer_bytes as u64);
         db_options.set_max_background_jobs(2);
         db_options.set_max_open_files(i32::try_from(options.max_open_files).unwrap_or(i32::MAX).max(16));
-        db_options.set_keep_log_file_num(4);
+        // RocksDB's own files are a bounded margin beside `--capacity` (which counts chunks
+        // and packs): its info log at most 1 MiB and one old one, its MANIFEST rewritten
+        // past 8 MiB (`Store::own_bytes` measures them for `Status`).
+        db_options.set_keep_log_file_num(2);
+        db_options.set_max_log_file_size(1 << 20);
+        db_options.set_max_manifest_file_size(8 << 20);
         // Merges (`merge_shard`) read and write a shard once more; with direct I/O they
         // skip the page cache's copies and cost a third of the CPU (BENCHMARKS.md
         // "store-scale-bench"). Only where the filesystem allows it (not tmpfs).
@@ -453,6 +458,29 @@ impl Store {
     }
 
     /// Bytes of live page and record files, as RocksDB counts them.
+    /// Bytes of RocksDB's own files in the cache directory: its write-ahead log,
+    /// MANIFEST, info log, options, and the shard records' tables. Not counted against
+    /// `--capacity` (chunks and packs are): the margin beside it that `Status` shows.
+    /// Reads the directory's names (chunk files are not looked at), so it is for
+    /// `Status`, not every read.
+    pub fn own_bytes(&self) -> u64 {
+        let own = std::fs::read_dir(&self.path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().ends_with(".sst"))
+            .filter_map(|e| e.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum::<u64>();
+        let records = self
+            .cf(CF_SHARDS)
+            .ok()
+            .and_then(|cf| self.db.property_int_value_cf(cf, "rocksdb.live-sst-files-size").ok().flatten())
+            .unwrap_or(0);
+        own + records
+    }
+
     pub fn disk_bytes(&self) -> u64 {
         let size = |cf: &str| {
             self.cf(cf)

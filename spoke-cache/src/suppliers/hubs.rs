@@ -159,6 +159,15 @@ impl Hubs {
         self.router.members().current().iter().map(|h| h.url.clone()).collect()
     }
 
+    /// Chunk fetches asked of every hub as they are, and for zstd, since the spoke started
+    /// (what `--hub-compression` chose: `Status`, the metrics).
+    pub fn fetches_asked(&self) -> (u64, u64) {
+        self.router.members().current().iter().fold((0, 0), |(plain, zstd), hub| {
+            let (p, z) = hub.conn.compression.asked();
+            (plain + p, zstd + z)
+        })
+    }
+
     /// The hubs in the order to ask for `shard` (`None`: a listing): the owner by
     /// rendezvous first, hubs paused after failures last.
     pub fn route(&self, shard: Option<(&str, &str)>) -> Vec<Arc<HubSlot>> {
@@ -223,7 +232,8 @@ impl Hubs {
     fn timed(&self, hub: &HubSlot, compressed: bool, elapsed: Duration, bytes: u64) {
         if let Some((plain, zstd)) = hub.conn.compression.fetched(compressed, elapsed, bytes) {
             let asks =
-                if zstd < plain * super::compression::ZSTD_WINS_BELOW { "zstd" } else { "bytes as they are" };
+                if super::compression::zstd_wins((plain, zstd)) { "zstd" } else { "bytes as they are" };
+            // MB/s of decoded bytes beyond the round trip.
             let (plain_mb_s, zstd_mb_s) = ((1e-6 / plain) as u64, (1e-6 / zstd) as u64);
             tracing::info!(
                 hub = hub.url,

@@ -140,4 +140,11 @@ async fn a_spoke_stores_the_decoded_bytes_and_counts_what_they_took_on_the_link(
     let status = spoke.control().await.status().await.unwrap();
     let d = status.datasets.iter().find(|d| d.dataset == "d").unwrap();
     assert_eq!((d.upstream_bytes as f64, d.upstream_wire_bytes as f64), (until, on_link + added));
+    // Every chunk fetch asked for zstd (`--hub-compression zstd`), each counted once, in
+    // the status and the metrics alike; RocksDB's own files are named beside the capacity.
+    let requests = spoke.metric("shardcache_spoke_upstream_requests_total").await;
+    assert_eq!((status.hub_fetches_plain, status.hub_fetches_zstd as f64), (0, requests), "{status:?}");
+    let asked = r#"shardcache_spoke_hub_fetches_total{encoding="zstd"}"#;
+    assert_eq!(spoke.metric(asked).await, requests);
+    assert!(status.store_own_bytes > 0 && status.store_own_bytes < 16 << 20, "{}", status.store_own_bytes);
 }

@@ -294,9 +294,11 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
     if status.server_view {
         let percent = status.used_bytes as f64 * 100.0 / status.capacity_bytes.max(1) as f64;
         println!(
-            "cache: {} of {} used ({percent:.1}%), {} shards evicted ({}), {} checksum failures, hubs {}",
+            "cache: {} of {} used ({percent:.1}%; RocksDB's own files {} beside it), {} shards evicted ({}), \
+             {} checksum failures, hubs {}",
             ByteSize(status.used_bytes).human(),
             ByteSize(status.capacity_bytes).human(),
+            ByteSize(status.store_own_bytes).human(),
             status.evicted_shards,
             ByteSize(status.evicted_bytes).human(),
             status.checksum_failures,
@@ -309,6 +311,10 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             "speculation: {:.0}% of what read-ahead and whole-shard fetches brought lately was read, {} unread",
             status.speculation_useful_share * 100.0,
             ByteSize(status.speculation_unread_bytes).human()
+        );
+        println!(
+            "hub fetches: {} as they are, {} asked for zstd (--hub-compression)",
+            status.hub_fetches_plain, status.hub_fetches_zstd
         );
         if status.kept_sample_bytes > 0 || status.staged_sample_bytes > 0 {
             println!(
