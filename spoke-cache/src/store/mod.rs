@@ -457,7 +457,6 @@ impl Store {
         Ok(())
     }
 
-    /// Bytes of live page and record files, as RocksDB counts them.
     /// Bytes of RocksDB's own files in the cache directory: its write-ahead log,
     /// MANIFEST, info log, options, and the shard records' tables. Not counted against
     /// `--capacity` (chunks and packs are): the margin beside it that `Status` shows.
@@ -481,6 +480,7 @@ impl Store {
         own + records
     }
 
+    /// Bytes of live page and record files, as RocksDB counts them.
     pub fn disk_bytes(&self) -> u64 {
         let size = |cf: &str| {
             self.cf(cf)
