@@ -303,9 +303,11 @@ impl Cache {
         self.capacity.used()
     }
 
-    /// Bytes of RocksDB's own files: the margin beside `--capacity` (`Store::own_bytes`).
-    pub fn store_own_bytes(&self) -> u64 {
-        self.store.own_bytes()
+    /// Bytes of RocksDB's own files: the margin beside `--capacity` (`Store::own_bytes`),
+    /// read off the runtime's threads (it lists the cache directory, chunk files and all).
+    pub async fn store_own_bytes(&self) -> u64 {
+        let store = self.store.clone();
+        crate::store::blocking(move || Ok(store.own_bytes())).await.unwrap_or(0)
     }
 
     /// Bytes the store's files take on disk.

@@ -232,6 +232,7 @@ impl CacheControl for Control {
             let (hub_trouble, age) = cache.hubs().trouble().unwrap_or_default();
             let (kept, packs, staged) = cache.samples_held();
             let (hub_fetches_plain, hub_fetches_zstd) = cache.hubs().fetches_asked();
+            let store_own_bytes = cache.store_own_bytes().await;
             status = StatusResponse {
                 capacity_bytes: cache.capacity().capacity(),
                 used_bytes: cache.used_bytes(),
@@ -249,7 +250,7 @@ impl CacheControl for Control {
                 sample_window_bytes: keep::window_bound(cache.capacity().capacity()),
                 hub_fetches_plain,
                 hub_fetches_zstd,
-                store_own_bytes: cache.store_own_bytes(),
+                store_own_bytes,
                 server_view: true,
                 ..status
             };

@@ -62,8 +62,8 @@ pub fn fill(dir: &Path, leave: u64) -> PathBuf {
 pub fn cache_dir_bytes(dir: &Path) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt;
     let (mut data, mut own) = (0, 0);
-    // A file being ingested is linked into RocksDB's directory before its name in
-    // `ingest/` goes: one file, counted once.
+    // RocksDB ingests a chunk file by linking it into its directory (`move_files`): while
+    // both names exist, one file, counted once.
     let mut seen = std::collections::HashSet::new();
     let mut pending = vec![(dir.to_owned(), true)];
     while let Some((dir, top)) = pending.pop() {
@@ -92,34 +92,13 @@ pub struct DiskPeak {
     sampler: std::thread::JoinHandle<Peak>,
 }
 
-/// What a [`DiskPeak`] saw: the peaks of data and of RocksDB's own files, how many
-/// samples it took, and the directory's files when data peaked (for a failure message).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What a [`DiskPeak`] saw: the peaks of data and of RocksDB's own files, and how many
+/// samples it took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Peak {
     pub data: u64,
     pub own: u64,
     pub samples: u64,
-    pub files_at_peak: String,
-}
-
-/// `dir`'s files, each `path bytes` on a line, sorted.
-pub fn listing(dir: &Path) -> String {
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_owned()];
-    while let Some(at) = pending.pop() {
-        for entry in std::fs::read_dir(&at).into_iter().flatten().flatten() {
-            match entry.metadata() {
-                Ok(meta) if meta.is_dir() => pending.push(entry.path()),
-                Ok(meta) => {
-                    let name = entry.path().strip_prefix(dir).unwrap_or(&entry.path()).display().to_string();
-                    files.push(format!("{name} {}", meta.len()));
-                }
-                Err(_) => {}
-            }
-        }
-    }
-    files.sort();
-    files.join("\n")
 }
 
 impl DiskPeak {
@@ -131,15 +110,7 @@ impl DiskPeak {
             let mut peak = Peak::default();
             while flag.load(Relaxed) {
                 let (data, own) = cache_dir_bytes(&dir);
-                if data > peak.data {
-                    peak.files_at_peak = listing(&dir);
-                }
-                peak = Peak {
-                    data: peak.data.max(data),
-                    own: peak.own.max(own),
-                    samples: peak.samples + 1,
-                    files_at_peak: peak.files_at_peak,
-                };
+                peak = Peak { data: peak.data.max(data), own: peak.own.max(own), samples: peak.samples + 1 };
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             peak

@@ -447,20 +447,9 @@ pub async fn assert_dataset_reads_back(client: &Client, dataset: &str, dataset_d
     }
 }
 
-/// Disk usage of a directory tree in bytes (allocated blocks, like `du`).
+/// Disk usage of a directory tree in bytes (allocated blocks, like `du`: a file linked
+/// twice counted once).
 pub fn disk_usage(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0;
-    let mut pending = vec![dir.to_owned()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let meta = entry.metadata().unwrap();
-            if meta.is_dir() {
-                pending.push(entry.path());
-            } else {
-                total += meta.blocks() * 512;
-            }
-        }
-    }
-    total
+    let (data, own) = disk::cache_dir_bytes(dir);
+    data + own
 }

@@ -95,16 +95,12 @@ struct Fill {
 /// A cold fill of `dataset` through a fresh spoke.
 /// Without `link`, the spoke talks to the hub directly: the fill's ceiling on this
 /// machine (the spoke's store and the CPU the processes share).
-/// `link`: the emulator's `--rate` (`Some("")`: uncapped), or none (no emulator).
-async fn cold_fill(root: &Path, dataset: &str, level: i32, link: Option<&str>, mode: &str) -> Fill {
+/// `link`: the emulator's flags, or none (no emulator).
+async fn cold_fill(root: &Path, dataset: &str, level: i32, link: Option<&[&str]>, mode: &str) -> Fill {
     let level = level.to_string();
     let hub = HubProcess::start(root, &["--link-compression-level", &level]);
     let hub_addr = hub.endpoint.trim_start_matches("http://").parse().unwrap();
-    let proxy = link.map(|rate| {
-        let args: &[&str] =
-            if rate.is_empty() { &["--rtt", "60ms"] } else { &["--rtt", "60ms", "--rate", rate] };
-        ProxyProcess::start(hub_addr, args)
-    });
+    let proxy = link.map(|flags| ProxyProcess::start(hub_addr, flags));
     let upstream = proxy.as_ref().map_or(&hub.endpoint, |p| &p.endpoint);
     let cache = tempfile::tempdir().unwrap();
     // COMPRESS_BENCH_IN_FLIGHT=SIZE: the spoke's --upstream-bytes-in-flight (decoded bytes
@@ -160,11 +156,13 @@ async fn auto_rows() {
         "| link | --hub-compression | run | seconds | MB/s of the dataset | on the link / dataset | fetches plain / zstd |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (rate, link) in [("1Gbit", "1 Gbit/s"), ("", "uncapped")] {
+    let links: [(&[&str], &str); 2] =
+        [(&["--rtt", "60ms", "--rate", "1Gbit"], "1 Gbit/s"), (&["--rtt", "60ms"], "uncapped")];
+    for (flags, link) in links {
         for run in 1..=3 {
             for mode in ["off", "zstd", "auto"] {
                 let fill =
-                    cold_fill(root.path(), "tokens", DEFAULT_COMPRESSION_LEVEL, Some(rate), mode).await;
+                    cold_fill(root.path(), "tokens", DEFAULT_COMPRESSION_LEVEL, Some(flags), mode).await;
                 assert_eq!(fill.upstream, size, "{mode}: the whole dataset was fetched, once");
                 let (plain, zstd) = fill.asked;
                 match mode {
@@ -216,9 +214,9 @@ async fn main() {
     for (dataset, size) in DATASETS.iter().zip(sizes) {
         for (level, link) in runs.into_iter().filter(|&(level, _)| level == 0 || LEVELS.contains(&level)) {
             // Every fetch asks for zstd: what the hub's level does, not what `auto` would choose.
-            let rate = link.then_some("2Gbit");
+            let flags: &[&str] = &["--rtt", "60ms", "--rate", "2Gbit"];
             let Fill { seconds: s, upstream, wire, hub_cpu: cpu, .. } =
-                cold_fill(&root, dataset, level, rate, "zstd").await;
+                cold_fill(&root, dataset, level, link.then_some(flags), "zstd").await;
             assert_eq!(upstream, size, "{dataset}: the whole dataset was fetched, once");
             if level == 0 {
                 assert_eq!(wire, upstream, "{dataset}: without compression every byte goes as it is");

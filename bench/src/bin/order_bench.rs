@@ -130,7 +130,7 @@ async fn run(world: &World, setup: &Setup) -> Vec<Row> {
         let (seconds, samples) =
             reader.epoch(number, (&epochs[number as usize], &epochs[number as usize + 1]), setup.plan).await;
         let disk = sampler.map(|(sampler, capacity)| (sampler.stop(), capacity));
-        if let Some((peak, _)) = &disk {
+        if let Some((peak, _)) = disk {
             assert!(peak.samples > 10, "{}: the cache directory was sampled through the epoch", setup.name);
         }
         let (wire, hits, reads) = match &control {
@@ -189,8 +189,8 @@ fn print(rows: &[Row]) {
     );
     println!("|---|---|---|---|---|---|---|");
     for r in rows {
-        let disk = r.disk.as_ref().map_or("-".to_owned(), |(peak, capacity)| {
-            format!("{:.3} (+{} KiB)", peak.data as f64 / *capacity as f64, peak.own >> 10)
+        let disk = r.disk.map_or("-".to_owned(), |(peak, capacity)| {
+            format!("{:.3} (+{} KiB)", peak.data as f64 / capacity as f64, peak.own >> 10)
         });
         println!(
             "| {} | {} | {:.3} | {:.0} | {:.1}% | {} | {disk} |",

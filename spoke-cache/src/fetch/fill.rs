@@ -1,9 +1,9 @@
 //! Filling a chunk beside a read: a miss the admission stores is answered by its own
 //! bytes (fetched as read, `as_read.rs`), and the rest of its chunk is fetched around that
-//! part (before it and after it) and stored with it (`FetchOwner::fill`); a chunk fetch still waiting
-//! for room takes a reader's part lent to it instead of asking for it (`ChunkFetch::lend`).
-//! The link carries the chunk once; no reader waits for more than the piece that holds
-//! its bytes.
+//! part (before it and after it) and stored with it (`FetchOwner::fill`); a chunk fetch
+//! still waiting for room takes a reader's part lent to it instead of asking for it
+//! (`ChunkFetch::lend`). The link carries the chunk once; no reader waits for more than
+//! the piece that holds its bytes.
 
 use futures::FutureExt;
 use shardcache_proto::checksum::Checked;

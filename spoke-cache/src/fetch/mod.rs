@@ -272,14 +272,12 @@ impl FetchOwner {
         }
         let from = (offset - start) as usize;
         if let Some(running) = self.running(entry, index) {
-            // A fill's piece (or its reader's part) that holds the range: the owner's
-            // reader waits no longer than that, and neither does a member joining it.
-            if let Some((piece_start, piece)) = running.piece_for(offset, offset + length) {
-                let from = (offset - piece_start) as usize;
-                return Some(async move { Ok(piece.await?.part(from, from + length as usize)) }.boxed());
-            }
-            let fetched = running.fetched;
-            return Some(async move { Ok(fetched.await?.part(from, from + length as usize)) }.boxed());
+            // A fill's piece (or its reader's part) that holds the range, else the chunk:
+            // the owner's reader waits no longer than that, and neither does a member
+            // joining it.
+            let (at, bytes) = running.piece_for(offset, offset + length).unwrap_or((start, running.fetched));
+            let within = (offset - at) as usize;
+            return Some(async move { Ok(bytes.await?.part(within, within + length as usize)) }.boxed());
         }
         // Its whole chunk read alongside the shard's first stat (taken up by the read that
         // started it a moment later).

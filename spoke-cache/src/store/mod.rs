@@ -460,8 +460,8 @@ impl Store {
     /// Bytes of RocksDB's own files in the cache directory: its write-ahead log,
     /// MANIFEST, info log, options, and the shard records' tables. Not counted against
     /// `--capacity` (chunks and packs are): the margin beside it that `Status` shows.
-    /// Reads the directory's names (chunk files are not looked at), so it is for
-    /// `Status`, not every read.
+    /// Lists the directory (chunk files are not looked at beyond their names): blocking,
+    /// for `Status`, not every read.
     pub fn own_bytes(&self) -> u64 {
         let own = std::fs::read_dir(&self.path)
             .into_iter()

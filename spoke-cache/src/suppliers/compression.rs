@@ -61,10 +61,10 @@ impl HubCompression {
 /// Plain fetches are taken only while a compressed one costs more than this times a
 /// plain one's time per byte beyond the round trip. Below it the two deliver within the
 /// noise of a busy machine and the fewer bytes win: on this project's 2-core machine a
-/// 60 ms link at 1 Gbit/s delivered token data at 107 MB/s plain and 111-124 MB/s with
-/// every chunk compressed (compress-bench, BENCHMARKS.md), the hub's compression as
-/// slow as the link; with the link uncapped, compressed chunks cost twice the time and
-/// more, and the cold demo lost GPU utilisation to them.
+/// 60 ms link at 1 Gbit/s delivered token data at 114-115 MB/s plain and 131-136 MB/s
+/// with every chunk compressed (`compress-bench --auto`, BENCHMARKS.md), the hub's
+/// compression about as slow as the link; with the link uncapped, compressing every
+/// chunk took 1.5-1.7x the time, and the cold demo lost GPU utilisation to it.
 pub const PLAIN_WINS_ABOVE: f64 = 1.25;
 
 /// While zstd is taken, one fetch in this many is sent plain to keep measuring it: the
@@ -143,8 +143,9 @@ impl Chooser {
                     Some(true) => !turn.is_multiple_of(EXPLORE_PLAIN_EVERY),
                     Some(false) => turn.is_multiple_of(EXPLORE_ZSTD_EVERY),
                     // A cold start sends dozens before the first is back: most go plain,
-                    // as fast as no compression wherever the cores bound delivery (the
-                    // demo's cold rows lost 7-10 points to three in four compressed).
+                    // as fast as no compression wherever the cores bound delivery (with
+                    // three in four compressed the demo's cold row stayed at 78-80% in
+                    // batches 0-100, 82-83% with one in four; BENCHMARKS.md).
                     None => turn % 4 == 2,
                 }
             }

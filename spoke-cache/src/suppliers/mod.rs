@@ -118,24 +118,28 @@ const FINISHED: u8 = 2;
 /// Joins given up on and still running, per owner, and when each owner last answered a
 /// join with bytes ([`Chain::join_owner`]).
 #[derive(Debug, Default)]
-struct LateJoins(
-    std::sync::Mutex<HashMap<String, u32>>,
-    std::sync::Mutex<HashMap<String, std::time::Instant>>,
-);
+struct LateJoins {
+    late: std::sync::Mutex<HashMap<String, u32>>,
+    last_answer: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+}
 
 impl LateJoins {
     fn joins(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.late.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn answers(&self) -> std::sync::MutexGuard<'_, HashMap<String, std::time::Instant>> {
+        self.last_answer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `owner` answered a join with bytes just now.
     fn answered(&self, owner: &str) {
-        self.1.lock().unwrap_or_else(|p| p.into_inner()).insert(owner.to_owned(), std::time::Instant::now());
+        self.answers().insert(owner.to_owned(), std::time::Instant::now());
     }
 
     /// Whether `owner` answered a join with bytes within `within`: it is busy, not hung.
     fn answered_within(&self, owner: &str, within: Duration) -> bool {
-        self.1.lock().unwrap_or_else(|p| p.into_inner()).get(owner).is_some_and(|at| at.elapsed() < within)
+        self.answers().get(owner).is_some_and(|at| at.elapsed() < within)
     }
 
     fn is_late(&self, owner: &str) -> bool {
