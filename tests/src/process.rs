@@ -173,6 +173,23 @@ impl MountProcess {
         Self::spawn(command, mountpoint, log)
     }
 
+    /// [`MountProcess::start`] with the mount's log at `level` (`RUST_LOG`), to see what
+    /// it says at `info` (which read-ahead it got).
+    pub fn start_logged_with(
+        endpoint: &str,
+        mountpoint: &Path,
+        extra_args: &[&str],
+        log: &Path,
+        level: &str,
+    ) -> Self {
+        let mut command = Command::new(binary("shardcache"));
+        command
+            .args(["mount", endpoint, mountpoint.to_str().unwrap()])
+            .args(extra_args)
+            .env("RUST_LOG", level);
+        Self::spawn(command, mountpoint, log)
+    }
+
     /// [`MountProcess::start`] as `shardcache mount MOUNTPOINT` with the endpoint in
     /// `SHARDCACHE_ENDPOINT`, as every other command takes it.
     pub fn start_from_env(endpoint: &str, mountpoint: &Path, log: &Path) -> Self {

@@ -1,11 +1,17 @@
 //! `mount-bench`: the read-only FUSE mount (`shardcache mount`) against the SDK on the
 //! same warm spoke, in one run. Sequential: every shard of a 1 GiB dataset read whole,
-//! through the mount with 1 MiB reads (as `dd bs=1M`) and with the SDK's `StreamShard`.
-//! Random: 16 readers (as `fio --numjobs=16 --bs=16k --rw=randread`), each reading 16 KiB
-//! samples at random offsets one at a time (no sample twice in a round), through the mount (`pread`) and with the
-//! SDK's `ReadRange`; latency percentiles of the mount's reads. Each mount round is a
-//! fresh mount, so the kernel's page cache starts empty. Checks that every measured read
-//! was a hit on the spoke and that the bytes through the mount are the file's.
+//! through the mount with 1 MiB reads (as `dd bs=1M`) and with the SDK's `StreamShard`,
+//! shard by shard in turn; and as 1 MiB `ReadRange`s, 16 at once, through the SDK (the
+//! shape of the kernel's read-ahead). Random: 16 readers (as `fio --numjobs=16
+//! --bs=16k --rw=randread`), each reading 16 KiB samples at random offsets one at a
+//! time (no sample twice in a round), through the mount (`pread`) and with the SDK's
+//! `ReadRange`; latency percentiles of the mount's reads. Each mount round is a fresh
+//! mount (where the mount uses the kernel's page cache it starts empty). Prints who
+//! read and what read-ahead the mount said it got; checks that every measured read was
+//! a hit on the spoke and that the bytes through the mount are the file's. Run it as a
+//! user too (`/dev/fuse` open to them): `setpriv --reuid=65534 --regid=65534
+//! --clear-groups target/release/mount-bench`. `mount-bench --kernel-cache` mounts
+//! with that flag (reads through the page cache, with the kernel's read-ahead).
 //!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/mount-bench
@@ -15,7 +21,7 @@
 
 use std::{
     io::Read,
-    os::unix::fs::FileExt,
+    os::unix::fs::{FileExt, MetadataExt},
     path::Path,
     time::{Duration, Instant},
 };
@@ -34,18 +40,58 @@ fn names() -> Vec<String> {
     (0..SHARDS).map(shardcache_cli::dataset_gen::shard_name).collect()
 }
 
-/// MB/s reading every shard through the SDK's stream.
-async fn sdk_sequential(client: &Client) -> f64 {
+/// Seconds to read `name` whole through the SDK's stream.
+async fn sdk_stream_one(client: &Client, name: &str) -> f64 {
     let started = Instant::now();
     let mut bytes = 0;
-    for name in names() {
-        let mut stream = client.stream_shard("c4", &name, 0, None).await.unwrap();
-        while let Some(chunk) = stream.next_chunk().await.unwrap() {
-            bytes += chunk.data.len() as u64;
+    let mut stream = client.stream_shard("c4", name, 0, None).await.unwrap();
+    while let Some(chunk) = stream.next_chunk().await.unwrap() {
+        bytes += chunk.data.len() as u64;
+    }
+    assert_eq!(bytes, SHARD);
+    started.elapsed().as_secs_f64()
+}
+
+/// Seconds to read `name` whole through the mount with 1 MiB reads (as `dd bs=1M`).
+fn mount_one(mnt: &Path, name: &str) -> f64 {
+    let started = Instant::now();
+    let mut bytes = 0;
+    let mut buffer = vec![0; 1 << 20];
+    let mut file = std::fs::File::open(mnt.join("c4").join(name)).unwrap();
+    loop {
+        let n = file.read(&mut buffer).unwrap();
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+    }
+    assert_eq!(bytes, SHARD);
+    started.elapsed().as_secs_f64()
+}
+
+/// MB/s of every shard read whole through the SDK's stream and through the mount (1 MiB
+/// reads), shard by shard, the two in turn (which goes first alternates): a machine
+/// that slows for a while slows both, not whichever ran then. Then (untimed) checks that
+/// the first shard's bytes through the mount are its file's.
+async fn sequential(client: &Client, mnt: &Path, files: &Path) -> (f64, f64) {
+    let (mut sdk, mut mount) = (0.0, 0.0);
+    for (i, name) in names().iter().enumerate() {
+        let through_mount = || tokio::task::block_in_place(|| mount_one(mnt, name));
+        if i % 2 == 0 {
+            sdk += sdk_stream_one(client, name).await;
+            mount += through_mount();
+        } else {
+            mount += through_mount();
+            sdk += sdk_stream_one(client, name).await;
         }
     }
-    assert_eq!(bytes, u64::from(SHARDS) * SHARD);
-    bytes as f64 / 1e6 / started.elapsed().as_secs_f64()
+    let first = &names()[0];
+    assert!(
+        std::fs::read(mnt.join("c4").join(first)).unwrap() == std::fs::read(files.join(first)).unwrap(),
+        "the mount's bytes are the file's"
+    );
+    let total = f64::from(SHARDS) * SHARD as f64 / 1e6;
+    (total / sdk, total / mount)
 }
 
 /// MB/s reading every shard as the mount asks for it, without FUSE: 1 MiB `ReadRange`s,
@@ -66,33 +112,6 @@ async fn sdk_ranged(client: &Client) -> f64 {
         .fold(0, |sum, n| async move { sum + n })
         .await;
     assert_eq!(bytes as u64, u64::from(SHARDS) * SHARD);
-    bytes as f64 / 1e6 / started.elapsed().as_secs_f64()
-}
-
-/// MB/s reading every shard through the mount with 1 MiB reads; checks the first shard's
-/// bytes against its file.
-fn mount_sequential(mnt: &Path, files: &Path) -> f64 {
-    let started = Instant::now();
-    let mut bytes = 0;
-    let mut buffer = vec![0; 1 << 20];
-    for (i, name) in names().iter().enumerate() {
-        let mut file = std::fs::File::open(mnt.join("c4").join(name)).unwrap();
-        let mut whole = Vec::new();
-        loop {
-            let n = file.read(&mut buffer).unwrap();
-            if n == 0 {
-                break;
-            }
-            bytes += n as u64;
-            if i == 0 {
-                whole.extend_from_slice(&buffer[..n]);
-            }
-        }
-        if i == 0 {
-            assert!(whole == std::fs::read(files.join(name)).unwrap(), "the mount's bytes are the file's");
-        }
-    }
-    assert_eq!(bytes, u64::from(SHARDS) * SHARD);
     bytes as f64 / 1e6 / started.elapsed().as_secs_f64()
 }
 
@@ -164,6 +183,8 @@ async fn misses(control: &CacheClient) -> u64 {
 
 #[tokio::main]
 async fn main() {
+    let flags: Vec<&str> =
+        std::env::args().any(|a| a == "--kernel-cache").then_some("--kernel-cache").into_iter().collect();
     let root = tempfile::tempdir().unwrap();
     let files = make_dataset(root.path(), "c4", SHARDS, SHARD);
     let hub = HubProcess::start(root.path(), &[]);
@@ -175,16 +196,17 @@ async fn main() {
     let before = misses(&control).await;
     let mut rows = Vec::new();
     for round in 0..2u64 {
-        let sdk_seq = sdk_sequential(&client).await;
         let sdk_ranged = sdk_ranged(&client).await;
         let sdk_rand = sdk_random(&client, round).await;
-        // Fresh mounts: the kernel's page cache starts empty for each measurement.
+        // Fresh mounts: the kernel's page cache (where the mount uses it) starts empty
+        // for each measurement.
         let mnt = tempfile::tempdir().unwrap();
         let log = cache.path().join("mount.log");
-        let mount = MountProcess::start(&spoke.endpoint, mnt.path(), &[], &log);
-        let mount_seq = tokio::task::block_in_place(|| mount_sequential(mnt.path(), &files));
+        let random_log = cache.path().join("mount-random.log");
+        let mount = MountProcess::start_logged_with(&spoke.endpoint, mnt.path(), &flags, &log, "info");
+        let (sdk_seq, mount_seq) = sequential(&client, mnt.path(), &files).await;
         drop(mount);
-        let mount = MountProcess::start(&spoke.endpoint, mnt.path(), &[], &log);
+        let mount = MountProcess::start(&spoke.endpoint, mnt.path(), &flags, &random_log);
         let (mount_rand, mut latencies) = tokio::task::block_in_place(|| mount_random(mnt.path(), round));
         drop(mount);
         latencies.sort();
@@ -199,6 +221,15 @@ async fn main() {
         ));
     }
     assert_eq!(misses(&control).await, before, "every measured read was a hit on the spoke");
+    // Who read, and what read-ahead the mount said it got (its log).
+    let said = std::fs::read_to_string(cache.path().join("mount.log")).unwrap();
+    let mode = said.lines().filter(|l| l.contains("page cache") || l.contains("read-ahead"));
+    println!("reader and mount uid {}; the mount said:", std::fs::metadata("/proc/self").unwrap().uid());
+    for line in
+        mode.map(|l| l.split("mount: ").last().unwrap_or(l)).collect::<std::collections::BTreeSet<_>>()
+    {
+        println!("  {line}");
+    }
     println!(
         "{SHARDS} shards x {} MiB, warm spoke; sequential: every shard, 1 MiB reads; random: {READERS} readers x {READS_PER_READER} reads of 16 KiB",
         SHARD >> 20

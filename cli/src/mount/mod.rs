@@ -11,11 +11,17 @@
 //!   new inode) cannot fill the pages of one still reading the old. An open through a
 //!   name the kernel resolved before the change is answered ESTALE, and the kernel looks
 //!   the name up again (its one retry) and opens the new inode.
-//! - The kernel caches: pages stay cached across opens (`FOPEN_KEEP_CACHE`: an inode's
-//!   pages are of its one version), requests go up to [`MAX_READ`] with
-//!   [`READ_AHEAD_KB`] of read-ahead (several requests in flight), and a larger request
-//!   would be read as [`PART`]-sized ranges at once. Attributes are cached for
-//!   [`ATTR_TTL`], listings for [`tree::LISTING_TTL`].
+//! - Reads bypass the kernel's page cache (`FOPEN_DIRECT_IO`) where the kernel can still
+//!   map such files (`FUSE_DIRECT_IO_ALLOW_MMAP`, Linux 6.6 and later: `numpy.memmap`
+//!   keeps working): a reader's request comes to the mount as it was made (up to
+//!   [`MAX_READ`]) and its reply goes into the reader's buffer, one copy fewer than
+//!   through the cache, and sequential readers get the mount's own read-ahead
+//!   (`prefetch.rs`, the same for every user: the kernel's needs root to be raised). The
+//!   spoke is the cache; a warm read is a local round trip. Where the kernel cannot map
+//!   such files the kernel caches instead: pages stay cached across opens
+//!   (`FOPEN_KEEP_CACHE`: an inode's pages are of its one version), with
+//!   [`READ_AHEAD_KB`] of the kernel's read-ahead where root can raise it. Attributes
+//!   are cached for [`ATTR_TTL`], listings for [`tree::LISTING_TTL`].
 //! - Reads run on the tokio runtime and answer the kernel when done, so the kernel's
 //!   concurrent requests (read-ahead, several readers) are served concurrently; every
 //!   call has a deadline ([`MountOptions::deadline`]): an unreachable server is EIO, never
@@ -23,6 +29,7 @@
 //! - Read-only: the kernel answers writes, creates and renames with EROFS. SIGTERM or
 //!   SIGINT unmounts; an unmount from outside (`fusermount -u`) ends the process.
 
+pub mod prefetch;
 pub mod tree;
 
 use std::{
@@ -35,19 +42,18 @@ use std::{
 
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEntry, ReplyOpen, Request, consts::FOPEN_KEEP_CACHE,
+    ReplyEntry, ReplyOpen, Request,
+    consts::{FOPEN_DIRECT_IO, FOPEN_KEEP_CACHE},
 };
-use shardcache_client::{Client, Error, Range};
+use prefetch::{ReadAhead, Source};
+use shardcache_client::{Client, Error};
 use tree::{Node, ROOT, Tree};
 
 /// Largest read the kernel sends: 1 MiB, FUSE's most by default (256 pages).
 pub const MAX_READ: u32 = 1 << 20;
-/// A kernel read larger than this is fetched as ranges of this size at once (where the
-/// kernel allows requests above 1 MiB: `/proc/sys/fs/fuse/max_pages_limit`). Splitting
-/// 1 MiB requests in four measured worse (`mount-bench`, BENCHMARKS.md): the kernel's
-/// read-ahead already keeps several requests in flight, and the pieces cost a copy to
-/// join.
-pub const PART: u64 = 1 << 20;
+/// `FUSE_DIRECT_IO_ALLOW_MMAP` (protocol 7.39, Linux 6.6; fuser 0.16 has no name for
+/// it): files opened with `FOPEN_DIRECT_IO` may still be mapped shared.
+const FUSE_DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
 /// The kernel's read-ahead on the mount. FUSE starts at 128 KiB whatever the filesystem
 /// asks, so sequential reads arrive as 128 KiB requests one or two at a time (a `dd
 /// bs=1M` through a warm spoke: 512 requests of 128 KiB for 64 MiB); raised through sysfs
@@ -62,22 +68,19 @@ pub const ATTR_TTL: Duration = Duration::from_secs(1);
 pub struct MountOptions {
     /// Deadline of any one call to the server; past it the read fails with EIO.
     pub deadline: Duration,
+    /// Read through the kernel's page cache (with its read-ahead) even where the
+    /// kernel could map files read past it (`--kernel-cache`).
+    pub kernel_cache: bool,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        Self { deadline: Duration::from_secs(30) }
+        Self { deadline: Duration::from_secs(30), kernel_cache: false }
     }
 }
 
-/// One open file: the shard at the version it was opened at.
-#[derive(Debug, Clone)]
-struct Handle {
-    dataset: String,
-    shard: String,
-    version: String,
-    size: u64,
-}
+/// One open file (the shard at the version it was opened at): its read-ahead.
+type Handle = std::sync::Arc<std::sync::Mutex<ReadAhead>>;
 
 /// The filesystem.
 struct ShardFs {
@@ -87,6 +90,9 @@ struct ShardFs {
     tree: Tree,
     handles: HashMap<u64, Handle>,
     next_handle: u64,
+    /// Whether files are opened past the page cache (`FOPEN_DIRECT_IO`): the kernel
+    /// said it can map them (`init`).
+    direct: bool,
     /// Owner of every file: who mounted it.
     uid: u32,
     gid: u32,
@@ -181,6 +187,21 @@ impl Filesystem for ShardFs {
         // Read-ahead requests the kernel keeps in flight (default 12): 16 MiB of
         // read-ahead is 16 requests.
         let _ = config.set_max_background(64);
+        if self.options.kernel_cache {
+            tracing::info!("mount: reads go through the page cache (--kernel-cache)");
+            return Ok(());
+        }
+        self.direct = config.add_capabilities(FUSE_DIRECT_IO_ALLOW_MMAP).is_ok();
+        if self.direct {
+            tracing::info!(
+                "mount: reads bypass the page cache; sequential readers get the mount's own read-ahead (up to {} MiB each)",
+                prefetch::MAX_WINDOW >> 20
+            );
+        } else {
+            tracing::info!(
+                "mount: this kernel cannot map files read past its page cache (Linux 6.6 can); reads go through the page cache"
+            );
+        }
         Ok(())
     }
 
@@ -272,8 +293,19 @@ impl Filesystem for ShardFs {
         }
         let handle = self.next_handle;
         self.next_handle += 1;
-        self.handles.insert(handle, Handle { dataset, shard, version: info.version, size: info.size });
-        reply.opened(handle, FOPEN_KEEP_CACHE);
+        let source = Source {
+            client: self.client.clone(),
+            dataset,
+            shard,
+            version: info.version,
+            size: info.size,
+            deadline: self.options.deadline,
+            runtime: self.runtime.clone(),
+        };
+        self.handles
+            .insert(handle, std::sync::Arc::new(std::sync::Mutex::new(ReadAhead::new(source, self.direct))));
+        // KEEP_CACHE still matters past the page cache: a mapped file's pages are cached.
+        reply.opened(handle, if self.direct { FOPEN_DIRECT_IO | FOPEN_KEEP_CACHE } else { FOPEN_KEEP_CACHE });
     }
 
     fn read(
@@ -290,45 +322,22 @@ impl Filesystem for ShardFs {
         let Some(handle) = self.handles.get(&fh).cloned() else { return reply.error(libc::EBADF) };
         tracing::debug!(offset, size, "mount: read");
         let offset = offset.max(0) as u64;
-        let end = (offset + u64::from(size)).min(handle.size);
+        let mut read_ahead = handle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let end = (offset + u64::from(size)).min(read_ahead.size());
         if offset >= end {
             return reply.data(&[]);
         }
-        let (client, deadline) = (self.client.clone(), self.options.deadline);
+        let pieces = read_ahead.plan(offset, end);
+        drop(read_ahead);
+        match prefetch::answer_now(&pieces, offset, end) {
+            Some(Ok(data)) => return reply.data(&data),
+            Some(Err(e)) => return reply.error(e),
+            None => {}
+        }
         self.runtime.spawn(async move {
-            let parts = (offset..end).step_by(PART as usize).map(|from| {
-                let mut range = Range::new(&handle.dataset, &handle.shard, from, PART.min(end - from));
-                range.expected_version = Some(handle.version.clone());
-                let client = client.clone();
-                async move { client.read_range(&range).await }
-            });
-            match tokio::time::timeout(deadline, futures::future::try_join_all(parts)).await {
-                Ok(Ok(parts)) if parts.len() == 1 => reply.data(&parts[0].data),
-                Ok(Ok(parts)) => {
-                    let mut data = Vec::with_capacity((end - offset) as usize);
-                    for part in &parts {
-                        data.extend_from_slice(&part.data);
-                    }
-                    reply.data(&data)
-                }
-                Ok(Err(e)) => {
-                    // The server refuses the old version (ABORTED), or its bytes say another.
-                    if matches!(e, Error::VersionChanged { .. }) || e.code() == Some(tonic::Code::Aborted) {
-                        tracing::error!(
-                            dataset = handle.dataset,
-                            shard = handle.shard,
-                            error = %e,
-                            "mount: the shard changed while open; the read fails (reopen it for the new version)"
-                        );
-                    } else {
-                        tracing::warn!(dataset = handle.dataset, shard = handle.shard, error = %e, "mount: a read failed");
-                    }
-                    reply.error(errno(&e))
-                }
-                Err(_) => {
-                    tracing::warn!(dataset = handle.dataset, shard = handle.shard, "mount: a read timed out after {deadline:?}");
-                    reply.error(libc::EIO)
-                }
+            match prefetch::answer(pieces, offset, end).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(e),
             }
         });
     }
@@ -369,6 +378,36 @@ impl Filesystem for ShardFs {
     }
 }
 
+/// glibc's allocator settings the mount runs with: freed memory below 512 MiB stays in
+/// the process, and blocks up to 32 MiB come from its heap. With glibc's defaults each
+/// read's 1 MiB message buffer is handed back to the kernel when freed and the next one
+/// faults in fresh zeroed pages: a third of the mount's CPU on a sequential read
+/// (measured: 0.40-0.43 CPU-s per 512 MiB with these settings, 0.62-0.71 without).
+const MALLOC_TUNABLES: &str = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=536870912";
+
+/// Runs this process again with [`MALLOC_TUNABLES`] in `GLIBC_TUNABLES` (read by glibc
+/// at start only; `mallopt` would need unsafe code, which this workspace forbids).
+/// Returns without doing so where they are set already (the second run), where the
+/// binary is not glibc's, or where the exec fails (said in the log: the mount still
+/// works, at more CPU).
+pub fn rerun_with_malloc_tunables() {
+    use std::os::unix::process::CommandExt;
+    let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if !cfg!(target_env = "gnu") || current.contains("glibc.malloc.trim_threshold") {
+        return;
+    }
+    let tunables =
+        if current.is_empty() { MALLOC_TUNABLES.to_owned() } else { format!("{current}:{MALLOC_TUNABLES}") };
+    let error = match std::env::current_exe() {
+        Ok(exe) => std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env("GLIBC_TUNABLES", tunables)
+            .exec(),
+        Err(e) => e,
+    };
+    tracing::warn!(error = %error, "mount: cannot run again with its allocator settings; reads cost more CPU");
+}
+
 /// Mounts `client`'s datasets read-only on `mountpoint` (an existing, empty directory)
 /// and serves until SIGTERM or SIGINT (then unmounts) or until unmounted from outside.
 /// `mounted` is called once the mount is in place.
@@ -389,6 +428,7 @@ pub async fn serve(
         tree: Tree::new(),
         handles: HashMap::new(),
         next_handle: 1,
+        direct: false,
         uid: owner.uid(),
         gid: owner.gid(),
         mounted_at: SystemTime::now(),
@@ -440,11 +480,14 @@ fn raise_read_ahead(mountpoint: &Path) {
         (((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff), (dev & 0xff) | ((dev >> 12) & !0xff));
     let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
     match std::fs::write(&knob, READ_AHEAD_KB.to_string()) {
-        Ok(()) => tracing::debug!(knob, "mount: read-ahead {READ_AHEAD_KB} KiB"),
+        Ok(()) => tracing::info!(
+            knob,
+            "mount: the kernel's read-ahead (reads through the page cache) {READ_AHEAD_KB} KiB"
+        ),
         Err(e) => tracing::info!(
             knob,
             error = %e,
-            "mount: read-ahead stays at the kernel's 128 KiB (raising it needs root); sequential reads are slower"
+            "mount: the kernel's read-ahead stays at 128 KiB (raising it needs root): reads through the page cache (of mapped files; of every file before Linux 6.6) are slower"
         ),
     }
 }

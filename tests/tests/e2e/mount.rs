@@ -298,3 +298,75 @@ async fn a_group_of_spokes_mounts_as_one_tree_and_fetches_once() {
     let held: u64 = spokes.iter().map(|s| s.cache.used_bytes()).sum();
     assert_eq!(held, 6 * MIB, "each shard held by its owner only");
 }
+
+/// Reads `file` (whose bytes are `want`) as readers do, on one descriptor: sequential
+/// runs in pieces from 1 byte to 3 MiB (the mount's read-ahead starts, grows and is
+/// consumed), seeks back and forward (it is dropped), `pread`s at random offsets from
+/// two threads at once, reads that cross the end; every byte must be the file's.
+fn read_every_way(file: &std::fs::File, want: &[u8], seed: u64) {
+    use std::os::unix::fs::FileExt;
+    let mut rng = seed;
+    let mut offset = 0u64;
+    let sizes = [1u64, 4096, 65_536, MIB, 3 * MIB, 100_003];
+    for step in 0..120 {
+        if step % 7 == 6 {
+            // Somewhere else: back, forward, or past the end.
+            offset = shardcache_tests::next_random(&mut rng) % (want.len() as u64 + MIB);
+        }
+        let size = sizes[(shardcache_tests::next_random(&mut rng) % sizes.len() as u64) as usize];
+        let mut buffer = vec![0; size as usize];
+        let n = file.read_at(&mut buffer, offset).unwrap();
+        let from = (offset as usize).min(want.len());
+        let expected = &want[from..(from + size as usize).min(want.len())];
+        assert_eq!(n, expected.len(), "read of {size} at {offset}: its length");
+        assert!(buffer[..n] == *expected, "read of {size} at {offset}: its bytes");
+        offset += n as u64;
+    }
+    std::thread::scope(|scope| {
+        for thread in 0..2u64 {
+            scope.spawn(move || {
+                let mut rng = seed ^ (thread + 1);
+                let mut buffer = vec![0; 16 << 10];
+                for _ in 0..200 {
+                    let at =
+                        shardcache_tests::next_random(&mut rng) % (want.len() as u64 - buffer.len() as u64);
+                    file.read_exact_at(&mut buffer, at).unwrap();
+                    assert!(buffer[..] == want[at as usize..at as usize + buffer.len()], "pread at {at}");
+                }
+            });
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_any_shape_and_order_are_the_files_bytes_past_the_page_cache_and_through_it() {
+    skip_without_fuse!();
+    let root = tempfile::tempdir().unwrap();
+    // 41 MiB and a bit: past the read-ahead's largest window, ending mid-part.
+    let want = write_pattern(&root.path().join("c4/long.bin"), (41 * MIB + 12_345) as usize, 7);
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache.path(), spoke_options(&hub.endpoint)).await;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut version = release.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok());
+    let direct_io_mmap = (version.next().unwrap(), version.next().unwrap()) >= (6, 6);
+    for (flags, said) in [
+        (
+            &[][..],
+            if direct_io_mmap { "reads bypass the page cache" } else { "reads go through the page cache" },
+        ),
+        (&["--kernel-cache"][..], "reads go through the page cache (--kernel-cache)"),
+    ] {
+        let mnt = tempfile::tempdir().unwrap();
+        let log = cache.path().join("mount.log");
+        let mount = MountProcess::start_logged_with(&spoke.endpoint, mnt.path(), flags, &log, "info");
+        let file = std::fs::File::open(mnt.path().join("c4/long.bin")).unwrap();
+        tokio::task::block_in_place(|| read_every_way(&file, &want, flags.len() as u64 + 1));
+        // A whole read in one go (as `cat` or numpy's fromfile): the file.
+        assert!(std::fs::read(mnt.path().join("c4/long.bin")).unwrap() == want, "{flags:?}: a whole read");
+        drop(file);
+        drop(mount);
+        let log = std::fs::read_to_string(&log).unwrap();
+        assert!(log.contains(said), "{flags:?}: the mount says how it reads: {log}");
+    }
+}

@@ -549,11 +549,11 @@ pub async fn pin(server: &Server, dataset: &str, shards: &[String], pinned: bool
 pub async fn mount(
     server: &Server,
     mountpoint: &std::path::Path,
-    timeout: std::time::Duration,
+    options: shardcache_cli::mount::MountOptions,
 ) -> anyhow::Result<()> {
     shardcache_serving::server::init_tracing();
+    shardcache_cli::mount::rerun_with_malloc_tunables();
     let client = server.client().await?;
-    let options = shardcache_cli::mount::MountOptions { deadline: timeout };
     shardcache_cli::mount::serve(client, mountpoint, options, || {
         println!("shardcache mounted {} on {}", server.endpoint, mountpoint.display());
     })

@@ -237,6 +237,12 @@ enum Command {
         /// Seconds any one call to the server may take; past it the read fails with EIO.
         #[arg(long, default_value_t = 30)]
         timeout: u64,
+        /// Read through the kernel's page cache, with the kernel's read-ahead (16 MiB as
+        /// root, 128 KiB otherwise), instead of past it with the mount's own: for
+        /// programs that read the same files again and again, or in pieces of a few KiB
+        /// without a buffer (each such read is otherwise a trip to the mount).
+        #[arg(long)]
+        kernel_cache: bool,
     },
     /// Make an access token (printed once) and add its hash to a token file, or revoke one.
     #[command(
@@ -330,13 +336,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             commands::generate(&spec)
         }
-        Command::Mount { mut places, timeout } => {
+        Command::Mount { mut places, timeout, kernel_cache } => {
             // One place: the mount point, over --endpoint (SHARDCACHE_ENDPOINT) as every
             // other command; two: an endpoint, then the mount point.
             let mountpoint = PathBuf::from(places.pop().unwrap_or_default());
             let endpoint = places.pop().unwrap_or_else(|| server.endpoint.clone());
             let server = commands::Server { endpoint, options: server.options.clone() };
-            commands::mount(&server, &mountpoint, std::time::Duration::from_secs(timeout)).await
+            let options = shardcache_cli::mount::MountOptions {
+                deadline: std::time::Duration::from_secs(timeout),
+                kernel_cache,
+            };
+            commands::mount(&server, &mountpoint, options).await
         }
         Command::Ls { dataset } => commands::ls(server, dataset.as_deref()).await,
         Command::Stat { dataset, shard } => commands::stat(server, &dataset, &shard).await,

@@ -1,0 +1,271 @@
+//! The mount's own read-ahead, per open file, for files the kernel does not cache
+//! (`FOPEN_DIRECT_IO`, see `mod.rs`): the shape of mountpoint-s3's prefetcher. A read
+//! that continues the last one (a sequential reader) keeps a window ahead of it in
+//! flight, doubling from one [`PART`] to [`MAX_WINDOW`] as the reader keeps going,
+//! topped up as one `StreamShard` of at least half the window at a time; a read
+//! anywhere else (a random reader, a seek) drops the window and is read as asked, one
+//! `ReadRange` of exactly its bytes. A reader's request is answered from parts already
+//! fetched or on their way, sliced without a copy where it lies in one part, and at
+//! once on the FUSE thread where they are all there.
+//!
+//! Why not the kernel's read-ahead: that fills the page cache, so every byte is copied
+//! once more (the reply into the cache, the cache into the reader), the kernel keeps at
+//! most its read-ahead in flight, and raising it from FUSE's 128 KiB needs root (sysfs).
+//! Here read-ahead is the same for every user, and a reply goes into the reader's buffer.
+
+use std::{collections::VecDeque, sync::Arc, time::Duration};
+
+use bytes::{Bytes, BytesMut};
+use shardcache_client::{Client, Error, Range};
+use tokio::sync::watch;
+
+/// Size of one read-ahead part: 1 MiB, the kernel's largest FUSE request (a `dd bs=1M`
+/// reader's requests are then one part each, sliced without a copy).
+pub const PART: u64 = 1 << 20;
+/// Most bytes fetched ahead of one sequential reader (its memory in the mount): 32
+/// parts. `mount-bench` (BENCHMARKS.md) measured 32 MiB a little ahead of 16 MiB
+/// (0.79-0.85 of the SDK's stream against 0.77-0.88, three runs each).
+pub const MAX_WINDOW: u64 = 32 * PART;
+
+/// One part's bytes (or the errno its reader gets) once fetched: `None` until then. A
+/// reader waits on it or, where it is there already, takes it at once.
+type Fetch = watch::Receiver<Option<Result<Bytes, i32>>>;
+/// Where a part's fetcher puts it. Closed: no reader wants the part any more.
+type Slot = watch::Sender<Option<Result<Bytes, i32>>>;
+
+/// Where one file's bytes come from: the file's identity on the server.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub client: Client,
+    pub dataset: String,
+    pub shard: String,
+    /// The version the file was opened at: every range is read at it, or fails.
+    pub version: String,
+    pub size: u64,
+    /// Deadline of each range (past it: EIO).
+    pub deadline: Duration,
+    /// Where ranges are read (the FUSE thread is not one of its threads).
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// One open file's read-ahead state.
+#[derive(Debug)]
+pub struct ReadAhead {
+    source: Arc<Source>,
+    /// Whether reads continuing the last one fetch ahead (files the kernel caches get
+    /// its read-ahead instead, and read exactly what it asks).
+    enabled: bool,
+    /// Offset just past the last read.
+    next: u64,
+    /// Reads in a row that continued the one before.
+    streak: u32,
+    /// Parts fetched or in flight, contiguous, in order: (offset, length, bytes).
+    ahead: VecDeque<(u64, u64, Fetch)>,
+}
+
+/// The ranges one read is answered from, in order: (offset, length, bytes).
+pub type Pieces = Vec<(u64, u64, Fetch)>;
+
+impl ReadAhead {
+    pub fn new(source: Source, enabled: bool) -> Self {
+        Self { source: Arc::new(source), enabled, next: 0, streak: 0, ahead: VecDeque::new() }
+    }
+
+    /// The file's size (at its version).
+    pub fn size(&self) -> u64 {
+        self.source.size
+    }
+
+    /// The pieces that answer a read of `[offset, end)` (`end` within the file), and
+    /// the parts ahead of it set in flight. Never waits: the caller awaits the pieces.
+    pub fn plan(&mut self, offset: u64, end: u64) -> Pieces {
+        let continues = offset == self.next;
+        self.streak = if continues { self.streak.saturating_add(1) } else { 0 };
+        self.next = end;
+        // Drop what lies before the read; a read outside what is ahead starts over.
+        while self.ahead.front().is_some_and(|&(at, len, _)| at + len < offset) {
+            self.ahead.pop_front();
+        }
+        if self.ahead.front().is_some_and(|&(at, ..)| at > offset) {
+            self.ahead.clear();
+        }
+        let window = if self.enabled && self.streak > 0 {
+            (PART << (self.streak - 1).min(MAX_WINDOW.ilog2() - PART.ilog2())).min(MAX_WINDOW)
+        } else {
+            0
+        };
+        if window == 0 && self.ahead.is_empty() {
+            // A random read: exactly its bytes, nothing kept.
+            return vec![(offset, end - offset, self.fetch(offset, end - offset))];
+        }
+        let fetched = self.ahead.back().map_or(offset, |&(at, len, _)| at + len);
+        // Topped up to a full window once less than half of it is left ahead of the
+        // read: each top-up is one stream of at least half the window, not a request
+        // per part (one stream costs the spoke less than the same bytes as ranges:
+        // mount-bench's two SDK columns).
+        if fetched < end || fetched - end < window / 2 {
+            self.stream(fetched, (end + window).min(self.source.size));
+        }
+        let pieces =
+            self.ahead.iter().filter(|&&(at, len, _)| at < end && at + len > offset).cloned().collect();
+        // Parts the read consumes to their end are not needed again.
+        while self.ahead.front().is_some_and(|&(at, len, _)| at + len <= end) {
+            self.ahead.pop_front();
+        }
+        pieces
+    }
+
+    /// Reads `[offset, offset + len)` now (on the runtime), at the file's version, as
+    /// one range.
+    fn fetch(&self, offset: u64, len: u64) -> Fetch {
+        let source = self.source.clone();
+        let (slot, fetch) = watch::channel(None);
+        self.source.runtime.spawn(async move {
+            let mut range = Range::new(&source.dataset, &source.shard, offset, len);
+            range.expected_version = Some(source.version.clone());
+            let read = match tokio::time::timeout(source.deadline, source.client.read_range(&range)).await {
+                Ok(Ok(read)) => Ok(read.data),
+                Ok(Err(e)) => Err(failed(&source, &e)),
+                Err(_) => Err(timed_out(&source)),
+            };
+            slot.send_replace(Some(read));
+        });
+        fetch
+    }
+
+    /// Reads `[from, until)` as one stream (on the runtime), at the file's version, into
+    /// parts of [`PART`] bytes put at the back of what is ahead.
+    fn stream(&mut self, from: u64, until: u64) {
+        if from >= until {
+            return;
+        }
+        let mut slots = VecDeque::new();
+        for at in (from..until).step_by(PART as usize) {
+            let len = PART.min(until - at);
+            let (slot, fetch) = watch::channel(None);
+            self.ahead.push_back((at, len, fetch));
+            slots.push_back((len, slot));
+        }
+        let source = self.source.clone();
+        self.source.runtime.spawn(async move {
+            let mut range = Range::new(&source.dataset, &source.shard, from, until - from);
+            range.expected_version = Some(source.version.clone());
+            let errno = match tokio::time::timeout(source.deadline, fill(&source, &range, &mut slots)).await {
+                Ok(Ok(())) => libc::EIO, // the stream ended early (the SDK says why, as an error)
+                Ok(Err(e)) => failed(&source, &e),
+                Err(_) => timed_out(&source),
+            };
+            for (_, slot) in slots {
+                slot.send_replace(Some(Err(errno)));
+            }
+        });
+    }
+}
+
+/// Fills `slots` in order from a stream of `range`, each with its length's bytes (a
+/// slice of one message where it lies in one); stops early, cancelling the stream,
+/// once no reader wants any slot left (a reader that moved elsewhere).
+async fn fill(source: &Source, range: &Range, slots: &mut VecDeque<(u64, Slot)>) -> Result<(), Error> {
+    let mut stream = source.client.stream_range(range).await?;
+    let mut partial = BytesMut::new();
+    while let Some(chunk) = stream.next_chunk().await? {
+        let mut data = chunk.data;
+        while let Some(&(len, _)) = slots.front() {
+            if data.is_empty() {
+                break;
+            }
+            let take = (len as usize - partial.len()).min(data.len());
+            let piece = data.split_to(take);
+            let part = if partial.is_empty() && take == len as usize {
+                piece
+            } else {
+                partial.extend_from_slice(&piece);
+                if partial.len() < len as usize {
+                    continue;
+                }
+                partial.split().freeze()
+            };
+            if let Some((_, slot)) = slots.pop_front() {
+                slot.send_replace(Some(Ok(part)));
+            }
+        }
+        if slots.iter().all(|(_, slot)| slot.is_closed()) {
+            slots.clear();
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Logs a range past its deadline; the errno its reader gets.
+fn timed_out(source: &Source) -> i32 {
+    tracing::warn!(
+        dataset = source.dataset,
+        shard = source.shard,
+        "mount: a read timed out after {:?}",
+        source.deadline
+    );
+    libc::EIO
+}
+
+/// Logs why a range failed; the errno its reader gets.
+fn failed(source: &Source, e: &Error) -> i32 {
+    // The server refuses the old version (ABORTED), or its bytes say another.
+    if matches!(e, Error::VersionChanged { .. }) || e.code() == Some(tonic::Code::Aborted) {
+        tracing::error!(
+            dataset = source.dataset,
+            shard = source.shard,
+            error = %e,
+            "mount: the shard changed while open; the read fails (reopen it for the new version)"
+        );
+    } else {
+        tracing::warn!(dataset = source.dataset, shard = source.shard, error = %e, "mount: a read failed");
+    }
+    super::errno(e)
+}
+
+/// The bytes of `[offset, end)` from `pieces` (what [`ReadAhead::plan`] gave): a slice
+/// of one piece where the read lies in one, else the pieces' bytes joined.
+pub async fn answer(pieces: Pieces, offset: u64, end: u64) -> Result<Bytes, i32> {
+    let mut fetched = Vec::with_capacity(pieces.len());
+    for (at, _, mut fetch) in pieces {
+        // A fetcher that ended without a word (a panic) left its part empty: EIO.
+        let data = match fetch.wait_for(Option::is_some).await {
+            Ok(done) => done.clone().unwrap_or(Err(libc::EIO)),
+            Err(_) => Err(libc::EIO),
+        };
+        fetched.push((at, data?));
+    }
+    cut(&fetched, offset, end)
+}
+
+/// [`answer`] without waiting, where every piece is fetched already (a sequential
+/// reader's usual case): the FUSE thread replies at once, with no hand-over to the
+/// runtime and back.
+pub fn answer_now(pieces: &Pieces, offset: u64, end: u64) -> Option<Result<Bytes, i32>> {
+    let mut fetched = Vec::with_capacity(pieces.len());
+    for (at, _, fetch) in pieces {
+        match fetch.borrow().clone()? {
+            Ok(data) => fetched.push((*at, data)),
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    Some(cut(&fetched, offset, end))
+}
+
+/// `[offset, end)` out of contiguous fetched ranges `(offset, bytes)`.
+fn cut(fetched: &[(u64, Bytes)], offset: u64, end: u64) -> Result<Bytes, i32> {
+    let slice = |&(at, ref data): &(u64, Bytes)| {
+        let from = offset.saturating_sub(at) as usize;
+        let to = ((end - at) as usize).min(data.len());
+        if from > to { Err(libc::EIO) } else { Ok(data.slice(from..to)) }
+    };
+    if let [one] = fetched {
+        return slice(one);
+    }
+    let mut joined = Vec::with_capacity((end - offset) as usize);
+    for piece in fetched {
+        joined.extend_from_slice(&slice(piece)?);
+    }
+    Ok(joined.into())
+}
