@@ -1,14 +1,17 @@
 //! Where fetched chunks go, and how cached shards leave: the store, the catalog and the
 //! capacity, kept in step.
 //!
-//! - [`Admission::admit`]: a verified chunk is written (one file, `store/ingest.rs`),
-//!   then made visible (its presence bit) and counted against the capacity, in the share
+//! - [`Admission::admit`]: a verified chunk claims its bytes of the capacity
+//!   ([`Admission::room_for`]: the evictor makes room; a chunk with none within
+//!   [`ROOM_PATIENCE`] is served but not stored), is written (one file,
+//!   `store/ingest.rs`), then made visible (its presence bit), in the share
 //!   of the principal that holds its shard (`policy::shares`), and as unread speculation
 //!   when no read asked for it (`policy::speculation`);
 //! - [`Admission::forget_chunk`]: a stored chunk that failed its check is made absent
 //!   and its file removed, so that a refetch can store it again;
 //! - [`Admission::remove`]: a shard version leaves the catalog, its files the disk, its
-//!   bytes the capacity (eviction, an `Evict` call, a version the hub replaced);
+//!   bytes the capacity (eviction, an `Evict` call, a version the hub replaced); files a
+//!   reader still held stay counted by claims until they are gone from the disk;
 //! - [`Admission::keep`]: a sample read by a job that follows samples, kept for a later
 //!   epoch when the plan reads it again (`policy::keep`): many to a pack, one file
 //!   (`kept.rs`, `store/packs.rs`); [`Admission::read_kept`], [`Admission::evict_pack`]
@@ -23,7 +26,11 @@
 //! removal whose files cannot be deleted keeps their bytes counted until a later try
 //! deletes them ([`Admission::retry_deletions`]).
 
-use std::sync::{Arc, Mutex, atomic::Ordering::Relaxed};
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex, atomic::Ordering::Relaxed},
+    time::Duration,
+};
 
 use shardcache_proto::checksum::Checked;
 
@@ -50,9 +57,19 @@ pub struct Admission {
     /// Removed shards whose pages could not be deleted: (store id, bytes), counted in
     /// `used` until deleted.
     undeleted: Mutex<Vec<(u64, u64)>>,
+    /// Removed shards' files still on the disk, and their bytes (`Capacity::lingering`).
+    lingering: Mutex<Vec<(Vec<PathBuf>, u64)>>,
     /// The samples kept for later epochs.
     kept: Kept,
 }
+
+/// How long a chunk waits for room on the disk (the evictor's work, files a reader
+/// held leaving) before it is served without being stored. Short: the fetch holds its
+/// share of the fetch memory meanwhile; the reader has its bytes already.
+pub const ROOM_PATIENCE: Duration = Duration::from_millis(500);
+/// How often a claim that waits looks whether lingering files left the disk (RocksDB
+/// says nothing when they do).
+const LINGER_POLL: Duration = Duration::from_millis(20);
 
 /// Bytes free on the filesystem holding `dir`, for an unprivileged writer.
 pub fn filesystem_available(dir: &std::path::Path) -> Option<u64> {
@@ -68,7 +85,16 @@ impl Admission {
         (capacity, speculation): (Arc<Capacity>, Arc<Speculation>),
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { store, catalog, capacity, metrics, speculation, undeleted: Mutex::default(), kept }
+        Self {
+            store,
+            catalog,
+            capacity,
+            metrics,
+            speculation,
+            undeleted: Mutex::default(),
+            lingering: Mutex::default(),
+            kept,
+        }
     }
 
     /// The samples kept for later epochs.
@@ -102,6 +128,60 @@ impl Admission {
                  served meanwhile; give the cache its own disk or a --capacity that fits)"
             );
         }
+    }
+
+    /// Claims `bytes` of the capacity for a chunk about to be written: at once where
+    /// they fit, else once the evictor (woken) or lingering files leaving the disk make
+    /// room, within [`ROOM_PATIENCE`]; whether they were claimed (and counted).
+    async fn room_for(&self, bytes: u64) -> bool {
+        let deadline = tokio::time::Instant::now() + ROOM_PATIENCE;
+        loop {
+            let freed = self.capacity.freed();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.capacity.claim(bytes) {
+                return true;
+            }
+            if self.release_lingering().await {
+                continue;
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline || bytes > self.capacity.room() {
+                return false;
+            }
+            let _ = tokio::time::timeout_at(deadline.min(now + LINGER_POLL), freed).await;
+        }
+    }
+
+    /// Looks whether removed shards' lingering files left the disk; their bytes stop
+    /// counting once all of a shard's have. Whether any did.
+    async fn release_lingering(&self) -> bool {
+        let pending = std::mem::take(&mut *self.lingering.lock().unwrap_or_else(|p| p.into_inner()));
+        if pending.is_empty() {
+            return false;
+        }
+        let store = self.store.clone();
+        let looked = blocking(move || {
+            Ok(pending
+                .into_iter()
+                .map(|(mut files, bytes)| {
+                    store.still_on_disk(&mut files);
+                    (files, bytes)
+                })
+                .collect::<Vec<_>>())
+        })
+        .await
+        .unwrap_or_default();
+        let mut released = false;
+        for (files, bytes) in looked {
+            if files.is_empty() {
+                self.capacity.gone(bytes);
+                released = true;
+            } else {
+                self.lingering.lock().unwrap_or_else(|p| p.into_inner()).push((files, bytes));
+            }
+        }
+        released
     }
 
     /// Tries again to delete the pages of removed shards whose deletion failed; the
@@ -138,7 +218,17 @@ impl Admission {
         }
         let (store, id) = (self.store.clone(), entry.id);
         let (offset, length) = entry.chunk_range(index);
+        if !self.room_for(length).await {
+            tracing::debug!(
+                dataset = %entry.dataset,
+                shard = %entry.shard,
+                index,
+                "no room within --capacity in time: the chunk was served, not stored"
+            );
+            return Ok(());
+        }
         if let Err(e) = blocking(move || store.admit_chunk(id, offset, &chunk)).await {
+            self.capacity.removed(length);
             self.storing_failed("a fetched chunk", &e);
             return Err(e);
         }
@@ -155,7 +245,6 @@ impl Admission {
         if let Err(e) = self.catalog.set_holder(entry, principal).await {
             self.storing_failed("a shard record", &e);
         }
-        self.capacity.added(length);
         // Checked here, not in the task: below the threshold (most caches) no task is
         // spawned, so none outlives the spoke holding its store open.
         if entry.chunk_count() > 1 && entry.is_complete() && self.store.wants_merge() {
@@ -262,11 +351,19 @@ impl Admission {
         let (store, id, dataset, shard) =
             (self.store.clone(), entry.id, entry.dataset.clone(), entry.shard.clone());
         let deleted = blocking(move || {
-            store.delete_shard(id, with_record.then_some((dataset.as_str(), shard.as_str())))
+            let mut files = store.shard_files(id)?;
+            store.delete_shard(id, with_record.then_some((dataset.as_str(), shard.as_str())))?;
+            store.still_on_disk(&mut files);
+            Ok(files)
         })
         .await;
         match deleted {
-            Ok(()) => {
+            Ok(files) => {
+                if !files.is_empty() {
+                    // A reader held them: they leave the disk when it lets go.
+                    self.capacity.linger(bytes);
+                    self.lingering.lock().unwrap_or_else(|p| p.into_inner()).push((files, bytes));
+                }
                 self.capacity.removed(bytes);
                 bytes
             }

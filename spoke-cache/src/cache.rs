@@ -172,12 +172,10 @@ fn stored(
     let (catalog, used) = Catalog::load(store.clone(), config.chunk_size, config.revalidate_after)?;
     let catalog = Arc::new(catalog);
     let (kept, kept_bytes) = Kept::load(store.load_packs()?);
-    let capacity = Arc::new(Capacity::new(
-        config.capacity,
-        config.high_watermark,
-        config.low_watermark,
-        used + kept_bytes,
-    ));
+    let capacity = Arc::new(
+        Capacity::new(config.capacity, config.high_watermark, config.low_watermark, used + kept_bytes)
+            .with_chunk_files(config.chunk_size),
+    );
     let speculation = Arc::new(Speculation::new(config.capacity));
     let admission = Arc::new(Admission::new(
         (store.clone(), kept),

@@ -1,6 +1,15 @@
 //! The bytes the cache holds against its capacity and watermarks: admissions add,
 //! removals subtract, and crossing the high watermark wakes the evictor (`evict.rs`).
 //!
+//! `--capacity` bounds the cache directory at every instant, not only between
+//! evictions: a chunk claims its bytes ([`Capacity::claim`]) before its file is written,
+//! and the bytes of a removed shard whose files a reader still held count until the
+//! files leave the disk ([`Capacity::linger`]). Claims stop short of the capacity by
+//! what the chunk files hold beside the data ([`Capacity::room`]): the bound holds for
+//! shards of at least a chunk; a shard smaller than a chunk is a file of its own, up to
+//! [`FILE_FRAMING`] beyond its data. RocksDB's log and MANIFEST are beside it (a few
+//! hundred KiB, `Status.store_own_bytes`).
+//!
 //! The capacity in effect is `--capacity` until the cache's filesystem proves smaller
 //! (another tenant of the disk, a wrong flag): when storing fails for lack of space, it
 //! is lowered to what the filesystem holds (`Capacity::limit_to`) and the watermarks
@@ -14,6 +23,12 @@ use tokio::sync::Notify;
 /// eviction pass (and one compaction) per ~10% of capacity written, not one per chunk.
 pub const HIGH_WATERMARK: f64 = 0.95;
 pub const LOW_WATERMARK: f64 = 0.85;
+/// What a chunk file holds beside its data: a CRC32C per 64 KiB page and keys, under
+/// 1/256 of the data...
+pub const FRAMING_SHARE: u64 = 256;
+/// ...and per file, its index, footer and the last filesystem block it fills in part:
+/// at most this (a 256 KiB chunk's file takes 260 KiB of blocks, a 4 MiB one's 4.01 MiB).
+pub const FILE_FRAMING: u64 = 8 << 10;
 
 /// The bytes the cache holds against its capacity and watermarks.
 #[derive(Debug)]
@@ -30,9 +45,18 @@ pub struct Capacity {
     /// Bytes being fetched to be stored (not yet in `used`): what has room is decided
     /// before the bytes arrive, so concurrent misses must see each other's.
     reserved: AtomicU64,
+    /// Bytes of removed shards whose files are still on the disk (a reader held them as
+    /// they were deleted): not in `used`, so the evictor does not evict more for them,
+    /// but claims count them.
+    lingering: AtomicU64,
+    /// Chunk size of the files claims are for ([`Capacity::room`]).
+    chunk_size: u64,
     /// Evictions running (the evictor's pass, an `Evict` call).
     evicting: AtomicU64,
     wakeup: Notify,
+    /// Woken whenever bytes leave (removed, or lingering files gone): claims waiting
+    /// for room look again.
+    freed: Notify,
 }
 
 impl Capacity {
@@ -46,9 +70,19 @@ impl Capacity {
             low_watermark,
             used: AtomicU64::new(used),
             reserved: AtomicU64::new(0),
+            lingering: AtomicU64::new(0),
+            chunk_size: u64::MAX,
             evicting: AtomicU64::new(0),
             wakeup: Notify::new(),
+            freed: Notify::new(),
         }
+    }
+
+    /// Claims are for chunk files of `chunk_size` bytes (each one's [`FILE_FRAMING`]
+    /// is left out of [`Capacity::room`]).
+    pub fn with_chunk_files(mut self, chunk_size: u64) -> Self {
+        self.chunk_size = chunk_size.max(1);
+        self
     }
 
     /// The capacity in effect.
@@ -132,6 +166,51 @@ impl Capacity {
     /// `bytes` left the cache.
     pub fn removed(&self, bytes: u64) {
         self.used.fetch_sub(bytes, Relaxed);
+        self.freed.notify_waiters();
+    }
+
+    /// The chunk data claims may hold: the capacity less what its files hold beside
+    /// the data (1/[`FRAMING_SHARE`] of it, and [`FILE_FRAMING`] per chunk-sized file),
+    /// so that the files fit in the capacity.
+    pub fn room(&self) -> u64 {
+        let capacity = self.capacity();
+        let files = capacity / self.chunk_size + 1;
+        capacity.saturating_sub(capacity / FRAMING_SHARE + files.saturating_mul(FILE_FRAMING))
+    }
+
+    /// Counts `bytes` (a chunk about to be written) if they fit in [`Capacity::room`]
+    /// beside what is held and what lingers, decided and counted at once; whether they
+    /// were. Wakes the evictor when over the high watermark, and when they did not fit.
+    pub fn claim(&self, bytes: u64) -> bool {
+        let room = self.room().saturating_sub(self.lingering());
+        if self.added_within(bytes, room) {
+            return true;
+        }
+        self.wakeup.notify_one();
+        false
+    }
+
+    /// Bytes of removed shards whose files are still on the disk.
+    pub fn lingering(&self) -> u64 {
+        self.lingering.load(Relaxed)
+    }
+
+    /// `bytes` removed from the cache are still on the disk: counted by claims until
+    /// [`Capacity::gone`]. Called before the [`Capacity::removed`] of the same bytes, so
+    /// that no claim sees them in neither.
+    pub fn linger(&self, bytes: u64) {
+        self.lingering.fetch_add(bytes, Relaxed);
+    }
+
+    /// Lingering `bytes` left the disk.
+    pub fn gone(&self, bytes: u64) {
+        self.lingering.fetch_sub(bytes, Relaxed);
+        self.freed.notify_waiters();
+    }
+
+    /// Resolves when bytes next leave (a claim that did not fit waits on it).
+    pub fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
     }
 
     /// Wakes the evictor when over the high watermark.
@@ -204,5 +283,22 @@ mod tests {
         });
         assert_eq!((added, capacity.used()), (100, limit));
         assert!(!capacity.added_within(1, limit), "full");
+    }
+
+    #[test]
+    fn claims_leave_room_for_the_files_framing_and_count_lingering_bytes_until_gone() {
+        const MIB: u64 = 1 << 20;
+        // 16 MiB of 256 KiB chunk files: 1/256 and 8 KiB for each of 65 files are left out.
+        let capacity = Capacity::new(16 * MIB, 0.95, 0.85, 0).with_chunk_files(256 << 10);
+        assert_eq!(capacity.room(), 16 * MIB - 64 * 1024 - 65 * 8192);
+        let claimed = std::iter::repeat_n(256 << 10, 100).take_while(|&chunk| capacity.claim(chunk)).count();
+        assert_eq!(claimed, 61, "61 chunks of 256 KiB fit in the room, the 62nd does not");
+        // Four chunks' files a reader still holds: out of `used`, still counted by claims.
+        capacity.linger(MIB);
+        capacity.removed(MIB);
+        assert!(!capacity.claim(256 << 10), "the lingering files still take their room");
+        capacity.gone(MIB);
+        assert!(capacity.claim(256 << 10), "their room is back once they are gone");
+        assert_eq!(capacity.used(), 58 * (256 << 10));
     }
 }

@@ -220,7 +220,7 @@ pub fn parts(chunk_size: u64, capacity: u64, bytes_in_flight: u64) -> Parts {
     let store = Arc::new(Store::open(dir.path(), &StoreOptions::default()).unwrap());
     let (catalog, used) = Catalog::load(store.clone(), chunk_size, Duration::from_secs(60)).unwrap();
     let catalog = Arc::new(catalog);
-    let capacity = Arc::new(Capacity::new(capacity, 0.95, 0.85, used));
+    let capacity = Arc::new(Capacity::new(capacity, 0.95, 0.85, used).with_chunk_files(chunk_size));
     let metrics = Arc::new(Metrics::default());
     let speculation = Arc::new(Speculation::new(capacity.capacity()));
     let (kept, _) = crate::kept::Kept::load(store.load_packs().unwrap());

@@ -431,6 +431,35 @@ impl Store {
         Ok(())
     }
 
+    /// The files that hold shard `id`'s pages and nothing else (chunk files, a merged
+    /// shard's file): what [`Store::delete_shard`] drops whole, to see them leave the
+    /// disk ([`Store::still_on_disk`]).
+    pub fn shard_files(&self, id: u64) -> Result<Vec<PathBuf>> {
+        let (start, end) = (page_key(id, 0), page_key(id, u64::MAX));
+        let within = |key: &Option<Vec<u8>>| key.as_deref().is_some_and(|k| k >= &start[..] && k <= &end[..]);
+        let files = self.db.live_files().map_err(db_error("listing the store's files"))?;
+        Ok(files
+            .into_iter()
+            .filter(|f| f.column_family_name == CF_PAGES && within(&f.start_key) && within(&f.end_key))
+            .map(|f| self.path.join(f.name.trim_start_matches('/')))
+            .collect())
+    }
+
+    /// Keeps those of `files` (dropped from the store) that are still on the disk.
+    /// RocksDB deletes a dropped file once no reader holds a version of the store that
+    /// has it, but only when it next looks for such files (a flush, a compaction): it
+    /// is asked to look now (`EnableFileDeletions` looks through the directory).
+    pub fn still_on_disk(&self, files: &mut Vec<PathBuf>) {
+        files.retain(|f| f.exists());
+        if files.is_empty() {
+            return;
+        }
+        if self.db.disable_file_deletions().is_ok() {
+            let _ = self.db.enable_file_deletions();
+        }
+        files.retain(|f| f.exists());
+    }
+
     /// Removes every page with a key in `[start, end]`: the files wholly inside go at
     /// once (their disk space with them). Anything left (a file RocksDB wrote itself, not
     /// one of ours) is deleted by key and compacted away, so it leaves the disk too.

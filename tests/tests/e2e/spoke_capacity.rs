@@ -1,11 +1,14 @@
-//! The spoke stays under its capacity on disk, evicts least recently used shards first,
+//! The spoke stays under its capacity on disk (at every instant, sampled every
+//! millisecond through reads that evict), evicts least recently used shards first,
 //! never evicts pinned ones, and keeps serving correct bytes throughout; a scan of four
 //! times its capacity costs no more over the link than reading it without a cache.
 
 #![allow(clippy::unwrap_used)]
 
+use shardcache_client::Range;
 use shardcache_tests::{
-    TestHub, TestSpoke, assert_dataset_reads_back, disk_usage, make_dataset, spoke_options,
+    TestHub, TestSpoke, assert_dataset_reads_back, disk::DiskPeak, disk_usage, make_dataset, next_random,
+    spoke_options,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,6 +60,77 @@ async fn a_dataset_four_times_the_capacity_read_twice_stays_under_capacity_on_di
     assert!(ds.upstream_bytes <= 2 << 30, "{status:?}");
     assert!(ds.hit_bytes >= status.used_bytes * 9 / 10, "the second pass read what was kept: {status:?}");
     eprintln!("peak du {} MiB for a 256 MiB cache", peak / MIB);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_directory_never_holds_more_than_the_capacity_while_reads_evict() {
+    const MIB: u64 = 1 << 20;
+    let (root, cache_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // 48 MiB of 4 MiB shards through 16 MiB (1 MiB chunks, the tests' hubs' --max-read).
+    let dir = make_dataset(root.path(), "ds", 12, 4 * MIB);
+    let hub = TestHub::start(root.path()).await;
+    let mut options = spoke_options(&hub.endpoint);
+    options.cache.capacity = 16 * MIB;
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let names: Vec<String> = (0..12).map(shardcache_cli::dataset_gen::shard_name).collect();
+    let peak = DiskPeak::start(cache_dir.path());
+    // Four at once, twice: warms of three shards at a time around the dataset (each
+    // evicts what the last stored), shards read in order and in reverse (whole-shard
+    // fetches, read-ahead), and 64 KiB ranges anywhere.
+    for _pass in 0..2 {
+        let warms = async {
+            let control = spoke.control().await;
+            for first in (0..12).step_by(3) {
+                let three = &names[first..first + 3];
+                control.prefetch("ds", three, 0).await.unwrap().finish().await.unwrap();
+            }
+        };
+        let whole = |order: Vec<String>| {
+            let (client, dir) = (spoke.client(), dir.clone());
+            async move {
+                let client = client.await;
+                for name in order {
+                    let mut stream = client.stream_shard("ds", &name, 0, None).await.unwrap();
+                    let mut got = Vec::new();
+                    while let Some(chunk) = stream.next_chunk().await.unwrap() {
+                        got.extend_from_slice(&chunk.data);
+                    }
+                    assert!(got == std::fs::read(dir.join(&name)).unwrap(), "{name}: its bytes");
+                }
+            }
+        };
+        let ranges = async {
+            let client = spoke.client().await;
+            let mut rng = 7;
+            for _ in 0..150 {
+                let name = &names[(next_random(&mut rng) % 12) as usize];
+                let offset = next_random(&mut rng) % (4 * MIB - 65_536);
+                let read = client.read_range(&Range::new("ds", name, offset, 65_536)).await.unwrap();
+                let file = std::fs::read(dir.join(name)).unwrap();
+                assert!(
+                    read.data[..] == file[offset as usize..offset as usize + 65_536],
+                    "{name} at {offset}"
+                );
+            }
+        };
+        let reversed = names.iter().rev().cloned().collect();
+        tokio::join!(warms, whole(names.clone()), whole(reversed), ranges);
+    }
+    spoke.settled().await;
+    let peak = peak.stop();
+    let status = spoke.control().await.status().await.unwrap();
+    assert!(status.evicted_shards > 0, "the run evicted: {status:?}");
+    assert!(peak.samples > 100, "the directory was sampled through the run: {peak:?}");
+    assert!(
+        peak.data <= 16 * MIB,
+        "chunk files peaked at {} bytes in a 16 MiB cache ({:.3}x)",
+        peak.data,
+        peak.data as f64 / (16 * MIB) as f64
+    );
+    // RocksDB's own files (log, MANIFEST, options) are beside it, and status says how much.
+    assert!(peak.own < MIB, "RocksDB's own files: {} bytes", peak.own);
+    assert!(status.store_own_bytes > 0 && status.store_own_bytes < MIB, "{}", status.store_own_bytes);
+    eprintln!("peak {} bytes of chunk files (+{} KiB RocksDB's own) in 16 MiB", peak.data, peak.own >> 10);
 }
 
 #[tokio::test]
