@@ -12,10 +12,12 @@
 //! - [`tls`] and [`auth`]: TLS on every listener and bearer tokens mapped to datasets,
 //!   both reloaded without a restart;
 //! - [`scrape`] and [`prom`]: the metrics listener (`GET /metrics`) and the Prometheus
-//!   text helpers (histograms, label escaping) both servers render with.
+//!   text helpers (histograms, label escaping) both servers render with;
+//! - [`allocator`]: glibc's allocator settings the spoke and the mount run again with.
 //!
 //! The wire contract itself (messages, names, ranges, checksums) is `shardcache-proto`.
 
+pub mod allocator;
 pub mod auth;
 pub mod flags;
 pub mod prom;

@@ -11,6 +11,7 @@ async fn main() -> std::process::ExitCode {
 async fn serve() -> anyhow::Result<()> {
     shardcache_serving::server::init_tracing();
     let args: SpokeArgs = shardcache_serving::flags::parse(ENV_PREFIX);
+    shardcache_serving::allocator::rerun_with_malloc_tunables("spoke-cache");
     let shutdown = shardcache_serving::server::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;
     let options = args.options()?;
     let cache = spoke_cache::open_cache(&args.cache_dir, &options)

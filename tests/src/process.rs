@@ -321,11 +321,27 @@ impl SpokeProcess {
     /// Starts listening on `listen` (a group's members must know each other's
     /// addresses before they start).
     pub fn start_at(hub: &str, cache_dir: &Path, listen: &str, extra_args: &[&str]) -> Self {
+        Self::spawn(Self::command(hub, cache_dir, listen, extra_args))
+    }
+
+    /// [`SpokeProcess::start`] with `key=value` in its environment.
+    pub fn start_with_env(hub: &str, cache_dir: &Path, (key, value): (&str, &str)) -> Self {
+        let mut command = Self::command(hub, cache_dir, "127.0.0.1:0", &[]);
+        command.env(key, value);
+        Self::spawn(command)
+    }
+
+    fn command(hub: &str, cache_dir: &Path, listen: &str, extra_args: &[&str]) -> Command {
         let mut command = Command::new(binary("spoke-cache"));
         command
             .args(["--hub", hub, "--cache-dir", cache_dir.to_str().unwrap()])
             .args(["--listen", listen, "--metrics-listen", "127.0.0.1:0"])
             .args(extra_args);
+        command
+    }
+
+    /// Runs `command` (a spoke) until it says where it listens.
+    fn spawn(command: Command) -> Self {
         let (child, rest) = spawn_and_wait_for(command, "spoke-cache listening on ");
         let (addr, metrics) = rest.split_once(" metrics on ").unwrap();
         Self {

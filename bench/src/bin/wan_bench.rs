@@ -7,7 +7,8 @@
 //! cargo build --release --workspace --bins && target/release/wan-bench
 //! ```
 //!
-//! `--cold-read-only` runs only the last table (a cold 16 MiB ReadRange in round trips).
+//! `--cold-read-only` runs only the last table (a cold 16 MiB ReadRange, and a cold
+//! `shardcache cat` of 16 MiB as a new process, in round trips).
 //! `--perf` also records a CPU profile (`perf record`) of the spoke, hub and proxy during
 //! the uncapped tuned fetch and prints where their time went, by category. Other
 //! arguments are passed to every spoke (e.g. `--shard-fetch-parallelism 16`), to try
@@ -147,9 +148,28 @@ async fn cold_read_round_trips(hub_addr: std::net::SocketAddr, extra: &[&str]) {
     let status = CacheClient::connect(&spoke.endpoint).await.unwrap().status().await.unwrap();
     let misses: u64 = status.datasets.iter().map(|d| d.miss_requests).sum();
     assert_eq!(misses, 1, "the read was cold (served by fetches from the hub)");
-    println!("\n| uncapped {RTT} RTT | cold 16 MiB ReadRange through the spoke | round trips |");
+    // As a user runs it: `shardcache cat` of 16 MiB of a shard the spoke has not seen
+    // (a new process: its connection to the spoke, the shard's stat at the hub, the
+    // stream), timed from its start to its exit.
+    let started = Instant::now();
+    let cat = std::process::Command::new(shardcache_tests::binary("shardcache"))
+        .args(["--endpoint", &spoke.endpoint, "cat", "c4", "shard-00010.bin", "--length", &READ.to_string()])
+        .output()
+        .unwrap();
+    let cat_ms = started.elapsed().as_secs_f64() * 1e3;
+    assert!(cat.status.success(), "{}", String::from_utf8_lossy(&cat.stderr));
+    assert_eq!(cat.stdout.len() as u64, READ);
+    let status = CacheClient::connect(&spoke.endpoint).await.unwrap().status().await.unwrap();
+    let (after, hits): (u64, u64) =
+        status.datasets.iter().fold((0, 0), |(m, h), d| (m + d.miss_requests, h + d.hit_requests));
+    assert!(after > misses && hits == 0, "the cat was cold too (its stream's parts all missed)");
+    println!("\n| uncapped {RTT} RTT | cold 16 MiB through the spoke | round trips |");
     println!("|---|---|---|");
-    println!("| connections open | {ms:.0} ms | {:.1} |", ms / rtt_ms);
+    println!("| ReadRange, connections open, shard stat'ed | {ms:.0} ms | {:.1} |", ms / rtt_ms);
+    println!(
+        "| `shardcache cat --length 16MiB`, a new process, shard never seen | {cat_ms:.0} ms | {:.1} |",
+        cat_ms / rtt_ms
+    );
 }
 
 /// CPU seconds spent by some processes since `start`.

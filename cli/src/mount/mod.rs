@@ -378,36 +378,6 @@ impl Filesystem for ShardFs {
     }
 }
 
-/// glibc's allocator settings the mount runs with: freed memory below 512 MiB stays in
-/// the process, and blocks up to 32 MiB come from its heap. With glibc's defaults each
-/// read's 1 MiB message buffer is handed back to the kernel when freed and the next one
-/// faults in fresh zeroed pages: a third of the mount's CPU on a sequential read
-/// (measured: 0.40-0.43 CPU-s per 512 MiB with these settings, 0.62-0.71 without).
-const MALLOC_TUNABLES: &str = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=536870912";
-
-/// Runs this process again with [`MALLOC_TUNABLES`] in `GLIBC_TUNABLES` (read by glibc
-/// at start only; `mallopt` would need unsafe code, which this workspace forbids).
-/// Returns without doing so where they are set already (the second run), where the
-/// binary is not glibc's, or where the exec fails (said in the log: the mount still
-/// works, at more CPU).
-pub fn rerun_with_malloc_tunables() {
-    use std::os::unix::process::CommandExt;
-    let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-    if !cfg!(target_env = "gnu") || current.contains("glibc.malloc.trim_threshold") {
-        return;
-    }
-    let tunables =
-        if current.is_empty() { MALLOC_TUNABLES.to_owned() } else { format!("{current}:{MALLOC_TUNABLES}") };
-    let error = match std::env::current_exe() {
-        Ok(exe) => std::process::Command::new(exe)
-            .args(std::env::args_os().skip(1))
-            .env("GLIBC_TUNABLES", tunables)
-            .exec(),
-        Err(e) => e,
-    };
-    tracing::warn!(error = %error, "mount: cannot run again with its allocator settings; reads cost more CPU");
-}
-
 /// Mounts `client`'s datasets read-only on `mountpoint` (an existing, empty directory)
 /// and serves until SIGTERM or SIGINT (then unmounts) or until unmounted from outside.
 /// `mounted` is called once the mount is in place.

@@ -200,3 +200,31 @@ async fn the_hub_serves_prometheus_metrics_of_what_it_served() {
         assert!(page.lines().any(|l| l == line), "no {line:?} in\n{page}");
     }
 }
+
+#[test]
+fn the_spoke_runs_with_its_allocator_settings_and_keeps_an_operators_own() {
+    // glibc's settings the spoke runs again with (`shardcache_serving::allocator`): the
+    // process that serves has them in its environment, by the same process id.
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "ds", 1, 1 << 20);
+    let hub = HubProcess::start(root.path(), &[]);
+    let environment = |pid: u32| std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let has = |env: &[u8], what: &str| env.windows(what.len()).any(|w| w == what.as_bytes());
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = shardcache_tests::SpokeProcess::start(&hub.endpoint, cache.path(), &[]);
+    let env = environment(spoke.child.id());
+    assert!(
+        has(&env, "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432"),
+        "the spoke runs with its settings"
+    );
+    drop(spoke);
+    // An operator's own trim threshold is theirs: not run again, not overridden.
+    let spoke = shardcache_tests::SpokeProcess::start_with_env(
+        &hub.endpoint,
+        cache.path(),
+        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576"),
+    );
+    let env = environment(spoke.child.id());
+    assert!(has(&env, "GLIBC_TUNABLES=glibc.malloc.trim_threshold=1048576"), "the operator's setting stays");
+    assert!(!has(&env, "mmap_threshold"), "nothing added to it");
+}

@@ -552,7 +552,7 @@ pub async fn mount(
     options: shardcache_cli::mount::MountOptions,
 ) -> anyhow::Result<()> {
     shardcache_serving::server::init_tracing();
-    shardcache_cli::mount::rerun_with_malloc_tunables();
+    shardcache_serving::allocator::rerun_with_malloc_tunables("mount");
     let client = server.client().await?;
     shardcache_cli::mount::serve(client, mountpoint, options, || {
         println!("shardcache mounted {} on {}", server.endpoint, mountpoint.display());
