@@ -161,6 +161,7 @@ impl Admission {
             return false;
         }
         let store = self.store.clone();
+        let total: u64 = pending.iter().map(|(_, bytes)| bytes).sum();
         let looked = blocking(move || {
             Ok(pending
                 .into_iter()
@@ -170,8 +171,13 @@ impl Admission {
                 })
                 .collect::<Vec<_>>())
         })
-        .await
-        .unwrap_or_default();
+        .await;
+        let Ok(looked) = looked else {
+            // The look itself failed (its task did not finish): the list is gone with it,
+            // so their bytes stop counting rather than hold their room for good.
+            self.capacity.gone(total);
+            return true;
+        };
         let mut released = false;
         for (files, bytes) in looked {
             if files.is_empty() {

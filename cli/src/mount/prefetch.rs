@@ -83,7 +83,7 @@ impl ReadAhead {
         self.streak = if continues { self.streak.saturating_add(1) } else { 0 };
         self.next = end;
         // Drop what lies before the read; a read outside what is ahead starts over.
-        while self.ahead.front().is_some_and(|&(at, len, _)| at + len < offset) {
+        while self.ahead.front().is_some_and(|&(at, len, _)| at + len <= offset) {
             self.ahead.pop_front();
         }
         if self.ahead.front().is_some_and(|&(at, ..)| at > offset) {
