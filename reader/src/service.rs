@@ -347,8 +347,14 @@ impl<S: Source> ShardReader for ReadService<S> {
         let context = ReadContext::of(&request)?;
         let req = request.into_inner();
         grant.check(&req.dataset)?;
+        // A stream of a known length names its head, up to what one unary read may ask
+        // (`--max-read`): a spoke that has never seen the shard reads it alongside the
+        // shard's stat, as for a `ReadRange`, so a cold stream costs one round trip to
+        // the hub before its bytes, not two (wan-bench's cold `shardcache cat` row).
+        let head: Vec<(u64, u64)> =
+            req.length.map(|length| (req.offset, length.min(self.limits.max_read))).into_iter().collect();
         let handle = self
-            .open(&req.dataset, &req.shard, &req.expected_version, &[], &context)
+            .open(&req.dataset, &req.shard, &req.expected_version, &head, &context)
             .await
             .map_err(Into::into)?;
         let size = handle.meta().size;

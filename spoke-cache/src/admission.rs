@@ -234,10 +234,11 @@ impl Admission {
             return Ok(());
         }
         if let Err(e) = blocking(move || store.admit_chunk(id, offset, &chunk)).await {
-            self.capacity.removed(length);
+            self.capacity.unclaim(length);
             self.storing_failed("a fetched chunk", &e);
             return Err(e);
         }
+        self.capacity.written(length);
         {
             let mut state = entry.state();
             state.record.set_chunk(index, true);

@@ -297,8 +297,9 @@ impl Cache {
         &self.capacity
     }
 
+    /// Bytes stored (chunks being written are not yet: `Capacity::stored`).
     pub fn used_bytes(&self) -> u64 {
-        self.capacity.used()
+        self.capacity.stored()
     }
 
     /// Bytes of RocksDB's own files: the margin beside `--capacity` (`Store::own_bytes`),

@@ -45,6 +45,8 @@ pub struct Capacity {
     /// Bytes being fetched to be stored (not yet in `used`): what has room is decided
     /// before the bytes arrive, so concurrent misses must see each other's.
     reserved: AtomicU64,
+    /// Bytes claimed by chunks being written (in `used`, not yet stored).
+    writing: AtomicU64,
     /// Bytes of removed shards whose files are still on the disk (a reader held them as
     /// they were deleted): not in `used`, so the evictor does not evict more for them,
     /// but claims count them.
@@ -70,6 +72,7 @@ impl Capacity {
             low_watermark,
             used: AtomicU64::new(used),
             reserved: AtomicU64::new(0),
+            writing: AtomicU64::new(0),
             lingering: AtomicU64::new(0),
             chunk_size: u64::MAX,
             evicting: AtomicU64::new(0),
@@ -181,13 +184,32 @@ impl Capacity {
     /// Counts `bytes` (a chunk about to be written) if they fit in [`Capacity::room`]
     /// beside what is held and what lingers, decided and counted at once; whether they
     /// were. Wakes the evictor when over the high watermark, and when they did not fit.
+    /// Counted as being written until [`Capacity::written`] (or [`Capacity::unclaim`]).
     pub fn claim(&self, bytes: u64) -> bool {
         let room = self.room().saturating_sub(self.lingering());
         if self.added_within(bytes, room) {
+            self.writing.fetch_add(bytes, Relaxed);
             return true;
         }
         self.wakeup.notify_one();
         false
+    }
+
+    /// A claimed chunk's file is stored: its bytes are held, no longer being written.
+    pub fn written(&self, bytes: u64) {
+        self.writing.fetch_sub(bytes, Relaxed);
+    }
+
+    /// A claimed chunk was not stored (its write failed): its bytes leave.
+    pub fn unclaim(&self, bytes: u64) {
+        self.writing.fetch_sub(bytes, Relaxed);
+        self.removed(bytes);
+    }
+
+    /// Bytes held and stored: `used` less the claims being written (what `Status` and
+    /// the metrics report, and what a restart finds).
+    pub fn stored(&self) -> u64 {
+        self.used().saturating_sub(self.writing.load(Relaxed))
     }
 
     /// Bytes of removed shards whose files are still on the disk.
@@ -293,6 +315,9 @@ mod tests {
         assert_eq!(capacity.room(), 16 * MIB - 64 * 1024 - 65 * 8192);
         let claimed = std::iter::repeat_n(256 << 10, 100).take_while(|&chunk| capacity.claim(chunk)).count();
         assert_eq!(claimed, 61, "61 chunks of 256 KiB fit in the room, the 62nd does not");
+        assert_eq!(capacity.stored(), 0, "claimed, not yet stored");
+        capacity.written(61 * (256 << 10));
+        assert_eq!(capacity.stored(), capacity.used());
         // Four chunks' files a reader still holds: out of `used`, still counted by claims.
         capacity.linger(MIB);
         capacity.removed(MIB);

@@ -1,5 +1,6 @@
 //! A cold read costs one round trip to the hub: when the spoke has never seen a shard,
-//! the chunks a read covers cross the link alongside the shard's StatShard, and are kept
+//! the chunks a read (or a stream's head) covers cross the link alongside the shard's
+//! StatShard, and are kept
 //! only when the hub read them at the version the stat returned.
 //!
 //! The hub here is the real read service over a real directory, wrapped: its StatShard
@@ -153,6 +154,23 @@ async fn a_cold_read_asks_for_its_chunks_alongside_the_stat_and_keeps_them() {
     }
     let entry = spoke.cache.cached_entry("ds", "s.bin").unwrap();
     assert!((2..=5).all(|i| entry.has_chunk(i)) && !entry.has_chunk(1) && !entry.has_chunk(6));
+}
+
+#[tokio::test]
+async fn a_cold_stream_of_a_known_length_asks_for_its_head_alongside_the_stat() {
+    // As `shardcache cat --length` streams: the spoke reads the stream's head (up to its
+    // --max-read, 1 MiB here) alongside the stat, one round trip to the hub, not two.
+    let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = write_pattern(&root.path().join("ds/s.bin"), 3 << 20, 9);
+    let (hub, endpoint) = start_hub(root.path(), false).await;
+    let (_spoke, client) = start_spoke(&endpoint, cache.path()).await;
+
+    let stream = client.stream_range(&Range::new("ds", "s.bin", 512 << 10, 1 << 20)).await.unwrap();
+    let got = stream.read_to_end().await.unwrap();
+    assert!(got == data[512 << 10..(512 << 10) + (1 << 20)], "the bytes of the file");
+    assert_eq!(hub.stats_before_reads.load(SeqCst), 0, "the stat was answered before any read had arrived");
+    assert_eq!(hub.unpinned_reads.load(SeqCst), 4, "the four chunks were read alongside the stat");
+    assert_eq!(hub.reads_seen.load(SeqCst), 4, "and nothing was fetched again after it");
 }
 
 #[tokio::test]
