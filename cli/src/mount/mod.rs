@@ -18,14 +18,15 @@
 //!   through the cache, and sequential readers get the mount's own read-ahead
 //!   (`prefetch.rs`, the same for every user: the kernel's needs root to be raised). The
 //!   spoke is the cache; a warm read is a local round trip. Where the kernel cannot map
-//!   such files the kernel caches instead: pages stay cached across opens
-//!   (`FOPEN_KEEP_CACHE`: an inode's pages are of its one version), with
+//!   such files, or with `--kernel-cache`, the kernel caches instead: pages stay cached
+//!   across opens (`FOPEN_KEEP_CACHE`: an inode's pages are of its one version), with
 //!   [`READ_AHEAD_KB`] of the kernel's read-ahead where root can raise it. Attributes
 //!   are cached for [`ATTR_TTL`], listings for [`tree::LISTING_TTL`].
 //! - Reads run on the tokio runtime and answer the kernel when done, so the kernel's
-//!   concurrent requests (read-ahead, several readers) are served concurrently; every
-//!   call has a deadline ([`MountOptions::deadline`]): an unreachable server is EIO, never
-//!   a hung reader.
+//!   concurrent requests (read-ahead, several readers) are served concurrently (a read
+//!   whose bytes the read-ahead holds already is answered at once); every call has a
+//!   deadline ([`MountOptions::deadline`]): an unreachable server is EIO, never a hung
+//!   reader.
 //! - Read-only: the kernel answers writes, creates and renames with EROFS. SIGTERM or
 //!   SIGINT unmounts; an unmount from outside (`fusermount -u`) ends the process.
 
