@@ -3,7 +3,7 @@
 //! glibc's defaults, each message buffer of a MiB or more (a chunk fetched, a read
 //! answered) is handed back to the kernel when freed and the next one faults in fresh
 //! zeroed pages, which measured as a fifth to a third of a process's CPU on the data
-//! path: the mount's sequential reads 0.40-0.43 CPU-s per 512 MiB with these settings
+//! path: the mount's sequential reads 0.38-0.50 CPU-s per 512 MiB with these settings
 //! against 0.62-0.71 without, the spoke's cold fill over the 60 ms emulator 1.9-2.6
 //! CPU-s per GiB against 3.0-3.2 (`mount-bench`, `wan-bench`, BENCHMARKS.md), at some
 //! 35 MiB more resident memory for the spoke.

@@ -365,13 +365,14 @@ impl Admission {
         })
         .await;
         match deleted {
-            Ok(files) => {
-                if !files.is_empty() {
-                    // A reader held them: they leave the disk when it lets go.
-                    self.capacity.linger(bytes);
-                    self.lingering.lock().unwrap_or_else(|p| p.into_inner()).push((files, bytes));
-                }
+            Ok(files) if files.is_empty() => {
                 self.capacity.removed(bytes);
+                bytes
+            }
+            Ok(files) => {
+                // A reader held them: they leave the disk when it lets go.
+                self.capacity.removed_lingering(bytes);
+                self.lingering.lock().unwrap_or_else(|p| p.into_inner()).push((files, bytes));
                 bytes
             }
             Err(e) => {

@@ -4,7 +4,7 @@
 //! `--capacity` bounds the cache directory at every instant, not only between
 //! evictions: a chunk claims its bytes ([`Capacity::claim`]) before its file is written,
 //! and the bytes of a removed shard whose files a reader still held count until the
-//! files leave the disk ([`Capacity::linger`]). Claims stop short of the capacity by
+//! files leave the disk ([`Capacity::removed_lingering`]). Claims stop short of the capacity by
 //! what the chunk files hold beside the data ([`Capacity::room`]): the bound holds for
 //! shards of at least a chunk; a shard smaller than a chunk is a file of its own, up to
 //! [`FILE_FRAMING`] beyond its data. RocksDB's log and MANIFEST are beside it (a few
@@ -148,12 +148,6 @@ impl Capacity {
         self.used() > self.low_watermark()
     }
 
-    /// `bytes` were admitted.
-    pub fn added(&self, bytes: u64) {
-        self.used.fetch_add(bytes, Relaxed);
-        self.wake_if_over();
-    }
-
     /// `bytes` added only if the cache then holds at most `limit`, decided and counted at
     /// once (two callers cannot both pass a check that only one of them fits): whether
     /// they were.
@@ -217,11 +211,12 @@ impl Capacity {
         self.lingering.load(Relaxed)
     }
 
-    /// `bytes` removed from the cache are still on the disk: counted by claims until
-    /// [`Capacity::gone`]. Called before the [`Capacity::removed`] of the same bytes, so
-    /// that no claim sees them in neither.
-    pub fn linger(&self, bytes: u64) {
+    /// `bytes` left the cache but their files are still on the disk: out of `used`,
+    /// counted by claims until [`Capacity::gone`] (lingering first, so that no claim
+    /// sees them in neither).
+    pub fn removed_lingering(&self, bytes: u64) {
         self.lingering.fetch_add(bytes, Relaxed);
+        self.used.fetch_sub(bytes, Relaxed);
     }
 
     /// Lingering `bytes` left the disk.
@@ -319,8 +314,7 @@ mod tests {
         capacity.written(61 * (256 << 10));
         assert_eq!(capacity.stored(), capacity.used());
         // Four chunks' files a reader still holds: out of `used`, still counted by claims.
-        capacity.linger(MIB);
-        capacity.removed(MIB);
+        capacity.removed_lingering(MIB);
         assert!(!capacity.claim(256 << 10), "the lingering files still take their room");
         capacity.gone(MIB);
         assert!(capacity.claim(256 << 10), "their room is back once they are gone");

@@ -80,16 +80,14 @@ impl Default for MountOptions {
     }
 }
 
-/// One open file (the shard at the version it was opened at): its read-ahead.
-type Handle = std::sync::Arc<std::sync::Mutex<ReadAhead>>;
-
 /// The filesystem.
 struct ShardFs {
     client: Client,
     runtime: tokio::runtime::Handle,
     options: MountOptions,
     tree: Tree,
-    handles: HashMap<u64, Handle>,
+    /// Open files (each the shard at the version it was opened at): their read-ahead.
+    handles: HashMap<u64, ReadAhead>,
     next_handle: u64,
     /// Whether files are opened past the page cache (`FOPEN_DIRECT_IO`): the kernel
     /// said it can map them (`init`).
@@ -303,8 +301,7 @@ impl Filesystem for ShardFs {
             deadline: self.options.deadline,
             runtime: self.runtime.clone(),
         };
-        self.handles
-            .insert(handle, std::sync::Arc::new(std::sync::Mutex::new(ReadAhead::new(source, self.direct))));
+        self.handles.insert(handle, ReadAhead::new(source, self.direct));
         // KEEP_CACHE still matters past the page cache: a mapped file's pages are cached.
         reply.opened(handle, if self.direct { FOPEN_DIRECT_IO | FOPEN_KEEP_CACHE } else { FOPEN_KEEP_CACHE });
     }
@@ -320,16 +317,14 @@ impl Filesystem for ShardFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        let Some(handle) = self.handles.get(&fh).cloned() else { return reply.error(libc::EBADF) };
+        let Some(read_ahead) = self.handles.get_mut(&fh) else { return reply.error(libc::EBADF) };
         tracing::debug!(offset, size, "mount: read");
         let offset = offset.max(0) as u64;
-        let mut read_ahead = handle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let end = (offset + u64::from(size)).min(read_ahead.size());
         if offset >= end {
             return reply.data(&[]);
         }
         let pieces = read_ahead.plan(offset, end);
-        drop(read_ahead);
         match prefetch::answer_now(&pieces, offset, end) {
             Some(Ok(data)) => return reply.data(&data),
             Some(Err(e)) => return reply.error(e),

@@ -226,17 +226,12 @@ fn failed(source: &Source, e: &Error) -> i32 {
 
 /// The bytes of `[offset, end)` from `pieces` (what [`ReadAhead::plan`] gave): a slice
 /// of one piece where the read lies in one, else the pieces' bytes joined.
-pub async fn answer(pieces: Pieces, offset: u64, end: u64) -> Result<Bytes, i32> {
-    let mut fetched = Vec::with_capacity(pieces.len());
-    for (at, _, mut fetch) in pieces {
+pub async fn answer(mut pieces: Pieces, offset: u64, end: u64) -> Result<Bytes, i32> {
+    for (_, _, fetch) in &mut pieces {
         // A fetcher that ended without a word (a panic) left its part empty: EIO.
-        let data = match fetch.wait_for(Option::is_some).await {
-            Ok(done) => done.clone().unwrap_or(Err(libc::EIO)),
-            Err(_) => Err(libc::EIO),
-        };
-        fetched.push((at, data?));
+        fetch.wait_for(Option::is_some).await.map_err(|_| libc::EIO)?;
     }
-    cut(&fetched, offset, end)
+    answer_now(&pieces, offset, end).unwrap_or(Err(libc::EIO))
 }
 
 /// [`answer`] without waiting, where every piece is fetched already (a sequential

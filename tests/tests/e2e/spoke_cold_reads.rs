@@ -127,6 +127,14 @@ async fn start_spoke(hub: &str, cache: &std::path::Path) -> (TestSpoke, Client) 
     (spoke, client)
 }
 
+/// The hub answered the stat before any read had arrived, saw `chunks` reads alongside
+/// it, and nothing fetched again after it: a cold read cost one round trip.
+fn assert_one_round_trip(hub: &Hub, chunks: u64) {
+    assert_eq!(hub.stats_before_reads.load(SeqCst), 0, "the stat was answered before any read had arrived");
+    assert_eq!(hub.unpinned_reads.load(SeqCst), chunks, "the chunks were read alongside the stat");
+    assert_eq!(hub.reads_seen.load(SeqCst), chunks, "and nothing was fetched again after it");
+}
+
 #[tokio::test]
 async fn a_cold_read_asks_for_its_chunks_alongside_the_stat_and_keeps_them() {
     let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -137,9 +145,7 @@ async fn a_cold_read_asks_for_its_chunks_alongside_the_stat_and_keeps_them() {
     // 1 MiB from 512 KiB: chunks 2..=5 of 256 KiB, all whole inside the read.
     let read = client.read_range(&Range::new("ds", "s.bin", 512 << 10, 1 << 20)).await.unwrap();
     assert!(read.data == data[512 << 10..(512 << 10) + (1 << 20)], "the bytes of the file");
-    assert_eq!(hub.stats_before_reads.load(SeqCst), 0, "the stat was answered before any read had arrived");
-    assert_eq!(hub.unpinned_reads.load(SeqCst), 4, "the four chunks were read alongside the stat");
-    assert_eq!(hub.reads_seen.load(SeqCst), 4, "and nothing was fetched again after it");
+    assert_one_round_trip(&hub, 4);
 
     // Kept: the same range again is a hit, and nothing more crosses the link.
     let again = client.read_range(&Range::new("ds", "s.bin", 512 << 10, 1 << 20)).await.unwrap();
@@ -168,9 +174,7 @@ async fn a_cold_stream_of_a_known_length_asks_for_its_head_alongside_the_stat() 
     let stream = client.stream_range(&Range::new("ds", "s.bin", 512 << 10, 1 << 20)).await.unwrap();
     let got = stream.read_to_end().await.unwrap();
     assert!(got == data[512 << 10..(512 << 10) + (1 << 20)], "the bytes of the file");
-    assert_eq!(hub.stats_before_reads.load(SeqCst), 0, "the stat was answered before any read had arrived");
-    assert_eq!(hub.unpinned_reads.load(SeqCst), 4, "the four chunks were read alongside the stat");
-    assert_eq!(hub.reads_seen.load(SeqCst), 4, "and nothing was fetched again after it");
+    assert_one_round_trip(&hub, 4);
 }
 
 #[tokio::test]
