@@ -7,13 +7,22 @@
 //! resident memory (`VmRSS`) is read before and after; the growth per position is the
 //! row. A 17th plan is refused by the quota, as it says.
 //!
+//! Then plans followed sample by sample (issue 47): 16 jobs of one principal each send
+//! the window of an epoch of 10^8 samples (a uniform shuffle, `order::Permutation`, each
+//! read with its next epoch's position) as the SDK sends it, 16k reads a request, to
+//! the spoke's bound of 2^17 planned reads a job (`samples::MAX_PLANNED_PER_JOB`), then a
+//! second window past it to every job (trimmed: the nearest stay). The dataset is 4096
+//! sparse shards of 64 MiB (the samples 4 KiB apart, every read a different range; no
+//! disk used), so the follower fetches the window's first bytes as it would (those held
+//! are the `staged` column, taken out of the growth) and no more.
+//!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/plan-memory-bench
 //! ```
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
 
-use shardcache_client::{CacheClient, PlannedEpoch};
+use shardcache_client::{CacheClient, PlannedEpoch, PlannedSample, order::Permutation};
 use shardcache_tests::{HubProcess, SpokeProcess, make_dataset, next_random};
 
 const SHARDS: u32 = 4096;
@@ -90,5 +99,92 @@ async fn main() {
             growth as f64 / (1 << 20) as f64,
             growth as f64 / (PLANS * POSITIONS) as f64
         );
+    }
+    sample_windows().await;
+}
+
+const EPOCH_SAMPLES: u64 = 100_000_000;
+const SAMPLE_JOBS: usize = 16;
+const WINDOW: u64 = 1 << 17;
+const SPARSE_SHARD: u64 = 64 << 20;
+const SAMPLE_BYTES: u64 = 4096;
+
+/// Sample `s` of the sparse dataset: shard `s % 4096`, 4 KiB at a place of its own.
+fn sample_read(sample: u64, position: u64, next_use: u64) -> PlannedSample {
+    let shard = sample % u64::from(SHARDS);
+    let slot = (sample / u64::from(SHARDS)) % (SPARSE_SHARD / SAMPLE_BYTES);
+    PlannedSample {
+        position,
+        shard: shardcache_cli::dataset_gen::shard_name(shard as u32),
+        offset: slot * SAMPLE_BYTES,
+        length: SAMPLE_BYTES,
+        next_use: Some(next_use),
+    }
+}
+
+/// Sends `job`'s planned reads at epoch places `from..from + WINDOW` of a uniform
+/// shuffle of `EPOCH_SAMPLES`, 16k reads a request.
+async fn send_window(control: &CacheClient, job: &str, from: u64) {
+    let this = Permutation::new(EPOCH_SAMPLES, &format!("{job}:0"));
+    let next = Permutation::new(EPOCH_SAMPLES, &format!("{job}:1"));
+    let places: Vec<u64> = (from..from + WINDOW).collect();
+    for batch in places.chunks(16 << 10) {
+        let reads: Vec<PlannedSample> = batch
+            .iter()
+            .map(|&place| {
+                let sample = this.at(place);
+                sample_read(sample, place, EPOCH_SAMPLES + next.position_of(sample))
+            })
+            .collect();
+        control.plan_samples(job, "sparse", EPOCH_SAMPLES, &reads).await.unwrap();
+    }
+}
+
+/// The sample windows' rows: RSS before, after every job's window, after a second window
+/// to every job.
+async fn sample_windows() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("sparse");
+    std::fs::create_dir(&dir).unwrap();
+    for shard in 0..SHARDS {
+        let file = std::fs::File::create(dir.join(shardcache_cli::dataset_gen::shard_name(shard))).unwrap();
+        file.set_len(SPARSE_SHARD).unwrap();
+    }
+    let hub = HubProcess::start(root.path(), &[]);
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = SpokeProcess::start(&hub.endpoint, cache.path(), &["--capacity", "64MiB"]);
+    let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
+    // The code paths warm, and the follower's lookups of every shard done.
+    send_window(&control, "warm-up", 0).await;
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let pid = spoke.child.id();
+    println!();
+    println!(
+        "{SAMPLE_JOBS} jobs following samples, each an epoch of {EPOCH_SAMPLES} samples, \
+         a window of {WINDOW} planned reads a job"
+    );
+    println!("| step | planned reads | RSS | staged | growth less staged | bytes per planned read |");
+    println!("|---|---|---|---|---|---|");
+    let before = rss(pid);
+    let staged_before = control.status().await.unwrap().staged_sample_bytes;
+    let row = |step: &str, planned: u64, now: u64, staged: u64| {
+        let growth = (now.saturating_sub(before) as f64) - (staged as f64 - staged_before as f64);
+        println!(
+            "| {step} | {planned} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} |",
+            now as f64 / (1 << 20) as f64,
+            staged as f64 / (1 << 20) as f64,
+            growth / (1 << 20) as f64,
+            if planned == 0 { 0.0 } else { growth / planned as f64 }
+        );
+    };
+    row("before (a warm-up job's window planned)", 0, before, staged_before);
+    for (step, from) in [("every job's first window", 0), ("a second window past it to every job", WINDOW)] {
+        for job in 0..SAMPLE_JOBS {
+            send_window(&control, &format!("job-{job}"), from).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        let status = control.status().await.unwrap();
+        let planned = SAMPLE_JOBS as u64 * WINDOW;
+        row(step, planned, rss(pid), status.staged_sample_bytes);
     }
 }
