@@ -4,9 +4,10 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use futures::{StreamExt, stream::BoxStream};
 use shardcache_proto::v1::{
-    DatasetStatus, EpochPlan, EvictRequest, EvictResponse, JobStatus, MemberStatus, PinRequest, PlanRequest,
-    PlanResponse, PrefetchProgress, PrefetchRequest, PrincipalStatus, SamplePlanRequest, SamplePlanResponse,
-    ShardRef, StatusRequest, StatusResponse, cache_control_client::CacheControlClient,
+    DatasetStatus, EpochPlan, EvictRequest, EvictResponse, JobReport, JobReportRequest, JobStatus,
+    MemberStatus, PinRequest, PlanRequest, PlanResponse, PrefetchProgress, PrefetchRequest, PrincipalStatus,
+    SamplePlanRequest, SamplePlanResponse, ShardRef, StatusRequest, StatusResponse, StepReport,
+    cache_control_client::CacheControlClient,
 };
 
 use shardcache_routing::members::{List, Members};
@@ -256,6 +257,35 @@ impl CacheClient {
             planned: answers.iter().map(|a| a.planned).max().unwrap_or(0),
             window_bytes: answers.iter().map(|a| a.window_bytes).max().unwrap_or(0),
         })
+    }
+}
+
+impl CacheClient {
+    /// Sends one rank's step timings (`crate::steps::StepTimer` does, a second's worth at
+    /// a time) to every member: each keeps the job's phases, beside the reads it answered.
+    /// An error only when no member took it.
+    pub async fn report_steps(&self, report: StepReport) -> Result<()> {
+        let list = self.members.current();
+        let each = Self::on_each(&list, |mut control| {
+            let report = report.clone();
+            async move { control.report_steps(report).await }
+        })
+        .await;
+        answered(each).map(|_| ())
+    }
+
+    /// Job `job`'s own table (`principal`'s, for an operator; empty: the caller's own),
+    /// a group's members' tables merged (`crate::report::merge`).
+    pub async fn job_report(&self, job: &str, principal: &str) -> Result<JobReport> {
+        let list = self.members.current();
+        let request = JobReportRequest { job: job.to_owned(), principal: principal.to_owned() };
+        let each = Self::on_each(&list, |mut control| {
+            let request = request.clone();
+            async move { control.job_report(request).await }
+        })
+        .await;
+        let (answers, _) = answered(each)?;
+        Ok(crate::report::merge(answers).unwrap_or_default())
     }
 }
 

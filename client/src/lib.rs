@@ -34,6 +34,8 @@ pub mod discovery;
 pub mod error;
 pub mod order;
 pub mod range;
+pub mod report;
+pub mod steps;
 pub mod stream;
 pub mod verify;
 
@@ -42,5 +44,6 @@ pub use connect::{ConnectOptions, Credentials};
 pub use control::{CacheClient, PlannedEpoch, PlannedSample, PrefetchStream};
 pub use error::{Error, Result};
 pub use range::Range;
+pub use steps::StepTimer;
 pub use stream::ShardStream;
 pub use verify::Verified;

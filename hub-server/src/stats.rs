@@ -54,7 +54,7 @@ impl Observer for HubStats {
         self.bytes_sent.fetch_add(bytes as u64, Relaxed);
     }
 
-    fn read_latency(&self, elapsed: Duration) {
+    fn read_latency(&self, elapsed: Duration, _context: &shardcache_reader::ReadContext) {
         self.read_latency.observe(elapsed);
     }
 }

@@ -67,7 +67,7 @@ pub trait Observer: Send + Sync + std::fmt::Debug + 'static {
     /// Bytes of data messages as sent: `served`'s, less what compression saved.
     fn sent(&self, _bytes: usize) {}
     /// A read finished: a `ReadRange` or `ReadRanges` call, or one message of a stream.
-    fn read_latency(&self, _elapsed: Duration) {}
+    fn read_latency(&self, _elapsed: Duration, _context: &ReadContext) {}
 }
 
 /// Counts nothing.
@@ -274,7 +274,7 @@ impl<S: Source> ShardReader for ReadService<S> {
         let data = handle.read_at(req.offset, req.length as usize).await.map_err(Into::into)?;
         self.observer.served(data.data.len());
         let mut sent = self.encoded(vec![chunk(req.offset, data, &meta.version)], &context).await;
-        self.observer.read_latency(started.elapsed());
+        self.observer.read_latency(started.elapsed(), &context);
         Ok(context.relayed.mark(Response::new(sent.pop().unwrap_or_default())))
     }
 
@@ -332,7 +332,7 @@ impl<S: Source> ShardReader for ReadService<S> {
             .map(|(&(handle, offset, _), data)| chunk(offset, data, &handle.meta().version))
             .collect();
         let chunks = self.encoded(chunks, context).await;
-        self.observer.read_latency(started.elapsed());
+        self.observer.read_latency(started.elapsed(), context);
         Ok(context.relayed.mark(Response::new(ReadRangesResponse { chunks })))
     }
 
@@ -364,19 +364,20 @@ impl<S: Source> ShardReader for ReadService<S> {
         let (tx, rx) = mpsc::channel(STREAM_READ_AHEAD);
         let observer = self.observer.clone();
         let level = self.level(&context);
+        let context = Arc::new(context);
         tokio::spawn(async move {
             // In order, with the source's number of reads in flight; memory per stream is
             // (READ_PARALLELISM + STREAM_READ_AHEAD) messages.
             let mut reads = futures::stream::iter(spans)
                 .map(|(pos, len)| {
-                    let (handle, observer) = (handle.clone(), observer.clone());
+                    let (handle, observer, context) = (handle.clone(), observer.clone(), context.clone());
                     async move {
                         let started = Instant::now();
                         let data = handle.read_at(pos, len as usize).await?;
                         observer.served(data.data.len());
                         let sent = encode_all(vec![chunk(pos, data, &handle.meta().version)], level).await;
                         observer.sent(sent.iter().map(|c| c.data.len()).sum());
-                        observer.read_latency(started.elapsed());
+                        observer.read_latency(started.elapsed(), &context);
                         Ok(sent.into_iter().next().unwrap_or_default())
                     }
                 })

@@ -10,10 +10,10 @@ use futures::stream::{self, StreamExt};
 use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::{
-        Chunk, DatasetStatus, EvictRequest, EvictResponse, JobStatus, MemberStatus, PinRequest, PinResponse,
-        PlanRequest, PlanResponse, PlanStatus, PrefetchProgress, PrefetchRequest, PrincipalStatus,
-        ReadRangeRequest, SamplePlanRequest, SamplePlanResponse, StatusRequest, StatusResponse,
-        cache_control_server::CacheControl,
+        Chunk, DatasetStatus, EvictRequest, EvictResponse, JobReport, JobReportRequest, JobStatus,
+        MemberStatus, PinRequest, PinResponse, PlanRequest, PlanResponse, PlanStatus, PrefetchProgress,
+        PrefetchRequest, PrincipalStatus, ReadRangeRequest, SamplePlanRequest, SamplePlanResponse,
+        StatusRequest, StatusResponse, StepReport, StepReportResponse, cache_control_server::CacheControl,
     },
 };
 use shardcache_serving::auth::Grant;
@@ -27,7 +27,7 @@ use crate::{
     entry::Entry,
     plan::{MAX_PLAN_POSITIONS, NewPlan, PlanRefused},
     policy::keep,
-    samples::{MAX_PLANNED_PER_JOB, PlannedRead},
+    samples::{MAX_PLANNED_PER_JOB, PlannedRead, job_of},
 };
 
 /// Shards a prefetch fetches at once when the request does not say. Each shard fetch
@@ -281,6 +281,48 @@ impl CacheControl for Control {
             entries
         };
         set_pins(&self.cache, entries, true).await
+    }
+
+    async fn report_steps(
+        &self,
+        request: Request<StepReport>,
+    ) -> Result<Response<StepReportResponse>, Status> {
+        let grant = Grant::of(&request)?;
+        let report = request.into_inner();
+        let principal = grant.principal();
+        let reads = self.cache.metrics().jobs.job_sum(principal, job_of(&report.job));
+        self.cache
+            .metrics()
+            .job_tables
+            .report(principal, &report, reads)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(StepReportResponse {}))
+    }
+
+    async fn job_report(&self, request: Request<JobReportRequest>) -> Result<Response<JobReport>, Status> {
+        let grant = Grant::of(&request)?;
+        let req = request.into_inner();
+        // A job is its principal's: another's table is the operator's to see.
+        let principal = if req.principal.is_empty() || req.principal == grant.principal() {
+            grant.principal()
+        } else if grant.is_operator() {
+            req.principal.as_str()
+        } else {
+            return Err(Status::permission_denied(format!(
+                "principal {:?} may see its own jobs' tables only, not {:?}'s",
+                grant.principal(),
+                req.principal
+            )));
+        };
+        let job = job_of(&req.job);
+        let reads = self.cache.metrics().jobs.job_sum(principal, job);
+        let Some(report) = self.cache.metrics().job_tables.get(principal, job, reads) else {
+            return Err(Status::not_found(format!(
+                "this spoke has no table for job {job:?} of principal {principal:?}: its reads name the job with the \
+                 SDK's `job=` and its loop reports its steps with the SDK's StepTimer"
+            )));
+        };
+        Ok(Response::new(report))
     }
 
     async fn read_cached(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {

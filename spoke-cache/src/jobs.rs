@@ -45,6 +45,8 @@ pub struct JobCounters {
     pub hub_bytes: AtomicU64,
     /// What `hub_bytes` took on the long link (less where the hub compressed them).
     pub link_bytes: AtomicU64,
+    /// Bytes fetched from group members on the job's behalf.
+    pub peer_bytes: AtomicU64,
     /// When the spoke last warned that the job's reads cost more over the link than
     /// they read (ms since the Unix epoch; 0: never).
     warned_at_ms: AtomicU64,
@@ -67,6 +69,7 @@ pub struct JobSnapshot {
     pub hit_bytes: u64,
     pub hub_bytes: u64,
     pub link_bytes: u64,
+    pub peer_bytes: u64,
 }
 
 impl JobSnapshot {
@@ -78,6 +81,7 @@ impl JobSnapshot {
         self.hit_bytes += other.hit_bytes;
         self.hub_bytes += other.hub_bytes;
         self.link_bytes += other.link_bytes;
+        self.peer_bytes += other.peer_bytes;
     }
 
     /// Bytes over the long link per byte read (0 before any read).
@@ -111,6 +115,7 @@ impl JobCounters {
             hit_bytes: self.hit_bytes.load(Relaxed),
             hub_bytes: self.hub_bytes.load(Relaxed),
             link_bytes: self.link_bytes.load(Relaxed),
+            peer_bytes: self.peer_bytes.load(Relaxed),
         }
     }
 
@@ -135,7 +140,14 @@ impl JobCounters {
         self.hit_bytes.fetch_add(other.hit_bytes, Relaxed);
         self.hub_bytes.fetch_add(other.hub_bytes, Relaxed);
         self.link_bytes.fetch_add(other.link_bytes, Relaxed);
+        self.peer_bytes.fetch_add(other.peer_bytes, Relaxed);
     }
+}
+
+/// The job a job name's reads carry: its part before the first '/' (`JOB/rank0/worker1`
+/// sends plans for the reads of `JOB`).
+pub fn job_of(name: &str) -> &str {
+    name.split('/').next().unwrap_or(name)
 }
 
 /// The counters a read or fetch is counted in.
@@ -191,8 +203,21 @@ impl Jobs {
     /// The row a fetch for `principal`'s plan `plan` (`JOB` or `JOB/READER`) at plan
     /// epoch `epoch` is counted in.
     pub fn planned(&self, principal: &str, plan: &str, epoch: u64) -> JobRow {
-        let job = plan.split('/').next().unwrap_or(plan).to_owned();
+        let job = job_of(plan).to_owned();
         self.row(principal, Some(&JobTag { job, epoch }))
+    }
+
+    /// `principal`'s job `job`'s rows summed, every epoch and every reader's name
+    /// (`JOB/READER`) with them: what its table (`job_table.rs`) counts reads from.
+    pub fn job_sum(&self, principal: &str, job: &str) -> JobSnapshot {
+        let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sum = JobSnapshot::default();
+        for (key, row) in &rows.rows {
+            if key.principal == principal && job_of(&key.job) == job {
+                sum.add(row.snapshot());
+            }
+        }
+        sum
     }
 
     /// Every row's values, in (principal, job, epoch) order, the folded row last when it

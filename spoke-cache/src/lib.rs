@@ -45,6 +45,7 @@ pub mod error;
 pub mod evict;
 pub mod fetch;
 pub mod index_reads;
+pub mod job_table;
 pub mod jobs;
 pub mod kept;
 pub mod lookup;

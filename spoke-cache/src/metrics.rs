@@ -72,6 +72,8 @@ pub struct Metrics {
     pub fetch_latency: Histogram,
     /// Per job and epoch (`jobs.rs`).
     pub jobs: Jobs,
+    /// Every job's own table: its steps' data wait and its reads by phase (`job_table.rs`).
+    pub job_tables: crate::job_table::JobTables,
     /// Jobs whose rows get their own `job_id` label (`--metric-jobs`); the rest are
     /// summed under `job_id="other"`: label values are the operator's, never a client's.
     pub labelled_jobs: BTreeSet<String>,
@@ -115,6 +117,11 @@ impl Metrics {
     /// Counters whose metrics label the jobs `jobs` by name (`--metric-jobs`).
     pub fn labelling(jobs: BTreeSet<String>) -> Self {
         Self { labelled_jobs: jobs, ..Self::default() }
+    }
+
+    /// These metrics with the jobs' tables kept in `dir` (`job_table.rs`).
+    pub fn with_job_tables(self, dir: &std::path::Path) -> Self {
+        Self { job_tables: crate::job_table::JobTables::open(dir), ..self }
     }
 
     pub fn dataset(&self, dataset: &str) -> Arc<DatasetCounters> {

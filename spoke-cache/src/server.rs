@@ -65,7 +65,7 @@ pub struct PeerGroup {
 /// are removed; any other error (a bad option, a permission) stops the start instead.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
     let group = options.group.as_ref().map(|g| (g.spec.as_str(), g.me.as_str(), &g.credentials));
-    let metrics = Arc::new(Metrics::labelling(options.cache.metric_jobs.clone()));
+    let metrics = Arc::new(Metrics::labelling(options.cache.metric_jobs.clone()).with_job_tables(dir));
     let chain = || {
         let (hubs, transport, credentials) =
             (&options.hubs, &options.hub_transport, &options.hub_credentials);
@@ -207,6 +207,7 @@ pub async fn serve(
     let plan_fetcher = tokio::spawn(cache.plan_fetcher().run(stopped()));
     let sample_follower = tokio::spawn(cache.sample_follower().run(stopped()));
     let kept_flusher = tokio::spawn(flush_kept(cache.clone(), stopped()));
+    let tables_saver = tokio::spawn(save_job_tables(cache.clone(), stopped()));
     let scraped = cache.clone();
     let metrics = tokio::spawn(serve_metrics(
         metrics_listener,
@@ -265,6 +266,7 @@ pub async fn serve(
     }
     // Kept samples waiting for their pack are written: a clean stop keeps them too.
     let _ = kept_flusher.await;
+    let _ = tables_saver.await;
     served.map_err(|e| Error::Transport(e.to_string()))
 }
 
@@ -285,6 +287,32 @@ async fn flush_kept(cache: Arc<Cache>, shutdown: impl Future<Output = ()>) {
         }
     }
     cache.flush_kept().await;
+}
+
+/// How often the jobs' tables are written to their file (`job_table.rs`): a restart
+/// loses at most this much of a job's table.
+pub const JOB_TABLES_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Writes the jobs' tables every [`JOB_TABLES_SAVE_EVERY`] and once more at `shutdown`.
+async fn save_job_tables(cache: Arc<Cache>, shutdown: impl Future<Output = ()>) {
+    let save = || {
+        let cache = cache.clone();
+        async move {
+            let saved = tokio::task::spawn_blocking(move || cache.metrics().job_tables.save()).await;
+            if let Ok(Err(e)) = saved {
+                tracing::warn!(error = %e, "could not write the jobs' tables; a restart would lose them");
+            }
+        }
+    };
+    tokio::pin!(shutdown);
+    let mut every = tokio::time::interval(JOB_TABLES_SAVE_EVERY);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = every.tick() => save().await,
+        }
+    }
+    save().await;
 }
 
 /// How long a stopping spoke waits for fetched chunks to be stored. Storing what the

@@ -190,7 +190,10 @@ impl ShardHandle for CachedShard {
 
 /// The read service times every read into the spoke's latency histogram.
 impl Observer for Metrics {
-    fn read_latency(&self, elapsed: std::time::Duration) {
+    fn read_latency(&self, elapsed: std::time::Duration, context: &ReadContext) {
         self.read_latency.observe(elapsed);
+        if let Some(tag) = &context.job {
+            self.job_tables.read(&context.principal, &tag.job, elapsed);
+        }
     }
 }

@@ -205,6 +205,7 @@ impl Upstream {
         match supplied.from {
             SuppliedBy::Peer => {
                 counters.peer_bytes.fetch_add(length, Relaxed);
+                row.peer_bytes.fetch_add(length, Relaxed);
             }
             SuppliedBy::Hub => {
                 self.metrics.upstream_requests.fetch_add(1, Relaxed);

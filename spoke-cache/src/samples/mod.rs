@@ -30,7 +30,8 @@ use crate::{entry::ShardKey, plan::PlanKey};
 
 /// Planned reads a job's window holds at most: the furthest go first. 2^17 samples of 16
 /// KiB are 2 GiB ahead, far more than any window fetches (`policy::keep::window_bound`),
-/// at ~80 bytes each in memory (10 MiB).
+/// at 233 bytes each in memory as measured (29 MiB a job at the bound; `plan-memory-bench`
+/// in BENCHMARKS.md). The SDK sends twice the spoke's `window_bytes` ahead, far fewer.
 pub const MAX_PLANNED_PER_JOB: usize = 1 << 17;
 /// Jobs following samples, per principal and in all.
 pub const MAX_JOBS_PER_PRINCIPAL: usize = 64;
@@ -161,11 +162,7 @@ pub struct SamplePlans {
     changed: Notify,
 }
 
-/// The job a job name's reads carry: its part before the first '/' (`JOB/rank0/worker1`
-/// sends plans for the reads of `JOB`).
-pub fn job_of(name: &str) -> &str {
-    name.split('/').next().unwrap_or(name)
-}
+pub use crate::jobs::job_of;
 
 impl SamplePlans {
     fn jobs(&self) -> MutexGuard<'_, HashMap<PlanKey, Window>> {

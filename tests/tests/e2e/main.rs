@@ -10,6 +10,7 @@ mod flags_documented;
 mod hub_bad_input;
 mod hub_reads;
 mod hub_s3;
+mod job_report;
 mod link_compression;
 mod mount;
 mod prometheus;

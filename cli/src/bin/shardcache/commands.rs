@@ -458,6 +458,13 @@ fn print_group(status: &shardcache_proto::v1::StatusResponse) {
     }
 }
 
+/// Job `job`'s own table (`principal`'s, for an operator), as markdown.
+pub async fn report(server: &Server, job: &str, principal: &str) -> anyhow::Result<()> {
+    let report = server.cache().await?.job_report(job, principal).await?;
+    print!("{}", shardcache_client::report::markdown(&report));
+    Ok(())
+}
+
 /// The access plans the caller may see (its own; an operator's: everyone's).
 pub async fn plans(server: &Server) -> anyhow::Result<()> {
     let status = server.cache().await?.status().await?;

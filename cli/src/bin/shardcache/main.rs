@@ -116,6 +116,21 @@ enum Command {
     /// its hubs' trouble, and a group's members.
     #[command(after_help = "Example:\n  shardcache --endpoint http://127.0.0.1:7071 status")]
     Status,
+    /// Print a job's own table: per phase (the first epoch's batches 0-100, 100-150 and
+    /// the rest, then each later epoch) its samples/s, data wait and GPU utilisation as its
+    /// loop measured them (the SDK's StepTimer), read latency, where its reads came from,
+    /// link bytes per byte read, and the rank that waited most. Through a group, the
+    /// members' tables merged.
+    #[command(
+        after_help = "Examples:\n  shardcache report train-7b\n  shardcache report train-7b --principal alice"
+    )]
+    Report {
+        /// The job (its reads' `job=`; the part before the first '/').
+        job: String,
+        /// Whose job: an operator's token may see any principal's; others see their own.
+        #[arg(long, default_value = "")]
+        principal: String,
+    },
     /// List the access plans your token (or certificate) has on a spoke, or drop a
     /// finished job's: `shardcache plans drop JOB` withdraws JOB and its readers'
     /// (`JOB/...`) plans. Plans also expire after --plan-idle-expiry without a read.
@@ -358,6 +373,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             commands::cat(server, &dataset, &shard, offset, length).await
         }
         Command::Status => commands::status(server).await,
+        Command::Report { job, principal } => commands::report(server, &job, &principal).await,
         Command::Plans { action: None } => commands::plans(server).await,
         Command::Plans { action: Some(PlansCommand::Drop { job }) } => {
             commands::drop_plans(server, &job).await

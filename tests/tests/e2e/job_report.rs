@@ -1,0 +1,145 @@
+//! A job's own table (`ReportSteps`, `JobReport`, `shardcache report`): two ranks of a
+//! job read through a spoke with tokens while their loops are timed by the SDK's
+//! `StepTimer`; the spoke's table has every step in the seed's phases, each step's wait
+//! as its slowest rank's, the rank that waited named, the job's reads counted where they
+//! ran; it is the principal's own (another tenant sees none of it, the operator all of
+//! it), and it is there again after the spoke restarts.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use shardcache_client::{CacheClient, Client, ConnectOptions, Range, StepTimer, report};
+use shardcache_proto::v1::{JobReport, StepReport};
+use shardcache_serving::{auth::Authenticator, server::Security};
+use shardcache_tests::{TestHub, TestSpoke, make_dataset, spoke_options, token_file};
+use tonic::Code;
+
+fn token(token: &str) -> ConnectOptions {
+    ConnectOptions { tls: None, token: Some(token.to_owned()) }
+}
+
+const STEPS: u64 = 160;
+
+fn steps(table: &JobReport) -> u64 {
+    table.phases.iter().map(|p| p.steps).sum()
+}
+
+/// Waits (bounded) until `control`'s table of `job` has `want` steps.
+async fn table_with(control: &CacheClient, job: &str, principal: &str, want: u64) -> JobReport {
+    let mut last = JobReport::default();
+    for _ in 0..500 {
+        if let Ok(table) = control.job_report(job, principal).await {
+            if steps(&table) >= want {
+                return table;
+            }
+            last = table;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the table never had {want} steps: {last:?}");
+}
+
+/// Two ranks of alice's job "train": each step, each rank asks for its batch, reads it
+/// through the spoke (as the job), has it; rank 1's batches also take 3 ms longer.
+/// Returns the reads made.
+async fn two_ranks_of_train(endpoint: &str, alice_token: &str, alice: &CacheClient) -> u64 {
+    let reader =
+        Client::connect_with(endpoint, &token(alice_token)).await.unwrap().for_job("train", 0).unwrap();
+    let mut ranks =
+        [StepTimer::new(alice.clone(), "train", 0, 2), StepTimer::new(alice.clone(), "train", 1, 2)];
+    for timer in &mut ranks {
+        timer.start_epoch(0);
+    }
+    let mut reads = 0;
+    for step in 0..STEPS {
+        for (rank, timer) in ranks.iter_mut().enumerate() {
+            timer.waiting();
+            let shard = format!("shard-{:05}.bin", (step + rank as u64) % 4);
+            reader.read_range(&Range::new("c4", &shard, (step % 64) * 16384, 16384)).await.unwrap();
+            reads += 1;
+            if rank == 1 {
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            timer.arrived(24);
+        }
+    }
+    drop(ranks); // the last batches are sent
+    reads
+}
+
+#[tokio::test]
+async fn a_jobs_table_is_its_loops_waits_by_phase_and_rank_its_own_and_outlives_a_restart() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 4, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens_path = dir.path().join("tokens");
+    let tokens = token_file(&tokens_path, &[("alice", "c4"), ("bob", "c4"), ("ops", "* control")]);
+    let mut options = spoke_options(&hub.endpoint);
+    options.security = Security { tls: None, auth: Authenticator::with_token_file(&tokens_path).unwrap() };
+    let cache_dir = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache_dir.path(), options.clone()).await;
+    let alice = CacheClient::connect_with(&spoke.endpoint, &token(&tokens[0])).await.unwrap();
+    let bob = CacheClient::connect_with(&spoke.endpoint, &token(&tokens[1])).await.unwrap();
+    let ops = CacheClient::connect_with(&spoke.endpoint, &token(&tokens[2])).await.unwrap();
+
+    let reads = two_ranks_of_train(&spoke.endpoint, &tokens[0], &alice).await;
+
+    let table = table_with(&alice, "train", "", STEPS).await;
+    let phases: Vec<_> = table.phases.iter().map(|p| (p.epoch, p.name.as_str(), p.steps)).collect();
+    assert_eq!(
+        phases,
+        [(0, "batches 0-100", 100), (0, "batches 100-150", 50), (0, "steady (150-end)", 10)],
+        "every step once, in the seed's phases"
+    );
+    assert_eq!((table.principal.as_str(), table.job.as_str(), table.ranks), ("alice", "train", 2));
+    for phase in &table.phases {
+        assert_eq!(phase.samples, phase.steps * 48, "both ranks' samples");
+        assert!(phase.wait_us <= phase.wall_us, "{phase:?}");
+        let row = report::row(phase);
+        assert_eq!(row.slowest_rank.map(|(rank, _)| rank), Some(1), "rank 1 waited longest: {phase:?}");
+        // A step waits for its slowest rank: never less than rank 1's own waits.
+        assert!(phase.wait_us >= phase.rank_wait_us[1], "{phase:?}");
+    }
+    let counted: u64 = table.phases.iter().map(|p| p.reads).sum();
+    let timed: u64 = table.phases.iter().flat_map(|p| &p.latency).sum();
+    assert_eq!((counted, timed), (reads, reads), "every read of the job counted and timed once");
+    let stored: u64 = table.phases.iter().map(|p| p.store_reads).sum();
+    assert!(
+        stored > 0 && stored < reads,
+        "cold misses first, then reads from the store: {stored} of {reads}"
+    );
+    let markdown = report::markdown(&table);
+    assert!(
+        markdown.contains("| epoch 0, batches 0-100 | 100 |") && markdown.contains("| 1 ("),
+        "{markdown}"
+    );
+
+    // Alice's job is hers: Bob has no job "train" and may not ask for hers; the operator may.
+    let refused = bob.job_report("train", "").await.unwrap_err();
+    assert_eq!(refused.code(), Some(Code::NotFound), "{refused}");
+    let refused = bob.job_report("train", "alice").await.unwrap_err();
+    assert_eq!(refused.code(), Some(Code::PermissionDenied), "{refused}");
+    assert_eq!(steps(&ops.job_report("train", "alice").await.unwrap()), STEPS);
+
+    // A report that does not add up is refused with what is wrong; the spoke goes on.
+    let bad = StepReport {
+        job: "train".into(),
+        ranks: 2,
+        wait_us: vec![1, 2],
+        busy_us: vec![1],
+        ..Default::default()
+    };
+    let refused = alice.report_steps(bad).await.unwrap_err();
+    assert_eq!(refused.code(), Some(Code::InvalidArgument), "{refused}");
+    assert!(refused.to_string().contains("one entry per batch"), "{refused}");
+
+    // Restarted, the spoke has the table as it was.
+    spoke.stop().await;
+    let spoke = TestSpoke::start(cache_dir.path(), options).await;
+    let alice = CacheClient::connect_with(&spoke.endpoint, &token(&tokens[0])).await.unwrap();
+    let again = alice.job_report("train", "").await.unwrap();
+    assert_eq!(again.phases.len(), 3);
+    assert_eq!(steps(&again), STEPS);
+    assert_eq!(again.phases.iter().map(|p| p.reads).sum::<u64>(), reads);
+}
