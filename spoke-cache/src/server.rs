@@ -65,17 +65,18 @@ pub struct PeerGroup {
 /// are removed; any other error (a bad option, a permission) stops the start instead.
 pub fn open_cache(dir: &Path, options: &SpokeOptions) -> Result<Arc<Cache>> {
     let group = options.group.as_ref().map(|g| (g.spec.as_str(), g.me.as_str(), &g.credentials));
+    let create = |dir: &Path| {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::Config(format!("cannot create --cache-dir {}: {e}", dir.display())))
+    };
+    create(dir)?;
+    // The jobs' tables are kept beside the store (the directory exists now).
     let metrics = Arc::new(Metrics::labelling(options.cache.metric_jobs.clone()).with_job_tables(dir));
     let chain = || {
         let (hubs, transport, credentials) =
             (&options.hubs, &options.hub_transport, &options.hub_credentials);
         Chain::new(hubs, transport, credentials, group, metrics.hedges.clone())
     };
-    let create = |dir: &Path| {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::Config(format!("cannot create --cache-dir {}: {e}", dir.display())))
-    };
-    create(dir)?;
     let open = || {
         let store = Store::open(dir, &options.store)?;
         Cache::open(store, chain()?, options.cache.clone(), metrics.clone())
