@@ -145,7 +145,7 @@ pub fn merge(mut tables: Vec<(String, JobReport)>) -> Option<JobReport> {
         into.ranks = into.ranks.max(table.ranks);
         for phase in table.phases {
             match into.phases.iter_mut().find(|p| p.epoch == phase.epoch && p.name == phase.name) {
-                Some(p) => add_reads(p, &phase),
+                Some(p) => p.add_reads(&phase),
                 None => {
                     // Steps this member folded that the fullest did not: a phase of its own.
                     into.phases.push(phase);
@@ -157,22 +157,6 @@ pub fn merge(mut tables: Vec<(String, JobReport)>) -> Option<JobReport> {
     merged.phases.sort_by_key(|p| (p.epoch, p.first_ms));
     merged.members = members;
     Some(merged)
-}
-
-/// Adds `other`'s reads (a member's) to `into`'s.
-fn add_reads(into: &mut JobPhase, other: &JobPhase) {
-    into.reads += other.reads;
-    into.store_reads += other.store_reads;
-    into.bytes += other.bytes;
-    into.member_bytes += other.member_bytes;
-    into.hub_bytes += other.hub_bytes;
-    into.link_bytes += other.link_bytes;
-    if into.latency.len() < other.latency.len() {
-        into.latency.resize(other.latency.len(), 0);
-    }
-    for (a, b) in into.latency.iter_mut().zip(&other.latency) {
-        *a += b;
-    }
 }
 
 #[cfg(test)]

@@ -21,3 +21,24 @@ pub fn check_job_name(job: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A job's table (`JobReport`): a phase's reads, added from another count of them (a
+/// group member's, or the reads before the job's first step).
+impl crate::v1::JobPhase {
+    /// Adds `other`'s reads, their bytes and latency histogram to this phase's (not its
+    /// steps: every member folds the same steps).
+    pub fn add_reads(&mut self, other: &crate::v1::JobPhase) {
+        self.reads += other.reads;
+        self.store_reads += other.store_reads;
+        self.bytes += other.bytes;
+        self.member_bytes += other.member_bytes;
+        self.hub_bytes += other.hub_bytes;
+        self.link_bytes += other.link_bytes;
+        if self.latency.len() < other.latency.len() {
+            self.latency.resize(other.latency.len(), 0);
+        }
+        for (a, b) in self.latency.iter_mut().zip(&other.latency) {
+            *a += b;
+        }
+    }
+}

@@ -51,6 +51,9 @@ pub const LATENCY_BUCKETS: usize = 4 * 40;
 /// The file the tables are kept in, in the cache directory.
 pub const FILE: &str = "jobs.pb";
 
+/// The phase of a job's reads before its first step is reported.
+pub const BEFORE_STEPS: &str = "before the first step";
+
 /// The name of the phase of batch `batch` of `epoch`, in a job whose first epoch is `first`.
 pub fn phase_name(first: u64, epoch: u64, batch: u64) -> String {
     if epoch != first {
@@ -93,8 +96,11 @@ struct Table {
     report: JobReport,
     /// Steps by (epoch, batch) waiting for their ranks, and the ranks each has.
     pending: BTreeMap<(u64, u64), PendingStep>,
-    /// The job's first epoch (its phases by batch).
+    /// The job's first epoch (its phases by batch), from its first step.
     first_epoch: Option<u64>,
+    /// Reads before the job's first step (its loaders start first): added to its first
+    /// phase when that is known.
+    early: JobPhase,
     /// The job's read counters when last added to a phase.
     reads_seen: JobSnapshot,
     touched: Instant,
@@ -119,6 +125,11 @@ impl Table {
             report,
             pending: BTreeMap::new(),
             first_epoch,
+            early: JobPhase {
+                name: BEFORE_STEPS.to_owned(),
+                latency: vec![0; LATENCY_BUCKETS],
+                ..Default::default()
+            },
             reads_seen: JobSnapshot::default(),
             touched: Instant::now(),
         }
@@ -131,12 +142,14 @@ impl Table {
         let at = match self.report.phases.iter().position(|p| p.epoch == epoch && p.name == name) {
             Some(at) => at,
             None => {
-                self.report.phases.push(JobPhase {
-                    epoch,
-                    name,
-                    latency: vec![0; LATENCY_BUCKETS],
-                    ..Default::default()
-                });
+                let mut phase =
+                    JobPhase { epoch, name, latency: vec![0; LATENCY_BUCKETS], ..Default::default() };
+                if self.report.phases.is_empty() {
+                    // The reads before the first step were this phase's loaders'.
+                    phase.add_reads(&self.early);
+                    self.early = JobPhase { name: BEFORE_STEPS.to_owned(), ..Default::default() };
+                }
+                self.report.phases.push(phase);
                 self.trim_phases();
                 self.report.phases.len() - 1
             }
@@ -155,17 +168,27 @@ impl Table {
         }
     }
 
-    /// The phase reads count in now: the latest one's (reads run ahead of the steps).
+    /// The phase reads count in now: the latest one's (reads run ahead of the steps), or
+    /// before the first step, the reads held for the first phase.
     fn current_phase(&mut self) -> &mut JobPhase {
-        if self.report.phases.is_empty() {
-            return self.phase(self.first_epoch.unwrap_or(0), 0);
+        match self.report.phases.last_mut() {
+            Some(phase) => phase,
+            None => &mut self.early,
         }
-        self.report.phases.last_mut().expect("not empty")
+    }
+
+    /// The table as it stands: before any step, the reads so far as a phase of their own.
+    fn snapshot(&self) -> JobReport {
+        let mut report = self.report.clone();
+        if report.phases.is_empty() && self.early.reads + self.early.latency.iter().sum::<u64>() > 0 {
+            report.phases.push(self.early.clone());
+        }
+        report
     }
 
     /// Adds what the job's reads did since last seen (`now`: its rows summed) to the
     /// current phase. Counters that went back (a restart) count from zero.
-    fn add_reads(&mut self, now: JobSnapshot) {
+    fn count_reads(&mut self, now: JobSnapshot) {
         let seen = self.reads_seen;
         let delta = |now: u64, seen: u64| if now >= seen { now - seen } else { now };
         let phase = self.current_phase();
@@ -184,7 +207,7 @@ impl Table {
         let name = phase_name(*self.first_epoch.get_or_insert(epoch), epoch, batch);
         let new_phase = self.report.phases.last().is_none_or(|p| p.epoch != epoch || p.name != name);
         if new_phase {
-            self.add_reads(reads);
+            self.count_reads(reads);
         }
         let at = now_ms();
         let phase = self.phase(epoch, batch);
@@ -368,6 +391,9 @@ impl JobTables {
         let mut tables = self.tables();
         let table = table_of(&mut tables, principal, job);
         let phase = table.current_phase();
+        if phase.latency.len() < LATENCY_BUCKETS {
+            phase.latency.resize(LATENCY_BUCKETS, 0);
+        }
         phase.latency[latency_bucket(elapsed)] += 1;
     }
 
@@ -377,8 +403,8 @@ impl JobTables {
         let mut tables = self.tables();
         let table = tables.get_mut(principal)?.get_mut(crate::jobs::job_of(job))?;
         table.fold_ready(reads);
-        table.add_reads(reads);
-        Some(table.report.clone())
+        table.count_reads(reads);
+        Some(table.snapshot())
     }
 
     /// Writes the tables to their file (a new file renamed over the old: never half one).
@@ -479,6 +505,25 @@ mod tests {
                 ("epoch 4", 10, 5)
             ]
         );
+    }
+
+    #[test]
+    fn reads_before_the_first_step_are_the_first_phases_whatever_its_epoch() {
+        let tables = JobTables::default();
+        tables.read("a", "train", Duration::from_micros(100));
+        let reads = JobSnapshot { reads: 1, ..Default::default() };
+        let early = tables.get("a", "train", reads).unwrap();
+        assert_eq!(
+            early.phases.iter().map(|p| (p.name.as_str(), p.reads)).collect::<Vec<_>>(),
+            [(BEFORE_STEPS, 1)]
+        );
+        tables.report("a", &report(0, 1, 1, 0, &[1; 3]), reads).unwrap();
+        tables.read("a", "train", Duration::from_micros(100));
+        let table = tables.get("a", "train", reads).unwrap();
+        let phases: Vec<_> =
+            table.phases.iter().map(|p| (p.epoch, p.name.as_str(), p.steps, p.reads)).collect();
+        assert_eq!(phases, [(1, "batches 0-100", 3, 1)], "epoch 1 is the job's first");
+        assert_eq!(table.phases[0].latency.iter().sum::<u64>(), 2);
     }
 
     #[test]

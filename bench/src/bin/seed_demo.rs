@@ -35,11 +35,13 @@ use anyhow::Context;
 use clap::Parser;
 use futures::FutureExt;
 use shardcache_bench::demo::{
-    group, link, nginx,
+    group,
+    job_table::{self, JobTiming},
+    link, nginx,
     readers::{self, Counter, HttpCacheCounts},
     report::{self, PhaseRow},
     small_cache,
-    trainer::{EpochOrder, EpochRun, JobShape, Layout, ReadBatch, Step, epoch_order, run_epoch},
+    trainer::{EpochOrder, EpochRun, JobShape, Layout, ReadBatch, Step, epoch_order, run_epoch_timed},
 };
 use shardcache_cli::dataset_gen::{GenSpec, Tokens, generate, shard_name};
 use shardcache_client::{CacheClient, Client};
@@ -126,6 +128,10 @@ struct Demo {
     small_series: Vec<(String, Vec<Step>)>,
     group_rows: Vec<group::GroupRow>,
     link_rows: Vec<link::LinkRow>,
+    /// The next setup's job on its spoke, timed for the spoke's own table.
+    timing: Option<JobTiming>,
+    /// The spoke's tables beside the demo's rows.
+    compared: Vec<job_table::Compared>,
 }
 
 #[tokio::main]
@@ -181,6 +187,8 @@ async fn main() -> anyhow::Result<()> {
         small_series: Vec::new(),
         group_rows: Vec::new(),
         link_rows: Vec::new(),
+        timing: None,
+        compared: Vec::new(),
     };
 
     // Its metrics count what crossed the link in the group setups.
@@ -206,10 +214,11 @@ async fn main() -> anyhow::Result<()> {
     // plan, and no cache at all.
     if !demo.args.skip_small_cache && !demo.args.group_only {
         let spoke = (demo.dataset_bytes() / 2, demo.args.plan_window.as_str());
-        let (rows, series) =
+        let (rows, series, tables) =
             small_cache::run_setups(&proxy.endpoint, work.path(), spoke, demo.workload()).await?;
         demo.small_rows.extend(rows);
         demo.small_series.extend(series);
+        demo.compared.extend(tables);
     }
     // 7. to 9. Two trainer nodes: a spoke each, a group of three spokes, and the group
     // losing a member mid-epoch.
@@ -252,11 +261,16 @@ impl Demo {
         for prefetch in [false, true] {
             let cache = tempfile::tempdir_in(work)?;
             let spoke = SpokeProcess::start(&proxy.endpoint, cache.path(), &["--capacity", "8GiB"]);
-            let read =
-                readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, demo.names.clone(), SAMPLE);
+            // The trainer's reads name its job, and its ranks report their steps: the
+            // spoke's own table of the job is printed beside the demo's.
+            let job = if prefetch { "demo-prefetch" } else { "demo-cold" };
+            let client = Client::connect(&spoke.endpoint).await?.for_job(job, 0)?;
+            let read = readers::grpc(client, DATASET, demo.names.clone(), SAMPLE);
             let counter = readers::spoke_counter(&spoke.metrics_addr);
             let name = if prefetch { "spoke, cold + prefetch" } else { "spoke, cold, no prefetch" };
             let control = if prefetch { Some(CacheClient::connect(&spoke.endpoint).await?) } else { None };
+            demo.timing =
+                Some(JobTiming::new(CacheClient::connect(&spoke.endpoint).await?, job, demo.shape.ranks));
             demo.run(name, read, Some(counter), control).await?;
         }
 
@@ -407,7 +421,11 @@ impl Demo {
                 anyhow::Ok(())
             })
         });
-        let epoch1 = self.epoch(&order, read.clone(), counter.clone(), self.args.startup).await?;
+        let mut timing = self.timing.take();
+        let mut timers = timing.as_mut().map_or(Vec::new(), |t| std::mem::take(&mut t.timers));
+        timers.iter_mut().for_each(|t| t.start_epoch(1));
+        let epoch1 =
+            self.epoch(&order, read.clone(), counter.clone(), self.args.startup, &mut timers).await?;
         let phases =
             [("batches 0-100", 0, 100), ("batches 100-150", 100, 150), ("steady (150-end)", 150, usize::MAX)];
         for (i, (phase, from, to)) in phases.into_iter().enumerate() {
@@ -427,7 +445,8 @@ impl Demo {
         }
         if counter.is_some() {
             let order2 = epoch_order(self.layout, self.args.block_shards, 2);
-            let epoch2 = self.epoch(&order2, read, counter, Duration::ZERO).await?;
+            timers.iter_mut().for_each(|t| t.start_epoch(2));
+            let epoch2 = self.epoch(&order2, read, counter, Duration::ZERO, &mut timers).await?;
             let n = epoch2.run.steps.len();
             let share = epoch2.cache_share(0, epoch2.marks.len() - 1);
             self.rows.push(epoch2.row(setup, "epoch 2 (warm)", 0, n, global, share));
@@ -438,6 +457,13 @@ impl Demo {
         }
         for row in self.rows.iter().filter(|r| r.setup == setup) {
             println!("{}", report::markdown_row(row));
+        }
+        if let Some(mut timing) = timing {
+            timing.timers = timers;
+            let table = timing.table(steps.len() as u64).await?;
+            let compared = job_table::compare(setup, &self.rows, &table);
+            print!("   the spoke's own table of the job:\n{}", job_table::markdown(&compared));
+            self.compared.extend(compared);
         }
         self.series.push((setup.to_owned(), steps));
         Ok(())
@@ -451,6 +477,7 @@ impl Demo {
         read: ReadBatch,
         counter: Option<Counter>,
         startup: Duration,
+        timers: &mut [shardcache_client::StepTimer],
     ) -> anyhow::Result<Epoch> {
         let marks = Arc::new(Mutex::new(Vec::new()));
         if let Some(counter) = &counter {
@@ -471,7 +498,7 @@ impl Demo {
                 .boxed()
             }
         };
-        let run = run_epoch(order, self.shape, read, startup, on_step).await?;
+        let run = run_epoch_timed(order, self.shape, read, startup, on_step, timers).await?;
         let marks = marks.lock().unwrap().clone();
         Ok(Epoch { run, marks })
     }
@@ -513,7 +540,16 @@ impl Demo {
         println!("{grouped}");
         let linked = link::markdown(&self.link_rows, self.dataset_bytes());
         println!("{linked}");
-        std::fs::write(out.join("results.md"), format!("{table}\n{ratios}{small}{grouped}{linked}"))?;
+        let tables = if self.compared.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\nThe spoke's own table of each job (`shardcache report`), beside the demo's:\n\n{}",
+                job_table::markdown(&self.compared)
+            )
+        };
+        println!("{tables}");
+        std::fs::write(out.join("results.md"), format!("{table}\n{ratios}{small}{grouped}{linked}{tables}"))?;
         let steps: std::collections::BTreeMap<_, _> = self.series.iter().cloned().collect();
         let json = serde_json::json!({
             "config": {
@@ -527,6 +563,7 @@ impl Demo {
             "steps": steps,
             "group": self.group_rows,
             "link_compression": self.link_rows,
+            "spoke_tables": self.compared,
             "small_cache": {
                 "capacity_bytes": half, "plan_window_bytes": window, "streamed_bytes": streamed,
                 "bound_hits_pct": bound, "rows": self.small_rows,

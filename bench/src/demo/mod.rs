@@ -9,6 +9,7 @@
 //! See ../shared/seed/SEED.md for the run this reproduces.
 
 pub mod group;
+pub mod job_table;
 pub mod link;
 pub mod nginx;
 pub mod readers;

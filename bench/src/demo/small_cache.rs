@@ -14,9 +14,11 @@ use futures::FutureExt;
 use shardcache_client::{CacheClient, Client, PlannedEpoch, PlannedSample, order::SamplerOrder};
 
 use super::{
-    Workload, readers,
+    Workload,
+    job_table::{self, Compared, JobTiming},
+    readers,
     report::phase_row,
-    trainer::{EpochOrder, Sample, Step, epoch_order, run_epoch},
+    trainer::{EpochOrder, Sample, Step, epoch_order, run_epoch_timed},
 };
 
 /// Epochs each small-cache setup runs.
@@ -82,6 +84,9 @@ pub const SETUPS: [Setup; 8] = [
     Setup { name: "map-style, no cache", order: Order::Sampler, cached: false, plan: false },
 ];
 
+/// The small-cache setups' rows, steps, and the spoke's tables beside them.
+pub type SmallCacheRun = (Vec<EpochRow>, Vec<(String, Vec<Step>)>, Vec<Compared>);
+
 /// Runs every setup of [`SETUPS`] against `hub` (over the link), each through a fresh
 /// spoke of `capacity` bytes with `--plan-window plan_window` where it has one, and
 /// prints its rows; every setup's rows and steps.
@@ -90,8 +95,8 @@ pub async fn run_setups(
     work: &std::path::Path,
     (capacity, plan_window): (u64, &str),
     job: Workload<'_>,
-) -> anyhow::Result<(Vec<EpochRow>, Vec<(String, Vec<Step>)>)> {
-    let (mut rows, mut series) = (Vec::new(), Vec::new());
+) -> anyhow::Result<SmallCacheRun> {
+    let (mut rows, mut series, mut compared) = (Vec::new(), Vec::new(), Vec::new());
     for setup in SETUPS {
         println!("\n== {}", setup.name);
         let cache = tempfile::tempdir_in(work)?;
@@ -102,14 +107,18 @@ pub async fn run_setups(
         });
         let server = spoke.as_ref().map_or(hub, |s| s.endpoint.as_str());
         let small = SmallCache { spoke: server, job, order: setup.order, cached: setup.cached };
-        let (epochs, steps) = small.run(setup.name, setup.plan).await?;
+        let (epochs, steps, tables) = small.run(setup.name, setup.plan).await?;
         for r in &epochs {
             println!("{}", markdown_row(r));
         }
+        if !tables.is_empty() {
+            print!("   the spoke's own table of the job:\n{}", job_table::markdown(&tables));
+        }
+        compared.extend(tables);
         rows.extend(epochs);
         series.push((setup.name.to_owned(), steps));
     }
-    Ok((rows, series))
+    Ok((rows, series, compared))
 }
 
 /// A small-cache setup: the server to read through (a spoke, or the hub: `cached` false),
@@ -183,37 +192,64 @@ impl SmallCache<'_> {
         PlannedEpoch::from_reads(order.samples.iter().map(|s| self.job.names[s.shard as usize].as_str()))
     }
 
+    /// One plan for the job: every rank reads its slice of each step, in step order, so
+    /// the job as a whole reads the epoch order.
+    async fn send_plan(&self, control: &CacheClient, epoch: u64) -> anyhow::Result<()> {
+        let epochs = [self.plan(epoch), self.plan(epoch + 1)];
+        let answer = control.plan(&format!("{JOB}/all-ranks"), epoch, self.job.dataset, &epochs).await?;
+        if answer.samples {
+            self.plan_samples(control, epoch).await?;
+        }
+        Ok(())
+    }
+
+    /// The spoke's table of the job once it has all `steps`, beside the demo's `rows`.
+    async fn spokes_table(
+        setup: &str,
+        timing: JobTiming,
+        rows: &[EpochRow],
+        steps: usize,
+    ) -> anyhow::Result<Vec<Compared>> {
+        let table = timing.table(steps as u64).await?;
+        let demo: Vec<_> = rows.iter().map(|r| (r.epoch, r.gpu_util_pct, r.samples_per_s)).collect();
+        Ok(job_table::compare_epochs(setup, &demo, &table))
+    }
+
     /// Runs [`EPOCHS`] epochs (the first with no head start: the job's first step comes
     /// as soon as its first batches do); returns each epoch's row and every step.
-    pub async fn run(&self, setup: &str, with_plan: bool) -> anyhow::Result<(Vec<EpochRow>, Vec<Step>)> {
+    pub async fn run(
+        &self,
+        setup: &str,
+        with_plan: bool,
+    ) -> anyhow::Result<(Vec<EpochRow>, Vec<Step>, Vec<Compared>)> {
         let control = match self.cached {
             true => Some(CacheClient::connect(self.spoke).await?),
             false => None,
         };
+        // Through a spoke, the ranks report their steps: its table is printed beside.
+        let mut timing = control.as_ref().map(|c| JobTiming::new(c.clone(), JOB, self.job.shape.ranks));
+        let mut timers = timing.as_mut().map_or(Vec::new(), |t| std::mem::take(&mut t.timers));
         let dataset_bytes =
             u64::from(self.job.layout.shards) * self.job.layout.samples_per_shard * self.job.sample_bytes;
         let global = self.job.shape.ranks * self.job.shape.batch_per_rank;
         let (mut rows, mut all) = (Vec::new(), Vec::new());
         for epoch in 0..EPOCHS {
             if let (true, Some(control)) = (with_plan, &control) {
-                // One plan for the job: every rank reads its slice of each step, in step
-                // order, so the job as a whole reads the epoch order.
-                let answer = control
-                    .plan(
-                        &format!("{JOB}/all-ranks"),
-                        epoch,
-                        self.job.dataset,
-                        &[self.plan(epoch), self.plan(epoch + 1)],
-                    )
-                    .await?;
-                if answer.samples {
-                    self.plan_samples(control, epoch).await?;
-                }
+                self.send_plan(control, epoch).await?;
             }
             let client = Client::connect(self.spoke).await?.for_job(JOB, epoch)?;
             let read = readers::grpc(client, self.job.dataset, self.job.names.clone(), self.job.sample_bytes);
             let order = self.order(epoch);
-            let run = run_epoch(&order, self.job.shape, read, Duration::ZERO, |_| async {}.boxed()).await?;
+            timers.iter_mut().for_each(|t| t.start_epoch(epoch));
+            let run = run_epoch_timed(
+                &order,
+                self.job.shape,
+                read,
+                Duration::ZERO,
+                |_| async {}.boxed(),
+                &mut timers,
+            )
+            .await?;
             let reads: Vec<Duration> = run.reads.iter().map(|(_, d)| *d).collect();
             let whole = phase_row(setup, "", &run.steps, &reads, global, None);
             let first = phase_row(setup, "", &run.steps[..10.min(run.steps.len())], &[], global, None);
@@ -257,7 +293,14 @@ impl SmallCache<'_> {
             });
             all.extend(run.steps);
         }
-        Ok((rows, all))
+        let compared = match timing {
+            Some(mut timing) => {
+                timing.timers = timers;
+                Self::spokes_table(setup, timing, &rows, all.len()).await?
+            }
+            None => Vec::new(),
+        };
+        Ok((rows, all, compared))
     }
 }
 

@@ -21,6 +21,7 @@ use std::{
 use futures::{StreamExt, future::BoxFuture, stream};
 use tokio::sync::mpsc;
 
+use shardcache_client::StepTimer;
 use shardcache_tests::next_random;
 
 /// How the dataset is cut into shards and samples.
@@ -121,7 +122,22 @@ pub async fn run_epoch(
     shape: JobShape,
     read: ReadBatch,
     startup: Duration,
+    on_step: impl FnMut(usize) -> BoxFuture<'static, ()>,
+) -> anyhow::Result<EpochRun> {
+    run_epoch_timed(order, shape, read, startup, on_step, &mut []).await
+}
+
+/// [`run_epoch`], each rank's batches also timed by its `timers[rank]` (the Rust SDK's
+/// `StepTimer`, as a real trainer's loop would: it asks for every rank's batch when the
+/// step starts, and has it when the rank's loader hands it over). Their epoch is the
+/// caller's to start.
+pub async fn run_epoch_timed(
+    order: &EpochOrder,
+    shape: JobShape,
+    read: ReadBatch,
+    startup: Duration,
     mut on_step: impl FnMut(usize) -> BoxFuture<'static, ()>,
+    timers: &mut [StepTimer],
 ) -> anyhow::Result<EpochRun> {
     let global = shape.ranks * shape.batch_per_rank;
     let steps = shape.steps_over(order);
@@ -164,10 +180,14 @@ pub async fn run_epoch(
     let mut run = EpochRun { steps: Vec::with_capacity(steps), reads: Vec::new() };
     for step in 0..steps {
         let waiting = Instant::now();
+        timers.iter_mut().for_each(StepTimer::waiting);
         let (mut bytes, mut slowest) = (0, Duration::ZERO);
-        for loader in &mut loaders {
+        for (rank, loader) in loaders.iter_mut().enumerate() {
             let (n, latency) =
                 loader.recv().await.ok_or_else(|| anyhow::anyhow!("a loader stopped early"))??;
+            if let Some(timer) = timers.get_mut(rank) {
+                timer.arrived(shape.batch_per_rank as u32);
+            }
             bytes += n;
             slowest = slowest.max(latency);
             run.reads.push((step, latency));
@@ -182,6 +202,8 @@ pub async fn run_epoch(
         });
         on_step(step + 1).await;
     }
+    // The loop asks for one more batch and finds the epoch over: the last step's work ends.
+    timers.iter_mut().for_each(StepTimer::waiting);
     Ok(run)
 }
 

@@ -25,6 +25,7 @@ use shardcache_client::{
     CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, PlannedSample, Range, ShardStream,
 };
 use shardcache_formats::{Budget, SampleIndex};
+use shardcache_proto::v1::{JobReport, StepReport};
 use shardcache_transport::tls::ClientTlsFiles;
 use tokio::runtime::Runtime;
 
@@ -122,6 +123,56 @@ impl Client {
         connected.control = Some(control.clone());
         Ok(control)
     }
+}
+
+/// A job's table (`Client.report`) as Python values.
+fn job_report_dict<'py>(py: Python<'py>, table: &JobReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("principal", &table.principal)?;
+    d.set_item("job", &table.job)?;
+    d.set_item("ranks", table.ranks)?;
+    d.set_item("members", &table.members)?;
+    let phases = PyList::empty(py);
+    for phase in &table.phases {
+        let r = shardcache_client::report::row(phase);
+        let item = PyDict::new(py);
+        item.set_item("epoch", r.epoch)?;
+        item.set_item("phase", r.phase)?;
+        item.set_item("steps", r.steps)?;
+        item.set_item("samples", phase.samples)?;
+        item.set_item("samples_per_s", r.samples_per_s)?;
+        item.set_item("data_wait_pct", r.data_wait_pct)?;
+        item.set_item("gpu_util_pct", r.gpu_util_pct)?;
+        item.set_item("read_p50_ms", r.read_p50_ms)?;
+        item.set_item("read_p99_ms", r.read_p99_ms)?;
+        item.set_item("reads", r.reads)?;
+        item.set_item("from_store_pct", r.from_store_pct)?;
+        item.set_item("from_members_pct", r.from_members_pct)?;
+        item.set_item("from_hub_pct", r.from_hub_pct)?;
+        item.set_item("link_per_read", r.link_per_read)?;
+        item.set_item("slowest_rank", r.slowest_rank.map(|(rank, _)| rank))?;
+        item.set_item("slowest_rank_wait_pct", r.slowest_rank.map(|(_, pct)| pct))?;
+        item.set_item(
+            "rank_wait_s",
+            phase.rank_wait_us.iter().map(|&us| us as f64 / 1e6).collect::<Vec<_>>(),
+        )?;
+        phases.append(item)?;
+    }
+    d.set_item("phases", phases)?;
+    let timeline = PyList::empty(py);
+    for p in &table.timeline {
+        let item = PyDict::new(py);
+        item.set_item("at_ms", p.at_ms)?;
+        item.set_item("width_ms", p.width_ms)?;
+        item.set_item("steps", p.steps)?;
+        item.set_item("wall_s", p.wall_us as f64 / 1e6)?;
+        item.set_item("wait_s", p.wait_us as f64 / 1e6)?;
+        item.set_item("samples", p.samples)?;
+        timeline.append(item)?;
+    }
+    d.set_item("timeline", timeline)?;
+    d.set_item("markdown", shardcache_client::report::markdown(table))?;
+    Ok(d)
 }
 
 fn shard_dict<'py>(py: Python<'py>, s: &shardcache_proto::v1::ShardInfo) -> PyResult<Bound<'py, PyDict>> {
@@ -521,6 +572,41 @@ impl Client {
         d.set_item("members", members)?;
         d.set_item("peer_refusals", status.peer_refusals)?;
         Ok(d)
+    }
+
+    /// Sends one rank's step timings of ``job`` (what ``shardcache.StepTimer`` measured):
+    /// batches from ``first_batch`` of ``epoch``, each with the microseconds the loop
+    /// waited for it, worked after it, and its samples. Every member of a group takes it.
+    #[allow(clippy::too_many_arguments)] // the report's fields, as the Python timer holds them
+    #[pyo3(signature = (job, rank, ranks, epoch, first_batch, wait_us, busy_us, samples))]
+    fn report_steps(
+        &self,
+        py: Python<'_>,
+        job: String,
+        rank: u32,
+        ranks: u32,
+        epoch: u64,
+        first_batch: u64,
+        wait_us: Vec<u32>,
+        busy_us: Vec<u32>,
+        samples: Vec<u32>,
+    ) -> PyResult<()> {
+        let report = StepReport { job, rank, ranks, epoch, first_batch, wait_us, busy_us, samples };
+        let runtime = runtime()?;
+        let control = self.control(py, &runtime)?;
+        py.detach(|| runtime.block_on(control.report_steps(report))).map_err(to_py)
+    }
+
+    /// ``job``'s own table on the spoke (a group's members' merged): a dict with
+    /// ``principal``, ``job``, ``ranks``, ``members``, ``phases`` (one dict a phase in the
+    /// columns of ``shardcache report``), ``timeline`` (steps by wall clock) and
+    /// ``markdown``. ``principal``: another's job, for an operator's token.
+    #[pyo3(signature = (job, principal=String::new()))]
+    fn report<'py>(&self, py: Python<'py>, job: String, principal: String) -> PyResult<Bound<'py, PyDict>> {
+        let runtime = runtime()?;
+        let control = self.control(py, &runtime)?;
+        let table = py.detach(|| runtime.block_on(control.job_report(&job, &principal))).map_err(to_py)?;
+        job_report_dict(py, &table)
     }
 
     /// The Rust SDK's own time for `rounds` x `read_many(ranges)`, with no Python in the

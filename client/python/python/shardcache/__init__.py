@@ -15,6 +15,10 @@ iteration without it):
   overlap, resumable mid-epoch, and it tells the spoke the epoch's order so prefetch
   follows it.
 
+How long the loop waits on data, per phase and rank, in the spoke's own table of the
+job: ``for batch in shardcache.timed(loader, client, job="train"): ...``, then
+``client.report("train")`` (or ``shardcache report train``).
+
 Errors are :class:`ShardcacheError` with ``.code`` (the gRPC code, e.g. ``"NOT_FOUND"``)
 and ``.message``.
 """
@@ -22,5 +26,8 @@ and ``.message``.
 from ._native import Client, ShardcacheError
 from .datasets import ShardDataset, StreamingShardDataset
 from .sampler import ShardSampler
+from .steps import StepTimer, timed
 
-__all__ = ["Client", "ShardcacheError", "ShardDataset", "ShardSampler", "StreamingShardDataset"]
+__all__ = [
+    "Client", "ShardcacheError", "ShardDataset", "ShardSampler", "StepTimer", "StreamingShardDataset", "timed",
+]

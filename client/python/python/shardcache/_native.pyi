@@ -109,6 +109,21 @@ class Client:
         """Sends ``job``'s next reads sample by sample: ``(position, shard, offset, length,
         next_use)`` each; answers ``planned`` and ``window_bytes``."""
     def status(self) -> Dict[str, object]: ...
+    def report_steps(
+        self,
+        job: str,
+        rank: int,
+        ranks: int,
+        epoch: int,
+        first_batch: int,
+        wait_us: List[int],
+        busy_us: List[int],
+        samples: List[int],
+    ) -> None:
+        """Sends one rank's step timings of ``job`` (what ``shardcache.StepTimer`` measured)."""
+    def report(self, job: str, principal: str = "") -> Dict[str, object]:
+        """``job``'s own table: ``phases`` (samples/s, data wait, GPU utilisation, read
+        latency, where reads came from, the slowest rank), ``timeline``, ``markdown``."""
     def _bench_read_many(self, ranges: List[Tuple[str, str, int, int]], rounds: int) -> float: ...
 
 class ShardReader(Iterator[bytes]):
