@@ -22,13 +22,15 @@ kubectl kustomize . > "$rendered"
 echo -n "kustomize: "
 "$VENV/bin/python" check_manifests.py "$rendered"
 KUBERNETES_VERSION="$KUBERNETES_VERSION" SHARDCACHE_VENV="$VENV" bash ../helm/validate.sh "$rendered"
-# Monitoring: the recording rules parse (promtool, from Debian's prometheus, installed by
-# scripts/ensure-test-deps.sh), and every query of the Grafana dashboard is a series they
-# record.
+# Monitoring: the recording rules and alerts parse (promtool, from Debian's prometheus,
+# installed by scripts/ensure-test-deps.sh), the alerts pass their unit tests, and every
+# query of the Grafana dashboard is a series they record.
 promtool check rules ../prometheus/rules.yml >/dev/null
+# The alerts fire as their unit tests say (a job waiting on data, with its cause).
+(cd ../prometheus && promtool test rules rules_test.yml >/dev/null)
 "$VENV/bin/python" - ../prometheus/rules.yml ../grafana/shardcache.json <<'PY'
 import json, sys, yaml
-recorded = {r["record"] for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"]}
+recorded = {r["record"] for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"] if "record" in r}
 queries = [t["expr"] for p in json.load(open(sys.argv[2]))["panels"] for t in p["targets"]]
 unknown = [q for q in queries if q not in recorded]
 if unknown or not queries:

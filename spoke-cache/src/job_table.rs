@@ -407,6 +407,26 @@ impl JobTables {
         Some(table.snapshot())
     }
 
+    /// Every job's steps' wall and data-wait time per epoch, in microseconds, summed over
+    /// its phases: `(principal, job, epoch, wall_us, wait_us)` (the metrics' series).
+    pub fn step_times(&self) -> Vec<(String, String, u64, u64, u64)> {
+        let mut out = Vec::new();
+        for (principal, jobs) in self.tables().iter() {
+            for (job, table) in jobs {
+                let mut epochs: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+                for phase in &table.report.phases {
+                    let sums = epochs.entry(phase.epoch).or_default();
+                    sums.0 += phase.wall_us;
+                    sums.1 += phase.wait_us;
+                }
+                for (epoch, (wall, wait)) in epochs {
+                    out.push((principal.clone(), job.clone(), epoch, wall, wait));
+                }
+            }
+        }
+        out
+    }
+
     /// Writes the tables to their file (a new file renamed over the old: never half one).
     pub fn save(&self) -> std::io::Result<()> {
         let Some(file) = &self.file else { return Ok(()) };

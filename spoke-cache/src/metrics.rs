@@ -419,5 +419,34 @@ impl Metrics {
                     writeln!(out, "{name}{{job_id=\"{}\",epoch=\"{epoch}\"}} {}", escape(job), field(row));
             }
         }
+        self.render_step_times(out);
+    }
+
+    /// Per job and epoch, its steps' time and the part its loop waited for data (the
+    /// SDK's `StepTimer`, `job_table.rs`): the data-wait share the alerts watch. Labelled
+    /// as the other job series.
+    fn render_step_times(&self, out: &mut String) {
+        let mut times: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        for (_, job, epoch, wall, wait) in self.job_tables.step_times() {
+            let label = match job.as_str() {
+                job if self.labelled_jobs.contains(job) => (job.to_owned(), epoch.to_string()),
+                _ => (OTHER_JOBS.to_owned(), String::new()),
+            };
+            let sums = times.entry(label).or_default();
+            sums.0 += wall;
+            sums.1 += wait;
+        }
+        let wall = "Time of a job's steps as its ranks' loops timed them";
+        let wait = "Of a job's steps' time, what its loop waited for data (its slowest rank's wait per step)";
+        for (name, help, waited) in [
+            ("shardcache_spoke_job_step_seconds_total", wall, false),
+            ("shardcache_spoke_job_data_wait_seconds_total", wait, true),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for ((job, epoch), &(wall_us, wait_us)) in &times {
+                let seconds = if waited { wait_us } else { wall_us } as f64 / 1e6;
+                let _ = writeln!(out, "{name}{{job_id=\"{}\",epoch=\"{epoch}\"}} {seconds}", escape(job));
+            }
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! `StepTimer`; the spoke's table has every step in the seed's phases, each step's wait
 //! as its slowest rank's, the rank that waited named, the job's reads counted where they
 //! ran; it is the principal's own (another tenant sees none of it, the operator all of
-//! it), and it is there again after the spoke restarts.
+//! it), and it is there again after the spoke restarts. Through a group, every member
+//! folds the job's steps and counts the reads it answered: the SDK gathers one table.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use shardcache_client::{CacheClient, Client, ConnectOptions, Range, StepTimer, report};
 use shardcache_proto::v1::{JobReport, StepReport};
 use shardcache_serving::{auth::Authenticator, server::Security};
-use shardcache_tests::{TestHub, TestSpoke, make_dataset, spoke_options, token_file};
+use shardcache_tests::{TestHub, TestSpoke, group::TestGroup, make_dataset, spoke_options, token_file};
 use tonic::Code;
 
 fn token(token: &str) -> ConnectOptions {
@@ -109,6 +110,15 @@ async fn a_jobs_table_is_its_loops_waits_by_phase_and_rank_its_own_and_outlives_
         stored > 0 && stored < reads,
         "cold misses first, then reads from the store: {stored} of {reads}"
     );
+    // The metrics carry the job's step and wait time (what the data-wait alert watches;
+    // "train" is not in --metric-jobs, so under job_id="other").
+    for (series, want) in [
+        ("shardcache_spoke_job_step_seconds_total", table.phases.iter().map(|p| p.wall_us).sum::<u64>()),
+        ("shardcache_spoke_job_data_wait_seconds_total", table.phases.iter().map(|p| p.wait_us).sum::<u64>()),
+    ] {
+        let got = spoke.metric(&format!("{series}{{job_id=\"other\",epoch=\"\"}}")).await;
+        assert!((got - want as f64 / 1e6).abs() < 1e-6, "{series}: {got}, the table has {want} µs");
+    }
     let markdown = report::markdown(&table);
     assert!(
         markdown.contains("| epoch 0, batches 0-100 | 100 |") && markdown.contains("| 1 ("),
@@ -142,4 +152,43 @@ async fn a_jobs_table_is_its_loops_waits_by_phase_and_rank_its_own_and_outlives_
     assert_eq!(again.phases.len(), 3);
     assert_eq!(steps(&again), STEPS);
     assert_eq!(again.phases.iter().map(|p| p.reads).sum::<u64>(), reads);
+}
+
+#[tokio::test]
+async fn a_groups_members_tables_are_gathered_into_one() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 8, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let group = TestGroup::start(3, |_| hub.endpoint.clone()).await;
+    let control = CacheClient::connect(&group.spec()).await.unwrap();
+    let reader = Client::connect(&group.spec()).await.unwrap().for_job("train", 0).unwrap();
+    let mut timer = StepTimer::new(control.clone(), "train", 0, 1);
+    timer.start_epoch(0);
+    let mut reads = 0;
+    for step in 0..120u64 {
+        timer.waiting();
+        let shard = format!("shard-{:05}.bin", step % 8);
+        reader.read_range(&Range::new("c4", &shard, (step % 64) * 16384, 16384)).await.unwrap();
+        reads += 1;
+        timer.arrived(24);
+    }
+    drop(timer);
+
+    let table = table_with(&control, "train", "", 120).await;
+    assert_eq!(table.members.len(), 3, "every member's table");
+    let phases: Vec<_> = table.phases.iter().map(|p| (p.name.as_str(), p.steps, p.samples)).collect();
+    assert_eq!(phases, [("batches 0-100", 100, 2400), ("batches 100-150", 20, 480)], "each step once");
+    assert_eq!(
+        table.phases.iter().map(|p| p.reads).sum::<u64>(),
+        reads,
+        "each read counted once, where answered"
+    );
+    // The reads were answered by the shards' owners: more than one member counted some.
+    let mut answering = 0;
+    for url in &group.urls {
+        let own = CacheClient::connect(url).await.unwrap().job_report("train", "").await.unwrap();
+        assert_eq!(steps(&own), 120, "{url} folded every step");
+        answering += usize::from(own.phases.iter().any(|p| p.reads > 0));
+    }
+    assert!(answering >= 2, "the reads went to their shards' owners");
 }
