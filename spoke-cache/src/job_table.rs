@@ -14,9 +14,12 @@
 //! steps, by wall clock, for a plot.
 //!
 //! Bounded: [`MAX_TABLES`] jobs (the least recently reported go first), [`MAX_RANKS`]
-//! ranks a job, [`MAX_PENDING`] steps a job waiting for their ranks, [`MAX_PHASES`]
-//! phases (the first epoch's and the latest epochs'), [`TIMELINE_POINTS`] buckets (two
-//! merged into one when full). Kept across a restart in `jobs.pb`.
+//! ranks a job, [`MAX_PENDING`] steps and [`MAX_PENDING_WAITS`] ranks' waits a job
+//! waiting for the rest of their ranks, [`MAX_PHASES`] phases (the first epoch's and the
+//! latest epochs'), [`TIMELINE_POINTS`] buckets (two merged into one when full). A job's
+//! table is then at most ~3.5 MiB (phases 32 x (1.3 KiB of latency + 8 B a rank), its
+//! pending waits 2 MiB, its timeline 24 KiB), 0.9 GiB for 256; a job of 16 ranks past its
+//! first epoch holds ~50 KiB. Kept across a restart in `jobs.pb`.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -36,6 +39,9 @@ pub const MAX_TABLES: usize = 256;
 pub const MAX_RANKS: u32 = 4096;
 /// Steps a job holds waiting for the rest of their ranks; the oldest are folded past it.
 pub const MAX_PENDING: usize = 4096;
+/// Ranks' waits those steps hold in all (8 bytes each: 2 MiB a job): 64 steps of a job of
+/// 4096 ranks, all 4096 of one of 64 ranks.
+pub const MAX_PENDING_WAITS: usize = 1 << 18;
 /// Batches one report may carry.
 pub const MAX_BATCHES_A_REPORT: usize = 16 << 10;
 /// Phases a job keeps: the first epoch's three and the latest epochs'.
@@ -46,6 +52,10 @@ pub const TIMELINE_POINTS: usize = 512;
 const FIRST_WIDTH_MS: u64 = 1000;
 /// A step some rank has not reported this long after the first did is folded without it.
 pub const FOLD_AFTER: Duration = Duration::from_secs(10);
+/// A job that reports steps it has folded already after this long without a report is
+/// run again under the same name: its table starts afresh (a late rank reports within
+/// seconds).
+pub const RERUN_AFTER: Duration = Duration::from_secs(60);
 /// Latency buckets: four a doubling, from 1 µs to past 10 minutes.
 pub const LATENCY_BUCKETS: usize = 4 * 40;
 /// The file the tables are kept in, in the cache directory.
@@ -98,6 +108,10 @@ struct Table {
     pending: BTreeMap<(u64, u64), PendingStep>,
     /// The job's first epoch (its phases by batch), from its first step.
     first_epoch: Option<u64>,
+    /// The latest step folded: a rank's report of it or of an earlier one comes too late
+    /// (it was folded without that rank) and is not counted again. Ranks report their
+    /// batches in order, so steps are folded in order.
+    folded_through: Option<(u64, u64)>,
     /// Reads before the job's first step (its loaders start first): added to its first
     /// phase when that is known.
     early: JobPhase,
@@ -125,6 +139,7 @@ impl Table {
             report,
             pending: BTreeMap::new(),
             first_epoch,
+            folded_through: None,
             early: JobPhase {
                 name: BEFORE_STEPS.to_owned(),
                 latency: vec![0; LATENCY_BUCKETS],
@@ -209,6 +224,7 @@ impl Table {
         if new_phase {
             self.count_reads(reads);
         }
+        self.folded_through = self.folded_through.max(Some((epoch, batch)));
         let at = now_ms();
         let phase = self.phase(epoch, batch);
         phase.steps += 1;
@@ -263,7 +279,7 @@ impl Table {
     }
 
     /// Folds the pending steps that have every rank, have waited long enough, or are
-    /// past [`MAX_PENDING`].
+    /// past [`MAX_PENDING`] or [`MAX_PENDING_WAITS`] (the oldest first).
     fn fold_ready(&mut self, reads: JobSnapshot) {
         let ranks = self.report.ranks;
         let ready: Vec<(u64, u64)> = self
@@ -277,8 +293,10 @@ impl Table {
                 self.fold(key, step, &waits, reads);
             }
         }
-        while self.pending.len() > MAX_PENDING {
+        let mut waits_held: usize = self.pending.values().map(|(_, waits)| waits.len()).sum();
+        while self.pending.len() > MAX_PENDING || waits_held > MAX_PENDING_WAITS {
             let Some((key, (step, waits))) = self.pending.pop_first() else { break };
+            waits_held -= waits.len();
             self.fold(key, step, &waits, reads);
         }
     }
@@ -359,10 +377,19 @@ impl JobTables {
         }
         let mut tables = self.tables();
         let table = table_of(&mut tables, principal, job);
+        let first = (report.epoch, report.first_batch);
+        if table.folded_through.is_some_and(|through| first <= through)
+            && table.touched.elapsed() >= RERUN_AFTER
+        {
+            *table = Table::new(principal, job); // the job run again: its table is its latest run's
+        }
         table.touched = Instant::now();
         table.report.ranks = table.report.ranks.max(report.ranks).max(report.rank + 1);
         for i in 0..count {
             let key = (report.epoch, report.first_batch.saturating_add(i as u64));
+            if table.folded_through.is_some_and(|through| key <= through) {
+                continue; // folded without this rank already
+            }
             let (wait, busy) = (report.wait_us[i], report.busy_us[i]);
             let (step, waits) = table.pending.entry(key).or_insert_with(|| {
                 let first_seen = Instant::now();
@@ -578,6 +605,39 @@ mod tests {
         again.report("a", &report(0, 1, 1, 0, &[5; 4]), reads).unwrap();
         let table = again.get("a", "train", reads).unwrap();
         assert_eq!(table.phases.last().unwrap().name, "epoch 1", "the first epoch is still the job's first");
+    }
+
+    #[test]
+    fn steps_waiting_for_ranks_are_bounded_by_the_waits_they_hold() {
+        let tables = JobTables::default();
+        let reads = JobSnapshot::default();
+        // 100 of 4096 ranks report the same 3000 steps (under MAX_PENDING): their waits
+        // pass MAX_PENDING_WAITS, and the oldest steps fold with the ranks they have.
+        let many = 3000;
+        for rank in 0..100 {
+            tables.report("a", &report(rank, 4096, 0, 0, &vec![1; many]), reads).unwrap();
+        }
+        let mut guard = tables.tables();
+        let table = table_of(&mut guard, "a", "train");
+        let held: usize = table.pending.values().map(|(_, waits)| waits.len()).sum();
+        assert!(held <= MAX_PENDING_WAITS, "{held}");
+        let folded: u64 = table.report.phases.iter().map(|p| p.steps).sum();
+        assert!(folded > 0, "the oldest steps were folded");
+        assert_eq!(folded + table.pending.len() as u64, many as u64, "every step folded or held");
+    }
+
+    #[test]
+    fn a_late_rank_is_not_counted_twice_and_a_job_run_again_starts_afresh() {
+        let tables = JobTables::default();
+        let reads = JobSnapshot::default();
+        tables.report("a", &report(0, 1, 0, 0, &[1; 10]), reads).unwrap();
+        tables.report("a", &report(0, 1, 0, 5, &[1; 10]), reads).unwrap();
+        let table = tables.get("a", "train", reads).unwrap();
+        assert_eq!(table.phases[0].steps, 15, "batches 5-9 sent twice count once");
+        // The same name an hour later, from its first batch: a new run.
+        table_of(&mut tables.tables(), "a", "train").touched -= RERUN_AFTER;
+        tables.report("a", &report(0, 1, 0, 0, &[1; 3]), reads).unwrap();
+        assert_eq!(tables.get("a", "train", reads).unwrap().phases[0].steps, 3);
     }
 
     #[test]
