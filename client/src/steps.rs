@@ -33,6 +33,11 @@ pub struct StepTimer {
     to_send: mpsc::Sender<StepReport>,
 }
 
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 fn micros(d: Duration) -> u32 {
     d.as_micros().min(u128::from(u32::MAX)) as u32
 }
@@ -76,6 +81,11 @@ impl StepTimer {
     /// The loop has its batch, of `samples` samples.
     pub fn arrived(&mut self, samples: u32) {
         let now = Instant::now();
+        if self.report.wait_us.is_empty() && self.arrived.is_none() {
+            // The report's first batch: when the loop asked for it, by the wall clock.
+            let asked = self.asked.map_or(Duration::ZERO, |asked| now - asked);
+            self.report.started_ms = now_ms().saturating_sub(asked.as_millis() as u64);
+        }
         let wait = self.asked.take().map_or(0, |asked| micros(now - asked));
         self.arrived = Some((now, wait, samples));
     }
@@ -104,6 +114,7 @@ impl StepTimer {
             wait_us: Vec::new(),
             busy_us: Vec::new(),
             samples: Vec::new(),
+            started_ms: 0,
             ..self.report.clone()
         };
         let report = std::mem::replace(&mut self.report, next);

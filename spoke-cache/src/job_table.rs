@@ -91,6 +91,9 @@ pub fn latency_bound_ms(i: usize) -> f64 {
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     first_seen: Instant,
+    /// When the step began (ms since the Unix epoch), as its first reported rank says; 0:
+    /// unknown (placed when folded).
+    at_ms: u64,
     ranks: u32,
     wait_us: u32,
     wall_us: u64,
@@ -225,7 +228,7 @@ impl Table {
             self.count_reads(reads);
         }
         self.folded_through = self.folded_through.max(Some((epoch, batch)));
-        let at = now_ms();
+        let at = if step.at_ms > 0 { step.at_ms } else { now_ms() };
         let phase = self.phase(epoch, batch);
         phase.steps += 1;
         phase.wall_us += step.wall_us;
@@ -385,7 +388,11 @@ impl JobTables {
         }
         table.touched = Instant::now();
         table.report.ranks = table.report.ranks.max(report.ranks).max(report.rank + 1);
+        // Each batch's start, by the wall clock: the report's start plus the batches before.
+        let mut at_us = report.started_ms.saturating_mul(1000);
         for i in 0..count {
+            let batch_at_ms = if report.started_ms > 0 { at_us / 1000 } else { 0 };
+            at_us = at_us.saturating_add(u64::from(report.wait_us[i]) + u64::from(report.busy_us[i]));
             let key = (report.epoch, report.first_batch.saturating_add(i as u64));
             if table.folded_through.is_some_and(|through| key <= through) {
                 continue; // folded without this rank already
@@ -393,7 +400,10 @@ impl JobTables {
             let (wait, busy) = (report.wait_us[i], report.busy_us[i]);
             let (step, waits) = table.pending.entry(key).or_insert_with(|| {
                 let first_seen = Instant::now();
-                (Pending { first_seen, ranks: 0, wait_us: 0, wall_us: 0, samples: 0 }, Vec::new())
+                (
+                    Pending { first_seen, at_ms: batch_at_ms, ranks: 0, wait_us: 0, wall_us: 0, samples: 0 },
+                    Vec::new(),
+                )
             });
             if waits.iter().any(|&(r, _)| r == report.rank) {
                 continue; // sent twice
@@ -508,6 +518,7 @@ mod tests {
             wait_us: waits.to_vec(),
             busy_us: vec![1000; waits.len()],
             samples: vec![24; waits.len()],
+            started_ms: 0,
         }
     }
 
@@ -645,7 +656,8 @@ mod tests {
         let tables = JobTables::default();
         let mut tables_guard = tables.tables();
         let table = table_of(&mut tables_guard, "a", "j");
-        let step = Pending { first_seen: Instant::now(), ranks: 1, wait_us: 1, wall_us: 2, samples: 3 };
+        let step =
+            Pending { first_seen: Instant::now(), at_ms: 0, ranks: 1, wait_us: 1, wall_us: 2, samples: 3 };
         for i in 0..(TIMELINE_POINTS as u64 * 3) {
             table.timeline(1_000_000 + i * 1000, step);
         }

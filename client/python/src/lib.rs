@@ -576,9 +576,10 @@ impl Client {
 
     /// Sends one rank's step timings of ``job`` (what ``shardcache.StepTimer`` measured):
     /// batches from ``first_batch`` of ``epoch``, each with the microseconds the loop
-    /// waited for it, worked after it, and its samples. Every member of a group takes it.
+    /// waited for it, worked after it, and its samples; ``started_ms``: when the loop asked
+    /// for the first (ms since the Unix epoch, 0 unknown). Every member of a group takes it.
     #[allow(clippy::too_many_arguments)] // the report's fields, as the Python timer holds them
-    #[pyo3(signature = (job, rank, ranks, epoch, first_batch, wait_us, busy_us, samples))]
+    #[pyo3(signature = (job, rank, ranks, epoch, first_batch, wait_us, busy_us, samples, started_ms=0))]
     fn report_steps(
         &self,
         py: Python<'_>,
@@ -590,8 +591,10 @@ impl Client {
         wait_us: Vec<u32>,
         busy_us: Vec<u32>,
         samples: Vec<u32>,
+        started_ms: u64,
     ) -> PyResult<()> {
-        let report = StepReport { job, rank, ranks, epoch, first_batch, wait_us, busy_us, samples };
+        let report =
+            StepReport { job, rank, ranks, epoch, first_batch, wait_us, busy_us, samples, started_ms };
         let runtime = runtime()?;
         let control = self.control(py, &runtime)?;
         py.detach(|| runtime.block_on(control.report_steps(report))).map_err(to_py)

@@ -68,6 +68,24 @@ async fn two_ranks_of_train(endpoint: &str, alice_token: &str, alice: &CacheClie
     reads
 }
 
+/// `shardcache report --png`'s image of `table`: its size, and its marks drawn in blue.
+fn assert_timeline_drawn(table: &JobReport, path: &std::path::Path) {
+    let points = shardcache_cli::timeline::points(table);
+    assert!(!points.is_empty() && points.iter().all(|p| (0.0..=100.0).contains(&p.2)), "{points:?}");
+    shardcache_cli::timeline::write_png(table, path).unwrap();
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut pixels = vec![0; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut pixels).unwrap();
+    assert_eq!((frame.width, frame.height), (1200, 700));
+    let channels = frame.color_type.samples();
+    let blue = pixels.chunks(channels).filter(|p| p[2] > 200 && p[0] < 60 && p[1] < 60).count();
+    assert!(blue > 50, "the timeline's marks are drawn: {blue} blue pixels");
+    let empty = JobReport { job: "none".into(), ..Default::default() };
+    let refused = shardcache_cli::timeline::write_png(&empty, path).unwrap_err();
+    assert!(refused.to_string().contains("no steps"), "{refused}");
+}
+
 #[tokio::test]
 async fn a_jobs_table_is_its_loops_waits_by_phase_and_rank_its_own_and_outlives_a_restart() {
     let root = tempfile::tempdir().unwrap();
@@ -124,6 +142,7 @@ async fn a_jobs_table_is_its_loops_waits_by_phase_and_rank_its_own_and_outlives_
         markdown.contains("| epoch 0, batches 0-100 | 100 |") && markdown.contains("| 1 ("),
         "{markdown}"
     );
+    assert_timeline_drawn(&table, &dir.path().join("train.png"));
 
     // Alice's job is hers: Bob has no job "train" and may not ask for hers; the operator may.
     let refused = bob.job_report("train", "").await.unwrap_err();

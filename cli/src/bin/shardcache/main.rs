@@ -122,7 +122,8 @@ enum Command {
     /// link bytes per byte read, and the rank that waited most. Through a group, the
     /// members' tables merged.
     #[command(
-        after_help = "Examples:\n  shardcache report train-7b\n  shardcache report train-7b --principal alice"
+        after_help = "Examples:\n  shardcache report train-7b\n  shardcache report train-7b --png train-7b.png\n  \
+                      shardcache report train-7b --principal alice"
     )]
     Report {
         /// The job (its reads' `job=`; the part before the first '/').
@@ -130,6 +131,9 @@ enum Command {
         /// Whose job: an operator's token may see any principal's; others see their own.
         #[arg(long, default_value = "")]
         principal: String,
+        /// Also draw the job's timeline (samples/s and data wait over time) into this PNG.
+        #[arg(long)]
+        png: Option<PathBuf>,
     },
     /// List the access plans your token (or certificate) has on a spoke, or drop a
     /// finished job's: `shardcache plans drop JOB` withdraws JOB and its readers'
@@ -373,7 +377,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             commands::cat(server, &dataset, &shard, offset, length).await
         }
         Command::Status => commands::status(server).await,
-        Command::Report { job, principal } => commands::report(server, &job, &principal).await,
+        Command::Report { job, principal, png } => {
+            commands::report(server, &job, &principal, png.as_deref()).await
+        }
         Command::Plans { action: None } => commands::plans(server).await,
         Command::Plans { action: Some(PlansCommand::Drop { job }) } => {
             commands::drop_plans(server, &job).await

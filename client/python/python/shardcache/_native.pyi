@@ -119,6 +119,7 @@ class Client:
         wait_us: List[int],
         busy_us: List[int],
         samples: List[int],
+        started_ms: int = 0,
     ) -> None:
         """Sends one rank's step timings of ``job`` (what ``shardcache.StepTimer`` measured)."""
     def report(self, job: str, principal: str = "") -> Dict[str, object]:

@@ -49,6 +49,7 @@ class StepTimer:
         self.client, self.job, self.rank, self.ranks = client, job, int(rank), int(ranks)
         self.epoch, self._first = int(epoch), 0
         self._wait, self._busy, self._samples = [], [], []
+        self._started_ms = 0  # when the loop asked for the report's first batch (wall clock)
         self._asked: Optional[float] = None
         self._arrived: Optional[tuple] = None
         self._sent = time.monotonic()
@@ -74,6 +75,8 @@ class StepTimer:
         """The loop has its batch, of ``samples`` samples."""
         now = time.monotonic()
         wait = 0.0 if self._asked is None else now - self._asked
+        if not self._wait and self._arrived is None:
+            self._started_ms = int((time.time() - wait) * 1000)
         self._asked = None
         self._arrived = (now, _micros(wait), int(samples))
 
@@ -100,7 +103,7 @@ class StepTimer:
         self._sent = time.monotonic()
         if not self._wait:
             return
-        report = (self.epoch, self._first, self._wait, self._busy, self._samples)
+        report = (self.epoch, self._first, self._wait, self._busy, self._samples, self._started_ms)
         self._first += len(self._wait)
         self._wait, self._busy, self._samples = [], [], []
         try:
@@ -113,9 +116,9 @@ class StepTimer:
             report = self._queue.get()
             if report is None:
                 return
-            epoch, first, wait, busy, samples = report
+            epoch, first, wait, busy, samples, started_ms = report
             try:
-                self.client.report_steps(self.job, self.rank, self.ranks, epoch, first, wait, busy, samples)
+                self.client.report_steps(self.job, self.rank, self.ranks, epoch, first, wait, busy, samples, started_ms)
             except Exception as e:  # the loop's data is the point; its report is not
                 _log.debug("a step report was not taken: %s", e)
 
