@@ -5,7 +5,9 @@
 //! then through a spoke with room for half the dataset, evicting least recently used or
 //! by the job's access plan, over three epochs; then two trainer nodes through a spoke
 //! each and through a group of three spokes; and the prefetched spoke over a 2 Gbit/s
-//! link with the hub's compression off and on (`link.rs`: its bytes per epoch).
+//! link with the hub's compression off and on (`link.rs`: its bytes per epoch). Through a
+//! spoke, the trainer's ranks also time their batches with the SDK's `StepTimer`, and the
+//! spoke's own table of the job is printed beside the demo's (`job_table.rs`).
 //! See ../shared/seed/SEED.md for the run this reproduces.
 
 pub mod group;
