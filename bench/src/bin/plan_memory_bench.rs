@@ -16,6 +16,9 @@
 //! disk used), so the follower fetches the window's first bytes as it would (those held
 //! are the `staged` column, taken out of the growth) and no more.
 //!
+//! Last, the jobs' tables (issue 49): 256 jobs of 16 ranks reporting their steps, then one
+//! job of 4096 ranks.
+//!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/plan-memory-bench
 //! ```
@@ -101,6 +104,68 @@ async fn main() {
         );
     }
     sample_windows().await;
+    job_tables().await;
+}
+
+/// What the spoke's jobs' tables cost (issue 49): 256 jobs (the bound) of 16 ranks, each
+/// rank reporting two epochs of 300 batches as the SDK's timer does; then one job of 4096
+/// ranks (the rank bound) reporting one epoch of 200 batches. RSS before and after.
+async fn job_tables() {
+    use shardcache_proto::v1::StepReport;
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 1, 16 << 10);
+    let hub = HubProcess::start(root.path(), &[]);
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = SpokeProcess::start(&hub.endpoint, cache.path(), &[]);
+    let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
+    let report = |job: &str, rank: u32, ranks: u32, epoch: u64, batches: usize| StepReport {
+        job: job.to_owned(),
+        rank,
+        ranks,
+        epoch,
+        first_batch: 0,
+        wait_us: vec![1000; batches],
+        busy_us: vec![50_000; batches],
+        samples: vec![24; batches],
+        started_ms: 1_700_000_000_000 + epoch * 20_000,
+    };
+    let pid = spoke.child.id();
+    println!();
+    println!("| jobs' tables | RSS before | RSS after | growth | per job |");
+    println!("|---|---|---|---|---|");
+    let before = rss(pid);
+    for job in 0..256 {
+        for epoch in 0..2 {
+            for rank in 0..16 {
+                control.report_steps(report(&format!("job-{job}"), rank, 16, epoch, 300)).await.unwrap();
+            }
+        }
+    }
+    let after = rss(pid);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let growth = after.saturating_sub(before);
+    println!(
+        "| 256 jobs x 16 ranks x 2 epochs of 300 batches | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} KiB |",
+        mib(before),
+        mib(after),
+        mib(growth),
+        growth as f64 / 256.0 / 1024.0
+    );
+    let before = rss(pid);
+    for rank in 0..4096 {
+        control.report_steps(report("wide", rank, 4096, 0, 200)).await.unwrap();
+    }
+    let after = rss(pid);
+    let growth = after.saturating_sub(before);
+    println!(
+        "| one job of 4096 ranks x 200 batches (and the least recent job dropped) | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} KiB |",
+        mib(before),
+        mib(after),
+        mib(growth),
+        growth as f64 / 1024.0
+    );
+    let table = control.job_report("wide", "").await.unwrap();
+    assert_eq!(table.phases.iter().map(|p| p.steps).sum::<u64>(), 200, "every step folded once");
 }
 
 const EPOCH_SAMPLES: u64 = 100_000_000;
