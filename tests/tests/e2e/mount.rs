@@ -17,6 +17,7 @@ use std::{
 };
 
 use shardcache_tests::{MountProcess, TestHub, TestSpoke, make_dataset, spoke_options, until, write_pattern};
+use shardcache_wan::{LinkConfig, WanProxy};
 use spoke_cache::PeerGroup;
 use tokio::net::TcpListener;
 
@@ -269,13 +270,24 @@ async fn a_group_of_spokes_mounts_as_one_tree_and_fetches_once() {
     let root = tempfile::tempdir().unwrap();
     let c4 = make_dataset(root.path(), "c4", 6, MIB);
     let hub = TestHub::start(root.path()).await;
+    // The hub across a link of 100 ms, as a group's hub is: a member that a read is
+    // hedged to waits for the owner's fetch about as long as a fetch takes (twice its
+    // p95); with the hub on loopback that wait is 50 ms, which an owner sharing two busy
+    // cores can outlast, and the hedge would then fetch its read itself (by design).
+    let link = WanProxy::start(
+        "127.0.0.1:0".parse().unwrap(),
+        hub.addr,
+        LinkConfig::rtt(Duration::from_millis(100)),
+    )
+    .await
+    .unwrap();
     let listeners =
         [TcpListener::bind("127.0.0.1:0").await.unwrap(), TcpListener::bind("127.0.0.1:0").await.unwrap()];
     let urls: Vec<String> = listeners.iter().map(|l| format!("http://{}", l.local_addr().unwrap())).collect();
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let mut spokes = Vec::new();
     for ((listener, url), dir) in listeners.into_iter().zip(&urls).zip(&dirs) {
-        let mut options = spoke_options(&hub.endpoint);
+        let mut options = spoke_options(&link.endpoint());
         options.group =
             Some(PeerGroup { spec: urls.join(","), me: url.clone(), credentials: Default::default() });
         spokes.push(TestSpoke::start_on(listener, dir.path(), options).await);
@@ -284,13 +296,17 @@ async fn a_group_of_spokes_mounts_as_one_tree_and_fetches_once() {
     let log = dirs[0].path().join("mount.log");
     let _mount = MountProcess::start(&urls.join(","), mnt.path(), &[], &log);
     let shards: Vec<String> = names(&c4).into_iter().filter(|n| n.ends_with(".bin")).collect();
-    assert_eq!(names(&mnt.path().join("c4")), shards);
-    for name in shards {
-        assert!(
-            std::fs::read(mnt.path().join("c4").join(&name)).unwrap()
-                == std::fs::read(c4.join(&name)).unwrap()
-        );
-    }
+    // Read on a blocking thread: the spokes serve the mount from this runtime's two
+    // workers, and a read blocking one of them would slow them into hedging.
+    let tree = mnt.path().join("c4");
+    tokio::task::spawn_blocking(move || {
+        assert_eq!(names(&tree), shards);
+        for name in shards {
+            assert!(std::fs::read(tree.join(&name)).unwrap() == std::fs::read(c4.join(&name)).unwrap());
+        }
+    })
+    .await
+    .unwrap();
     for spoke in &spokes {
         spoke.settled().await;
     }
