@@ -36,6 +36,7 @@ check: lint
 # The end-to-end tests start the built binaries, so build them first.
 test: lint
 	@scripts/ensure-test-deps.sh
+	@scripts/build-otelcol.sh
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 	@scripts/test-python.sh

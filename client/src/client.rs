@@ -6,6 +6,7 @@
 //! size are `stream.rs`'s.
 
 use std::sync::Arc;
+use tracing::Instrument as _;
 
 use shardcache_proto::{
     encoding,
@@ -50,6 +51,14 @@ pub struct Listed<T> {
 /// Whether the server marked `response` as answered from what it had seen.
 fn is_stale<T>(response: &tonic::Response<T>) -> bool {
     response.metadata().get(shardcache_proto::STALE_METADATA).is_some()
+}
+
+/// The span of one member's call (when traces are exported): which member, and whether
+/// it was a hedge or a failover (`attempt` > 0: members were asked before it).
+fn ask_span(member: &ServerSlot, attempt: usize) -> tracing::Span {
+    shardcache_transport::telemetry::traced(
+        || tracing::info_span!("shardcache.ask", member = %member.url, attempt, otel.kind = "client"),
+    )
 }
 
 /// Whether a member answered with bytes of the owner it joined (a hedge that cost the
@@ -236,7 +245,7 @@ impl Client {
         Fut: std::future::Future<Output = Result<T>>,
     {
         self.router
-            .call(route, |i, member| call(&route[..i], member.clone()))
+            .call(route, |i, member| call(&route[..i], member.clone()).instrument(ask_span(member, i)))
             .await
             .map_err(|e| e.unwrap_or_else(|| Error::Config("the client has no members to ask".into())))
     }
@@ -250,7 +259,11 @@ impl Client {
         Fut: std::future::Future<Output = Result<(T, bool)>>,
     {
         self.router
-            .call_relayed(route, |i, member| call(&route[..i], member.clone()), |(_, relayed)| *relayed)
+            .call_relayed(
+                route,
+                |i, member| call(&route[..i], member.clone()).instrument(ask_span(member, i)),
+                |(_, relayed)| *relayed,
+            )
             .await
             .map(|(answer, _)| answer)
             .map_err(|e| e.unwrap_or_else(|| Error::Config("the client has no members to ask".into())))

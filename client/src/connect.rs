@@ -37,7 +37,8 @@ impl fmt::Debug for ConnectOptions {
     }
 }
 
-/// Adds `authorization: Bearer <token>` to every request (when there is a token).
+/// Adds `authorization: Bearer <token>` to every request (when there is a token), and the
+/// caller's trace context (`shardcache_transport::telemetry::inject`).
 #[derive(Clone, Default)]
 pub struct Credentials {
     bearer: Option<MetadataValue<Ascii>>,
@@ -70,6 +71,9 @@ impl Interceptor for Credentials {
         if let Some(bearer) = &self.bearer {
             request.metadata_mut().insert("authorization", bearer.clone());
         }
+        // Every call of the SDK, the spoke's to hubs and peers too, carries its span's
+        // W3C trace context when the process exports traces.
+        shardcache_transport::telemetry::inject(request.metadata_mut());
         Ok(request)
     }
 }

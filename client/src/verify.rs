@@ -73,7 +73,13 @@ pub(crate) fn range(endpoint: &str, range: &Range, chunk: Chunk) -> Result<Verif
 pub(crate) fn decoded(endpoint: &str, chunk: Chunk, expected: u64) -> Result<(Chunk, u64)> {
     let wire_len = chunk.data.len() as u64;
     let (offset, decoded_length) = (chunk.offset, chunk.decoded_length);
-    let chunk = encoding::decode(chunk, expected).map_err(|e| {
+    let span = match decoded_length {
+        0 => tracing::Span::none(),
+        _ => shardcache_transport::telemetry::traced(|| {
+            tracing::info_span!("decompress", bytes = decoded_length, wire_bytes = wire_len)
+        }),
+    };
+    let chunk = span.in_scope(|| encoding::decode(chunk, expected)).map_err(|e| {
         protocol(
             endpoint,
             format!("sent a data message at offset {offset} ({decoded_length} bytes decoded) that {e}"),
@@ -84,7 +90,9 @@ pub(crate) fn decoded(endpoint: &str, chunk: Chunk, expected: u64) -> Result<(Ch
 
 /// `chunk` (decoded) as verified bytes, or the CRC32C mismatch `endpoint` sent.
 pub(crate) fn checked(endpoint: &str, chunk: Chunk, wire_len: u64) -> Result<Verified> {
-    checksum::verify(chunk.offset, &chunk.data, chunk.crc32c)
+    let span =
+        shardcache_transport::telemetry::traced(|| tracing::info_span!("verify", bytes = chunk.data.len()));
+    span.in_scope(|| checksum::verify(chunk.offset, &chunk.data, chunk.crc32c))
         .map_err(|source| Error::Checksum { endpoint: endpoint.to_owned(), source })?;
     Ok(Verified {
         offset: chunk.offset,

@@ -17,7 +17,8 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn serve() -> anyhow::Result<()> {
-    shardcache_serving::server::init_tracing();
+    // Kept to the end: dropping it flushes the spans not yet exported.
+    let _traces = shardcache_serving::server::init_tracing("shardcache-hub");
     let args: HubArgs = shardcache_serving::flags::parse(ENV_PREFIX);
     // Handlers first: a SIGTERM that arrives right after we report the address must
     // still mean a graceful stop, not the default of dying on the spot.

@@ -7,6 +7,7 @@ use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
+use tracing::Instrument as _;
 
 use futures::{StreamExt, TryStreamExt};
 use shardcache_proto::{
@@ -271,7 +272,11 @@ impl<S: Source> ShardReader for ReadService<S> {
         let meta = handle.meta();
         range::check_within(req.offset, req.length, meta.size).map_err(ReadError::from)?;
         // `length` fits in usize: it is under `max_read`, checked above.
-        let data = handle.read_at(req.offset, req.length as usize).await.map_err(Into::into)?;
+        let span = shardcache_transport::telemetry::traced(|| {
+            tracing::info_span!("read", ranges = 1, bytes = req.length)
+        });
+        let data =
+            handle.read_at(req.offset, req.length as usize).instrument(span).await.map_err(Into::into)?;
         self.observer.served(data.data.len());
         let mut sent = self.encoded(vec![chunk(req.offset, data, &meta.version)], &context).await;
         self.observer.read_latency(started.elapsed(), &context);
@@ -324,7 +329,10 @@ impl<S: Source> ShardReader for ReadService<S> {
                 Ok((handle, r.offset, r.length))
             })
             .collect::<Result<Vec<_>, ReadError>>()?;
-        let data = self.source.read_many(&reads).await.map_err(Into::into)?;
+        let span = shardcache_transport::telemetry::traced(|| {
+            tracing::info_span!("read", ranges = reads.len(), bytes = total)
+        });
+        let data = self.source.read_many(&reads).instrument(span).await.map_err(Into::into)?;
         self.observer.served(data.iter().map(|d| d.data.len()).sum());
         let chunks = reads
             .iter()
@@ -365,32 +373,37 @@ impl<S: Source> ShardReader for ReadService<S> {
         let observer = self.observer.clone();
         let level = self.level(&context);
         let context = Arc::new(context);
-        tokio::spawn(async move {
-            // In order, with the source's number of reads in flight; memory per stream is
-            // (READ_PARALLELISM + STREAM_READ_AHEAD) messages.
-            let mut reads = futures::stream::iter(spans)
-                .map(|(pos, len)| {
-                    let (handle, observer, context) = (handle.clone(), observer.clone(), context.clone());
-                    async move {
-                        let started = Instant::now();
-                        let data = handle.read_at(pos, len as usize).await?;
-                        observer.served(data.data.len());
-                        let sent = encode_all(vec![chunk(pos, data, &handle.meta().version)], level).await;
-                        observer.sent(sent.iter().map(|c| c.data.len()).sum());
-                        observer.read_latency(started.elapsed(), &context);
-                        Ok(sent.into_iter().next().unwrap_or_default())
+        tokio::spawn(
+            async move {
+                // In order, with the source's number of reads in flight; memory per stream is
+                // (READ_PARALLELISM + STREAM_READ_AHEAD) messages.
+                let mut reads = futures::stream::iter(spans)
+                    .map(|(pos, len)| {
+                        let (handle, observer, context) = (handle.clone(), observer.clone(), context.clone());
+                        async move {
+                            let started = Instant::now();
+                            let data = handle.read_at(pos, len as usize).await?;
+                            observer.served(data.data.len());
+                            let sent =
+                                encode_all(vec![chunk(pos, data, &handle.meta().version)], level).await;
+                            observer.sent(sent.iter().map(|c| c.data.len()).sum());
+                            observer.read_latency(started.elapsed(), &context);
+                            Ok(sent.into_iter().next().unwrap_or_default())
+                        }
+                    })
+                    .buffered(S::READ_PARALLELISM);
+                while let Some(message) = reads.next().await {
+                    let message: Result<Chunk, S::Error> = message;
+                    let failed = message.is_err();
+                    // A send fails when the client went away: stop reading for it.
+                    if tx.send(message.map_err(Into::into)).await.is_err() || failed {
+                        break;
                     }
-                })
-                .buffered(S::READ_PARALLELISM);
-            while let Some(message) = reads.next().await {
-                let message: Result<Chunk, S::Error> = message;
-                let failed = message.is_err();
-                // A send fails when the client went away: stop reading for it.
-                if tx.send(message.map_err(Into::into)).await.is_err() || failed {
-                    break;
                 }
             }
-        });
+            // In the request's span: the stream's reads are its children in a trace.
+            .instrument(tracing::Span::current()),
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -6,7 +6,10 @@
 
 use std::{future::Future, path::Path, time::Duration};
 
-use shardcache_transport::http2::Http2Settings;
+use shardcache_transport::{
+    http2::Http2Settings,
+    telemetry::{self, Telemetry},
+};
 use tokio::net::TcpListener;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{
@@ -88,8 +91,18 @@ pub async fn serve_grpc(
     }
     let (reflection_v1, reflection_v1alpha) = reflection()?;
     harden(builder(&http2), limits.max_streams_per_connection)
-        // A span per request, so every log line of a request carries its method.
-        .trace_fn(|request| tracing::info_span!("rpc", method = %request.uri().path()))
+        // A span per request, so every log line of a request carries its method; a
+        // child of the caller's span when the call carries a W3C trace context.
+        .trace_fn(|request| {
+            let method = request.uri().path();
+            // Probes at debug: no trace of their own for every health check.
+            if method.starts_with("/grpc.health.") {
+                return tracing::debug_span!("rpc", method = %method);
+            }
+            let span = tracing::info_span!("rpc", method = %method, otel.kind = "server");
+            telemetry::set_parent(&span, request.headers());
+            span
+        })
         // tonic wraps this around everything below: a request that cannot produce its
         // headers in time (a stuck disk, a hub that hangs) ends with CANCELLED and gives
         // its slot back.
@@ -225,20 +238,33 @@ pub fn reflection() -> Result<
     Ok((builder().build_v1()?, builder().build_v1alpha()?))
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`, aws-config's only errors): the
-/// same for both servers.
-pub fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`, aws-config's only errors), and
+/// exports traces as `service` when `OTEL_EXPORTER_OTLP_ENDPOINT` asks
+/// (`shardcache_transport::telemetry`): the same for both servers and the mount. Keep the
+/// returned export until the process ends (dropping it flushes the spans). Must run
+/// within a tokio runtime.
+pub fn init_tracing(service: &str) -> Option<Telemetry> {
+    use tracing_subscriber::{Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not in files and container logs.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 // aws-config warns once per provider it tries (IMDS off EC2), with raw
                 // HTTP responses; its failure reaches the hub's own error anyway.
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,aws_config=error")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal, not in files and container logs.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        );
+    let (telemetry, failed) = match Telemetry::from_env(service) {
+        Ok(telemetry) => (telemetry, None),
+        Err(e) => (None, Some(e)),
+    };
+    let traces = telemetry.as_ref().map(Telemetry::layer);
+    tracing_subscriber::registry().with(logs).with(traces).init();
+    if let Some(e) = failed {
+        tracing::warn!(error = %e, "exporting no traces");
+    }
+    telemetry
 }
 
 /// Installs SIGINT (Ctrl-C) and SIGTERM (`docker stop`, Kubernetes) handlers *now* and

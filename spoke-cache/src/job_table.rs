@@ -76,6 +76,17 @@ pub fn phase_name(first: u64, epoch: u64, batch: u64) -> String {
     }
 }
 
+/// Reads a phase has before one of them can be called slower than its p99.
+pub const SLOW_AFTER_READS: u64 = 100;
+
+/// Whether a read in `bucket` is above the p99 of `latency` (per-bucket counts): fewer
+/// than one in a hundred of them were in `bucket` or above.
+fn above_p99(latency: &[u64], bucket: usize) -> bool {
+    let total: u64 = latency.iter().sum();
+    let at_or_above: u64 = latency.get(bucket..).map_or(0, |tail| tail.iter().sum());
+    total >= SLOW_AFTER_READS && at_or_above * 100 < total
+}
+
 /// The latency bucket of `elapsed`: the first whose bound, 2^((i+1)/4) µs, is above it.
 pub fn latency_bucket(elapsed: Duration) -> usize {
     let us = elapsed.as_micros().max(1) as f64;
@@ -420,10 +431,14 @@ impl JobTables {
     }
 
     /// A read of `principal`'s job `job` answered in `elapsed` (jobs without a table get one).
-    pub fn read(&self, principal: &str, job: &str, elapsed: Duration) {
+    ///
+    /// Returns whether the read was slower than the phase's p99 so far (at least
+    /// [`SLOW_AFTER_READS`] of them): the mark a collector's tail sampling keeps a trace
+    /// by (`shardcache_transport::telemetry`).
+    pub fn read(&self, principal: &str, job: &str, elapsed: Duration) -> bool {
         let job = crate::jobs::job_of(job);
         if job.is_empty() {
-            return;
+            return false;
         }
         let mut tables = self.tables();
         let table = table_of(&mut tables, principal, job);
@@ -431,7 +446,10 @@ impl JobTables {
         if phase.latency.len() < LATENCY_BUCKETS {
             phase.latency.resize(LATENCY_BUCKETS, 0);
         }
-        phase.latency[latency_bucket(elapsed)] += 1;
+        let bucket = latency_bucket(elapsed);
+        let slow = above_p99(&phase.latency, bucket);
+        phase.latency[bucket] += 1;
+        slow
     }
 
     /// `principal`'s job `job`'s table as it stands (`reads`: its read rows summed now),
@@ -520,6 +538,21 @@ mod tests {
             samples: vec![24; waits.len()],
             started_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_read_is_marked_slow_only_above_the_p99_of_a_hundred_before_it() {
+        let tables = JobTables::default();
+        let fast = Duration::from_millis(2);
+        // Too few reads to know a p99: even a slow one is not marked.
+        assert!(!tables.read("alice", "train", Duration::from_secs(1)));
+        for _ in 0..150 {
+            assert!(!tables.read("alice", "train", fast), "no read as fast as the rest is slow");
+        }
+        assert!(tables.read("alice", "train", Duration::from_millis(200)), "far above the p99");
+        // Another principal's job of that name has its own reads.
+        assert!(!tables.read("bob", "train", Duration::from_millis(200)));
+        assert!(!tables.read("alice", "", Duration::from_millis(200)), "a read with no job is never marked");
     }
 
     #[test]

@@ -9,7 +9,8 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn serve() -> anyhow::Result<()> {
-    shardcache_serving::server::init_tracing();
+    // Kept to the end: dropping it flushes the spans not yet exported.
+    let _traces = shardcache_serving::server::init_tracing("shardcache-spoke");
     let args: SpokeArgs = shardcache_serving::flags::parse(ENV_PREFIX);
     shardcache_serving::allocator::rerun_with_malloc_tunables("spoke-cache");
     let shutdown = shardcache_serving::server::shutdown_signal().context("cannot handle SIGINT/SIGTERM")?;

@@ -4,6 +4,7 @@ use futures::{
     FutureExt,
     future::{BoxFuture, Shared},
 };
+use tracing::Instrument as _;
 
 use crate::{Error, Result};
 
@@ -15,11 +16,15 @@ pub fn spawn_shared<T: Clone + Send + Sync + 'static>(
     job: impl std::future::Future<Output = Result<T>> + Send + 'static,
     done: impl FnOnce() + Send + 'static,
 ) -> Shared<BoxFuture<'static, Result<T>>> {
-    let task = tokio::spawn(async move {
-        let result = job.await;
-        done();
-        result
-    });
+    // In the span of the read that started it: a trace shows the fetch under that read.
+    let task = tokio::spawn(
+        async move {
+            let result = job.await;
+            done();
+            result
+        }
+        .instrument(tracing::Span::current()),
+    );
     async move { task.await.unwrap_or_else(|e| Err(Error::Internal(format!("{what} failed: {e}")))) }
         .boxed()
         .shared()

@@ -192,8 +192,12 @@ impl ShardHandle for CachedShard {
 impl Observer for Metrics {
     fn read_latency(&self, elapsed: std::time::Duration, context: &ReadContext) {
         self.read_latency.observe(elapsed);
-        if let Some(tag) = &context.job {
-            self.job_tables.read(&context.principal, &tag.job, elapsed);
+        if let Some(tag) = &context.job
+            && self.job_tables.read(&context.principal, &tag.job, elapsed)
+        {
+            // The request's span (`shardcache_serving::server`): a collector keeps the
+            // traces so marked whole (deploy/otel/collector.yaml).
+            shardcache_transport::telemetry::attribute(&tracing::Span::current(), "shardcache.slow", true);
         }
     }
 }

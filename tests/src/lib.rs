@@ -12,6 +12,7 @@ pub mod address;
 pub mod chaos;
 pub mod disk;
 pub mod group;
+pub mod otel;
 pub mod pki;
 pub mod process;
 pub mod s3;

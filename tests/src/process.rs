@@ -248,9 +248,19 @@ impl HubProcess {
 
     /// Starts with its log (at `level`) going to `stderr`, e.g. a file a test reads.
     pub fn start_logged(root: &Path, extra_args: &[&str], stderr: impl Into<Stdio>, level: &str) -> Self {
+        Self::start_with_env(root, extra_args, &[("RUST_LOG", level)], stderr)
+    }
+
+    /// Starts with `env` added to its environment (e.g. where to export traces).
+    pub fn start_with_env(
+        root: &Path,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+        stderr: impl Into<Stdio>,
+    ) -> Self {
         let mut command = Command::new(binary("hub-server"));
         command.args(["--root", root.to_str().unwrap(), "--listen", "127.0.0.1:0"]).args(extra_args);
-        command.env("RUST_LOG", level).stderr(stderr);
+        command.envs(env.iter().copied()).stderr(stderr);
         let (child, rest) = spawn_and_wait_for(command, "hub-server listening on ");
         let scheme = if extra_args.contains(&"--tls-cert") { "https" } else { "http" };
         let mut words = rest.split_whitespace();
@@ -328,6 +338,19 @@ impl SpokeProcess {
     pub fn start_with_env(hub: &str, cache_dir: &Path, (key, value): (&str, &str)) -> Self {
         let mut command = Self::command(hub, cache_dir, "127.0.0.1:0", &[]);
         command.env(key, value);
+        Self::spawn(command)
+    }
+
+    /// [`SpokeProcess::start_at`] with `env` added to its environment.
+    pub fn start_at_with_env(
+        hub: &str,
+        cache_dir: &Path,
+        listen: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut command = Self::command(hub, cache_dir, listen, extra_args);
+        command.envs(env.iter().copied());
         Self::spawn(command)
     }
 

@@ -11,6 +11,8 @@
 //!   that is gone (hyper can lose a request taken while its connection fails);
 //! - [`reload`]: values built from files that are rotated without a restart;
 //! - [`credentials`]: the bearer token file a client reads;
+//! - [`telemetry`]: distributed traces (OpenTelemetry, W3C context in the metadata),
+//!   exported only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set;
 //! - [`report`]: errors as one line for a person (the SDK's and the servers' exits).
 //!
 //! The wire contract itself (messages, names, ranges, checksums) is `shardcache-proto`.
@@ -20,4 +22,5 @@ pub mod http2;
 pub mod liveness;
 pub mod reload;
 pub mod report;
+pub mod telemetry;
 pub mod tls;

@@ -15,6 +15,7 @@ use std::{
     collections::HashMap,
     sync::{Arc, Mutex, MutexGuard},
 };
+use tracing::Instrument as _;
 
 use futures::{
     FutureExt,
@@ -61,11 +62,15 @@ impl Speculations {
         }
         let (upstream, row) = (upstream.clone(), row.clone());
         let (dataset, shard) = (dataset.to_owned(), shard.to_owned());
-        let read = tokio::spawn(async move {
-            let _room = upstream.room_now(length)?;
-            let want = Want { dataset: &dataset, shard: &shard, offset, length, version: None };
-            upstream.any_version(want, &row).await
-        });
+        // In the span of the request that opened the shard: a trace shows it there.
+        let read = tokio::spawn(
+            async move {
+                let _room = upstream.room_now(length)?;
+                let want = Want { dataset: &dataset, shard: &shard, offset, length, version: None };
+                upstream.any_version(want, &row).await
+            }
+            .instrument(tracing::Span::current()),
+        );
         reads.insert(key, async move { read.await.ok().flatten() }.boxed().shared());
     }
 

@@ -8,6 +8,7 @@ use std::{
     sync::{Arc, atomic::Ordering::Relaxed},
     time::{Duration, Instant},
 };
+use tracing::Instrument as _;
 
 use shardcache_proto::checksum::Checked;
 use shardcache_reader::ReadError;
@@ -91,14 +92,22 @@ impl Upstream {
     /// `want` at whatever version the suppliers have (a read alongside a first stat),
     /// counted in `row`: the bytes and their version, or `None` on any failure.
     pub(super) async fn any_version(&self, want: Want<'_>, row: &JobRow) -> Option<(Checked, String)> {
-        let _request = self.requests.acquire().await.ok()?;
-        let started = Instant::now();
-        let supplied = self.supply.fetch(want, &[]).await.ok()?;
-        if supplied.data.data.len() as u64 != want.length {
-            return None;
+        let span = fetch_span(1, want.length);
+        async {
+            let queued = Instant::now();
+            let _request = self.requests.acquire().await.ok()?;
+            let started = Instant::now();
+            span.record("queued_us", (started - queued).as_micros() as u64);
+            let supplied = self.supply.fetch(want, &[]).await.ok()?;
+            answered(&span, &supplied, started);
+            if supplied.data.data.len() as u64 != want.length {
+                return None;
+            }
+            self.count(want.dataset, &supplied, row, started.elapsed());
+            Some((supplied.data, supplied.version))
         }
-        self.count(want.dataset, &supplied, row, started.elapsed());
-        Some((supplied.data, supplied.version))
+        .instrument(span.clone())
+        .await
     }
 
     /// `[offset, offset + length)` of `entry` at its version, counted in `row`.
@@ -110,12 +119,25 @@ impl Upstream {
         row: &JobRow,
         avoid: &[String],
     ) -> Result<Checked> {
-        // Held for the request only: storing the chunk needs no supplier.
-        let _request =
-            self.requests.acquire().await.map_err(|_| Error::Internal("upstream requests closed".into()))?;
-        let started = Instant::now();
-        let answer = self.supply.fetch(want(entry, offset, length), avoid).await;
-        self.checked(entry, (offset, length), answer, row, started.elapsed())
+        let span = fetch_span(1, length);
+        async {
+            let queued = Instant::now();
+            // Held for the request only: storing the chunk needs no supplier.
+            let _request = self
+                .requests
+                .acquire()
+                .await
+                .map_err(|_| Error::Internal("upstream requests closed".into()))?;
+            let started = Instant::now();
+            span.record("queued_us", (started - queued).as_micros() as u64);
+            let answer = self.supply.fetch(want(entry, offset, length), avoid).await;
+            if let Ok(supplied) = &answer {
+                answered(&span, supplied, started);
+            }
+            self.checked(entry, (offset, length), answer, row, started.elapsed())
+        }
+        .instrument(span.clone())
+        .await
     }
 
     /// `parts` (`(entry, offset, length)` each, at its entry's version) in as few calls as
@@ -127,13 +149,19 @@ impl Upstream {
         row: &JobRow,
         avoid: &[String],
     ) -> Vec<Result<Checked>> {
-        let Ok(_request) = self.requests.acquire().await else {
+        let span = fetch_span(parts.len(), parts.iter().map(|p| p.2).sum());
+        let queued = Instant::now();
+        let Ok(_request) = self.requests.acquire().instrument(span.clone()).await else {
             return parts.iter().map(|_| Err(Error::Internal("upstream requests closed".into()))).collect();
         };
         let started = Instant::now();
+        span.record("queued_us", (started - queued).as_micros() as u64);
         let wants: Vec<Want<'_>> =
             parts.iter().map(|&(entry, offset, length)| want(entry, offset, length)).collect();
-        let answers = self.supply.fetch_many(&wants, avoid).await;
+        let answers = self.supply.fetch_many(&wants, avoid).instrument(span.clone()).await;
+        if let Some(Ok(first)) = answers.first() {
+            answered(&span, first, started);
+        }
         let elapsed = started.elapsed();
         parts
             .iter()
@@ -230,6 +258,35 @@ fn check(entry: &Entry, offset: u64, length: u64, supplied: &Supplied) -> Result
         )));
     }
     Ok(())
+}
+
+/// The span of one call to the suppliers (when traces are exported): the parts and bytes
+/// asked, the time queued for a request slot, who answered (`hub` or `group member`), the
+/// call's time and the bytes it took on the link. The supplier's own span (a member's, the
+/// hub's) is its child: the call carries this span's context.
+fn fetch_span(parts: usize, bytes: u64) -> tracing::Span {
+    shardcache_transport::telemetry::traced(|| {
+        tracing::info_span!(
+            "spoke.fetch",
+            parts,
+            bytes,
+            queued_us = tracing::field::Empty,
+            supplier = tracing::field::Empty,
+            fetch_us = tracing::field::Empty,
+            wire_bytes = tracing::field::Empty,
+        )
+    })
+}
+
+/// Records on `span` who answered a fetch started at `started`, and what it took.
+fn answered(span: &tracing::Span, supplied: &Supplied, started: Instant) {
+    let supplier = match supplied.from {
+        SuppliedBy::Hub => "hub",
+        SuppliedBy::Peer => "group member",
+    };
+    span.record("supplier", supplier);
+    span.record("fetch_us", started.elapsed().as_micros() as u64);
+    span.record("wire_bytes", supplied.wire_len);
 }
 
 /// `[offset, offset + length)` of `entry`, at its version.

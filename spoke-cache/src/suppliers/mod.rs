@@ -30,6 +30,7 @@ pub mod peers;
 pub mod supply;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
+use tracing::Instrument as _;
 
 use futures::{FutureExt, future::BoxFuture};
 
@@ -223,6 +224,24 @@ impl Chain {
         else {
             return Joined::NotThere;
         };
+        // The owner's own span of the join is this one's child (the join carries it).
+        let span = shardcache_transport::telemetry::traced(
+            || tracing::info_span!("spoke.join_owner", owner = %owner.url, bytes = want.length, outcome = tracing::field::Empty),
+        );
+        let joined = self.join(&owner, want).instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &joined {
+                Joined::Bytes(_) => "the owner's bytes",
+                Joined::Down => "owner down: fetched here",
+                Joined::NotThere => "not there in time: fetched as read",
+            },
+        );
+        joined
+    }
+
+    /// [`Self::join_owner`] of `owner`.
+    async fn join(&self, owner: &Arc<PeerSlot>, want: Want<'_>) -> Joined {
         if !owner.health.is_live() {
             return Joined::Down;
         }
@@ -247,18 +266,22 @@ impl Chain {
                 (owner.clone(), state.clone(), self.late_joins.clone(), self.counters.clone());
             let (dataset, shard, offset, length) =
                 (want.dataset.to_owned(), want.shard.to_owned(), want.offset, want.length);
-            tokio::spawn(async move {
-                let want = Want { dataset: &dataset, shard: &shard, offset, length, version: Some(&version) };
-                let answer = tokio::time::timeout(give_up, Peers::held(&owner, want, true)).await;
-                let given_up = state.swap(FINISHED, std::sync::atomic::Ordering::AcqRel) == GIVEN_UP;
-                if given_up {
-                    late_joins.done(&owner.url);
+            tokio::spawn(
+                async move {
+                    let want =
+                        Want { dataset: &dataset, shard: &shard, offset, length, version: Some(&version) };
+                    let answer = tokio::time::timeout(give_up, Peers::held(&owner, want, true)).await;
+                    let given_up = state.swap(FINISHED, std::sync::atomic::Ordering::AcqRel) == GIVEN_UP;
+                    if given_up {
+                        late_joins.done(&owner.url);
+                    }
+                    if let Ok(Ok(_)) = &answer {
+                        late_joins.answered(&owner.url);
+                    }
+                    answer.unwrap_or_else(|_| Err(never_answered(&owner, &late_joins, &counters, give_up)))
                 }
-                if let Ok(Ok(_)) = &answer {
-                    late_joins.answered(&owner.url);
-                }
-                answer.unwrap_or_else(|_| Err(never_answered(&owner, &late_joins, &counters, give_up)))
-            })
+                .instrument(tracing::Span::current()),
+            )
         };
         match tokio::time::timeout(wait, join).await {
             Ok(Ok(Ok((data, version)))) => {

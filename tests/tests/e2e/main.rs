@@ -38,4 +38,5 @@ mod spoke_reads;
 mod spoke_samples;
 mod spoke_soak;
 mod tenancy;
+mod traces;
 mod wan_link;

@@ -563,7 +563,7 @@ pub async fn mount(
     mountpoint: &std::path::Path,
     options: shardcache_cli::mount::MountOptions,
 ) -> anyhow::Result<()> {
-    shardcache_serving::server::init_tracing();
+    let _traces = shardcache_serving::server::init_tracing("shardcache-mount");
     shardcache_serving::allocator::rerun_with_malloc_tunables("mount");
     let client = server.client().await?;
     shardcache_cli::mount::serve(client, mountpoint, options, || {
