@@ -64,6 +64,9 @@ pub struct Metrics {
     pub evicted_shards: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub upstream_requests: AtomicU64,
+    /// Microseconds fetches waited for room under the bounds on bytes and requests in
+    /// flight upstream (`fetch/upstream.rs`): a link carrying all it may.
+    pub upstream_queue_micros: AtomicU64,
     /// Revalidations the hub could not answer (the cached version was served).
     pub revalidation_failures: AtomicU64,
     /// Time to answer a read RPC (ReadRange, ReadRanges, one StreamShard chunk).
@@ -140,6 +143,12 @@ impl Metrics {
         self.render_jobs(&mut out);
         self.render_globals(&mut out);
         render_occupancy(&mut out, occupancy);
+        let queued = self.upstream_queue_micros.load(Relaxed) as f64 / 1e6;
+        let name = "shardcache_spoke_upstream_queue_seconds_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Seconds fetches waited for room under the bounds on bytes and requests in flight to the hub and peers (summed over fetches: per second, how many waited at once)\n# TYPE {name} counter\n{name} {queued}"
+        );
         self.read_latency.render(&mut out, "shardcache_spoke_read_seconds", "Time to answer a read");
         self.fetch_latency.render(
             &mut out,

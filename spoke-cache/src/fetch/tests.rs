@@ -110,6 +110,14 @@ async fn bytes_in_flight_stay_within_the_bound() {
     let most = parts.supply.most_fetching.load(SeqCst);
     assert!(most <= 2 * CHUNK, "{most} bytes were fetched at once, past the bound of {}", 2 * CHUNK);
     assert_eq!(parts.supply.fetches.load(SeqCst), 8);
+    // The six chunks beyond the first two waited for room, each behind a fetch of 5 ms
+    // or more: the queue an operator sees (the "link saturated" alert reads it).
+    let queued = parts.metrics.upstream_queue_micros.load(Relaxed);
+    assert!(queued >= 5_000, "fetches queued for room {queued} us in all");
+    let page = parts.metrics.render(&Default::default());
+    let line =
+        page.lines().find(|l| l.starts_with("shardcache_spoke_upstream_queue_seconds_total ")).unwrap();
+    assert!(line.split(' ').nth(1).unwrap().parse::<f64>().unwrap() >= 0.005, "{line}");
 }
 
 #[tokio::test]

@@ -67,20 +67,28 @@ impl Upstream {
 
     /// Room for `length` bytes in flight, waited for.
     pub(super) async fn room(&self, length: u64) -> Result<OwnedSemaphorePermit> {
-        self.budget
-            .clone()
-            .acquire_many_owned(kib(length).min(self.permits))
-            .await
-            .map_err(|_| Error::Internal("upstream budget closed".into()))
+        let waiting = Instant::now();
+        let room = self.budget.clone().acquire_many_owned(kib(length).min(self.permits)).await;
+        self.queued(waiting);
+        room.map_err(|_| Error::Internal("upstream budget closed".into()))
     }
 
     /// Room for `length` bytes fetched as read, waited for (a batch larger than the whole
     /// bound waits for all of it).
     pub(super) async fn read_room(&self, length: u64) -> Result<SemaphorePermit<'_>> {
-        self.reads
-            .acquire_many(kib(length).min(self.permits))
-            .await
-            .map_err(|_| Error::Internal("upstream budget closed".into()))
+        let waiting = Instant::now();
+        let room = self.reads.acquire_many(kib(length).min(self.permits)).await;
+        self.queued(waiting);
+        room.map_err(|_| Error::Internal("upstream budget closed".into()))
+    }
+
+    /// Counts the time since `waiting` as queued for room upstream (the metric the
+    /// "link saturated" alert reads, `shardcache_spoke_upstream_queue_seconds_total`);
+    /// returns it.
+    fn queued(&self, waiting: Instant) -> Duration {
+        let queued = waiting.elapsed();
+        self.metrics.upstream_queue_micros.fetch_add(queued.as_micros() as u64, Relaxed);
+        queued
     }
 
     /// Room for `length` bytes in flight if there is some now (a speculative read gives
@@ -96,8 +104,8 @@ impl Upstream {
         async {
             let queued = Instant::now();
             let _request = self.requests.acquire().await.ok()?;
+            span.record("queued_us", self.queued(queued).as_micros() as u64);
             let started = Instant::now();
-            span.record("queued_us", (started - queued).as_micros() as u64);
             let supplied = self.supply.fetch(want, &[]).await.ok()?;
             answered(&span, &supplied, started);
             if supplied.data.data.len() as u64 != want.length {
@@ -128,8 +136,8 @@ impl Upstream {
                 .acquire()
                 .await
                 .map_err(|_| Error::Internal("upstream requests closed".into()))?;
+            span.record("queued_us", self.queued(queued).as_micros() as u64);
             let started = Instant::now();
-            span.record("queued_us", (started - queued).as_micros() as u64);
             let answer = self.supply.fetch(want(entry, offset, length), avoid).await;
             if let Ok(supplied) = &answer {
                 answered(&span, supplied, started);
@@ -154,8 +162,8 @@ impl Upstream {
         let Ok(_request) = self.requests.acquire().instrument(span.clone()).await else {
             return parts.iter().map(|_| Err(Error::Internal("upstream requests closed".into()))).collect();
         };
+        span.record("queued_us", self.queued(queued).as_micros() as u64);
         let started = Instant::now();
-        span.record("queued_us", (started - queued).as_micros() as u64);
         let wants: Vec<Want<'_>> =
             parts.iter().map(|&(entry, offset, length)| want(entry, offset, length)).collect();
         let answers = self.supply.fetch_many(&wants, avoid).instrument(span.clone()).await;
