@@ -223,7 +223,7 @@ async fn main() -> anyhow::Result<()> {
     // 7. to 9. Two trainer nodes: a spoke each, a group of three spokes, and the group
     // losing a member mid-epoch.
     if !demo.args.skip_group && !demo.args.small_cache_only {
-        let mut rows_of_groups = Vec::new();
+        let (mut rows_of_groups, mut tables_of_groups) = (Vec::new(), Vec::new());
         let hub_metrics = hub.metrics_addr.as_deref().context("the hub reports no metrics address")?;
         let groups =
             group::Groups { hub: &proxy.endpoint, hub_metrics, work: work.path(), job: demo.workload() };
@@ -233,11 +233,14 @@ async fn main() -> anyhow::Result<()> {
             ("2 nodes, a group of 3, one killed mid-epoch 1", group::Spokes::GroupLosingOne),
         ] {
             println!("\n== {setup}");
-            let rows = groups.run(setup, spokes).await?;
+            let (rows, tables) = groups.run(setup, spokes).await?;
             print!("{}", group::markdown(&rows));
+            print!("   the spokes' own table of the job:\n{}", job_table::markdown(&tables));
             rows_of_groups.extend(rows);
+            tables_of_groups.extend(tables);
         }
         demo.group_rows = rows_of_groups;
+        demo.compared.extend(tables_of_groups);
     }
     demo.finish()
 }

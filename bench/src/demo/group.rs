@@ -4,7 +4,9 @@
 //! its owner), and the group again with one member killed halfway through epoch 1 and
 //! restarted on its cache before epoch 2 (its reads fail over to the next member). Two
 //! epochs; per epoch the bytes the hub sent over the link, the epoch's wall time and GPU
-//! utilisation. An epoch with a failed read fails the demo.
+//! utilisation. An epoch with a failed read fails the demo. The ranks time their batches
+//! (`StepTimer`, reporting to every spoke of the setup), and the job's table gathered from
+//! the spokes is printed beside each setup's rows (`job_table`).
 
 use std::{
     path::PathBuf,
@@ -16,14 +18,19 @@ use std::{
 };
 
 use futures::FutureExt;
-use shardcache_client::Client;
+use shardcache_client::{CacheClient, Client};
 use shardcache_tests::{SpokeProcess, free_loopback_addr, scrape_metrics};
 
 use super::{
-    Workload, metric_sum, readers,
+    Workload,
+    job_table::{self, Compared, JobTiming},
+    metric_sum, readers,
     report::phase_row,
-    trainer::{ReadBatch, epoch_order, run_epoch},
+    trainer::{ReadBatch, epoch_order, run_epoch_timed},
 };
+
+/// The job the group setups' ranks report their steps as.
+const JOB: &str = "demo-group";
 
 /// One epoch of one group setup.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -94,27 +101,37 @@ impl Groups<'_> {
         Ok((endpoints, started))
     }
 
-    /// Runs two epochs; returns each epoch's row.
-    pub async fn run(&self, setup: &str, spokes: Spokes) -> anyhow::Result<Vec<GroupRow>> {
-        let (endpoints, started) = self.start(spokes != Spokes::Each)?;
-        let started = Arc::new(Mutex::new(started));
-        let (mut nodes, mut clients) = (Vec::new(), Vec::new());
-        for endpoint in &endpoints {
-            let client = Client::connect(endpoint).await?;
-            clients.push(client.clone());
-            nodes.push(readers::grpc(
-                client,
-                self.job.dataset,
-                self.job.names.clone(),
-                self.job.sample_bytes,
-            ));
-        }
-        // The ranks' batches alternate between the two nodes.
+    /// The ranks' batches, alternating between the two nodes' clients, tagged with the
+    /// job and `epoch`.
+    fn read(clients: &[Client], job: &Workload<'_>, epoch: u64) -> anyhow::Result<ReadBatch> {
+        let nodes = clients
+            .iter()
+            .map(|client| {
+                let client = client.for_job(JOB, epoch)?;
+                Ok(readers::grpc(client, job.dataset, job.names.clone(), job.sample_bytes))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let turn = Arc::new(AtomicUsize::new(0));
-        let read: ReadBatch = Arc::new(move |batch| {
+        Ok(Arc::new(move |batch| {
             let node = &nodes[turn.fetch_add(1, Relaxed) % nodes.len()];
             node(batch)
-        });
+        }))
+    }
+
+    /// Runs two epochs; returns each epoch's row, and the spokes' table of the job beside.
+    pub async fn run(&self, setup: &str, spokes: Spokes) -> anyhow::Result<(Vec<GroupRow>, Vec<Compared>)> {
+        let (endpoints, started) = self.start(spokes != Spokes::Each)?;
+        let every_spoke = started.addrs.iter().map(|a| format!("http://{a}")).collect::<Vec<_>>().join(",");
+        let started = Arc::new(Mutex::new(started));
+        let mut clients = Vec::new();
+        for endpoint in &endpoints {
+            clients.push(Client::connect(endpoint).await?);
+        }
+        // Each rank reports its steps to every spoke of the setup; the table is theirs
+        // gathered (`CacheClient::job_report` merges the members').
+        let mut timing = JobTiming::new(CacheClient::connect(&every_spoke).await?, JOB, self.job.shape.ranks);
+        let mut timers = std::mem::take(&mut timing.timers);
+        let mut all_steps = 0;
         let dataset_bytes =
             u64::from(self.job.layout.shards) * self.job.layout.samples_per_shard * self.job.sample_bytes;
         let global = self.job.shape.ranks * self.job.shape.batch_per_rank;
@@ -141,8 +158,12 @@ impl Groups<'_> {
                 }
                 async {}.boxed()
             };
+            let read = Self::read(&clients, &self.job, epoch)?;
+            timers.iter_mut().for_each(|t| t.start_epoch(epoch));
             let started_at = Instant::now();
-            let run = run_epoch(&order, self.job.shape, read.clone(), Duration::ZERO, on_step).await?;
+            let run =
+                run_epoch_timed(&order, self.job.shape, read, Duration::ZERO, on_step, &mut timers).await?;
+            all_steps += run.steps.len();
             let wall = started_at.elapsed().as_secs_f64();
             let sent = self.settled_hub_sent().await?;
             let row = phase_row(setup, "", &run.steps, &[], global, None);
@@ -168,7 +189,10 @@ impl Groups<'_> {
                 seen_serving(&clients, &restarted).await?;
             }
         }
-        Ok(rows)
+        timing.timers = timers;
+        let table = timing.table(all_steps as u64).await?;
+        let demo: Vec<_> = rows.iter().map(|r| (r.epoch, r.gpu_util_pct, r.samples_per_s)).collect();
+        Ok((rows, job_table::compare_epochs(setup, &demo, &table)))
     }
 
     /// The share of the dataset's shards `member` owns, as `client` routes them.
