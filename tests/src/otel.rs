@@ -67,10 +67,15 @@ impl Collector {
     }
 
     /// Starts the collector with `deploy/otel/collector.yaml`, keeping the traces it
-    /// decides to keep (after `decision_wait`; none of the unmarked share at 0%) in a
-    /// file. The collector takes a port, not a listener: it is given a free one, and
-    /// another if that one was taken meanwhile.
+    /// decides to keep (after `decision_wait`; none of the unmarked ones) in a file.
     pub fn start(decision_wait: &str) -> Self {
+        Self::start_with_sampling(decision_wait, Some("0"))
+    }
+
+    /// [`Collector::start`], keeping `percent` of the unmarked traces (`None`: the
+    /// shipped file's default). The collector takes a port, not a listener: it is given
+    /// a free one, and another if that one was taken meanwhile.
+    pub fn start_with_sampling(decision_wait: &str, percent: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("traces.json");
         let overrides = dir.path().join("test.yaml");
@@ -87,13 +92,13 @@ impl Collector {
         let shipped = workspace_dir().join("deploy/otel/collector.yaml");
         for _ in 0..5 {
             let addr = crate::free_loopback_addr();
-            let mut child = Command::new(Self::binary())
-                .arg("--config")
-                .arg(&shipped)
-                .arg("--config")
-                .arg(&overrides)
+            let mut command = Command::new(Self::binary());
+            command.arg("--config").arg(&shipped).arg("--config").arg(&overrides);
+            if let Some(percent) = percent {
+                command.env("SHARDCACHE_TRACES_PERCENT", percent);
+            }
+            let mut child = command
                 .env("SHARDCACHE_TRACES_LISTEN", &addr)
-                .env("SHARDCACHE_TRACES_PERCENT", "0")
                 .env("SHARDCACHE_TRACES_DECISION_WAIT", decision_wait)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
