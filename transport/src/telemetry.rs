@@ -93,8 +93,16 @@ impl Telemetry {
     where
         S: tracing::Subscriber + for<'span> LookupSpan<'span>,
     {
+        // Each span carries its own fields only: no source location, thread, target or
+        // busy/idle times (a clock read at every poll of an instrumented future), which
+        // cost the warm reads CPU for nothing a slow read's trace needs (BENCHMARKS.md,
+        // observe-cost-bench).
         tracing_opentelemetry::layer()
             .with_tracer(self.provider.tracer("shardcache"))
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
     }
 

@@ -11,11 +11,11 @@
 //!   spoke, with and without each rank's `StepTimer` sending its summaries to the spoke.
 //!   Twice: with the demo's 50 ms of compute a step (GPU-bound, as the demo runs) and with
 //!   none (the loop only reads: the strictest measure of what the timers cost).
-//! - **Tracing**: spoke-bench's warm stream (16 clients each streaming a 64 MiB shard)
-//!   and the compute-free epoch, with the spoke exporting every span to a real collector
+//! - **Tracing**: spoke-bench's warm stream (16 clients each streaming a 64 MiB shard),
+//!   with the spoke exporting every span to a real collector
 //!   (`tools/otelcol` with `deploy/otel/collector.yaml`: the default sampling, 5% of
 //!   unmarked traces kept) and without (the spoke restarted either way before each run,
-//!   on the same warm cache).
+//!   on the same warm cache); and the demo's epoch, with and without compute.
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
 
@@ -93,6 +93,11 @@ async fn main() {
     }
     for (name, workload, unit) in [
         ("warm stream, 16 clients, 1 GiB: tracing", Workload::Stream, "MB/s"),
+        (
+            "warm demo epoch, compute 50ms/step: tracing",
+            Workload::Epoch { compute: Duration::from_millis(50), timers: true },
+            "samples/s",
+        ),
         (
             "warm demo epoch, compute 0/step: tracing",
             Workload::Epoch { compute: Duration::ZERO, timers: true },
