@@ -15,7 +15,7 @@ mod stored;
 use std::sync::{Arc, atomic::Ordering::Relaxed};
 
 use futures::FutureExt;
-use tracing::Instrument as _;
+use shardcache_transport::telemetry;
 
 use shardcache_proto::checksum::Checked;
 
@@ -122,18 +122,6 @@ impl ReadPath {
         wants: &[(&Arc<Entry>, u64, u64)],
         reader: &ReadFor,
     ) -> Result<Vec<Checked>> {
-        // Entered from the start: the fetches this read starts are its children.
-        let span = read_span();
-        self.read_many_in(wants, reader, &span).instrument(span.clone()).await
-    }
-
-    /// [`Self::read_many`] in its `span`.
-    async fn read_many_in(
-        &self,
-        wants: &[(&Arc<Entry>, u64, u64)],
-        reader: &ReadFor,
-        span: &tracing::Span,
-    ) -> Result<Vec<Checked>> {
         let stragglers = self.stragglers(wants, reader);
         // A job followed sample by sample: its misses are fetched as read (never a whole
         // chunk: the room is its window's and its keeps'), and nothing is read ahead.
@@ -179,14 +167,15 @@ impl ReadPath {
                 parts.push(Part { want, entry, index, from, to, provenance, missed, bytes, pending: None });
             }
         }
-        record_parts(span, &parts);
+        let span = tracing::Span::current();
+        record_parts(&span, &parts);
         let started = std::time::Instant::now();
         self.read_stored_parts(&mut parts, reader).await?;
         self.read_kept_samples(&mut parts).await?;
         let stored = started.elapsed();
         self.fetch_parts(&mut parts, reader).await?;
-        span.record("store_us", stored.as_micros() as u64);
-        span.record("fetch_us", (started.elapsed() - stored).as_micros() as u64);
+        telemetry::attribute(&span, "store_us", stored.as_micros() as i64);
+        telemetry::attribute(&span, "fetch_us", (started.elapsed() - stored).as_micros() as i64);
         Ok(self.assemble(wants, (parts, &runs), reader, (&stragglers, planned.as_deref())))
     }
 
@@ -504,27 +493,14 @@ enum Provenance {
     Kept,
 }
 
-/// The span of a `read_many` call's reads (when traces are exported): how many parts were
-/// hits and misses, what the admission decided for each miss (`admission`: the parts
-/// stored as whole chunks, filled beside the read, fetched as read and not stored, and
-/// so on), the bytes, and the time spent reading the store and fetching.
-fn read_span() -> tracing::Span {
-    shardcache_transport::telemetry::traced(|| {
-        tracing::info_span!(
-            "spoke.read",
-            hits = tracing::field::Empty,
-            misses = tracing::field::Empty,
-            bytes = tracing::field::Empty,
-            admission = tracing::field::Empty,
-            store_us = tracing::field::Empty,
-            fetch_us = tracing::field::Empty,
-        )
-    })
-}
-
-/// Records on `span` what was decided for each of `parts`.
+/// Records on `span` (the request's: a read adds no span of its own, so that a warm read
+/// costs one exported span, observe-cost-bench) what was decided for each of `parts`
+/// when traces are exported: how many were hits and misses, what the admission decided
+/// for each miss (`admission`: stored as whole chunks, filled beside the read, fetched as
+/// read and not stored, and so on) and the bytes; the caller adds the time spent reading
+/// the store and fetching. The fetches a read starts are the request's children.
 fn record_parts(span: &tracing::Span, parts: &[Part<'_>]) {
-    if span.is_disabled() {
+    if !telemetry::exporting() || span.is_disabled() {
         return;
     }
     let mut kinds = std::collections::BTreeMap::<&str, u32>::new();
@@ -532,10 +508,9 @@ fn record_parts(span: &tracing::Span, parts: &[Part<'_>]) {
         *kinds.entry(part.provenance.decision()).or_default() += 1;
     }
     let admission = kinds.iter().map(|(kind, n)| format!("{kind} {n}")).collect::<Vec<_>>().join(", ");
-    span.record("hits", parts.iter().filter(|p| !p.missed).count());
-    span.record("misses", parts.iter().filter(|p| p.missed).count());
-    span.record("bytes", parts.iter().map(|p| p.to - p.from).sum::<u64>());
-    span.record("admission", admission);
+    telemetry::attribute(span, "hits", parts.iter().filter(|p| !p.missed).count() as i64);
+    telemetry::attribute(span, "misses", parts.iter().filter(|p| p.missed).count() as i64);
+    telemetry::attribute(span, "admission", admission);
 }
 
 impl Provenance {
