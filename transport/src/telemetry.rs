@@ -93,17 +93,21 @@ impl Telemetry {
     where
         S: tracing::Subscriber + for<'span> LookupSpan<'span>,
     {
-        // Each span carries its own fields only: no source location, thread, target or
-        // busy/idle times (a clock read at every poll of an instrumented future), which
-        // cost the warm reads CPU for nothing a slow read's trace needs (BENCHMARKS.md,
-        // observe-cost-bench).
-        tracing_opentelemetry::layer()
-            .with_tracer(self.provider.tracer("shardcache"))
-            .with_location(false)
-            .with_threads(false)
-            .with_target(false)
-            .with_tracked_inactivity(false)
-            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+        self.every_span().with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    }
+
+    /// [`Telemetry::layer`] without its filter, for a subscriber that filters every layer
+    /// alike.
+    pub fn every_span<S>(&self) -> impl Layer<S> + use<S>
+    where
+        S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+    {
+        span_layer(self.tracer())
+    }
+
+    /// This export's tracer (what a process that forks swaps in its child).
+    pub fn tracer(&self) -> opentelemetry_sdk::trace::SdkTracer {
+        self.provider.tracer("shardcache")
     }
 
     /// Sends what is buffered now (a test, before it reads the collector's file).
@@ -120,6 +124,26 @@ impl Drop for Telemetry {
             tracing::warn!(error = %e, "traces not flushed at exit");
         }
     }
+}
+
+/// The `tracing` layer that makes `tracer`'s spans of the process's `tracing` spans, with
+/// no filter of its own.
+pub fn span_layer<S, T>(tracer: T) -> tracing_opentelemetry::OpenTelemetryLayer<S, T>
+where
+    S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+    T: opentelemetry::trace::Tracer + 'static,
+    T::Span: Send + Sync,
+{
+    // Each span carries its own fields only: no source location, thread, target or
+    // busy/idle times (a clock read at every poll of an instrumented future), which cost
+    // the warm reads CPU for nothing a slow read's trace needs (BENCHMARKS.md,
+    // observe-cost-bench).
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
 }
 
 /// Whether this process exports traces (then its calls carry their context).

@@ -5,6 +5,8 @@
 //! - One tokio runtime per process, made on first use. A forked DataLoader worker
 //!   inherits a copy of the parent's runtime without its threads, so the runtime and
 //!   every connection are keyed by process id and made again in the child.
+//! - Traces (`traces.rs`): with `OTEL_EXPORTER_OTLP_ENDPOINT` set, the SDK's calls are
+//!   exported as spans, the parents of the servers' spans.
 //! - Errors are `ShardcacheError` with `.code` (the gRPC code, e.g. `"NOT_FOUND"`) and
 //!   `.message`; bytes handed out have passed the SDK's CRC32C, offset and version checks.
 
@@ -12,6 +14,7 @@ mod budget;
 mod errors;
 mod order;
 mod samples;
+mod traces;
 
 use std::sync::{Arc, Mutex};
 
@@ -62,7 +65,15 @@ fn runtime() -> PyResult<Arc<Runtime>> {
             .map_err(|e| ShardcacheError::new_err(format!("cannot start the I/O runtime: {e}")))?,
     );
     *slot = Some((pid, runtime.clone()));
+    traces::start(&runtime);
     Ok(runtime)
+}
+
+/// Sends the spans this process holds to the collector now (the package calls it at
+/// exit); nothing when it exports none.
+#[pyfunction]
+fn flush_traces(py: Python<'_>) {
+    py.detach(traces::flush);
 }
 
 /// A connection made in one process.
@@ -679,5 +690,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<order::Permutation>()?;
     m.add_class::<order::SamplerOrder>()?;
     m.add("ShardcacheError", m.py().get_type::<ShardcacheError>())?;
+    m.add_function(wrap_pyfunction!(flush_traces, m)?)?;
     Ok(())
 }

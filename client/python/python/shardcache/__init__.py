@@ -19,11 +19,17 @@ How long the loop waits on data, per phase and rank, in the spoke's own table of
 job: ``for batch in shardcache.timed(loader, client, job="train"): ...``, then
 ``client.report("train")`` (or ``shardcache report train``).
 
+Traces: with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set (an OpenTelemetry collector's OTLP/gRPC
+address), every call is exported as a span, the parent of the spoke's and the hub's
+spans of it, from DataLoader workers too (README, "Traces").
+
 Errors are :class:`ShardcacheError` with ``.code`` (the gRPC code, e.g. ``"NOT_FOUND"``)
 and ``.message``.
 """
 
-from ._native import Client, ShardcacheError
+import atexit
+
+from ._native import Client, ShardcacheError, flush_traces
 from .datasets import ShardDataset, StreamingShardDataset
 from .sampler import ShardSampler
 from .steps import StepTimer, timed
@@ -31,3 +37,6 @@ from .steps import StepTimer, timed
 __all__ = [
     "Client", "ShardcacheError", "ShardDataset", "ShardSampler", "StepTimer", "StreamingShardDataset", "timed",
 ]
+
+# What the process's calls left in the trace exporter's batch goes out before it ends.
+atexit.register(flush_traces)

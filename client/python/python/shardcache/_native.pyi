@@ -2,6 +2,10 @@
 
 from typing import Dict, Iterator, List, Optional, Tuple, Union
 
+def flush_traces() -> None:
+    """Sends the spans this process holds to the OpenTelemetry collector now (with
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` set; the package calls it at exit)."""
+
 class ShardcacheError(Exception):
     """A failed call. ``code`` is the gRPC code name (``"NOT_FOUND"``, ``"UNAVAILABLE"``,
     ``"PERMISSION_DENIED"``, ...), ``message`` the server's words."""
