@@ -335,12 +335,23 @@ impl Demo {
             let after_epoch: AfterEpoch = Arc::new(move || {
                 let (control, marks) = (mark_control.clone(), mark_marks.clone());
                 async move {
-                    let status = control.status().await.unwrap_or_default();
-                    let d = status.datasets.iter().find(|d| d.dataset == DATASET);
-                    marks
-                        .lock()
-                        .unwrap()
-                        .push(d.map_or((0, 0), |d| (d.upstream_bytes, d.upstream_wire_bytes)));
+                    // Once the counts stop growing (unchanged over 200 ms, at most 10 s): a
+                    // chunk filled beside an epoch's last reads may still be arriving.
+                    let counted = || async {
+                        let status = control.status().await.unwrap_or_default();
+                        let d = status.datasets.iter().find(|d| d.dataset == DATASET);
+                        d.map_or((0, 0), |d| (d.upstream_bytes, d.upstream_wire_bytes))
+                    };
+                    let mut last = counted().await;
+                    for _ in 0..50 {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        let now = counted().await;
+                        if now == last {
+                            break;
+                        }
+                        last = now;
+                    }
+                    marks.lock().unwrap().push(last);
                 }
                 .boxed()
             });
@@ -361,8 +372,10 @@ impl Demo {
             };
             anyhow::ensure!(
                 row.fetched[0] == self.dataset_bytes(),
-                "{}: epoch 1 fetched the dataset once",
-                row.setup
+                "{}: epoch 1 fetched the dataset once: fetched {} of {} bytes",
+                row.setup,
+                row.fetched[0],
+                self.dataset_bytes()
             );
             println!("{}", link::row(&row, self.dataset_bytes()));
             self.link_rows.push(row);
