@@ -208,7 +208,7 @@ impl Jobs {
     }
 
     /// `principal`'s job `job`'s rows summed, every epoch and every reader's name
-    /// (`JOB/READER`) with them: what its table (`job_table.rs`) counts reads from.
+    /// (`JOB/READER`) with them: what its table (`job_table/`) counts reads from.
     pub fn job_sum(&self, principal: &str, job: &str) -> JobSnapshot {
         let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
         let mut sum = JobSnapshot::default();

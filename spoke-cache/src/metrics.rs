@@ -75,7 +75,7 @@ pub struct Metrics {
     pub fetch_latency: Histogram,
     /// Per job and epoch (`jobs.rs`).
     pub jobs: Jobs,
-    /// Every job's own table: its steps' data wait and its reads by phase (`job_table.rs`).
+    /// Every job's own table: its steps' data wait and its reads by phase (`job_table/`).
     pub job_tables: crate::job_table::JobTables,
     /// Jobs whose rows get their own `job_id` label (`--metric-jobs`); the rest are
     /// summed under `job_id="other"`: label values are the operator's, never a client's.
@@ -122,7 +122,7 @@ impl Metrics {
         Self { labelled_jobs: jobs, ..Self::default() }
     }
 
-    /// These metrics with the jobs' tables kept in `dir` (`job_table.rs`).
+    /// These metrics with the jobs' tables kept in `dir` (`job_table/`).
     pub fn with_job_tables(self, dir: &std::path::Path) -> Self {
         Self { job_tables: crate::job_table::JobTables::open(dir), ..self }
     }
@@ -432,7 +432,7 @@ impl Metrics {
     }
 
     /// Per job and epoch, its steps' time and the part its loop waited for data (the
-    /// SDK's `StepTimer`, `job_table.rs`): the data-wait share the alerts watch. Labelled
+    /// SDK's `StepTimer`, `job_table/`): the data-wait share the alerts watch. Labelled
     /// as the other job series.
     fn render_step_times(&self, out: &mut String) {
         let mut times: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();

@@ -290,7 +290,7 @@ async fn flush_kept(cache: Arc<Cache>, shutdown: impl Future<Output = ()>) {
     cache.flush_kept().await;
 }
 
-/// How often the jobs' tables are written to their file (`job_table.rs`): a restart
+/// How often the jobs' tables are written to their file (`job_table/`): a restart
 /// loses at most this much of a job's table.
 pub const JOB_TABLES_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 

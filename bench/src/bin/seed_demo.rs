@@ -26,15 +26,15 @@
 #![allow(clippy::too_many_lines)] // a demo's main reads as its script; benches are exempt from the 80-line rule
 
 use std::{
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use anyhow::Context;
-use clap::Parser;
+use clap::Parser as _;
 use futures::FutureExt;
 use shardcache_bench::demo::{
+    flags::Args,
     group,
     job_table::{self, JobTiming},
     link, nginx,
@@ -51,68 +51,6 @@ use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess};
 const DATASET: &str = "c4";
 /// 4096 tokens x 4 bytes, as in the seed.
 const SAMPLE: u64 = 16 << 10;
-
-/// The seed experiment, reproduced: hub, WAN emulator, spoke, simulated trainer.
-#[derive(Debug, Parser)]
-#[command(name = "seed-demo", about)]
-struct Args {
-    /// Where to write results.md, results.json, results.png (and the run's files).
-    #[arg(long, default_value = "target/demo")]
-    out: PathBuf,
-    /// Data-parallel ranks (GPUs).
-    #[arg(long, default_value_t = 16)]
-    ranks: usize,
-    /// Samples per rank per step.
-    #[arg(long, default_value_t = 24)]
-    batch: usize,
-    /// Steps per epoch; the dataset holds exactly one epoch.
-    #[arg(long, default_value_t = 200)]
-    steps: usize,
-    /// Simulated GPU time per step.
-    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
-    compute: Duration,
-    /// Job start to first step (model loading); loaders and prefetch already run.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    startup: Duration,
-    /// Batches each rank reads ahead (DataLoader num_workers x prefetch_factor).
-    #[arg(long, default_value_t = 4)]
-    read_ahead: usize,
-    /// Shards whose samples are shuffled together (the sampler's shuffle block).
-    #[arg(long, default_value_t = 4)]
-    block_shards: u32,
-    /// Bytes per shard (a multiple of 16KiB).
-    #[arg(long, default_value = "16MiB")]
-    shard_size: ByteSize,
-    /// Round-trip time of the emulated link.
-    #[arg(long, default_value = "60ms")]
-    rtt: String,
-    /// Skip the nginx peer row.
-    #[arg(long)]
-    skip_nginx: bool,
-    /// Skip the small-cache setups.
-    #[arg(long)]
-    skip_small_cache: bool,
-    /// Run only the small-cache setups.
-    #[arg(long, conflicts_with = "skip_small_cache")]
-    small_cache_only: bool,
-    /// Skip the group setups (two nodes, a spoke each or a group of three).
-    #[arg(long)]
-    skip_group: bool,
-    /// Run only the group setups.
-    #[arg(long, conflicts_with_all = ["skip_group", "small_cache_only"])]
-    group_only: bool,
-    /// Skip the link-compression setups.
-    #[arg(long)]
-    skip_compression: bool,
-    /// The hub's --link-compression-level for the seed's and the later setups (the
-    /// hub's own default when not given; 0 turns compression off).
-    #[arg(long)]
-    hub_compression_level: Option<i32>,
-    /// The small-cache spoke's --plan-window: `auto` (the spoke's default: the next block
-    /// of the plan) or bytes of shards fetched ahead of the block being read.
-    #[arg(long, default_value = "auto")]
-    plan_window: String,
-}
 
 /// Called after each epoch of a setup.
 type AfterEpoch = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;

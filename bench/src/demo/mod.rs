@@ -10,6 +10,7 @@
 //! spoke's own table of the job is printed beside the demo's (`job_table.rs`).
 //! See ../shared/seed/SEED.md for the run this reproduces.
 
+pub mod flags;
 pub mod group;
 pub mod job_table;
 pub mod link;
