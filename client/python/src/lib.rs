@@ -2,18 +2,21 @@
 //!
 //! - Every call releases the GIL while it waits on the network, so DataLoader threads and
 //!   other Python work run meanwhile.
-//! - One tokio runtime per process, made on first use. A forked DataLoader worker
-//!   inherits a copy of the parent's runtime without its threads, so the runtime and
-//!   every connection are keyed by process id and made again in the child.
+//! - One tokio runtime per process, made on first use (`process.rs`). A forked
+//!   DataLoader worker inherits a copy of the parent's runtime without its threads, so
+//!   the runtime and every connection are keyed by process id and made again in the child.
 //! - Traces (`traces.rs`): with `OTEL_EXPORTER_OTLP_ENDPOINT` set, the SDK's calls are
 //!   exported as spans, the parents of the servers' spans.
 //! - Errors are `ShardcacheError` with `.code` (the gRPC code, e.g. `"NOT_FOUND"`) and
 //!   `.message`; bytes handed out have passed the SDK's CRC32C, offset and version checks.
 
 mod budget;
+mod dicts;
 mod errors;
 mod order;
+mod process;
 mod samples;
+mod stream;
 mod traces;
 
 use std::sync::{Arc, Mutex};
@@ -25,56 +28,19 @@ use pyo3::{
     types::{PyBytes, PyDict, PyList},
 };
 use shardcache_client::{
-    CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, PlannedSample, Range, ShardStream,
+    CacheClient, Client as RustClient, ConnectOptions, Error, PlannedEpoch, PlannedSample, Range,
 };
 use shardcache_formats::{Budget, SampleIndex};
-use shardcache_proto::v1::{JobReport, StepReport};
+use shardcache_proto::v1::StepReport;
 use shardcache_transport::tls::ClientTlsFiles;
 use tokio::runtime::Runtime;
 
+use dicts::{job_report_dict, shard_dict};
 pub(crate) use errors::{no_panic, to_py};
+pub(crate) use process::runtime;
+use stream::ShardReader;
 
 create_exception!(_native, ShardcacheError, PyException, "A failed shardcache call; see .code and .message.");
-
-/// Worker threads of the per-process runtime. Reads are I/O-bound and the GIL is
-/// released while they wait; two threads keep a batch's requests and responses moving
-/// without competing with DataLoader workers for cores.
-const RUNTIME_THREADS: usize = 2;
-
-static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
-
-/// This process's runtime (a new one after a fork).
-fn runtime() -> PyResult<Arc<Runtime>> {
-    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
-    let pid = std::process::id();
-    if let Some((owner, runtime)) = slot.as_ref()
-        && *owner == pid
-    {
-        return Ok(runtime.clone());
-    }
-    if let Some((_, inherited)) = slot.take() {
-        // Its threads live only in the parent: dropping it here would wait for them.
-        std::mem::forget(inherited);
-    }
-    let runtime = Arc::new(
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(RUNTIME_THREADS)
-            .thread_name("shardcache-io")
-            .enable_all()
-            .build()
-            .map_err(|e| ShardcacheError::new_err(format!("cannot start the I/O runtime: {e}")))?,
-    );
-    *slot = Some((pid, runtime.clone()));
-    traces::start(&runtime);
-    Ok(runtime)
-}
-
-/// Sends the spans this process holds to the collector now (the package calls it at
-/// exit); nothing when it exports none.
-#[pyfunction]
-fn flush_traces(py: Python<'_>) {
-    py.detach(traces::flush);
-}
 
 /// A connection made in one process.
 struct Connected {
@@ -134,67 +100,6 @@ impl Client {
         connected.control = Some(control.clone());
         Ok(control)
     }
-}
-
-/// A job's table (`Client.report`) as Python values.
-fn job_report_dict<'py>(py: Python<'py>, table: &JobReport) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("principal", &table.principal)?;
-    d.set_item("job", &table.job)?;
-    d.set_item("ranks", table.ranks)?;
-    d.set_item("members", &table.members)?;
-    let phases = PyList::empty(py);
-    for phase in &table.phases {
-        let r = shardcache_client::report::row(phase);
-        let item = PyDict::new(py);
-        item.set_item("epoch", r.epoch)?;
-        item.set_item("phase", r.phase)?;
-        item.set_item("steps", r.steps)?;
-        item.set_item("samples", phase.samples)?;
-        item.set_item("samples_per_s", r.samples_per_s)?;
-        item.set_item("data_wait_pct", r.data_wait_pct)?;
-        item.set_item("gpu_util_pct", r.gpu_util_pct)?;
-        item.set_item("read_p50_ms", r.read_p50_ms)?;
-        item.set_item("read_p99_ms", r.read_p99_ms)?;
-        item.set_item("reads", r.reads)?;
-        item.set_item("from_store_pct", r.from_store_pct)?;
-        item.set_item("from_members_pct", r.from_members_pct)?;
-        item.set_item("from_hub_pct", r.from_hub_pct)?;
-        item.set_item("link_per_read", r.link_per_read)?;
-        item.set_item("slowest_rank", r.slowest_rank.map(|(rank, _)| rank))?;
-        item.set_item("slowest_rank_wait_pct", r.slowest_rank.map(|(_, pct)| pct))?;
-        item.set_item(
-            "rank_wait_s",
-            phase.rank_wait_us.iter().map(|&us| us as f64 / 1e6).collect::<Vec<_>>(),
-        )?;
-        phases.append(item)?;
-    }
-    d.set_item("phases", phases)?;
-    let timeline = PyList::empty(py);
-    for p in &table.timeline {
-        let item = PyDict::new(py);
-        item.set_item("at_ms", p.at_ms)?;
-        item.set_item("width_ms", p.width_ms)?;
-        item.set_item("steps", p.steps)?;
-        item.set_item("wall_s", p.wall_us as f64 / 1e6)?;
-        item.set_item("wait_s", p.wait_us as f64 / 1e6)?;
-        item.set_item("samples", p.samples)?;
-        timeline.append(item)?;
-    }
-    d.set_item("timeline", timeline)?;
-    d.set_item("markdown", shardcache_client::report::markdown(table))?;
-    Ok(d)
-}
-
-fn shard_dict<'py>(py: Python<'py>, s: &shardcache_proto::v1::ShardInfo) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("dataset", &s.dataset)?;
-    d.set_item("shard", &s.shard)?;
-    d.set_item("size", s.size)?;
-    d.set_item("version", &s.version)?;
-    d.set_item("message_size", s.message_size)?;
-    d.set_item("record_size", s.record_size)?;
-    Ok(d)
 }
 
 #[pymethods]
@@ -642,36 +547,6 @@ impl Client {
     }
 }
 
-/// What `Client.stream` returns: iterate it for the range's chunks (`bytes`), each
-/// verified; a failure mid-way resumes from the next byte on another connection or
-/// member, or raises `ShardcacheError`.
-#[pyclass(module = "shardcache._native", frozen)]
-struct ShardReader {
-    runtime: Arc<Runtime>,
-    /// `None` once the range has been read.
-    stream: Mutex<Option<ShardStream>>,
-}
-
-#[pymethods]
-impl ShardReader {
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let mut slot = self.stream.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(stream) = slot.as_mut() else { return Ok(None) };
-        let runtime = &self.runtime;
-        match py.detach(|| runtime.block_on(stream.next_chunk())).map_err(to_py)? {
-            Some(chunk) => Ok(Some(PyBytes::new(py, &chunk.data))),
-            None => {
-                *slot = None;
-                Ok(None)
-            }
-        }
-    }
-}
-
 /// A plan's epochs as Python gives them: one shard list each, and (or not) one `until`
 /// list each.
 fn planned_epochs(epochs: Vec<Vec<String>>, until: Option<Vec<Vec<u32>>>) -> Vec<PlannedEpoch> {
@@ -690,6 +565,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<order::Permutation>()?;
     m.add_class::<order::SamplerOrder>()?;
     m.add("ShardcacheError", m.py().get_type::<ShardcacheError>())?;
-    m.add_function(wrap_pyfunction!(flush_traces, m)?)?;
+    m.add_function(wrap_pyfunction!(process::flush_traces, m)?)?;
     Ok(())
 }

@@ -3,21 +3,21 @@
 //! a hedge or not), each the parent of the spoke's span of the request and of everything
 //! the spoke asked of its group and hub (`shardcache_transport::telemetry`).
 //!
-//! Started with the process's runtime (`runtime()` in `lib.rs`), and again in a forked
+//! Started with the process's runtime (`process.rs`), and again in a forked
 //! DataLoader worker: the exporter's thread stays in the parent, so the child makes an
 //! exporter of its own and the process's one layer (a subscriber is set once) takes its
 //! tracer from then on ([`ProcessTracer`]). A process that exits normally flushes what it
 //! holds (`flush_traces`, which the package calls at exit); a worker ended by `os._exit`
 //! sends what its batches held up to the last `OTEL_BSP_SCHEDULE_DELAY` (5 s by default).
 
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use opentelemetry::{
     Context,
     trace::{SpanBuilder, Tracer},
 };
 use opentelemetry_sdk::trace::SdkTracer;
-use shardcache_transport::telemetry::{self, ENDPOINT_VARIABLES, Telemetry};
+use shardcache_transport::telemetry::{self, Telemetry};
 use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
 
 /// The tracer of the process this is: the layer keeps this one, a forked child swaps
@@ -37,27 +37,12 @@ impl Tracer for ProcessTracer {
 /// (the program's own: it exports as it likes).
 static TRACER: OnceLock<Option<ProcessTracer>> = OnceLock::new();
 
-/// This process's export, and the process it belongs to.
-static EXPORT: Mutex<Option<(u32, Telemetry)>> = Mutex::new(None);
-
-/// Starts this process's export when the environment asks for one, within `runtime` (the
-/// exporter's channel lives on it); again in a forked child.
-pub fn start(runtime: &tokio::runtime::Runtime) {
-    if !ENDPOINT_VARIABLES.iter().any(|v| std::env::var_os(v).is_some_and(|e| !e.is_empty())) {
-        return;
-    }
-    let mut slot = EXPORT.lock().unwrap_or_else(|p| p.into_inner());
-    let pid = std::process::id();
-    if slot.as_ref().is_some_and(|(owner, _)| *owner == pid) {
-        return;
-    }
-    if let Some((_, inherited)) = slot.take() {
-        // Its exporter's thread lives only in the parent: shutting it down here would
-        // wait for that thread.
-        std::mem::forget(inherited);
-    }
+/// A new process's export when the environment asks for one (`process::runtime` calls
+/// it once a process, within its new `runtime`: the exporter's channel lives on it), its
+/// tracer then the one the process's layer uses.
+pub fn start(runtime: &tokio::runtime::Runtime) -> Option<Telemetry> {
     let _entered = runtime.enter();
-    let Ok(Some(export)) = Telemetry::from_env("shardcache-python") else { return };
+    let export = Telemetry::from_env("shardcache-python").ok()??;
     let installed = TRACER.get_or_init(|| {
         let tracer = ProcessTracer(Arc::new(RwLock::new(export.tracer())));
         let subscriber = tracing_subscriber::registry()
@@ -68,15 +53,5 @@ pub fn start(runtime: &tokio::runtime::Runtime) {
     if let Some(tracer) = installed {
         *tracer.0.write().unwrap_or_else(|p| p.into_inner()) = export.tracer();
     }
-    *slot = Some((pid, export));
-}
-
-/// Sends the spans this process holds now.
-pub fn flush() {
-    let slot = EXPORT.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((pid, export)) = slot.as_ref()
-        && *pid == std::process::id()
-    {
-        export.flush();
-    }
+    Some(export)
 }
