@@ -90,3 +90,27 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0 // USER_HZ is 100 on Linux
 }
+
+/// `shards` clients each streaming one shard of `dataset` (`shard-00000.bin`, ...) at
+/// once, from the start to the end: the bytes read and the time it took.
+pub async fn stream_shards(
+    client: &shardcache_client::Client,
+    dataset: &str,
+    shards: u32,
+) -> (u64, Duration) {
+    let started = std::time::Instant::now();
+    let reads = (0..shards).map(|i| {
+        let client = client.clone();
+        async move {
+            let shard = shardcache_cli::dataset_gen::shard_name(i);
+            let mut stream = client.stream_shard(dataset, &shard, 0, None).await.expect("a stream opens");
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next_chunk().await.expect("every chunk arrives, verified") {
+                n += chunk.data.len() as u64;
+            }
+            n
+        }
+    });
+    let bytes: u64 = join_all(reads).await.into_iter().sum();
+    (bytes, started.elapsed())
+}

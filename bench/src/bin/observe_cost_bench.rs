@@ -24,13 +24,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::future::join_all;
 use shardcache_bench::{
     demo::{
         readers,
         trainer::{JobShape, Layout, epoch_order, run_epoch_timed},
     },
-    measure::cpu_seconds,
+    measure::{cpu_seconds, mb_per_s, stream_shards},
 };
 use shardcache_client::{CacheClient, Client, StepTimer};
 use shardcache_tests::{HubProcess, SpokeProcess, make_dataset, otel::Collector};
@@ -149,22 +148,9 @@ async fn measure(spoke: &SpokeProcess, workload: Workload) -> Run {
 
 /// 16 clients each streaming one shard: MB/s and the bytes read.
 async fn stream(client: &Client) -> (f64, u64) {
-    let started = Instant::now();
-    let reads = (0..SHARDS).map(|i| {
-        let client = client.clone();
-        async move {
-            let shard = shardcache_cli::dataset_gen::shard_name(i);
-            let mut stream = client.stream_shard("c4", &shard, 0, None).await.unwrap();
-            let mut n = 0u64;
-            while let Some(chunk) = stream.next_chunk().await.unwrap() {
-                n += chunk.data.len() as u64;
-            }
-            n
-        }
-    });
-    let bytes: u64 = join_all(reads).await.into_iter().sum();
+    let (bytes, elapsed) = stream_shards(client, "c4", SHARDS).await;
     assert_eq!(bytes, u64::from(SHARDS) * SHARD_SIZE, "every byte streamed");
-    (bytes as f64 / started.elapsed().as_secs_f64() / 1e6, bytes)
+    (mb_per_s(bytes, elapsed), bytes)
 }
 
 /// The demo's epoch loop over the whole dataset (a block shuffle, 4 shards a block), its

@@ -18,9 +18,8 @@
 
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
 use shardcache_bench::{
-    measure::{cpu_seconds, mb_per_s, peak_rss_mib, percentiles, raw_tcp},
+    measure::{cpu_seconds, mb_per_s, peak_rss_mib, percentiles, raw_tcp, stream_shards},
     profile::Profile,
 };
 use shardcache_client::{CacheClient, Client, Range};
@@ -117,23 +116,10 @@ async fn main() {
     );
 }
 
-/// 16 concurrent clients, each streaming one shard.
+/// 16 concurrent clients, each streaming one shard: MB/s.
 async fn stream_dataset(client: &Client) -> f64 {
-    let started = Instant::now();
-    let reads = (0..SHARDS).map(|i| {
-        let client = client.clone();
-        async move {
-            let shard = shardcache_cli::dataset_gen::shard_name(i);
-            let mut stream = client.stream_shard("c4", &shard, 0, None).await.unwrap();
-            let mut n = 0u64;
-            while let Some(chunk) = stream.next_chunk().await.unwrap() {
-                n += chunk.data.len() as u64;
-            }
-            n
-        }
-    });
-    let bytes: u64 = join_all(reads).await.into_iter().sum();
-    mb_per_s(bytes, started.elapsed())
+    let (bytes, elapsed) = stream_shards(client, "c4", SHARDS).await;
+    mb_per_s(bytes, elapsed)
 }
 
 async fn random_reads(client: &Client) -> (f64, f64) {
