@@ -4,13 +4,10 @@
 //! bytes per byte read, and the rank that waited most. `shardcache report JOB` prints
 //! [`markdown`]; a group's members' tables are merged first ([`merge`]).
 
-use shardcache_proto::v1::{JobPhase, JobReport};
-
-/// The bound of latency bucket `i` in milliseconds (the spoke's buckets: four a
-/// doubling of microseconds, bucket `i` below 2^((i+1)/4) µs).
-fn bucket_bound_ms(i: usize) -> f64 {
-    2f64.powf((i + 1) as f64 / 4.0) / 1e3
-}
+use shardcache_proto::{
+    job::latency_bound_ms,
+    v1::{JobPhase, JobReport},
+};
 
 /// The `q` quantile (0..1) of a latency histogram, as its bucket's upper bound (ms);
 /// 0 when empty.
@@ -24,10 +21,10 @@ pub fn quantile_ms(buckets: &[u64], q: f64) -> f64 {
     for (i, &n) in buckets.iter().enumerate() {
         seen += n;
         if seen >= rank {
-            return bucket_bound_ms(i);
+            return latency_bound_ms(i);
         }
     }
-    bucket_bound_ms(buckets.len().saturating_sub(1))
+    latency_bound_ms(buckets.len().saturating_sub(1))
 }
 
 /// One phase in the seed's columns.

@@ -22,6 +22,21 @@ pub fn check_job_name(job: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Buckets of a `JobPhase`'s read latency histogram: four a doubling of microseconds,
+/// from 1 µs to past 10 minutes (the spoke fills them, the SDK's report reads them).
+pub const LATENCY_BUCKETS: usize = 4 * 40;
+
+/// The latency bucket of `elapsed`: the first whose bound, 2^((i+1)/4) µs, is above it.
+pub fn latency_bucket(elapsed: std::time::Duration) -> usize {
+    let us = elapsed.as_micros().max(1) as f64;
+    ((us.log2() * 4.0).floor() as usize).min(LATENCY_BUCKETS - 1)
+}
+
+/// The upper bound of latency bucket `i`, in milliseconds.
+pub fn latency_bound_ms(i: usize) -> f64 {
+    2f64.powf((i + 1) as f64 / 4.0) / 1e3
+}
+
 /// A job's table (`JobReport`): a phase's reads, added from another count of them (a
 /// group member's, or the reads before the job's first step).
 impl crate::v1::JobPhase {

@@ -29,7 +29,10 @@ use std::{
 };
 
 use prost::Message;
-use shardcache_proto::v1::{JobPhase, JobReport, JobTables as Saved, StepReport, TimelinePoint};
+use shardcache_proto::{
+    job::{LATENCY_BUCKETS, latency_bucket},
+    v1::{JobPhase, JobReport, JobTables as Saved, StepReport, TimelinePoint},
+};
 
 use crate::jobs::JobSnapshot;
 
@@ -56,8 +59,6 @@ pub const FOLD_AFTER: Duration = Duration::from_secs(10);
 /// run again under the same name: its table starts afresh (a late rank reports within
 /// seconds).
 pub const RERUN_AFTER: Duration = Duration::from_secs(60);
-/// Latency buckets: four a doubling, from 1 µs to past 10 minutes.
-pub const LATENCY_BUCKETS: usize = 4 * 40;
 /// The file the tables are kept in, in the cache directory.
 pub const FILE: &str = "jobs.pb";
 
@@ -85,17 +86,6 @@ fn above_p99(latency: &[u64], bucket: usize) -> bool {
     let total: u64 = latency.iter().sum();
     let at_or_above: u64 = latency.get(bucket..).map_or(0, |tail| tail.iter().sum());
     total >= SLOW_AFTER_READS && at_or_above * 100 < total
-}
-
-/// The latency bucket of `elapsed`: the first whose bound, 2^((i+1)/4) µs, is above it.
-pub fn latency_bucket(elapsed: Duration) -> usize {
-    let us = elapsed.as_micros().max(1) as f64;
-    ((us.log2() * 4.0).floor() as usize).min(LATENCY_BUCKETS - 1)
-}
-
-/// The upper bound of latency bucket `i`, in milliseconds.
-pub fn latency_bound_ms(i: usize) -> f64 {
-    2f64.powf((i + 1) as f64 / 4.0) / 1e3
 }
 
 /// A step waiting for the rest of its ranks.
