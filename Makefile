@@ -36,6 +36,7 @@ check: lint
 # The end-to-end tests start the built binaries, so build them first.
 test: lint
 	@scripts/ensure-test-deps.sh
+	@if [ "$${SHARDCACHE_SKIP_MOUNT:-}" = 1 ]; then echo "make test: SHARDCACHE_SKIP_MOUNT=1: the mount tests are skipped"; fi
 	@scripts/build-otelcol.sh
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace

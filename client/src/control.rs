@@ -394,6 +394,7 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
             sum.hit_bytes += j.hit_bytes;
             sum.hub_bytes += j.hub_bytes;
             sum.link_bytes += j.link_bytes;
+            sum.planned_reads += j.planned_reads;
         }
         for p in answer.principals {
             let sum = principals
@@ -418,6 +419,8 @@ fn merge_status(answers: Vec<StatusResponse>) -> StatusResponse {
         merged.hub_fetches_plain += answer.hub_fetches_plain;
         merged.hub_fetches_zstd += answer.hub_fetches_zstd;
         merged.store_own_bytes += answer.store_own_bytes;
+        merged.fetches_in_flight += answer.fetches_in_flight;
+        merged.hub_bytes_received += answer.hub_bytes_received;
         // The members' mean: each speculates for its own readers.
         merged.speculation_useful_share += answer.speculation_useful_share / count;
     }

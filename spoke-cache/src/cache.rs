@@ -325,6 +325,13 @@ impl Cache {
         self.fetch.in_flight()
     }
 
+    /// Fetches running of any kind: calls to the suppliers, chunk fetches until their
+    /// chunk is stored, planned shard fetches (`Status`'s `fetches_in_flight`). 0: nothing
+    /// asked of the suppliers is on its way.
+    pub fn fetches_running(&self) -> usize {
+        self.fetch.upstream_calls() + self.fetch.in_flight() + self.plans.fetching()
+    }
+
     /// Every cached entry.
     pub fn entries(&self) -> Vec<Arc<Entry>> {
         self.catalog.entries()

@@ -47,6 +47,8 @@ pub struct JobCounters {
     pub link_bytes: AtomicU64,
     /// Bytes fetched from group members on the job's behalf.
     pub peer_bytes: AtomicU64,
+    /// Reads its sample plan had named before they came (`samples/`).
+    pub planned_reads: AtomicU64,
     /// When the spoke last warned that the job's reads cost more over the link than
     /// they read (ms since the Unix epoch; 0: never).
     warned_at_ms: AtomicU64,
@@ -70,6 +72,7 @@ pub struct JobSnapshot {
     pub hub_bytes: u64,
     pub link_bytes: u64,
     pub peer_bytes: u64,
+    pub planned_reads: u64,
 }
 
 impl JobSnapshot {
@@ -82,6 +85,7 @@ impl JobSnapshot {
         self.hub_bytes += other.hub_bytes;
         self.link_bytes += other.link_bytes;
         self.peer_bytes += other.peer_bytes;
+        self.planned_reads += other.planned_reads;
     }
 
     /// Bytes over the long link per byte read (0 before any read).
@@ -116,6 +120,7 @@ impl JobCounters {
             hub_bytes: self.hub_bytes.load(Relaxed),
             link_bytes: self.link_bytes.load(Relaxed),
             peer_bytes: self.peer_bytes.load(Relaxed),
+            planned_reads: self.planned_reads.load(Relaxed),
         }
     }
 
@@ -141,6 +146,7 @@ impl JobCounters {
         self.hub_bytes.fetch_add(other.hub_bytes, Relaxed);
         self.link_bytes.fetch_add(other.link_bytes, Relaxed);
         self.peer_bytes.fetch_add(other.peer_bytes, Relaxed);
+        self.planned_reads.fetch_add(other.planned_reads, Relaxed);
     }
 }
 

@@ -114,6 +114,10 @@ pub struct Occupancy {
     pub members_refusing: u64,
     /// Chunk fetches asked of the hubs as they are, and for zstd (counters).
     pub hub_fetches: (u64, u64),
+    /// Every byte the connections to the hubs read (a counter: `Hubs::bytes_received`).
+    pub hub_bytes_received: u64,
+    /// Fetches running now (a gauge: `Cache::fetches_running`).
+    pub fetches_running: u64,
 }
 
 impl Metrics {
@@ -267,8 +271,10 @@ impl Metrics {
     }
 }
 
-/// Chunk fetches asked of the hubs as they are and for zstd (`--hub-compression`).
-fn render_hub_fetches(out: &mut String, (plain, zstd): (u64, u64)) {
+/// Chunk fetches asked of the hubs as they are and for zstd (`--hub-compression`), what
+/// the hub connections read in all, and the fetches running.
+fn render_hub_fetches(out: &mut String, occupancy: &Occupancy) {
+    let (plain, zstd) = occupancy.hub_fetches;
     let name = "shardcache_spoke_hub_fetches_total";
     let _ = writeln!(
         out,
@@ -276,6 +282,21 @@ fn render_hub_fetches(out: &mut String, (plain, zstd): (u64, u64)) {
          what it measured to deliver faster)\n# TYPE {name} counter\n{name}{{encoding=\"plain\"}} {}\n\
          {name}{{encoding=\"zstd\"}} {}",
         plain, zstd
+    );
+    let name = "shardcache_spoke_hub_received_bytes_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Bytes the connections to the hubs read: every answer whatever became of it, listings, \
+         stats and framing included (what the long link carried toward the spoke)\n# TYPE {name} counter\n\
+         {name} {}",
+        occupancy.hub_bytes_received
+    );
+    let name = "shardcache_spoke_fetches_in_flight";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Fetches running: calls to the suppliers, chunk fetches until stored, planned shard \
+         fetches\n# TYPE {name} gauge\n{name} {}",
+        occupancy.fetches_running
     );
 }
 
@@ -344,7 +365,7 @@ fn render_occupancy(out: &mut String, occupancy: &Occupancy) {
          # TYPE {name} counter\n{name} {}",
         occupancy.peer_bad_chunks
     );
-    render_hub_fetches(out, occupancy.hub_fetches);
+    render_hub_fetches(out, occupancy);
     let name = "shardcache_spoke_cached_bytes";
     let _ = writeln!(out, "# HELP {name} Cached bytes per dataset\n# TYPE {name} gauge");
     for (dataset, (_, bytes, _)) in &occupancy.datasets {

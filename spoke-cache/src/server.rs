@@ -335,6 +335,8 @@ fn occupancy(cache: &Cache) -> Occupancy {
             .peers()
             .map_or(0, |p| p.states().iter().filter(|m| m.state == "refusing this spoke").count() as u64),
         hub_fetches: cache.hubs().fetches_asked(),
+        hub_bytes_received: cache.hubs().bytes_received(),
+        fetches_running: cache.fetches_running() as u64,
         ..Default::default()
     };
     let (held, shares) = cache.held_and_shares();

@@ -4,6 +4,10 @@
 //! the hub stalls for longer than `--hub-timeout`, and another tenant fills one member's
 //! disk. What `spoke_group_chaos` checks in `make test` and `chaos-bench` runs longer.
 //!
+//! Bytes over the links are the emulators' counts of what they delivered to the spokes;
+//! [`no_cache`] runs the same reads straight to the hub through identical links, the
+//! baseline they are compared with.
+//!
 //! Every call is checked against the dataset's files and must finish within
 //! `hung_after`. The first epoch runs before any fault (it fills the group's caches);
 //! after it every shard is cached by a member, so no read may fail while a member or the
@@ -88,7 +92,11 @@ pub struct ChaosReport {
     /// Why a fault could not be set up (the disk without root).
     pub skipped: Vec<String>,
     pub epochs: u32,
+    /// Epochs each node read.
+    pub node_epochs: [u32; 2],
     pub hub_bytes: u64,
+    /// Bytes the members' links delivered to them (the emulators' counts).
+    pub link_bytes: u64,
     pub dataset_bytes: u64,
     pub slowest: Duration,
     pub elapsed: Duration,
@@ -144,12 +152,7 @@ pub async fn run(plan: &ChaosPlan) -> ChaosReport {
         spokes.push(Some(start(i).await));
     }
 
-    let content: HashMap<String, Vec<u8>> = std::fs::read_dir(&files)
-        .unwrap()
-        .flatten()
-        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
-        .collect();
+    let content = contents(&files);
     let now = Now::default();
     let report = Mutex::new(ChaosReport {
         dataset_bytes: u64::from(plan.shards) * plan.shard_size,
@@ -175,11 +178,69 @@ pub async fn run(plan: &ChaosPlan) -> ChaosReport {
     for spoke in spokes.iter().flatten() {
         spoke.settled().await;
     }
+    let mut link_bytes = 0;
+    for link in &links {
+        link_bytes += crate::wire::settled_link(link).await.to_client;
+    }
     let mut report = report.into_inner().unwrap();
-    report.epochs = now.epochs.iter().map(|e| e.load(Relaxed)).min().unwrap_or(0);
+    report.node_epochs = [now.epochs[0].load(Relaxed), now.epochs[1].load(Relaxed)];
+    report.epochs = report.node_epochs.into_iter().min().unwrap_or(0);
     report.hub_bytes = hub.stats.snapshot().bytes_served;
+    report.link_bytes = link_bytes;
     report.elapsed = started.elapsed();
     report
+}
+
+/// What the reads of a soak that read `node_epochs` cost with no cache, run: the same
+/// hub, each node reading its epochs (the same orders) straight from it through a link
+/// of its own, identical to the members' (no faults); the bytes those links delivered,
+/// and the reads' report (every byte checked against the files).
+pub async fn no_cache(plan: &ChaosPlan, node_epochs: [u32; 2]) -> (u64, ChaosReport) {
+    let root = tempfile::tempdir().unwrap();
+    let files = make_dataset(root.path(), "ds", plan.shards, plan.shard_size);
+    let mut options = crate::test_options();
+    options.limits.max_read = 16 << 20;
+    let hub = TestHub::start_with(root.path(), options).await;
+    let content = contents(&files);
+    let now = Now::default();
+    now.done.store(true, Relaxed);
+    let report = Mutex::new(ChaosReport {
+        dataset_bytes: u64::from(plan.shards) * plan.shard_size,
+        phases: vec![PhaseReport { name: "no cache".into(), ..Default::default() }],
+        ..Default::default()
+    });
+    let mut links = Vec::new();
+    for _ in 0..2 {
+        let link = WanProxy::start("127.0.0.1:0".parse().unwrap(), hub.addr, LinkConfig::rtt(Duration::ZERO));
+        links.push(link.await.unwrap());
+    }
+    let mut nodes = Vec::new();
+    for link in &links {
+        nodes.push(Client::connect(&link.endpoint()).await.unwrap());
+    }
+    let plans: Vec<ChaosPlan> =
+        node_epochs.iter().map(|&epochs| ChaosPlan { epochs, ..plan.clone() }).collect();
+    let readers = nodes
+        .iter()
+        .zip(&plans)
+        .enumerate()
+        .map(|(n, (node, plan))| read_epochs(n, node, plan, &content, &now, &report));
+    futures::future::join_all(readers).await;
+    let mut bytes = 0;
+    for link in &links {
+        bytes += crate::wire::settled_link(link).await.to_client;
+    }
+    (bytes, report.into_inner().unwrap())
+}
+
+/// Every shard of the dataset in `files`, by name.
+fn contents(files: &std::path::Path) -> HashMap<String, Vec<u8>> {
+    std::fs::read_dir(files)
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect()
 }
 
 /// Starts a new phase named `name` (calls from now on count in it); `fault`: one of the

@@ -18,6 +18,7 @@ pub mod process;
 pub mod s3;
 pub mod soak;
 pub mod watchdog;
+pub mod wire;
 pub use address::KeptAddress;
 pub use group::TestGroup;
 pub use process::{Cli, HubProcess, MountProcess, ProxyProcess, SpokeProcess, binary, workspace_dir};
@@ -244,7 +245,7 @@ impl TestSpoke {
         let limit = (self.cache.config().capacity as f64 * self.cache.config().high_watermark) as u64;
         for _ in 0..2000 {
             let cache = &self.cache;
-            let idle = cache.fetches_in_flight() == 0 && cache.plans().fetching() == 0;
+            let idle = cache.fetches_running() == 0;
             if idle && cache.used_bytes() <= limit && !cache.is_evicting() {
                 return;
             }

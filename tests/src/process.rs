@@ -272,12 +272,23 @@ impl HubProcess {
     /// Bytes it has served (`shardcache_hub_bytes_served_total`); it must have been
     /// started with `--metrics-listen`.
     pub async fn bytes_served(&self) -> u64 {
+        self.counter("shardcache_hub_bytes_served_total").await
+    }
+
+    /// What its data messages took as sent (`shardcache_hub_bytes_sent_total`: less than
+    /// served where compressed); it must have been started with `--metrics-listen`.
+    pub async fn bytes_sent(&self) -> u64 {
+        self.counter("shardcache_hub_bytes_sent_total").await
+    }
+
+    /// The value of the unlabelled counter `name` on its metrics page.
+    async fn counter(&self, name: &str) -> u64 {
         let addr = self.metrics_addr.as_deref().expect("the hub was started with --metrics-listen");
         let page = crate::scrape_metrics(addr).await.unwrap();
         page.lines()
-            .find_map(|l| l.strip_prefix("shardcache_hub_bytes_served_total "))
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
             .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap() as u64
+            .unwrap_or_else(|| panic!("no {name} on the hub's metrics page")) as u64
     }
 }
 
@@ -290,20 +301,46 @@ impl Drop for HubProcess {
 
 /// A `wan-proxy` child process on `127.0.0.1:0` in front of `upstream`; killed when
 /// dropped. `link_args` are its link flags, e.g. `["--rtt", "60ms", "--rate", "2Gbit"]`.
+/// It counts what crosses it (`--counters-file`): [`crate::wire`] reads the counts.
 #[derive(Debug)]
 pub struct ProxyProcess {
     pub child: Child,
     pub addr: SocketAddr,
     pub endpoint: String,
+    /// Its `--counters-file`.
+    pub counters_file: PathBuf,
+    _counters_dir: tempfile::TempDir,
     _watched: Watched,
 }
 
 impl ProxyProcess {
     pub fn start(upstream: SocketAddr, link_args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let counters_file = dir.path().join("counters");
         let mut command = Command::new(binary("wan-proxy"));
         command.args(["--listen", "127.0.0.1:0", "--upstream", &upstream.to_string()]).args(link_args);
+        command.arg("--counters-file").arg(&counters_file);
         let (child, addr) = spawn_and_wait_for(command, "wan-proxy listening on ");
-        Self { endpoint: format!("http://{addr}"), addr: addr.parse().unwrap(), child, _watched: watch() }
+        Self {
+            endpoint: format!("http://{addr}"),
+            addr: addr.parse().unwrap(),
+            child,
+            counters_file,
+            _counters_dir: dir,
+            _watched: watch(),
+        }
+    }
+}
+
+/// The counts of its `--counters-file` (zeros before its first write, 100 ms after start).
+impl crate::wire::LinkMeter for ProxyProcess {
+    fn read(&self) -> (crate::wire::LinkCount, u64) {
+        match std::fs::read_to_string(&self.counters_file) {
+            Ok(line) => crate::wire::LinkCount::parse_line(&line)
+                .unwrap_or_else(|| panic!("{}: not a counters line: {line:?}", self.counters_file.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Default::default(),
+            Err(e) => panic!("{}: {e}", self.counters_file.display()),
+        }
     }
 }
 

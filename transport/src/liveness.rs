@@ -28,7 +28,10 @@ use std::{
     future::Future,
     io,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -62,11 +65,18 @@ pub const ORPHANED: &str = "the connection closed before the server answered";
 struct Links {
     open: watch::Sender<usize>,
     last_end: Mutex<Option<String>>,
+    /// Bytes read from the channel's sockets so far, every connection's (what the peer
+    /// sent: answers whatever became of them, HTTP/2's framing, TLS's records).
+    received: AtomicU64,
 }
 
 impl Links {
     fn new() -> Arc<Self> {
-        Arc::new(Self { open: watch::Sender::new(0), last_end: Mutex::new(None) })
+        Arc::new(Self {
+            open: watch::Sender::new(0),
+            last_end: Mutex::new(None),
+            received: AtomicU64::new(0),
+        })
     }
 
     /// How many connections are open or being opened.
@@ -195,6 +205,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.io).poll_read(cx, buf);
         self.note(&result);
+        let read = buf.filled().len() - before;
+        self.guard.0.received.fetch_add(read as u64, Ordering::Relaxed);
         // Nothing read into room for something is the end of the stream (a read into a
         // full buffer reads nothing too, and is not).
         if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() == before && buf.remaining() > 0 {
@@ -269,6 +281,14 @@ impl LiveChannel {
         let channel =
             http2.endpoint(endpoint).connect_with_connector_lazy(links.connector(http2.connector(tls)));
         Self { channel, links: Some(links) }
+    }
+}
+
+impl LiveChannel {
+    /// Bytes read from this channel's connections so far (0 for a channel made from a
+    /// tonic `Channel`, whose connections are not counted).
+    pub fn bytes_received(&self) -> u64 {
+        self.links.as_ref().map_or(0, |links| links.received.load(Ordering::Relaxed))
     }
 }
 
@@ -385,9 +405,15 @@ mod tests {
         let (io, accepted) = tokio::join!(connector.oneshot(uri), listener.accept());
         let mut io = io.unwrap().into_inner();
         assert_eq!(links.open(), 1);
+        // What the server sends is counted as the client reads it.
+        let (mut accepted, _) = accepted.unwrap();
+        accepted.write_all(b"seven b").await.unwrap();
+        let mut seven = [0u8; 7];
+        io.read_exact(&mut seven).await.unwrap();
+        assert_eq!(links.received.load(Ordering::Relaxed), 7);
         // The server closes: the client's read sees the end, which is kept; a write
         // after it (failing or not) and the drop change nothing of it.
-        drop(accepted.unwrap());
+        drop(accepted);
         let mut byte = [0u8; 1];
         assert_eq!(io.read(&mut byte).await.unwrap(), 0);
         assert_eq!(links.how_last_ended(), "the server closed the connection");

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use shardcache_tests::chaos::{ChaosPlan, run};
+use shardcache_tests::chaos::{ChaosPlan, no_cache, run};
 
 #[tokio::main]
 async fn main() {
@@ -33,6 +33,13 @@ async fn main() {
         revalidate_after: Duration::from_secs(5),
     };
     let report = run(&plan).await;
+    // The baseline, run: the same reads (each node's epochs, the same orders) straight to
+    // the hub through identical links, after the soak.
+    let (no_cache_bytes, baseline) = no_cache(&plan, report.node_epochs).await;
+    assert!(
+        baseline.wrong_bytes == 0 && baseline.failures.is_empty() && baseline.hung == 0,
+        "the no-cache run read every byte right: {baseline:?}"
+    );
     println!("| group chaos soak (3 spokes, 2 trainer nodes, 256 MiB, 16 x 64 KiB per call) | result |");
     println!("|---|---|");
     println!("| read calls / epochs per node | {} / {} |", report.calls, report.epochs);
@@ -50,9 +57,21 @@ async fn main() {
     println!("| hung calls (not done in 30 s) | {} |", report.hung);
     println!("| wrong bytes | {} |", report.wrong_bytes);
     println!("| slowest call | {:.2} s |", report.slowest.as_secs_f64());
+    let per_dataset = |bytes: u64| bytes as f64 / report.dataset_bytes.max(1) as f64;
+    println!("| bytes from the hub (its count) / dataset | {:.2}x |", per_dataset(report.hub_bytes));
     println!(
-        "| bytes from the hub / dataset | {:.2}x |",
-        report.hub_bytes as f64 / report.dataset_bytes.max(1) as f64
+        "| bytes over the members' links (the wire) / dataset | {:.2}x |",
+        per_dataset(report.link_bytes)
+    );
+    println!(
+        "| the same reads with no cache (run, {} + {} epochs; the wire) / dataset | {:.2}x |",
+        report.node_epochs[0],
+        report.node_epochs[1],
+        per_dataset(no_cache_bytes)
+    );
+    println!(
+        "| link bytes against no cache | {:.2}x |",
+        report.link_bytes as f64 / no_cache_bytes.max(1) as f64
     );
     println!("| elapsed | {:.1} s |", report.elapsed.as_secs_f64());
     println!();

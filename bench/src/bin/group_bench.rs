@@ -25,7 +25,7 @@ use std::time::Instant;
 use futures::{StreamExt, stream};
 use shardcache_client::{CacheClient, Client, Range};
 use shardcache_tests::{
-    HubProcess, ProxyProcess, SpokeProcess, free_loopback_addr, make_dataset, next_random,
+    HubProcess, ProxyProcess, SpokeProcess, free_loopback_addr, make_dataset, next_random, wire,
 };
 
 const SHARDS: u32 = 8;
@@ -194,7 +194,7 @@ async fn gray() {
         "{GRAY_SHARDS} shards x 16 MiB, cold groups of 3 over a 60 ms 2 Gbit/s link; every sample once in random batches of {BATCH} x 16 KiB, {IN_FLIGHT} in flight, then again warm"
     );
     println!(
-        "| round | healthy group: cold / warm samples/s | one member gray: cold / warm samples/s | gray / healthy: cold / warm | hedges sent (healthy / gray) | hub bytes / dataset, cold (healthy / gray) |"
+        "| round | healthy group: cold / warm samples/s | one member gray: cold / warm samples/s | gray / healthy: cold / warm | hedges sent (healthy / gray) | link bytes / dataset, cold (healthy / gray; the wire) |"
     );
     println!("|---|---|---|---|---|---|");
     for round in 0..3 {
@@ -205,8 +205,17 @@ async fn gray() {
             let client = Client::connect(&peers).await.unwrap();
             let control = CacheClient::connect(&peers).await.unwrap();
             let cold = epoch(&client, &files, 2 * round + 1).await;
-            let fetched: u64 =
-                control.status().await.unwrap().datasets.iter().map(|d| d.upstream_bytes).sum();
+            // What the healthy link carried (the emulator's count) once it is still: with
+            // no member fetching, or (gray) with the gray member's fetches hung on its own
+            // stalled link, which delivers nothing.
+            let healthy = links[0].as_ref().unwrap();
+            let fetched = if gray {
+                wire::settled_link(healthy).await.to_client
+            } else {
+                let (count, received) = wire::settled_spoke(healthy, &control).await;
+                assert!(wire::agrees(received, count.to_client), "the group {received}, the wire {count:?}");
+                count.to_client
+            };
             let warm = epoch(&client, &files, 2 * round + 2).await;
             let hedges = client.hedges().sent.load(std::sync::atomic::Ordering::Relaxed);
             let dataset = u64::from(GRAY_SHARDS) * SHARD;

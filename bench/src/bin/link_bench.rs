@@ -19,6 +19,13 @@
 //!
 //! Per epoch: bytes read, bytes on the link, their ratio, the bound the issue set (what
 //! was read plus the capacity), samples/s. Every byte read is checked against the files.
+//! Link bytes are the emulator's `to_client` counter (every byte the hub sent through it,
+//! framing, listings and stats included), read once the spoke has nothing in flight and
+//! the link is still (`shardcache_tests::wire`); the spoke's own count of what its hub
+//! connections read is checked against it (2%). Each no-cache row is the same reader run
+//! straight to the hub through the same link, counted the same way. The tenants' epoch
+//! 2 runs beside Bob's scan: the wire counts both, split between them by the spoke's
+//! per-dataset counts of the hubs' answers (`upstream_wire_bytes`).
 //!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/link-bench [--readers sdk,mount]
@@ -31,7 +38,10 @@ use std::{os::unix::fs::FileExt, path::Path, time::Instant};
 
 use futures::{StreamExt, stream};
 use shardcache_client::{CacheClient, Client, ConnectOptions, Range};
-use shardcache_tests::{HubProcess, MountProcess, ProxyProcess, SpokeProcess, make_dataset, token_file};
+use shardcache_tests::{
+    HubProcess, MountProcess, ProxyProcess, SpokeProcess, make_dataset, token_file,
+    wire::{self, LinkCount},
+};
 
 const MIB: u64 = 1 << 20;
 const RECORD: u64 = 16 << 10;
@@ -55,9 +65,19 @@ struct Row {
 impl Row {
     /// `reader`'s `epoch` through the half-size spoke: its first epoch is held to the
     /// bound (what it read plus the capacity).
-    fn half_size(reader: &str, epoch: u32, read: u64, link: u64, seconds: f64) -> Self {
+    /// `(link, spoke)`: the wire's bytes, and the spoke's count of what its hub
+    /// connections read (none with no cache), shown beside them.
+    fn half_size(
+        reader: &str,
+        epoch: u32,
+        read: u64,
+        (link, spoke): (u64, Option<u64>),
+        seconds: f64,
+    ) -> Self {
         let bound = (epoch == 1).then_some(read + CAPACITY);
-        Row { reader: reader.into(), epoch, read, link, seconds, bound, note: String::new() }
+        let note =
+            spoke.map_or(String::new(), |s| format!("spoke's count / wire {:.4}", s as f64 / link as f64));
+        Row { reader: reader.into(), epoch, read, link, seconds, bound, note }
     }
 }
 
@@ -70,8 +90,37 @@ fn name(shard: u32) -> String {
     shardcache_cli::dataset_gen::shard_name(shard)
 }
 
-/// Bytes the spoke's fetches of `dataset` took on the link so far.
-async fn on_the_link(control: &CacheClient, dataset: &str) -> u64 {
+/// The link's count once the spoke (if any) has nothing in flight and the link is still.
+async fn settled(link: &ProxyProcess, control: Option<&CacheClient>) -> (LinkCount, u64) {
+    match control {
+        Some(control) => wire::settled_spoke(link, control).await,
+        None => (wire::settled_link(link).await, 0),
+    }
+}
+
+/// What crossed the link toward the reader between `before` and now, once it is still;
+/// with a spoke, the spoke's own count of what its hub connections read meanwhile, which
+/// must agree.
+async fn link_since(
+    link: &ProxyProcess,
+    control: Option<&CacheClient>,
+    before: (LinkCount, u64),
+) -> (u64, Option<u64>) {
+    let (after, received) = settled(link, control).await;
+    let wire = after.since(before.0).to_client;
+    let spoke = control.map(|_| received - before.1);
+    if let Some(received) = spoke {
+        assert!(
+            wire::agrees(received, wire),
+            "the spoke's hub connections read {received} bytes, the wire {wire}"
+        );
+    }
+    (wire, spoke)
+}
+
+/// Bytes the hubs' answers of `dataset` took, as the spoke counts them (its split of the
+/// wire between datasets read at once).
+async fn spoke_counted(control: &CacheClient, dataset: &str) -> u64 {
     let status = control.status().await.unwrap();
     status.datasets.iter().find(|d| d.dataset == dataset).map_or(0, |d| d.upstream_wire_bytes)
 }
@@ -133,26 +182,22 @@ async fn sdk(setup: &Setup) -> Vec<Row> {
     let mut rows = Vec::new();
     for epoch in 1..=2 {
         let order = shuffled(SHARDS, SHARD, u64::from(epoch));
-        let (before, started) = (on_the_link(&control, "c4").await, Instant::now());
+        let (before, started) = (settled(&setup.link, Some(&control)).await, Instant::now());
         read_batches(&client.for_job("sdk", u64::from(epoch)).unwrap(), "c4", &setup.files, &order).await;
         let seconds = started.elapsed().as_secs_f64();
-        let link = on_the_link(&control, "c4").await - before;
+        let link = link_since(&setup.link, Some(&control), before).await;
         let read = order.len() as u64 * RECORD;
         rows.push(Row::half_size("SDK ReadRanges", epoch, read, link, seconds));
     }
-    // The same reads straight from the hub over the same link: every byte crosses it.
+    // The same reads straight from the hub over the same link, counted the same way.
     for epoch in 1..=2 {
         let order = shuffled(SHARDS, SHARD, u64::from(epoch));
-        let started = Instant::now();
+        let (before, started) = (settled(&setup.link, None).await, Instant::now());
         read_batches(&hub, "c4", &setup.files, &order).await;
+        let seconds = started.elapsed().as_secs_f64();
+        let link = link_since(&setup.link, None, before).await;
         let read = order.len() as u64 * RECORD;
-        rows.push(Row::half_size(
-            "SDK ReadRanges, no cache",
-            epoch,
-            read,
-            read,
-            started.elapsed().as_secs_f64(),
-        ));
+        rows.push(Row::half_size("SDK ReadRanges, no cache", epoch, read, link, seconds));
     }
     rows
 }
@@ -197,10 +242,10 @@ async fn mount(setup: &Setup) -> Vec<Row> {
             &logs.path().join(format!("mount-{epoch}.log")),
         );
         let order = shuffled(SHARDS, SHARD, 10 + u64::from(epoch));
-        let (before, started) = (on_the_link(&control, "c4").await, Instant::now());
+        let (before, started) = (settled(&setup.link, Some(&control)).await, Instant::now());
         tokio::task::block_in_place(|| preads(mnt.path(), &setup.files, &order));
         let seconds = started.elapsed().as_secs_f64();
-        let link = on_the_link(&control, "c4").await - before;
+        let link = link_since(&setup.link, Some(&control), before).await;
         let read = order.len() as u64 * RECORD;
         rows.push(Row::half_size("mount pread", epoch, read, link, seconds));
     }
@@ -215,8 +260,18 @@ async fn python(setup: &Setup, python: &str, (spoke, sampler): (bool, bool)) -> 
     let endpoint = spoke.as_ref().map_or(setup.link.endpoint.clone(), |s| s.endpoint.clone());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/link/map_style.py");
     let files = setup.root.path().join("c4");
-    let mut args =
-        vec![script, "--endpoint", &endpoint, "--dataset", "c4", "--files", files.to_str().unwrap()];
+    let counters = setup.link.counters_file.to_str().unwrap();
+    let mut args = vec![
+        script,
+        "--endpoint",
+        &endpoint,
+        "--dataset",
+        "c4",
+        "--files",
+        files.to_str().unwrap(),
+        "--counters",
+        counters,
+    ];
     if sampler {
         args.push("--sampler");
     }
@@ -235,7 +290,13 @@ async fn python(setup: &Setup, python: &str, (spoke, sampler): (bool, bool)) -> 
             let read = v["read"].as_u64().unwrap();
             let epoch = v["epoch"].as_u64().unwrap() as u32;
             let (link, seconds) = (v["link"].as_u64().unwrap(), v["seconds"].as_f64().unwrap());
-            Row::half_size(reader, epoch, read, link, seconds)
+            if let Some(received) = v["spoke_received"].as_u64() {
+                assert!(
+                    wire::agrees(received, link),
+                    "{reader} epoch {epoch}: the spoke {received}, the wire {link}"
+                );
+            }
+            Row::half_size(reader, epoch, read, (link, v["spoke_received"].as_u64()), seconds)
         })
         .collect()
 }
@@ -255,7 +316,10 @@ async fn tenants(setup: &Setup) -> Vec<Row> {
     let mut rows = Vec::new();
     for epoch in 1..=2u32 {
         let order = shuffled(4, SHARD, 20 + u64::from(epoch));
-        let (before, started) = (on_the_link(&ops, "train").await, Instant::now());
+        let before = settled(&setup.link, Some(&ops)).await;
+        let (alice_before, bob_before) =
+            (spoke_counted(&ops, "train").await, spoke_counted(&ops, "scan").await);
+        let started = Instant::now();
         let reader = alice.for_job("train", u64::from(epoch)).unwrap();
         let scanning = (epoch == 2).then(|| {
             let (bob, root) = (bob.clone(), setup.root.path().join("scan"));
@@ -274,32 +338,45 @@ async fn tenants(setup: &Setup) -> Vec<Row> {
         });
         read_batches(&reader, "train", &train, &order).await;
         let seconds = started.elapsed().as_secs_f64();
-        let link = on_the_link(&ops, "train").await - before;
+        let scan_seconds = match scanning {
+            Some(scan) => Some(scan.await.unwrap()),
+            None => None,
+        };
+        let (wire, _) = link_since(&setup.link, Some(&ops), before).await;
+        let (alice_link, bob_link) = (
+            spoke_counted(&ops, "train").await - alice_before,
+            spoke_counted(&ops, "scan").await - bob_before,
+        );
+        // The spoke's split of the wire: its counts of the two datasets' answers, which
+        // are the wire's less its framing, listings and stats.
+        assert!(
+            alice_link + bob_link <= wire && wire::agrees(alice_link + bob_link, wire),
+            "the spoke's split {alice_link} + {bob_link} of the wire's {wire} bytes"
+        );
         let status = ops.status().await.unwrap();
         let row = status.jobs.iter().find(|j| j.job == "train" && j.epoch == u64::from(epoch)).unwrap();
         let hits = row.hit_bytes as f64 * 100.0 / row.bytes.max(1) as f64;
         let read = order.len() as u64 * RECORD;
+        let split = if scan_seconds.is_some() { ", the spoke's split of the wire" } else { "" };
         rows.push(Row {
             reader: "tenant Alice (64 MiB, half the cache)".into(),
             epoch,
             read,
-            link,
+            // Alone, all the wire's; beside Bob's scan, her share of it.
+            link: if scan_seconds.is_some() { alice_link } else { wire },
             seconds,
             bound: None,
-            note: format!("{hits:.1}% hits"),
+            note: format!("{hits:.1}% hits{split}; wire {:.1} MiB", wire as f64 / MIB as f64),
         });
-        if let Some(scan) = scanning {
-            let scan_seconds = scan.await.unwrap();
-            let status = ops.status().await.unwrap();
-            let scanned = status.datasets.iter().find(|d| d.dataset == "scan").unwrap();
+        if let Some(scan_seconds) = scan_seconds {
             rows.push(Row {
                 reader: "tenant Bob (scans 384 MiB once, beside her epoch 2)".into(),
                 epoch: 1,
                 read: 24 * SHARD,
-                link: scanned.upstream_wire_bytes,
+                link: bob_link,
                 seconds: scan_seconds,
                 bound: None,
-                note: String::new(),
+                note: "the spoke's split of the wire".into(),
             });
         }
     }

@@ -4,8 +4,8 @@
 //! each, by a reader as the SDK's datasets read (`bench/src/orders.rs`: batches of 32, 8 in
 //! flight, every byte checked), each setup on a fresh spoke process:
 //!
-//! - a uniform shuffle (every record of the epoch in one random order: `ShardSampler`,
-//!   `StreamingShardDataset(shard_block=16)`) through a spoke half the dataset's size,
+//! - a uniform shuffle (every record of the epoch in one random order: the order of
+//!   `ShardSampler`, `StreamingShardDataset(shard_block=16)`) through a spoke half the dataset's size,
 //!   with its plan (followed sample by sample) and without (a plain `RandomSampler`);
 //! - the default block shuffle (`shard_block=4`) through the same spoke, with its plan:
 //!   the order the spoke was built around, the speed to match;
@@ -15,11 +15,21 @@
 //!   whole cache);
 //! - and the uniform and block readers straight from the hub over the same link, no cache.
 //!
-//! Per epoch: bytes over the link per byte read (the spoke's `upstream_wire_bytes`; a
-//! reader with no cache reads each byte once over it), records/s, the share of reads
-//! from the cache, whether the spoke followed the plan sample by sample, and the peak
-//! of the cache directory (sampled every millisecond: chunk and pack files, those being
-//! written included, against `--capacity`; and RocksDB's own files beside it, issue 48).
+//! Per epoch: bytes over the link per byte read, counted at the wire (the emulator's
+//! `to_client` counter: every byte the hub sent through it, listings, stats and framing
+//! included, read once the spoke has nothing in flight and the link is still:
+//! `shardcache_tests::wire`), and beside it what the spoke's hub connections read
+//! (`hub_bytes_received`), which must agree within 2%; the no-cache rows are the same
+//! reader run straight to the hub through the same link, counted the same way.
+//! Records/s, the share of reads from the cache (the spoke's job row; none without a
+//! cache), whether the spoke followed the plan sample by sample, and the peak of the
+//! cache directory (sampled every millisecond: chunk and pack files, those being written
+//! included, against `--capacity`; and RocksDB's own files beside it, issue 48).
+//!
+//! The uniform order is the one the SDK's `ShardSampler` and
+//! `StreamingShardDataset(shard_block=ALL)` read, read here by a Rust reader sending the
+//! plans the SDK sends (`bench/src/orders.rs`); link-bench's `sampler` rows run the
+//! Python `ShardSampler` itself.
 //!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/order-bench [--only NAME]
@@ -33,6 +43,7 @@ use shardcache_tests::{
     HubProcess, ProxyProcess, SpokeProcess,
     disk::{DiskPeak, Peak},
     make_dataset,
+    wire::{self, LinkCount},
 };
 
 const MIB: u64 = 1 << 20;
@@ -53,8 +64,11 @@ struct Row {
     setup: &'static str,
     epoch: u64,
     link_per_read: f64,
+    /// What the spoke's hub connections read over what the wire carried (spoke setups).
+    spoke_count: Option<f64>,
     records_per_s: f64,
-    hit_share: f64,
+    /// The share of reads from the cache (spoke setups).
+    hit_share: Option<f64>,
     samples: bool,
     /// The cache directory's peak during the epoch, and the capacity (spoke setups).
     disk: Option<(Peak, u64)>,
@@ -89,13 +103,20 @@ impl World {
     }
 }
 
-/// The wire bytes the spoke took from the hub for `dataset` so far, and its hit reads
-/// and reads of the job.
-async fn counters(control: &CacheClient, dataset: &str, job: &str, epoch: u64) -> (u64, u64, u64) {
+/// The link's count once it is still (and the spoke's count of what its hub connections
+/// read, with a spoke: nothing of it in flight).
+async fn settled(link: &ProxyProcess, control: Option<&CacheClient>) -> (LinkCount, u64) {
+    match control {
+        Some(control) => wire::settled_spoke(link, control).await,
+        None => (wire::settled_link(link).await, 0),
+    }
+}
+
+/// The job's hit reads and reads in `epoch`, as the spoke counts them.
+async fn job_reads(control: &CacheClient, job: &str, epoch: u64) -> (u64, u64) {
     let status = control.status().await.unwrap();
-    let wire = status.datasets.iter().find(|d| d.dataset == dataset).map_or(0, |d| d.upstream_wire_bytes);
     let row = status.jobs.iter().find(|j| j.job == job && j.epoch == epoch);
-    (wire, row.map_or(0, |r| r.hit_reads), row.map_or(0, |r| r.reads))
+    (row.map_or(0, |r| r.hit_reads), row.map_or(0, |r| r.reads))
 }
 
 async fn run(world: &World, setup: &Setup) -> Vec<Row> {
@@ -122,10 +143,7 @@ async fn run(world: &World, setup: &Setup) -> Vec<Row> {
     let epochs: Vec<Epoch> = (0..=EPOCHS).map(|e| epoch(*layout, setup.order, SEED, e)).collect();
     let mut rows = Vec::new();
     for number in 0..EPOCHS {
-        let before = match &control {
-            Some(c) => counters(c, setup.dataset, "trainer", number).await.0,
-            None => 0,
-        };
+        let (before, received_before) = settled(&world.link, control.as_ref()).await;
         let sampler = setup.capacity.map(|capacity| (DiskPeak::start(cache.path()), capacity));
         let (seconds, samples) =
             reader.epoch(number, (&epochs[number as usize], &epochs[number as usize + 1]), setup.plan).await;
@@ -133,17 +151,32 @@ async fn run(world: &World, setup: &Setup) -> Vec<Row> {
         if let Some((peak, _)) = disk {
             assert!(peak.samples > 10, "{}: the cache directory was sampled through the epoch", setup.name);
         }
-        let (wire, hits, reads) = match &control {
-            Some(c) => counters(c, setup.dataset, "trainer", number).await,
-            None => (before + layout.bytes(), 0, layout.records()),
+        // Fills still arriving after the last read are this epoch's.
+        let (after, received_after) = settled(&world.link, control.as_ref()).await;
+        let wire = after.since(before).to_client;
+        let (spoke_count, hit_share) = match &control {
+            Some(c) => {
+                let received = received_after - received_before;
+                assert!(
+                    wire::agrees(received, wire),
+                    "{} epoch {}: the spoke's hub connections read {received} bytes, the wire carried {wire}",
+                    setup.name,
+                    number + 1
+                );
+                let (hits, reads) = job_reads(c, "trainer", number).await;
+                assert_eq!(reads, layout.records(), "{}: every record read once an epoch", setup.name);
+                (Some(received as f64 / wire as f64), Some(hits as f64 / reads as f64))
+            }
+            None => (None, None),
         };
-        assert_eq!(reads, layout.records(), "{}: every record read once an epoch", setup.name);
+        assert!(wire > 0, "{} epoch {}: the link carried something", setup.name, number + 1);
         rows.push(Row {
             setup: setup.name,
             epoch: number + 1,
-            link_per_read: (wire - before) as f64 / layout.bytes() as f64,
+            link_per_read: wire as f64 / layout.bytes() as f64,
+            spoke_count,
             records_per_s: layout.records() as f64 / seconds,
-            hit_share: hits as f64 / reads.max(1) as f64,
+            hit_share,
             samples,
             disk,
         });
@@ -182,23 +215,26 @@ fn setups() -> Vec<Setup> {
 
 fn print(rows: &[Row]) {
     println!(
-        "256 MiB of 16 KiB records (16 x 16 MiB; and 32 MiB in 8 x 4 MiB), 60 ms 2 Gbit/s link, hub compression off"
+        "256 MiB of 16 KiB records (16 x 16 MiB; and 32 MiB in 8 x 4 MiB), 60 ms 2 Gbit/s link, hub compression off; \
+         link bytes from the emulator's counters, each no-cache row run through the same link"
     );
     println!(
-        "| setup | epoch | link / read | records/s | reads from the cache | followed | peak chunk files / capacity (+ RocksDB's own) |"
+        "| setup | epoch | link / read (wire) | spoke's count / wire | records/s | reads from the cache | followed | peak chunk files / capacity (+ RocksDB's own) |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in rows {
         let disk = r.disk.map_or("-".to_owned(), |(peak, capacity)| {
             format!("{:.3} (+{} KiB)", peak.data as f64 / capacity as f64, peak.own >> 10)
         });
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
         println!(
-            "| {} | {} | {:.3} | {:.0} | {:.1}% | {} | {disk} |",
+            "| {} | {} | {:.3} | {} | {:.0} | {} | {} | {disk} |",
             r.setup,
             r.epoch,
             r.link_per_read,
+            or_dash(r.spoke_count.map(|c| format!("{c:.4}"))),
             r.records_per_s,
-            100.0 * r.hit_share,
+            or_dash(r.hit_share.map(|h| format!("{:.1}%", 100.0 * h))),
             if r.samples { "samples" } else { "-" },
         );
     }

@@ -46,7 +46,7 @@ use shardcache_bench::demo::{
 use shardcache_cli::dataset_gen::{GenSpec, Tokens, generate, shard_name};
 use shardcache_client::{CacheClient, Client};
 use shardcache_proto::units::ByteSize;
-use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess};
+use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess, wire};
 
 const DATASET: &str = "c4";
 /// 4096 tokens x 4 bytes, as in the seed.
@@ -129,9 +129,10 @@ async fn main() -> anyhow::Result<()> {
         compared: Vec::new(),
     };
 
-    // Its metrics count what crossed the link in the group setups.
+    // The hub, behind the emulator every setup across the link shares: the emulator counts
+    // what crosses it (`shardcache_tests::wire`).
     let level = demo.args.hub_compression_level.map(|l| l.to_string());
-    let mut hub_args = vec!["--metrics-listen", "127.0.0.1:0"];
+    let mut hub_args = Vec::new();
     if let Some(level) = &level {
         hub_args.extend(["--link-compression-level", level.as_str()]);
     }
@@ -153,7 +154,7 @@ async fn main() -> anyhow::Result<()> {
     if !demo.args.skip_small_cache && !demo.args.group_only {
         let spoke = (demo.dataset_bytes() / 2, demo.args.plan_window.as_str());
         let (rows, series, tables) =
-            small_cache::run_setups(&proxy.endpoint, work.path(), spoke, demo.workload()).await?;
+            small_cache::run_setups(&proxy, work.path(), spoke, demo.workload()).await?;
         demo.small_rows.extend(rows);
         demo.small_series.extend(series);
         demo.compared.extend(tables);
@@ -162,9 +163,7 @@ async fn main() -> anyhow::Result<()> {
     // losing a member mid-epoch.
     if !demo.args.skip_group && !demo.args.small_cache_only {
         let (mut rows_of_groups, mut tables_of_groups) = (Vec::new(), Vec::new());
-        let hub_metrics = hub.metrics_addr.as_deref().context("the hub reports no metrics address")?;
-        let groups =
-            group::Groups { hub: &proxy.endpoint, hub_metrics, work: work.path(), job: demo.workload() };
+        let groups = group::Groups { link: &proxy, work: work.path(), job: demo.workload() };
         for (setup, spokes) in [
             ("2 nodes, a spoke each", group::Spokes::Each),
             ("2 nodes, a group of 3 spokes", group::Spokes::Group),
@@ -267,29 +266,27 @@ impl Demo {
                 readers::grpc(Client::connect(&spoke.endpoint).await?, DATASET, self.names.clone(), SAMPLE);
             let control = CacheClient::connect(&spoke.endpoint).await?;
             let setup = format!("zipf tokens, 2 Gbit/s link, compression {label}, cold + prefetch");
-            // The bytes fetched and on the link after epoch 1 and after epoch 2.
+            // After each epoch, once the spoke has nothing in flight and the link is still
+            // (a chunk filled beside an epoch's last reads may still be arriving): the bytes
+            // fetched (the spoke's count, decoded) and what crossed the link (the wire's),
+            // from the start of the setup.
+            let start = wire::settled_spoke(&proxy, &control).await;
             let marks = Arc::new(Mutex::new(Vec::new()));
-            let (mark_control, mark_marks) = (control.clone(), marks.clone());
+            let (mark_control, mark_marks, proxy) = (control.clone(), marks.clone(), Arc::new(proxy));
+            let mark_proxy = proxy.clone();
             let after_epoch: AfterEpoch = Arc::new(move || {
-                let (control, marks) = (mark_control.clone(), mark_marks.clone());
+                let (control, marks, proxy) = (mark_control.clone(), mark_marks.clone(), mark_proxy.clone());
                 async move {
-                    // Once the counts stop growing (unchanged over 200 ms, at most 10 s): a
-                    // chunk filled beside an epoch's last reads may still be arriving.
-                    let counted = || async {
-                        let status = control.status().await.unwrap_or_default();
-                        let d = status.datasets.iter().find(|d| d.dataset == DATASET);
-                        d.map_or((0, 0), |d| (d.upstream_bytes, d.upstream_wire_bytes))
-                    };
-                    let mut last = counted().await;
-                    for _ in 0..50 {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        let now = counted().await;
-                        if now == last {
-                            break;
-                        }
-                        last = now;
-                    }
-                    marks.lock().unwrap().push(last);
+                    let (count, received) = wire::settled_spoke(proxy.as_ref(), &control).await;
+                    let status = control.status().await.unwrap_or_default();
+                    let fetched =
+                        status.datasets.iter().find(|d| d.dataset == DATASET).map_or(0, |d| d.upstream_bytes);
+                    let (wire, received) = (count.since(start.0).to_client, received - start.1);
+                    assert!(
+                        wire::agrees(received, wire),
+                        "the spoke read {received} bytes from its hub, the wire {wire}"
+                    );
+                    marks.lock().unwrap().push((fetched, wire));
                 }
                 .boxed()
             });

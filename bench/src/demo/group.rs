@@ -3,7 +3,8 @@
 //! dataset) or through a group of three spokes (`--peers`: each shard fetched once, by
 //! its owner), and the group again with one member killed halfway through epoch 1 and
 //! restarted on its cache before epoch 2 (its reads fail over to the next member). Two
-//! epochs; per epoch the bytes the hub sent over the link, the epoch's wall time and GPU
+//! epochs; per epoch the bytes that crossed the link (the emulator's count, read once no
+//! live spoke has a fetch in flight and the link is still), the epoch's wall time and GPU
 //! utilisation. An epoch with a failed read fails the demo. The ranks time their batches
 //! (`StepTimer`, reporting to every spoke of the setup), and the job's table gathered from
 //! the spokes is printed beside each setup's rows (`job_table`).
@@ -19,12 +20,12 @@ use std::{
 
 use futures::FutureExt;
 use shardcache_client::{CacheClient, Client};
-use shardcache_tests::{SpokeProcess, free_loopback_addr, scrape_metrics};
+use shardcache_tests::{ProxyProcess, SpokeProcess, free_loopback_addr, wire};
 
 use super::{
     Workload,
     job_table::{self, Compared, JobTiming},
-    metric_sum, readers,
+    readers,
     report::phase_row,
     trainer::{ReadBatch, epoch_order, run_epoch_timed},
 };
@@ -37,7 +38,7 @@ const JOB: &str = "demo-group";
 pub struct GroupRow {
     pub setup: String,
     pub epoch: u64,
-    /// Bytes the hub sent over the link, per byte of the dataset.
+    /// Bytes that crossed the link (the emulator's count), per byte of the dataset.
     pub link_bytes_per_dataset: f64,
     /// The share of the dataset's shards the killed member owned (what its death may
     /// cost again over the link: rendezvous hashing gives a member about a third of a
@@ -48,13 +49,11 @@ pub struct GroupRow {
     pub samples_per_s: f64,
 }
 
-/// What the setups share: the hub across the link (the WAN emulator's address) and its
-/// metrics (what it sent is what crossed the link), where the spokes keep their caches,
-/// and the job.
+/// What the setups share: the hub across the link (the WAN emulator, which counts what
+/// crosses it), where the spokes keep their caches, and the job.
 #[derive(Debug)]
 pub struct Groups<'a> {
-    pub hub: &'a str,
-    pub hub_metrics: &'a str,
+    pub link: &'a ProxyProcess,
     pub work: &'a std::path::Path,
     pub job: Workload<'a>,
 }
@@ -95,7 +94,7 @@ impl Groups<'_> {
                 Vec::new()
             };
             started.args.push(args);
-            started.spokes.push(Some(started.member(self.hub, i)));
+            started.spokes.push(Some(started.member(&self.link.endpoint, i)));
         }
         let endpoints = if grouped { vec![peers.clone(), peers] } else { urls };
         Ok((endpoints, started))
@@ -142,7 +141,7 @@ impl Groups<'_> {
         } else {
             0.0
         };
-        let mut sent_before = self.hub_sent().await?;
+        let mut sent_before = self.settled_link(&started).await?;
         for epoch in 0..2 {
             let order = epoch_order(self.job.layout, self.job.block_shards, 21 + epoch);
             // Member 1 is killed (no graceful end) halfway through epoch 1.
@@ -165,12 +164,12 @@ impl Groups<'_> {
                 run_epoch_timed(&order, self.job.shape, read, Duration::ZERO, on_step, &mut timers).await?;
             all_steps += run.steps.len();
             let wall = started_at.elapsed().as_secs_f64();
-            let sent = self.settled_hub_sent().await?;
+            let sent = self.settled_link(&started).await?;
             let row = phase_row(setup, "", &run.steps, &[], global, None);
             rows.push(GroupRow {
                 setup: setup.to_owned(),
                 epoch: epoch + 1,
-                link_bytes_per_dataset: (sent - sent_before) / dataset_bytes as f64,
+                link_bytes_per_dataset: (sent - sent_before) as f64 / dataset_bytes as f64,
                 killed_share,
                 wall_s: wall,
                 gpu_util_pct: row.gpu_util_pct,
@@ -182,7 +181,7 @@ impl Groups<'_> {
                 // serving again by their health checks (every 500 ms).
                 let restarted = {
                     let mut started = started.lock().unwrap_or_else(|p| p.into_inner());
-                    let member = started.member(self.hub, 1);
+                    let member = started.member(&self.link.endpoint, 1);
                     started.spokes[1] = Some(member);
                     format!("http://{}", started.addrs[1])
                 };
@@ -201,25 +200,28 @@ impl Groups<'_> {
         owned as f64 / self.job.names.len().max(1) as f64
     }
 
-    /// Data bytes the hub has sent.
-    async fn hub_sent(&self) -> anyhow::Result<f64> {
-        let page = scrape_metrics(self.hub_metrics).await?;
-        Ok(metric_sum(&page, "shardcache_hub_bytes_served_total"))
-    }
-
-    /// [`Groups::hub_sent`] once it stops growing (whole-shard fetches may still run
-    /// after the last read): unchanged over 200 ms, at most 10 s.
-    async fn settled_hub_sent(&self) -> anyhow::Result<f64> {
-        let mut last = self.hub_sent().await?;
-        for _ in 0..50 {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let now = self.hub_sent().await?;
-            if now == last {
-                break;
-            }
-            last = now;
+    /// The bytes the link delivered so far, once it is still and no live spoke of the
+    /// setup has a fetch in flight (whole-shard fetches may run after the last read).
+    async fn settled_link(&self, started: &Mutex<Started>) -> anyhow::Result<u64> {
+        let live: Vec<String> = {
+            let started = started.lock().unwrap_or_else(|p| p.into_inner());
+            started.spokes.iter().flatten().map(|s| s.endpoint.clone()).collect()
+        };
+        let mut controls = Vec::new();
+        for endpoint in &live {
+            controls.push(CacheClient::connect(endpoint).await?);
         }
-        Ok(last)
+        let controls = &controls;
+        let count = wire::settled(self.link, move || async move {
+            for control in controls {
+                if control.status().await.map_or(true, |s| s.fetches_in_flight > 0) {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        Ok(count.to_client)
     }
 }
 

@@ -7,7 +7,8 @@ use shardcache_proto::units::ByteSize;
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LinkRow {
     pub setup: String,
-    /// Bytes fetched from the hub, and what they took on the link, in epochs 1 and 2.
+    /// Bytes fetched from the hub (the spoke's count, decoded), and what crossed the link
+    /// (the emulator's count: compressed bytes, framing, stats), in epochs 1 and 2.
     pub fetched: [u64; 2],
     pub on_link: [u64; 2],
 }

@@ -2,16 +2,22 @@
 //! in a new order each, evicting least recently used, or following the job's access
 //! plan (`SetPlan` at each epoch's start: this epoch and the next; and, where the spoke
 //! follows it sample by sample, the epoch's samples with where each is read next:
-//! `PlanSamples`). Reads name the job and epoch, so each epoch's hit ratio and hub bytes
-//! are the spoke's own per-job rows. The orders: the demo's block shuffle, a uniform
-//! shuffle (one block of every shard: `StreamingShardDataset(shard_block=ALL)`), and a
-//! map-style sampler's (`ShardSampler`'s permutation); each also read straight from the
-//! hub with no cache, its baseline.
+//! `PlanSamples`). Reads name the job and epoch, so each epoch's hit ratio is the spoke's
+//! own per-job row. The orders: the demo's block shuffle, a uniform shuffle (one block of
+//! every shard: `StreamingShardDataset(shard_block=ALL)`), and a map-style sampler's
+//! permutation (`ShardSampler`'s order, read by the demo's Rust trainer, which sends the
+//! whole epoch's samples at its start: the Python sampler's rolling window runs in
+//! link-bench's `sampler` rows); each also read straight from the hub with no cache, its
+//! baseline, over the same link. Link bytes are the emulator's counts (every byte the hub
+//! sent through it), read once the spoke has nothing in flight and the link is still
+//! (`shardcache_tests::wire`), with the spoke's own count of what its hub connections
+//! read checked against them.
 
 use std::time::Duration;
 
 use futures::FutureExt;
 use shardcache_client::{CacheClient, Client, PlannedEpoch, PlannedSample, order::SamplerOrder};
+use shardcache_tests::{ProxyProcess, wire};
 
 use super::{
     Workload,
@@ -31,10 +37,14 @@ const JOB: &str = "trainer";
 pub struct EpochRow {
     pub setup: String,
     pub epoch: u64,
-    /// Reads served wholly from the cache.
-    pub hit_reads_pct: f64,
-    /// Bytes fetched from the hub for this epoch, per byte of the dataset.
-    pub hub_bytes_per_dataset: f64,
+    /// Reads served wholly from the cache (the spoke's job row; none with no cache).
+    pub hit_reads_pct: Option<f64>,
+    /// Bytes over the link this epoch (the emulator's count), per byte of the dataset.
+    pub link_bytes_per_dataset: f64,
+    /// The spoke's own count of what its hub connections read, over the wire's.
+    pub spoke_count_per_wire: Option<f64>,
+    /// Reads the spoke had in the job's sample plan (its job row's `planned_reads`).
+    pub planned_reads_pct: Option<f64>,
     pub gpu_util_pct: f64,
     pub samples_per_s: f64,
     /// GPU utilisation of the epoch's first 10 steps.
@@ -70,13 +80,13 @@ pub const SETUPS: [Setup; 8] = [
     Setup { name: "uniform shuffle, half-size spoke, plan", order: Order::Uniform, cached: true, plan: true },
     Setup { name: "uniform shuffle, no cache", order: Order::Uniform, cached: false, plan: false },
     Setup {
-        name: "map-style, ShardSampler, half-size spoke",
+        name: "map-style, the sampler's order with its plan (Rust reader), half-size spoke",
         order: Order::Sampler,
         cached: true,
         plan: true,
     },
     Setup {
-        name: "map-style, RandomSampler, half-size spoke",
+        name: "map-style, the sampler's order without a plan, half-size spoke",
         order: Order::Sampler,
         cached: true,
         plan: false,
@@ -87,11 +97,11 @@ pub const SETUPS: [Setup; 8] = [
 /// The small-cache setups' rows, steps, and the spoke's tables beside them.
 pub type SmallCacheRun = (Vec<EpochRow>, Vec<(String, Vec<Step>)>, Vec<Compared>);
 
-/// Runs every setup of [`SETUPS`] against `hub` (over the link), each through a fresh
+/// Runs every setup of [`SETUPS`] against the hub behind `link`, each through a fresh
 /// spoke of `capacity` bytes with `--plan-window plan_window` where it has one, and
 /// prints its rows; every setup's rows and steps.
 pub async fn run_setups(
-    hub: &str,
+    link: &ProxyProcess,
     work: &std::path::Path,
     (capacity, plan_window): (u64, &str),
     job: Workload<'_>,
@@ -103,10 +113,10 @@ pub async fn run_setups(
         let capacity = format!("{capacity}B");
         let spoke = setup.cached.then(|| {
             let args = ["--capacity", capacity.as_str(), "--plan-window", plan_window];
-            shardcache_tests::SpokeProcess::start(hub, cache.path(), &args)
+            shardcache_tests::SpokeProcess::start(&link.endpoint, cache.path(), &args)
         });
-        let server = spoke.as_ref().map_or(hub, |s| s.endpoint.as_str());
-        let small = SmallCache { spoke: server, job, order: setup.order, cached: setup.cached };
+        let server = spoke.as_ref().map_or(link.endpoint.as_str(), |s| s.endpoint.as_str());
+        let small = SmallCache { spoke: server, link, job, order: setup.order, cached: setup.cached };
         let (epochs, steps, tables) = small.run(setup.name, setup.plan).await?;
         for r in &epochs {
             println!("{}", markdown_row(r));
@@ -122,10 +132,11 @@ pub async fn run_setups(
 }
 
 /// A small-cache setup: the server to read through (a spoke, or the hub: `cached` false),
-/// the job and its order.
+/// the link to the hub, the job and its order.
 #[derive(Debug, Clone)]
 pub struct SmallCache<'a> {
     pub spoke: &'a str,
+    pub link: &'a ProxyProcess,
     pub job: Workload<'a>,
     pub order: Order,
     pub cached: bool,
@@ -234,6 +245,7 @@ impl SmallCache<'_> {
         let global = self.job.shape.ranks * self.job.shape.batch_per_rank;
         let (mut rows, mut all) = (Vec::new(), Vec::new());
         for epoch in 0..EPOCHS {
+            let before = self.settled(control.as_ref()).await;
             if let (true, Some(control)) = (with_plan, &control) {
                 self.send_plan(control, epoch).await?;
             }
@@ -250,47 +262,29 @@ impl SmallCache<'_> {
                 &mut timers,
             )
             .await?;
+            // Fetches of this epoch's samples and shards may still be running (a
+            // whole-shard fetch after the last read): their bytes are this epoch's.
+            let after = self.settled(control.as_ref()).await;
+            let wire = after.0.since(before.0).to_client;
             let reads: Vec<Duration> = run.reads.iter().map(|(_, d)| *d).collect();
             let whole = phase_row(setup, "", &run.steps, &reads, global, None);
             let first = phase_row(setup, "", &run.steps[..10.min(run.steps.len())], &[], global, None);
-            let Some(control) = &control else {
-                // Straight from the hub: every byte read crossed the link once.
-                rows.push(EpochRow {
-                    setup: setup.to_owned(),
-                    epoch: epoch + 1,
-                    hit_reads_pct: 0.0,
-                    hub_bytes_per_dataset: (run.steps.len() * global) as f64 * self.job.sample_bytes as f64
-                        / dataset_bytes as f64,
-                    gpu_util_pct: whole.gpu_util_pct,
-                    samples_per_s: whole.samples_per_s,
-                    first_steps_gpu_util_pct: first.gpu_util_pct,
-                });
-                all.extend(run.steps);
-                continue;
-            };
-            // Fetches of this epoch's shards may still be running (a whole-shard fetch
-            // after the last read): wait for the hub bytes to stop growing.
-            let status = settled_status(control).await?;
-            let row = status
-                .jobs
-                .iter()
-                .find(|j| j.job == JOB && j.epoch == epoch)
-                .ok_or_else(|| anyhow::anyhow!("the spoke has no row for {JOB} epoch {epoch}"))?;
-            anyhow::ensure!(
-                row.reads == (run.steps.len() * global) as u64,
-                "the spoke counted {} reads for epoch {epoch}, the trainer made {}",
-                row.reads,
-                run.steps.len() * global
-            );
-            rows.push(EpochRow {
+            let mut row = EpochRow {
                 setup: setup.to_owned(),
                 epoch: epoch + 1,
-                hit_reads_pct: row.hit_reads as f64 * 100.0 / row.reads.max(1) as f64,
-                hub_bytes_per_dataset: row.hub_bytes as f64 / dataset_bytes as f64,
+                hit_reads_pct: None,
+                link_bytes_per_dataset: wire as f64 / dataset_bytes as f64,
+                spoke_count_per_wire: None,
+                planned_reads_pct: None,
                 gpu_util_pct: whole.gpu_util_pct,
                 samples_per_s: whole.samples_per_s,
                 first_steps_gpu_util_pct: first.gpu_util_pct,
-            });
+            };
+            if let Some(control) = &control {
+                let reads = (run.steps.len() * global) as u64;
+                Self::spokes_counts(control, (epoch, reads), (wire, after.1 - before.1), &mut row).await?;
+            }
+            rows.push(row);
             all.extend(run.steps);
         }
         let compared = match timing {
@@ -304,31 +298,62 @@ impl SmallCache<'_> {
     }
 }
 
-/// The spoke's status once its fetches have stopped (hub bytes unchanged over 200 ms;
-/// at most 10 s).
-async fn settled_status(control: &CacheClient) -> anyhow::Result<shardcache_proto::v1::StatusResponse> {
-    let hub_bytes =
-        |s: &shardcache_proto::v1::StatusResponse| s.jobs.iter().map(|j| j.hub_bytes).sum::<u64>();
-    let mut last = control.status().await?;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let now = control.status().await?;
-        if hub_bytes(&now) == hub_bytes(&last) {
-            return Ok(now);
-        }
-        last = now;
+impl SmallCache<'_> {
+    /// Fills `row` of epoch `epoch` (of `reads` reads) with the spoke's own counts: its
+    /// hits and planned reads (its job row, which must have counted every read), and its
+    /// count of what its hub connections read (`received`) beside the wire's `wire`,
+    /// which must agree.
+    async fn spokes_counts(
+        control: &CacheClient,
+        (epoch, reads): (u64, u64),
+        (wire, received): (u64, u64),
+        row: &mut EpochRow,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            wire::agrees(received, wire),
+            "{} epoch {}: the spoke's hub connections read {received} bytes, the wire carried {wire}",
+            row.setup,
+            epoch + 1
+        );
+        let status = control.status().await?;
+        let job = status
+            .jobs
+            .iter()
+            .find(|j| j.job == JOB && j.epoch == epoch)
+            .ok_or_else(|| anyhow::anyhow!("the spoke has no row for {JOB} epoch {epoch}"))?;
+        anyhow::ensure!(
+            job.reads == reads,
+            "the spoke counted {} reads for epoch {epoch}, the trainer made {reads}",
+            job.reads
+        );
+        let share = |part: u64| Some(part as f64 * 100.0 / job.reads.max(1) as f64);
+        row.hit_reads_pct = share(job.hit_reads);
+        row.planned_reads_pct = share(job.planned_reads);
+        row.spoke_count_per_wire = Some(received as f64 / wire.max(1) as f64);
+        Ok(())
     }
-    Ok(last)
+
+    /// The link's count once it is still, with the spoke's count of what its hub
+    /// connections read (0 with no cache).
+    async fn settled(&self, control: Option<&CacheClient>) -> (wire::LinkCount, u64) {
+        match control {
+            Some(control) => wire::settled_spoke(self.link, control).await,
+            None => (wire::settled_link(self.link).await, 0),
+        }
+    }
 }
 
 /// One row of the small-cache table, without the line end.
 pub fn markdown_row(r: &EpochRow) -> String {
+    let pct = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}%"));
     format!(
-        "| {} | {} | {:.1}% | {:.2} | {:.1}% ({:.1}%) | {:.0} |",
+        "| {} | {} | {} | {:.3} | {} | {} | {:.1}% ({:.1}%) | {:.0} |",
         r.setup,
         r.epoch,
-        r.hit_reads_pct,
-        r.hub_bytes_per_dataset,
+        pct(r.hit_reads_pct),
+        r.link_bytes_per_dataset,
+        r.spoke_count_per_wire.map_or("-".to_owned(), |c| format!("{c:.4}")),
+        pct(r.planned_reads_pct),
         r.gpu_util_pct,
         r.first_steps_gpu_util_pct,
         r.samples_per_s
@@ -339,8 +364,8 @@ pub fn markdown_row(r: &EpochRow) -> String {
 /// the first epoch.
 pub fn markdown(rows: &[EpochRow], bound_hits_pct: f64) -> String {
     let mut out = String::from(
-        "| setup | epoch | reads from cache | hub bytes / dataset | GPU util (first 10 steps) | samples/s |\n\
-         |---|---|---|---|---|---|\n",
+        "| setup | epoch | reads from cache | link bytes / dataset (wire) | spoke's count / wire | reads planned | GPU util (first 10 steps) | samples/s |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         out += &markdown_row(r);
@@ -348,7 +373,7 @@ pub fn markdown(rows: &[EpochRow], bound_hits_pct: f64) -> String {
     }
     out += &format!(
         "\nBound after epoch 1 (room for half the dataset, less the block being read and the plan window \
-         ahead of it): {bound_hits_pct:.1}% of reads from cache, {:.2} x the dataset from the hub.\n",
+         ahead of it): {bound_hits_pct:.1}% of reads from cache, {:.2} x the dataset over the link.\n",
         1.0 - bound_hits_pct / 100.0
     );
     out

@@ -237,7 +237,7 @@ pub async fn answer(mut pieces: Pieces, offset: u64, end: u64) -> Result<Bytes, 
 /// [`answer`] without waiting, where every piece is fetched already (a sequential
 /// reader's usual case): the FUSE thread replies at once, with no hand-over to the
 /// runtime and back.
-pub fn answer_now(pieces: &Pieces, offset: u64, end: u64) -> Option<Result<Bytes, i32>> {
+pub fn answer_now(pieces: &[(u64, u64, Fetch)], offset: u64, end: u64) -> Option<Result<Bytes, i32>> {
     let mut fetched = Vec::with_capacity(pieces.len());
     for (at, _, fetch) in pieces {
         match fetch.borrow().clone()? {
@@ -263,4 +263,108 @@ fn cut(fetched: &[(u64, Bytes)], offset: u64, end: u64) -> Result<Bytes, i32> {
         joined.extend_from_slice(&slice(piece)?);
     }
     Ok(joined.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of `size` bytes whose server is never reached: what `plan` decides is
+    /// known before any fetch answers (they fail, unread, in the background).
+    fn file(size: u64) -> ReadAhead {
+        let endpoint = "http://127.0.0.1:1";
+        let channel = tonic::transport::Endpoint::from_static(endpoint).connect_lazy();
+        let source = Source {
+            client: Client::from_channel(channel, endpoint),
+            dataset: "d".into(),
+            shard: "s".into(),
+            version: "v".into(),
+            size,
+            deadline: Duration::from_secs(1),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        ReadAhead::new(source, true)
+    }
+
+    /// Where the pieces of a read lie.
+    fn spans(pieces: &Pieces) -> Vec<(u64, u64)> {
+        pieces.iter().map(|&(at, len, _)| (at, len)).collect()
+    }
+
+    /// How far past `end` the parts in flight reach.
+    fn ahead_of(file: &ReadAhead, end: u64) -> u64 {
+        file.ahead.back().map_or(0, |&(at, len, _)| (at + len).saturating_sub(end))
+    }
+
+    const READ: u64 = 128 << 10;
+
+    #[tokio::test]
+    async fn a_sequential_readers_window_starts_at_a_part_and_doubles_to_the_largest() {
+        let mut f = file(64 * PART);
+        // A read from the start continues where a new file stands: a part ahead of it at
+        // once, streamed in parts, the read answered from the first.
+        assert_eq!(spans(&f.plan(0, READ)), [(0, PART)]);
+        assert_eq!(ahead_of(&f, READ), PART);
+        // Then twice as much with each read in a row, topped up once less than half the
+        // window is left, never past the largest.
+        let mut furthest = Vec::new();
+        for i in 1..200 {
+            f.plan(i * READ, (i + 1) * READ);
+            furthest.push(ahead_of(&f, (i + 1) * READ));
+        }
+        assert_eq!(furthest[..5], [2 * PART, 4 * PART, 8 * PART, 16 * PART, 32 * PART]);
+        assert!(furthest[4..].iter().all(|&w| (MAX_WINDOW / 2..=MAX_WINDOW).contains(&w)), "{furthest:?}");
+        // What the reads consumed is dropped: what is left begins where they ended.
+        assert!(f.ahead.front().is_some_and(|&(at, len, _)| at <= 200 * READ && at + len > 200 * READ));
+    }
+
+    #[tokio::test]
+    async fn a_read_elsewhere_drops_the_window_and_is_read_as_asked() {
+        let mut f = file(64 * PART);
+        for i in 0..10 {
+            f.plan(i * READ, (i + 1) * READ);
+        }
+        assert!(ahead_of(&f, 10 * READ) > 0);
+        // A seek: exactly the read's bytes, nothing kept ahead.
+        let at = 40 * PART + 5;
+        assert_eq!(spans(&f.plan(at, at + 4096)), [(at, 4096)]);
+        assert!(f.ahead.is_empty());
+        // Reading on from there starts over at one part ahead.
+        f.plan(at + 4096, at + 8192);
+        assert_eq!(ahead_of(&f, at + 8192), PART);
+        // A read behind the window drops it too.
+        assert_eq!(spans(&f.plan(0, 4096)), [(0, 4096)]);
+        assert!(f.ahead.is_empty());
+        // Without read-ahead (files the kernel caches), every read is read as asked.
+        let mut cached = file(64 * PART);
+        cached.enabled = false;
+        for i in 0..10 {
+            assert_eq!(spans(&cached.plan(i * READ, (i + 1) * READ)), [(i * READ, READ)]);
+            assert!(cached.ahead.is_empty());
+        }
+    }
+
+    /// A piece already fetched.
+    fn fetched(at: u64, data: &Bytes) -> (u64, u64, Fetch) {
+        (at, data.len() as u64, watch::channel(Some(Ok(data.clone()))).1)
+    }
+
+    #[test]
+    fn a_read_within_one_part_is_a_slice_of_it_not_a_copy() {
+        let part: Bytes = (0..PART).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+        let next: Bytes = (0..PART).map(|i| (i % 241) as u8).collect::<Vec<u8>>().into();
+        let pieces = vec![fetched(PART, &part), fetched(2 * PART, &next)];
+        let inside = answer_now(&pieces[..1], PART + 4096, PART + 8192).unwrap().unwrap();
+        assert_eq!(inside, part.slice(4096..8192));
+        assert_eq!(inside.as_ptr(), part[4096..].as_ptr(), "the part's own memory");
+        // Across two parts: the read's bytes joined.
+        let across = answer_now(&pieces, 2 * PART - 10, 2 * PART + 10).unwrap().unwrap();
+        assert_eq!(across[..10], part[part.len() - 10..]);
+        assert_eq!(across[10..], next[..10]);
+        // A piece not fetched yet: no answer now; a failed one: its errno.
+        let (_slot, waiting) = watch::channel(None);
+        assert!(answer_now(&[(0, PART, waiting)], 0, 10).is_none());
+        let failed = [(0, PART, watch::channel(Some(Err(libc::EIO))).1)];
+        assert_eq!(answer_now(&failed, 0, 10), Some(Err(libc::EIO)));
+    }
 }

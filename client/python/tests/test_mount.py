@@ -1,6 +1,6 @@
 """Plain Python through the read-only mount (`shardcache mount`): numpy.memmap and
-open()/seek()/read() of a shard equal its file. Skips, saying why, only where FUSE
-cannot be mounted (`make test` installs fuse3)."""
+open()/seek()/read() of a shard equal its file. A test that cannot mount fails, saying
+why (`make test` installs fuse3), unless SHARDCACHE_SKIP_MOUNT=1 says to skip them."""
 
 import os
 import shutil
@@ -12,10 +12,19 @@ import pytest
 from conftest import RECORD, RECORDS_PER_SHARD, binary, start
 
 
+def require_fuse():
+    """Fails where FUSE cannot be mounted, or skips where SHARDCACHE_SKIP_MOUNT=1 says so."""
+    if os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None:
+        return
+    why = "FUSE cannot be mounted here: no /dev/fuse or no fusermount3"
+    if os.environ.get("SHARDCACHE_SKIP_MOUNT") == "1":
+        pytest.skip(f"{why} (SHARDCACHE_SKIP_MOUNT=1)")
+    pytest.fail(f"{why}; set SHARDCACHE_SKIP_MOUNT=1 to skip the mount tests")
+
+
 @pytest.fixture
 def mounted(spoke, tmp_path):
-    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
-        pytest.skip("FUSE cannot be mounted here: no /dev/fuse or no fusermount3")
+    require_fuse()
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
     proc = subprocess.Popen([binary("shardcache"), "mount", spoke, str(mountpoint)],
@@ -56,8 +65,7 @@ for offset in range(0, len(m), 1 << 20):
 
 
 def test_memmap_reads_the_version_it_mapped_while_another_process_reads_the_new(tmp_path):
-    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
-        pytest.skip("FUSE cannot be mounted here: no /dev/fuse or no fusermount3")
+    require_fuse()
     import hashlib
     import sys
 

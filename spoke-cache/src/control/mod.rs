@@ -252,6 +252,8 @@ impl CacheControl for Control {
                 hub_fetches_plain,
                 hub_fetches_zstd,
                 store_own_bytes,
+                fetches_in_flight: cache.fetches_running() as u64,
+                hub_bytes_received: cache.hubs().bytes_received(),
                 server_view: true,
                 ..status
             };
@@ -486,6 +488,7 @@ fn job_statuses(cache: &Cache) -> Vec<JobStatus> {
             hit_bytes: row.hit_bytes,
             hub_bytes: row.hub_bytes,
             link_bytes: row.link_bytes,
+            planned_reads: row.planned_reads,
         })
         .collect()
 }

@@ -163,6 +163,11 @@ impl FetchOwner {
         self.inner.inflight().len()
     }
 
+    /// Calls to the suppliers running now (chunks, ranges fetched as read, joins).
+    pub fn upstream_calls(&self) -> usize {
+        self.inner.upstream.calls()
+    }
+
     /// The running fetch of chunk `index` of `entry`, if there is one (a read joining it).
     pub fn running(&self, entry: &Entry, index: u64) -> Option<ChunkFetch> {
         let running = self.inner.inflight().get(&(entry.id, index)).cloned()?;

@@ -44,7 +44,19 @@ pub(super) struct Upstream {
     permits: u32,
     /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests upstream.
     requests: Semaphore,
+    /// Calls to the suppliers running now, waiting for room or answered (`Status`'s
+    /// `fetches_in_flight`).
+    calls: Arc<std::sync::atomic::AtomicUsize>,
     metrics: Arc<Metrics>,
+}
+
+/// One call to the suppliers, counted in [`Upstream::calls`] until dropped.
+struct Call(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
 }
 
 impl Upstream {
@@ -61,8 +73,20 @@ impl Upstream {
             reads: Semaphore::new(permits as usize),
             permits,
             requests: Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT),
+            calls: Arc::default(),
             metrics,
         }
+    }
+
+    /// Calls to the suppliers running now.
+    pub(super) fn calls(&self) -> usize {
+        self.calls.load(Relaxed)
+    }
+
+    /// A call starting: counted until the returned guard is dropped.
+    fn call(&self) -> Call {
+        self.calls.fetch_add(1, Relaxed);
+        Call(self.calls.clone())
     }
 
     /// Room for `length` bytes in flight, waited for.
@@ -101,6 +125,7 @@ impl Upstream {
     /// counted in `row`: the bytes and their version, or `None` on any failure.
     pub(super) async fn any_version(&self, want: Want<'_>, row: &JobRow) -> Option<(Checked, String)> {
         let span = fetch_span(1, want.length);
+        let _call = self.call();
         async {
             let queued = Instant::now();
             let _request = self.requests.acquire().await.ok()?;
@@ -108,10 +133,10 @@ impl Upstream {
             let started = Instant::now();
             let supplied = self.supply.fetch(want, &[]).await.ok()?;
             answered(&span, &supplied, started);
+            self.count(want.dataset, &supplied, row, started.elapsed());
             if supplied.data.data.len() as u64 != want.length {
                 return None;
             }
-            self.count(want.dataset, &supplied, row, started.elapsed());
             Some((supplied.data, supplied.version))
         }
         .instrument(span.clone())
@@ -128,6 +153,7 @@ impl Upstream {
         avoid: &[String],
     ) -> Result<Checked> {
         let span = fetch_span(1, length);
+        let _call = self.call();
         async {
             let queued = Instant::now();
             // Held for the request only: storing the chunk needs no supplier.
@@ -158,6 +184,7 @@ impl Upstream {
         avoid: &[String],
     ) -> Vec<Result<Checked>> {
         let span = fetch_span(parts.len(), parts.iter().map(|p| p.2).sum());
+        let _call = self.call();
         let queued = Instant::now();
         let Ok(_request) = self.requests.acquire().instrument(span.clone()).await else {
             return parts.iter().map(|_| Err(Error::Internal("upstream requests closed".into()))).collect();
@@ -192,8 +219,9 @@ impl Upstream {
     ) -> Result<Checked> {
         match answer {
             Ok(supplied) => {
-                check(entry, offset, length, &supplied)?;
+                // Counted whatever becomes of it: a refused answer crossed the link too.
                 self.count(&entry.dataset, &supplied, row, elapsed);
+                check(entry, offset, length, &supplied)?;
                 Ok(supplied.data)
             }
             Err(e) if e.code() == tonic::Code::Aborted => {
@@ -221,19 +249,22 @@ impl Upstream {
         row: &JobRow,
         avoid: &[String],
     ) -> Joined {
+        let _call = self.call();
         let started = Instant::now();
         match self.supply.join_owner(want(entry, offset, length), avoid).await {
-            Joined::Bytes(supplied) if check(entry, offset, length, &supplied).is_ok() => {
+            Joined::Bytes(supplied) => {
                 self.count(&entry.dataset, &supplied, row, started.elapsed());
-                Joined::Bytes(supplied)
+                match check(entry, offset, length, &supplied) {
+                    Ok(()) => Joined::Bytes(supplied),
+                    Err(_) => Joined::NotThere,
+                }
             }
-            Joined::Bytes(_) => Joined::NotThere,
             other => other,
         }
     }
 
-    /// Counts what `supplied` brought for `dataset` (taking `elapsed`): the one place
-    /// where bytes are counted by supplier.
+    /// Counts what `supplied` brought for `dataset` (taking `elapsed`), before it is
+    /// checked: the one place where bytes are counted by supplier.
     fn count(&self, dataset: &str, supplied: &Supplied, row: &JobRow, elapsed: Duration) {
         let length = supplied.data.data.len() as u64;
         self.metrics.fetch_latency.observe(elapsed);

@@ -430,10 +430,14 @@ impl ReadPath {
             requests.fetch_add(1, Relaxed);
             bytes.fetch_add(length, Relaxed);
             row.read(length, !missed);
+            let matched = planned.and_then(|p| p.get(want));
+            if let Some(Matched::Planned { .. }) = matched {
+                row.planned_reads.fetch_add(1, Relaxed);
+            }
             let read = Checked::concat(mine);
             // A sample of a job followed sample by sample that crossed the link is kept if the
             // plan reads it again (`Admission::keep`).
-            if let (Some(Matched::Planned { next_use }), true) = (planned.and_then(|p| p.get(want)), missed) {
+            if let (Some(Matched::Planned { next_use }), true) = (matched, missed) {
                 self.admission.keep(entry, wants[want].1, read.clone(), &reader.principal, *next_use);
                 // A copy the follower fetched ahead as this read fetched it is no one's now.
                 drop(self.staged.take(&(entry.id, wants[want].1, length)));

@@ -76,6 +76,8 @@ impl Default for HubTransport {
 #[derive(Debug)]
 pub struct Hub {
     connections: Vec<Client>,
+    /// The channels under `connections`, for what their sockets read.
+    channels: Vec<LiveChannel>,
     next: AtomicUsize,
     health: discovery::HealthClient,
     compression: super::compression::Chooser,
@@ -106,11 +108,11 @@ impl Hub {
         let health = discovery::HealthClient::new(channels[0].clone());
         // Listings and stats ask for bytes as they are; chunk fetches as the chooser says.
         let connections = channels
-            .into_iter()
-            .map(|channel| Client::from_channel_with(channel, url, token.clone()).plain())
+            .iter()
+            .map(|channel| Client::from_channel_with(channel.clone(), url, token.clone()).plain())
             .collect();
         let compression = super::compression::Chooser::new(transport.compression);
-        Ok(Self { connections, next: AtomicUsize::new(0), health, compression })
+        Ok(Self { connections, channels, next: AtomicUsize::new(0), health, compression })
     }
 
     /// The next connection in turn (for listings and stats).
@@ -166,6 +168,14 @@ impl Hubs {
             let (p, z) = hub.conn.compression.asked();
             (plain + p, zstd + z)
         })
+    }
+
+    /// Every byte the spoke's connections to its hubs have read since it started: what
+    /// the long link carried toward it, whatever became of it (`Status`'s
+    /// `hub_bytes_received`).
+    pub fn bytes_received(&self) -> u64 {
+        let hubs = self.router.members().current();
+        hubs.iter().flat_map(|hub| &hub.conn.channels).map(LiveChannel::bytes_received).sum()
     }
 
     /// The hubs in the order to ask for `shard` (`None`: a listing): the owner by

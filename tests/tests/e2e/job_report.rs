@@ -12,7 +12,7 @@ use std::time::Duration;
 use shardcache_client::{CacheClient, Client, ConnectOptions, Range, StepTimer, report};
 use shardcache_proto::v1::{JobReport, StepReport};
 use shardcache_serving::{auth::Authenticator, server::Security};
-use shardcache_tests::{TestHub, TestSpoke, group::TestGroup, make_dataset, spoke_options, token_file};
+use shardcache_tests::{Cli, TestHub, TestSpoke, group::TestGroup, make_dataset, spoke_options, token_file};
 use tonic::Code;
 
 fn token(token: &str) -> ConnectOptions {
@@ -210,4 +210,68 @@ async fn a_groups_members_tables_are_gathered_into_one() {
         answering += usize::from(own.phases.iter().any(|p| p.reads > 0));
     }
     assert!(answering >= 2, "the reads went to their shards' owners");
+}
+
+/// `shardcache report JOB`, run as a process, against a spoke a timed loop read through:
+/// its table has every step the loop sent, in the seed's phases, and each phase's data
+/// wait is what the loop's own clock measured around its waits (the read and the loader's
+/// work on the batch), not only what the timer sent: a timer that mis-timed its waits
+/// shows another share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shardcache_report_prints_the_steps_sent_and_the_wait_the_loops_own_clock_measured() {
+    let root = tempfile::tempdir().unwrap();
+    make_dataset(root.path(), "c4", 2, 1 << 20);
+    let hub = TestHub::start(root.path()).await;
+    let cache_dir = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache_dir.path(), spoke_options(&hub.endpoint)).await;
+    let control = spoke.control().await;
+    let reader = spoke.client().await.for_job("timed", 0).unwrap();
+    let mut timer = StepTimer::new(control.clone(), "timed", 0, 1);
+    timer.start_epoch(0);
+    // Per phase (batches 0-100, 100-130): the loop's own clock of its waits, and of its
+    // steps (from one ask to the next).
+    let mut own = [(Duration::ZERO, Duration::ZERO); 2];
+    let mut step_began = std::time::Instant::now();
+    for step in 0..130u64 {
+        timer.waiting();
+        let asked = std::time::Instant::now();
+        if step > 0 {
+            own[usize::from(step > 100)].1 += asked - step_began;
+        }
+        step_began = asked;
+        reader.read_range(&Range::new("c4", "shard-00000.bin", (step % 64) * 16384, 16384)).await.unwrap();
+        // The loader's own work on the batch: the trainer waits for that too.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        own[usize::from(step >= 100)].0 += asked.elapsed();
+        timer.arrived(8);
+        // The step's compute.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    own[1].1 += step_began.elapsed();
+    drop(timer); // the last step ends here, and is sent
+
+    table_with(&control, "timed", "", 130).await;
+    let endpoint = spoke.endpoint.clone();
+    let printed = tokio::task::spawn_blocking(move || Cli::at(&endpoint, &["report", "timed"]).ok_text())
+        .await
+        .unwrap();
+    // `| phase | steps | samples/s | data wait | ...` rows.
+    let rows: Vec<(String, u64, f64)> = printed
+        .lines()
+        .filter(|l| l.starts_with("| epoch "))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells[1].to_owned(), cells[2].parse().unwrap(), cells[4].trim_end_matches('%').parse().unwrap())
+        })
+        .collect();
+    let phases: Vec<(&str, u64)> = rows.iter().map(|(p, s, _)| (p.as_str(), *s)).collect();
+    assert_eq!(phases, [("epoch 0, batches 0-100", 100), ("epoch 0, batches 100-150", 30)], "{printed}");
+    for ((phase, _, printed_wait), (waited, stepped)) in rows.iter().zip(own) {
+        let measured = waited.as_secs_f64() * 100.0 / stepped.as_secs_f64();
+        eprintln!("{phase}: the report {printed_wait}% data wait, the loop's own clock {measured:.2}%");
+        assert!(
+            (printed_wait - measured).abs() <= 3.0,
+            "{phase}: the report says {printed_wait}% data wait, the loop's own clock {measured:.1}%: {printed}"
+        );
+    }
 }

@@ -12,6 +12,7 @@ mod hub_reads;
 mod hub_s3;
 mod job_report;
 mod link_compression;
+mod link_counted;
 mod mount;
 mod prometheus;
 mod samples_index;

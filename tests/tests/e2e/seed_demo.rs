@@ -1,6 +1,8 @@
 //! `make demo` keeps working: the seed experiment, scaled down (4 ranks, 20 steps, a
 //! 10 ms link, no nginx), runs end to end as a process and reports what it promises,
-//! the link compression, the half-size spoke and the group of spokes included.
+//! the link compression, the half-size spoke and the group of spokes included. Its link
+//! bytes are the emulator's counts; the hub's compression is off (but in the compression
+//! setups), so that they are the bytes read.
 
 #![allow(clippy::unwrap_used)]
 
@@ -32,16 +34,33 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
     // cache (the demo checked that the spoke's per-job row counted every read).
     let small = json["small_cache"]["rows"].as_array().unwrap();
     assert_eq!(small.len(), 24, "{small:?}");
-    // A uniform shuffle and a map-style sampler with their plans: each epoch brings what it
-    // reads at most (whole shards brought the uniform shuffle 125x before).
-    for setup in ["uniform shuffle, half-size spoke, plan", "map-style, ShardSampler, half-size spoke"] {
-        let epochs: Vec<f64> = small
+    // A uniform shuffle and a map-style sampler with their plans: the spoke had every read
+    // in the job's plan (a spoke that refused it would not), and each epoch brought what it
+    // read at most over the link (whole shards brought the uniform shuffle 125x before).
+    for setup in [
+        "uniform shuffle, half-size spoke, plan",
+        "map-style, the sampler's order with its plan (Rust reader), half-size spoke",
+    ] {
+        let epochs: Vec<(f64, f64)> = small
             .iter()
             .filter(|r| r["setup"] == setup)
-            .map(|r| r["hub_bytes_per_dataset"].as_f64().unwrap())
+            .map(|r| {
+                (r["link_bytes_per_dataset"].as_f64().unwrap(), r["planned_reads_pct"].as_f64().unwrap())
+            })
             .collect();
         assert_eq!(epochs.len(), 3, "{setup}: {small:?}");
-        assert!(epochs.iter().all(|&e| e <= 1.05), "{setup}: hub bytes per dataset {epochs:?}");
+        assert!(epochs.iter().all(|&(link, _)| link <= 1.05), "{setup}: link bytes per dataset {epochs:?}");
+        assert!(epochs.iter().all(|&(_, planned)| planned == 100.0), "{setup}: reads planned {epochs:?}");
+    }
+    // Every row's link bytes are the wire's, and the spoke's own count agrees (the demo
+    // checks it within 2%); the no-cache rows were run, each carrying at least the dataset
+    // (the hub's compression is off in this run: bytes cross as they are).
+    for r in small {
+        let link = r["link_bytes_per_dataset"].as_f64().unwrap();
+        match r["spoke_count_per_wire"].as_f64() {
+            Some(count) => assert!((0.98..=1.02).contains(&count), "{r}"),
+            None => assert!(link >= 1.0, "with no cache every byte read crossed the link: {r}"),
+        }
     }
     // Two nodes: a spoke each fetches the dataset twice, a group once; warm, neither.
     let group = json["group"].as_array().unwrap();
@@ -52,7 +71,11 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
     };
     let (each, grouped) = (link("2 nodes, a spoke each", 1), link("2 nodes, a group of 3 spokes", 1));
     assert!(each >= 1.9 && grouped < 1.5, "a spoke each: {each} x the dataset, a group: {grouped}");
-    assert_eq!(link("2 nodes, a group of 3 spokes", 2), 0.0, "the warm epoch crossed nothing");
+    // Warm: no shard's bytes crossed; the wire still carries the connections' keepalives
+    // and the health checks and stats of a restarted member (a few hundred bytes).
+    let nothing = 1e-3;
+    let warm = link("2 nodes, a group of 3 spokes", 2);
+    assert!(warm < nothing, "the warm epoch crossed nothing: {warm} x the dataset");
     // A member killed mid-epoch: the epoch completed (a failed read fails the demo),
     // at most the member's share crossed again, and back on its cache it refetched
     // nothing (the demo checked the nodes saw it serving again).
@@ -65,7 +88,8 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
         "lost its share ({share}): {} x the dataset",
         link(losing, 1)
     );
-    assert_eq!(link(losing, 2), 0.0, "the restarted member served its cache");
+    let warm = link(losing, 2);
+    assert!(warm < nothing, "the restarted member served its cache: {warm} x the dataset crossed");
 
     // Link compression on zipf tokens: off, every byte crossed once; compressed, fewer;
     // warm, none either way.
@@ -73,9 +97,20 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
     assert_eq!(compressed.len(), 2, "{compressed:?}");
     let on_link = |i: usize, epoch: usize| compressed[i]["on_link"][epoch].as_u64().unwrap();
     let fetched = compressed[0]["fetched"][0].as_u64().unwrap();
-    assert_eq!(on_link(0, 0), fetched, "without compression every fetched byte crossed");
+    // The wire's bytes: the fetched bytes and HTTP/2's framing, stats and listings.
+    assert!(
+        on_link(0, 0) >= fetched && on_link(0, 0) <= fetched + fetched / 50,
+        "without compression every fetched byte crossed: {} on the link for {fetched}",
+        on_link(0, 0)
+    );
     assert!(on_link(1, 0) < fetched * 3 / 4, "compressed: {} of {fetched} bytes crossed", on_link(1, 0));
-    assert_eq!((on_link(0, 1), on_link(1, 1)), (0, 0), "the warm epoch crossed nothing");
+    // Warm, nothing but the connections' keepalives and a revalidation's stats.
+    assert!(
+        on_link(0, 1) < fetched / 1000 && on_link(1, 1) < fetched / 1000,
+        "the warm epoch crossed nothing: {} and {}",
+        on_link(0, 1),
+        on_link(1, 1)
+    );
     assert!(markdown.contains("Bytes over the link per epoch"), "{markdown}");
 }
 
@@ -93,6 +128,9 @@ fn run_demo(out: &std::path::Path) {
             "--rtt",
             "10ms",
             "--skip-nginx",
+            // Link bytes are bytes (the compression setups start hubs of their own).
+            "--hub-compression-level",
+            "0",
         ])
         .env("RUST_LOG", "warn")
         .output()

@@ -35,9 +35,10 @@ struct Args {
     /// (e.g. none:10s,stall:3s,down:1s,throttle=20Mbit:5s). Each change is printed.
     #[arg(long, value_parser = wan::parse_schedule)]
     faults: Option<wan::Schedule>,
-    /// Every 100 ms, replace this file's contents with `TO_CLIENT TO_UPSTREAM CONNECTIONS`:
-    /// the bytes delivered each way and the connections accepted (for benchmarks that
-    /// count what crossed the link).
+    /// Every 100 ms, replace this file's contents with `TO_CLIENT TO_UPSTREAM CONNECTIONS
+    /// WRITES`: the bytes delivered each way, the connections accepted, and how many times
+    /// the file was written (for benchmarks that count what crossed the link: two reads
+    /// with the same counts and different WRITES saw the link still for 100 ms at least).
     #[arg(long)]
     counters_file: Option<std::path::PathBuf>,
 }
@@ -63,9 +64,10 @@ async fn main() -> std::io::Result<()> {
         let counters = counters.clone();
         tokio::spawn(async move {
             let partial = path.with_extension("partial");
-            loop {
+            for writes in 1u64.. {
                 // Written aside and renamed: a reader never sees half a line.
-                if std::fs::write(&partial, counters.line()).is_ok() {
+                let line = format!("{} {writes}\n", counters.line().trim_end());
+                if std::fs::write(&partial, line).is_ok() {
                     let _ = std::fs::rename(&partial, &path);
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -313,8 +313,12 @@ pub async fn status(server: &Server) -> anyhow::Result<()> {
             ByteSize(status.speculation_unread_bytes).human()
         );
         println!(
-            "hub fetches: {} as they are, {} asked for zstd (--hub-compression)",
-            status.hub_fetches_plain, status.hub_fetches_zstd
+            "hub fetches: {} as they are, {} asked for zstd (--hub-compression); {} received from the hubs in \
+             all (framing, listings and stats included), {} fetches running",
+            status.hub_fetches_plain,
+            status.hub_fetches_zstd,
+            ByteSize(status.hub_bytes_received).human(),
+            status.fetches_in_flight
         );
         if status.kept_sample_bytes > 0 || status.staged_sample_bytes > 0 {
             println!(

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Checks that the tests fail when the features they test are broken: each patch in
+# tests/mutations/ breaks one feature (its first lines say how, and name the commands
+# that build the mutant and the tests that must then fail); this applies each in turn,
+# builds, runs those tests, expects each to fail, and takes the patch back out.
+#
+#   scripts/mutations.sh                 # every patch
+#   scripts/mutations.sh NAME [NAME...]  # tests/mutations/NAME.patch only
+#
+# A patch's header, before its diff:
+#   # build: COMMAND     run first; must succeed (the mutant compiles)
+#   # test: COMMAND      must fail (the test caught the breakage); one line per test
+# Not part of `make test` (each mutant is a rebuild): run it before resolving an issue
+# that adds or changes such a test, and keep its output in the issue's note. Needs a
+# clean tree for the files a patch touches; the patch is taken back out however the
+# run ends.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shardcache/target}"
+
+if [ $# -gt 0 ]; then
+  patches=()
+  for name in "$@"; do patches+=("tests/mutations/$name.patch"); done
+else
+  patches=(tests/mutations/*.patch)
+fi
+
+applied=""
+restore() { if [ -n "$applied" ]; then git apply -R "$applied" && applied=""; fi; }
+trap restore EXIT INT TERM
+
+log="$(mktemp -d)"
+survived=0
+for patch in "${patches[@]}"; do
+  name="$(basename "$patch" .patch)"
+  what="$(sed -n 's/^# what: //p' "$patch")"
+  echo "== $name: $what"
+  if ! git apply --check "$patch" 2>"$log/$name.apply"; then
+    echo "   NOT APPLIED: $(head -1 "$log/$name.apply")"
+    survived=$((survived + 1))
+    continue
+  fi
+  git apply "$patch" && applied="$patch"
+  built=1
+  while IFS= read -r command; do
+    if ! bash -c "$command" >"$log/$name.build" 2>&1; then
+      echo "   the mutant does not build ($command): see $log/$name.build"
+      built=0
+      break
+    fi
+  done < <(sed -n 's/^# build: //p' "$patch")
+  if [ "$built" = 1 ]; then
+    i=0
+    while IFS= read -r command; do
+      i=$((i + 1))
+      started=$SECONDS
+      if bash -c "$command" >"$log/$name.test$i" 2>&1; then
+        echo "   SURVIVED: $command passed ($((SECONDS - started)) s; $log/$name.test$i)"
+        survived=$((survived + 1))
+      else
+        echo "   killed: $command failed ($((SECONDS - started)) s): $(grep -m1 -E "panicked at|assert|Error|FAILED|failed" "$log/$name.test$i" | cut -c1-200)"
+      fi
+    done < <(sed -n 's/^# test: //p' "$patch")
+  else
+    survived=$((survived + 1))
+  fi
+  restore
+done
+echo
+if [ "$survived" -gt 0 ]; then
+  echo "$survived test(s) passed with their feature broken, or a mutant did not apply or build (logs in $log)"
+  exit 1
+fi
+echo "every test failed under its mutation (logs in $log)"
