@@ -16,7 +16,11 @@
 # run ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The environment `make test` builds and tests in (Makefile, .ci/run): another CC would
+# rebuild RocksDB.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shardcache/target}"
+export CC="ccache cc" CXX="ccache c++" CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+export SHARDCACHE_MOTO_SERVER="${SHARDCACHE_MOTO_SERVER:-$HOME/.cache/shardcache/venv/bin/moto_server}"
 
 if [ $# -gt 0 ]; then
   patches=()

@@ -40,6 +40,4 @@ where = shardcache._native.__file__
 if not where.startswith(sys.argv[1] + "/"):
     sys.exit(f"the tests would import shardcache from {where}, not from the wheel just installed")
 PY
-# SHARDCACHE_PYTEST_ARGS: pytest's own options, e.g. `-k sampler` (scripts/mutations.sh).
-# shellcheck disable=SC2086
-SHARDCACHE_BIN_DIR="$TARGET/debug" "$WHEEL_VENV/bin/python" -m pytest -q client/python/tests ${SHARDCACHE_PYTEST_ARGS:-}
+SHARDCACHE_BIN_DIR="$TARGET/debug" "$WHEEL_VENV/bin/python" -m pytest -q client/python/tests
