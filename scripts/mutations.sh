@@ -8,8 +8,11 @@
 #   scripts/mutations.sh NAME [NAME...]  # tests/mutations/NAME.patch only
 #
 # A patch's header, before its diff:
-#   # build: COMMAND     run first; must succeed (the mutant compiles)
+#   # what: ...          the feature it breaks, and how
+#   # build: COMMAND     run first, after `cargo build --workspace --bins` (the tests start
+#                        the built binaries: they must be the mutant's); must succeed
 #   # test: COMMAND      must fail (the test caught the breakage); one line per test
+# The binaries are built again from the unbroken tree at the end.
 # Not part of `make test` (each mutant is a rebuild): run it before resolving an issue
 # that adds or changes such a test, and keep its output in the issue's note. Needs a
 # clean tree for the files a patch touches; the patch is taken back out however the
@@ -52,7 +55,7 @@ for patch in "${patches[@]}"; do
       built=0
       break
     fi
-  done < <(sed -n 's/^# build: //p' "$patch")
+  done < <(echo "cargo build --workspace --bins"; sed -n 's/^# build: //p' "$patch")
   if [ "$built" = 1 ]; then
     i=0
     while IFS= read -r command; do
@@ -62,7 +65,9 @@ for patch in "${patches[@]}"; do
         echo "   SURVIVED: $command passed ($((SECONDS - started)) s; $log/$name.test$i)"
         survived=$((survived + 1))
       else
-        echo "   killed: $command failed ($((SECONDS - started)) s): $(grep -m1 -E "panicked at|assert|Error|FAILED|failed" "$log/$name.test$i" | cut -c1-200)"
+        # What failed: a Rust test's panic message, or pytest's first `E` line.
+        why="$(grep -m1 -A1 "panicked at" "$log/$name.test$i" | tail -1; grep -m1 "^E " "$log/$name.test$i")"
+        echo "   killed: $command failed ($((SECONDS - started)) s): $(echo "$why" | head -1 | cut -c1-220)"
       fi
     done < <(sed -n 's/^# test: //p' "$patch")
   else
@@ -70,6 +75,8 @@ for patch in "${patches[@]}"; do
   fi
   restore
 done
+# The binaries of the unbroken tree again, for whatever runs next.
+cargo build --workspace --bins >"$log/rebuild" 2>&1 || echo "the unbroken tree did not build again: see $log/rebuild"
 echo
 if [ "$survived" -gt 0 ]; then
   echo "$survived test(s) passed with their feature broken, or a mutant did not apply or build (logs in $log)"

@@ -11,8 +11,10 @@
 //! and SERVING. One client
 //! reads every sample of the dataset once in random batches (the cold epoch: misses
 //! fetched through the group), then once more (warm); samples/s of each group and their
-//! ratio, the hedges the client sent, and what the group fetched from the hub in the cold
-//! epoch per byte of the dataset. Checks every byte read against the dataset's files.
+//! ratio, the hedges the client sent, and what crossed the healthy link in the cold epoch
+//! per byte of the dataset (the emulator's count, once the link is still; the hub's
+//! compression off, so bytes are bytes). Checks every byte read against the dataset's
+//! files.
 //!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/group-bench [--gray]
@@ -189,9 +191,10 @@ async fn gray() {
     let files: Vec<Vec<u8>> = (0..GRAY_SHARDS)
         .map(|s| std::fs::read(dir.join(shardcache_cli::dataset_gen::shard_name(s))).unwrap())
         .collect();
-    let hub = HubProcess::start(root.path(), &[]);
+    // Its compression off: the link's bytes are the bytes fetched.
+    let hub = HubProcess::start(root.path(), &["--link-compression-level", "0"]);
     println!(
-        "{GRAY_SHARDS} shards x 16 MiB, cold groups of 3 over a 60 ms 2 Gbit/s link; every sample once in random batches of {BATCH} x 16 KiB, {IN_FLIGHT} in flight, then again warm"
+        "{GRAY_SHARDS} shards x 16 MiB, cold groups of 3 over a 60 ms 2 Gbit/s link, the hub's compression off; every sample once in random batches of {BATCH} x 16 KiB, {IN_FLIGHT} in flight, then again warm"
     );
     println!(
         "| round | healthy group: cold / warm samples/s | one member gray: cold / warm samples/s | gray / healthy: cold / warm | hedges sent (healthy / gray) | link bytes / dataset, cold (healthy / gray; the wire) |"
