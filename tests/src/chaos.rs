@@ -191,11 +191,12 @@ pub async fn run(plan: &ChaosPlan) -> ChaosReport {
     report
 }
 
-/// What the reads of a soak that read `node_epochs` cost with no cache, run: the same
-/// hub, each node reading its epochs (the same orders) straight from it through a link
-/// of its own, identical to the members' (no faults); the bytes those links delivered,
-/// and the reads' report (every byte checked against the files).
-pub async fn no_cache(plan: &ChaosPlan, node_epochs: [u32; 2]) -> (u64, ChaosReport) {
+/// What the reads of a soak that read `node_epochs` cost with no cache, run: a hub as the
+/// soak's, each node reading its epochs (the same orders) straight from it through a link
+/// of its own, identical to the members' (no faults). Returns the bytes those links
+/// delivered, the bytes the hub served (decoded: what the soak's `hub_bytes` counts), and
+/// the reads' report (every byte checked against the files).
+pub async fn no_cache(plan: &ChaosPlan, node_epochs: [u32; 2]) -> (u64, u64, ChaosReport) {
     let root = tempfile::tempdir().unwrap();
     let files = make_dataset(root.path(), "ds", plan.shards, plan.shard_size);
     let mut options = crate::test_options();
@@ -230,7 +231,7 @@ pub async fn no_cache(plan: &ChaosPlan, node_epochs: [u32; 2]) -> (u64, ChaosRep
     for link in &links {
         bytes += crate::wire::settled_link(link).await.to_client;
     }
-    (bytes, report.into_inner().unwrap())
+    (bytes, hub.stats.snapshot().bytes_served, report.into_inner().unwrap())
 }
 
 /// Every shard of the dataset in `files`, by name.

@@ -244,8 +244,8 @@ impl SmallCache<'_> {
             u64::from(self.job.layout.shards) * self.job.layout.samples_per_shard * self.job.sample_bytes;
         let global = self.job.shape.ranks * self.job.shape.batch_per_rank;
         let (mut rows, mut all) = (Vec::new(), Vec::new());
+        let mut before = self.settled(control.as_ref()).await;
         for epoch in 0..EPOCHS {
-            let before = self.settled(control.as_ref()).await;
             if let (true, Some(control)) = (with_plan, &control) {
                 self.send_plan(control, epoch).await?;
             }
@@ -286,6 +286,7 @@ impl SmallCache<'_> {
             }
             rows.push(row);
             all.extend(run.steps);
+            before = after;
         }
         let compared = match timing {
             Some(mut timing) => {
@@ -329,7 +330,8 @@ impl SmallCache<'_> {
         let share = |part: u64| Some(part as f64 * 100.0 / job.reads.max(1) as f64);
         row.hit_reads_pct = share(job.hit_reads);
         row.planned_reads_pct = share(job.planned_reads);
-        row.spoke_count_per_wire = Some(received as f64 / wire.max(1) as f64);
+        // Nothing crossed (a warm epoch): nothing to compare.
+        row.spoke_count_per_wire = (wire > 0).then(|| received as f64 / wire as f64);
         Ok(())
     }
 
