@@ -72,7 +72,8 @@ async fn wrong_bytes_from_a_supplier_are_neither_served_nor_stored() {
         assert!(direct.is_err(), "{wrong:?}: a read as read is refused too");
         assert!(!entry.has_chunk(0) && parts.stored(&entry, 0, CHUNK).is_none(), "{wrong:?}: nothing stored");
         assert_eq!(parts.capacity.used(), 0);
-        assert_eq!(row.hub_bytes.load(Relaxed), 0, "{wrong:?}: refused bytes are not counted as read");
+        assert_eq!(row.hub_bytes.load(Relaxed), 0, "{wrong:?}: refused bytes are not counted as fetched");
+        assert!(row.link_bytes.load(Relaxed) > 0, "{wrong:?}: but what crossed the link for them is counted");
     }
 }
 

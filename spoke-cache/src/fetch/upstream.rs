@@ -133,10 +133,11 @@ impl Upstream {
             let started = Instant::now();
             let supplied = self.supply.fetch(want, &[]).await.ok()?;
             answered(&span, &supplied, started);
-            self.count(want.dataset, &supplied, row, started.elapsed());
+            self.received(want.dataset, &supplied, row);
             if supplied.data.data.len() as u64 != want.length {
                 return None;
             }
+            self.count(want.dataset, &supplied, row, started.elapsed());
             Some((supplied.data, supplied.version))
         }
         .instrument(span.clone())
@@ -219,9 +220,9 @@ impl Upstream {
     ) -> Result<Checked> {
         match answer {
             Ok(supplied) => {
-                // Counted whatever becomes of it: a refused answer crossed the link too.
-                self.count(&entry.dataset, &supplied, row, elapsed);
+                self.received(&entry.dataset, &supplied, row);
                 check(entry, offset, length, &supplied)?;
+                self.count(&entry.dataset, &supplied, row, elapsed);
                 Ok(supplied.data)
             }
             Err(e) if e.code() == tonic::Code::Aborted => {
@@ -253,9 +254,12 @@ impl Upstream {
         let started = Instant::now();
         match self.supply.join_owner(want(entry, offset, length), avoid).await {
             Joined::Bytes(supplied) => {
-                self.count(&entry.dataset, &supplied, row, started.elapsed());
+                self.received(&entry.dataset, &supplied, row);
                 match check(entry, offset, length, &supplied) {
-                    Ok(()) => Joined::Bytes(supplied),
+                    Ok(()) => {
+                        self.count(&entry.dataset, &supplied, row, started.elapsed());
+                        Joined::Bytes(supplied)
+                    }
                     Err(_) => Joined::NotThere,
                 }
             }
@@ -263,8 +267,19 @@ impl Upstream {
         }
     }
 
-    /// Counts what `supplied` brought for `dataset` (taking `elapsed`), before it is
-    /// checked: the one place where bytes are counted by supplier.
+    /// Counts what a hub's answer `supplied` took on the long link for `dataset`, as it
+    /// arrives, whatever becomes of it (an answer refused for its length or version
+    /// crossed the link too): with [`Upstream::count`], the one place where bytes are
+    /// counted by supplier.
+    fn received(&self, dataset: &str, supplied: &Supplied, row: &JobRow) {
+        if supplied.from == SuppliedBy::Hub {
+            self.metrics.dataset(dataset).upstream_wire_bytes.fetch_add(supplied.wire_len, Relaxed);
+            row.link_bytes.fetch_add(supplied.wire_len, Relaxed);
+        }
+    }
+
+    /// Counts what `supplied` brought for `dataset` once it passed its check (taking
+    /// `elapsed`): the bytes fetched, by supplier (refused ones were fetched for no one).
     fn count(&self, dataset: &str, supplied: &Supplied, row: &JobRow, elapsed: Duration) {
         let length = supplied.data.data.len() as u64;
         self.metrics.fetch_latency.observe(elapsed);
@@ -277,9 +292,7 @@ impl Upstream {
             SuppliedBy::Hub => {
                 self.metrics.upstream_requests.fetch_add(1, Relaxed);
                 counters.upstream_bytes.fetch_add(length, Relaxed);
-                counters.upstream_wire_bytes.fetch_add(supplied.wire_len, Relaxed);
                 row.hub_bytes.fetch_add(length, Relaxed);
-                row.link_bytes.fetch_add(supplied.wire_len, Relaxed);
             }
         }
     }
