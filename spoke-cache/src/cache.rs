@@ -48,26 +48,26 @@ use shardcache_proto::{
 
 use crate::{
     Error, Result,
-    admission::Admission,
-    capacity::Capacity,
-    catalog::Catalog,
-    cold_open::ColdOpen,
-    entry::Entry,
-    evict::Evictor,
+    fetch::lookup::Lookups,
+    fetch::suppliers::{Chain, Supply, hubs::Hubs},
     fetch::{Alongside, FetchFor, FetchOwner},
-    index_reads::IndexReads,
-    jobs::JobRow,
-    kept::Kept,
-    lookup::Lookups,
-    metrics::Metrics,
-    plan::{PlanLimits, PlanWindow, Plans},
-    plan_fetch::PlanFetcher,
+    observe::jobs::JobRow,
+    observe::metrics::Metrics,
+    plans::prefetch::PlanFetcher,
+    plans::samples::{SamplePlans, follow::SampleFollower, staged::Staged},
+    plans::shards::{PlanLimits, PlanWindow, Plans},
     policy::{admit::AdmissionFilter, shares::Shares, speculation::Speculation},
-    read_ahead::ReadAhead,
-    read_path::{ReadFor, ReadPath},
-    samples::{SamplePlans, follow::SampleFollower, staged::Staged},
+    read::ahead::ReadAhead,
+    read::cold_open::ColdOpen,
+    read::index_reads::IndexReads,
+    read::path::{ReadFor, ReadPath},
     store::Store,
-    suppliers::{Chain, Supply, hubs::Hubs},
+    store::admission::Admission,
+    store::capacity::Capacity,
+    store::catalog::Catalog,
+    store::entry::Entry,
+    store::evict::Evictor,
+    store::kept::{Keeper, index::KeptSamples},
 };
 
 /// How the cache behaves; see `config.rs` for the flags.
@@ -118,6 +118,7 @@ pub struct Cache {
     catalog: Arc<Catalog>,
     capacity: Arc<Capacity>,
     admission: Arc<Admission>,
+    keeper: Arc<Keeper>,
     lookups: Arc<Lookups>,
     fetch: FetchOwner,
     /// The suppliers: ownership in a group, the hubs for listings (what the fetch owner
@@ -137,10 +138,10 @@ pub struct Cache {
     reads: ReadPath,
 }
 
-/// The bets beyond a read, over the parts the evictor uses (`read_ahead.rs`).
+/// The bets beyond a read, over the parts the evictor uses (`read/ahead.rs`).
 fn read_ahead(
     config: &CacheConfig,
-    evictor: Evictor,
+    (evictor, plans): (Evictor, Arc<Plans>),
     fetch: &FetchOwner,
     filter: Arc<AdmissionFilter>,
     metrics: &Arc<Metrics>,
@@ -150,7 +151,7 @@ fn read_ahead(
         read_ahead_chunks: config.read_ahead_chunks,
         shard_fetch_parallelism: config.shard_fetch_parallelism,
         capacity: evictor.capacity.clone(),
-        plans: evictor.plans.clone(),
+        plans,
         filter,
         admission: evictor.admission.clone(),
         fetch: fetch.clone(),
@@ -161,29 +162,39 @@ fn read_ahead(
     }
 }
 
+/// The parts over the store ([`stored`]).
+struct Stored {
+    catalog: Arc<Catalog>,
+    capacity: Arc<Capacity>,
+    admission: Arc<Admission>,
+    keeper: Arc<Keeper>,
+}
+
 /// What `store` holds, loaded: the catalog (records with the chunks their files hold;
 /// files of no record are gone), the kept samples (named by shard version: they load
-/// whatever the records say), the capacity with both counted, and the admission over them.
+/// whatever the records say), the capacity with both counted, the admission over them and
+/// the keeper of the samples.
 fn stored(
     store: &Arc<Store>,
     config: &CacheConfig,
     metrics: &Arc<Metrics>,
-) -> Result<(Arc<Catalog>, Arc<Capacity>, Arc<Admission>)> {
+) -> Result<Stored> {
     let (catalog, used) = Catalog::load(store.clone(), config.chunk_size, config.revalidate_after)?;
     let catalog = Arc::new(catalog);
-    let (kept, kept_bytes) = Kept::load(store.load_packs()?);
+    let (kept, kept_bytes) = KeptSamples::load(store.load_packs()?);
     let capacity = Arc::new(
         Capacity::new(config.capacity, config.high_watermark, config.low_watermark, used + kept_bytes)
             .with_chunk_files(config.chunk_size),
     );
     let speculation = Arc::new(Speculation::new(config.capacity));
     let admission = Arc::new(Admission::new(
-        (store.clone(), kept),
+        store.clone(),
         catalog.clone(),
         (capacity.clone(), speculation),
         metrics.clone(),
     ));
-    Ok((catalog, capacity, admission))
+    let keeper = Arc::new(Keeper::new(kept, admission.clone(), metrics.clone()));
+    Ok(Stored { catalog, capacity, admission, keeper })
 }
 
 /// Looks for a fetch a joining member asks for, and the pause between two: a read opens a
@@ -196,12 +207,12 @@ impl Cache {
     /// come from `chain`.
     pub fn open(store: Store, chain: Chain, config: CacheConfig, metrics: Arc<Metrics>) -> Result<Arc<Self>> {
         let store = Arc::new(store);
-        let (catalog, capacity, admission) = stored(&store, &config, &metrics)?;
+        let Stored { catalog, capacity, admission, keeper } = stored(&store, &config, &metrics)?;
         let chain = Arc::new(chain);
         let lookups = Arc::new(Lookups::new(
             catalog.clone(),
             chain.clone() as Arc<dyn Supply>,
-            admission.clone(),
+            (admission.clone(), keeper.clone()),
             metrics.clone(),
             config.chunk_size,
             config.empty_entries_kept,
@@ -221,9 +232,11 @@ impl Cache {
             catalog: catalog.clone(),
             plans: plans.clone(),
             admission: admission.clone(),
+            keeper: keeper.clone(),
             shares: shares.clone(),
         };
-        let read_ahead = Arc::new(read_ahead(&config, evictor.clone(), &fetch, filter.clone(), &metrics));
+        let read_ahead =
+            Arc::new(read_ahead(&config, (evictor.clone(), plans.clone()), &fetch, filter.clone(), &metrics));
         let index_reads = Arc::new(IndexReads::default());
         let cold = ColdOpen {
             catalog: catalog.clone(),
@@ -243,6 +256,7 @@ impl Cache {
             filter,
             fetch: fetch.clone(),
             admission: admission.clone(),
+            keeper: keeper.clone(),
             capacity: capacity.clone(),
             chain: chain.clone(),
             index_reads,
@@ -256,6 +270,7 @@ impl Cache {
             catalog,
             capacity,
             admission,
+            keeper,
             lookups,
             fetch,
             chain,
@@ -385,7 +400,7 @@ impl Cache {
             lookups: self.lookups.clone(),
             fetch: self.fetch.clone(),
             chain: self.chain.clone(),
-            admission: self.admission.clone(),
+            keeper: self.keeper.clone(),
             metrics: self.metrics.clone(),
         }
     }
@@ -393,13 +408,13 @@ impl Cache {
     /// Bytes of samples kept for later epochs, the packs holding them, and the bytes of
     /// samples fetched ahead of their reads.
     pub fn samples_held(&self) -> (u64, u64, u64) {
-        let (kept, packs) = self.admission.kept().bytes_and_packs();
+        let (kept, packs) = self.keeper.samples().bytes_and_packs();
         (kept, packs as u64, self.staged.bytes())
     }
 
     /// Writes the kept samples waiting for their pack (the server does, now and then).
     pub async fn flush_kept(&self) {
-        self.admission.flush_kept().await;
+        self.keeper.flush().await;
     }
 
     /// The evictor, with the parts it uses.

@@ -1,7 +1,7 @@
 //! `spoke-cache`: parse flags, open the cache, serve until SIGTERM or SIGINT.
 
 use anyhow::Context;
-use spoke_cache::config::{ENV_PREFIX, SpokeArgs};
+use spoke_cache::serve::config::{ENV_PREFIX, SpokeArgs};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {

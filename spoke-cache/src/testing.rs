@@ -23,16 +23,17 @@ use shardcache_proto::{
 
 use crate::{
     Error, Result,
-    admission::Admission,
-    capacity::Capacity,
-    catalog::Catalog,
-    entry::Entry,
     fetch::FetchOwner,
-    lookup::Lookups,
-    metrics::Metrics,
+    fetch::lookup::Lookups,
+    fetch::suppliers::{Joined, Supplied, SuppliedBy, Supply, Want},
+    observe::metrics::Metrics,
     policy::speculation::Speculation,
+    store::admission::Admission,
+    store::capacity::Capacity,
+    store::catalog::Catalog,
+    store::entry::Entry,
+    store::kept::Keeper,
     store::{Store, StoreOptions},
-    suppliers::{Joined, Supplied, SuppliedBy, Supply, Want},
 };
 
 /// A wrong answer the fake gives on command.
@@ -223,9 +224,9 @@ pub fn parts(chunk_size: u64, capacity: u64, bytes_in_flight: u64) -> Parts {
     let capacity = Arc::new(Capacity::new(capacity, 0.95, 0.85, used).with_chunk_files(chunk_size));
     let metrics = Arc::new(Metrics::default());
     let speculation = Arc::new(Speculation::new(capacity.capacity()));
-    let (kept, _) = crate::kept::Kept::load(store.load_packs().unwrap());
+    let (kept, _) = crate::store::kept::index::KeptSamples::load(store.load_packs().unwrap());
     let admission = Arc::new(Admission::new(
-        (store.clone(), kept),
+        store.clone(),
         catalog.clone(),
         (capacity.clone(), speculation),
         metrics.clone(),
@@ -234,7 +235,7 @@ pub fn parts(chunk_size: u64, capacity: u64, bytes_in_flight: u64) -> Parts {
     let lookups = Arc::new(Lookups::new(
         catalog.clone(),
         supply.clone(),
-        admission.clone(),
+        (admission.clone(), Arc::new(Keeper::new(kept, admission.clone(), metrics.clone()))),
         metrics.clone(),
         chunk_size,
         1 << 10,

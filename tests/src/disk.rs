@@ -43,7 +43,7 @@ impl Drop for Tmpfs {
 pub fn fill(dir: &Path, leave: u64) -> PathBuf {
     use std::io::Write;
     let path = dir.join("another-tenant");
-    let free = spoke_cache::admission::filesystem_available(dir).unwrap_or(0);
+    let free = spoke_cache::store::admission::filesystem_available(dir).unwrap_or(0);
     let Ok(mut file) = std::fs::File::create(&path) else { return path };
     let block = vec![7u8; 64 << 10];
     let mut written = 0;

@@ -255,9 +255,9 @@ fn the_spokes_modules_import_each_other_one_way() {
     assert_eq!(cycle(&edges), None, "modules that import each other");
     let reaches_cache: Vec<&String> =
         edges.iter().filter(|(_, to)| to.contains("cache")).map(|(m, _)| m).collect();
-    // The flags build its CacheConfig; the services and the server use the facade; no part
-    // of the data path does.
-    assert_eq!(reaches_cache, ["config", "control", "server", "source"], "who sees the cache facade");
+    // The front doors (the services, the flags, the server) use the facade; no part of the
+    // data path does.
+    assert_eq!(reaches_cache, ["serve"], "who sees the cache facade");
 }
 
 /// The spoke's files as nodes (module paths: `fetch::upstream`), each reaching the files
@@ -346,19 +346,65 @@ fn the_spokes_files_never_call_back_into_their_caller() {
     let src = shardcache_tests::workspace_dir().join("spoke-cache/src");
     let edges = file_graph(&src);
     for (from, to) in [
-        ("read_path", "fetch"),
+        ("read::path", "fetch"),
         ("fetch::speculation", "fetch::upstream"),
-        ("fetch", "admission"),
+        ("fetch", "store::admission"),
         ("fetch::upstream", "error"),
-        ("fetch::upstream", "suppliers"),
-        ("read_path", "catalog"),
+        ("fetch::upstream", "fetch::suppliers"),
+        ("read::path", "store::catalog"),
     ] {
         assert!(edges[from].contains(to), "{from} reaches {to}: the graph was read: {:?}", edges[from]);
     }
     assert_eq!(cycle(&edges), None, "files that reach each other: a cold read would enter one twice");
     // The facade's parts never reach the facade.
-    for part in ["cold_open", "read_path", "read_ahead", "fetch", "lookup", "admission", "suppliers"] {
+    for part in [
+        "read::cold_open",
+        "read::path",
+        "read::ahead",
+        "fetch",
+        "fetch::lookup",
+        "store::admission",
+        "fetch::suppliers",
+    ] {
         assert!(!edges[part].contains("cache"), "{part} reaches the cache's facade: {:?}", edges[part]);
+    }
+}
+
+/// The spoke's top-level folders (and files), highest first: each may import only those
+/// below it (and itself). `lib.rs` draws the same picture.
+const SPOKE_LAYERS: [&str; 10] =
+    ["serve", "cache", "read", "plans", "fetch", "store", "policy", "observe", "error", "testing"];
+
+#[test]
+fn the_spokes_folders_import_only_those_below_them() {
+    let src = shardcache_tests::workspace_dir().join("spoke-cache/src");
+    // Every top-level entry has its place, so a new one must be given one here.
+    let mut entries: Vec<String> = std::fs::read_dir(&src)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().trim_end_matches(".rs").to_owned())
+        .filter(|name| name != "lib" && name != "main")
+        .collect();
+    entries.sort();
+    let mut layers = SPOKE_LAYERS.map(str::to_owned).to_vec();
+    layers.sort();
+    assert_eq!(entries, layers, "the spoke's top level: at most 10 entries, each in SPOKE_LAYERS");
+    let rank = |module: &str| SPOKE_LAYERS.iter().position(|l| *l == module.split("::").next().unwrap());
+    let edges = file_graph(&src);
+    assert!(edges["read::path"].contains("plans::samples"), "the graph was read: {:?}", edges["read::path"]);
+    let mut upward = Vec::new();
+    for (from, to) in &edges {
+        for target in to {
+            if rank(target) < rank(from) {
+                upward.push(format!("{from} -> {target}"));
+            }
+        }
+    }
+    assert!(upward.is_empty(), "imports up the layers {SPOKE_LAYERS:?}:\n{}", upward.join("\n"));
+    // Each folder's header says what it owns and what it may import.
+    for folder in SPOKE_LAYERS.iter().filter(|l| src.join(l).is_dir()) {
+        let header = std::fs::read_to_string(src.join(folder).join("mod.rs")).unwrap();
+        assert!(header.contains("Owns:") && header.contains("May import"), "{folder}/mod.rs's header");
     }
 }
 

@@ -11,7 +11,7 @@ use futures::FutureExt;
 use shardcache_proto::checksum::Checked;
 
 use super::{FetchFor, FetchOwner, Inner, Owned, SharedFetch};
-use crate::{Error, Result, entry::Entry, shared::spawn_shared};
+use crate::{Error, Result, fetch::shared::spawn_shared, store::entry::Entry};
 
 impl FetchOwner {
     /// `[offset, offset + length)` of `entry` fetched as it is asked for and not stored

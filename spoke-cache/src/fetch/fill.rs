@@ -9,7 +9,7 @@ use futures::FutureExt;
 use shardcache_proto::checksum::Checked;
 
 use super::{ChunkFetch, Inner, KnownPart, Owned, Pieces, SharedFetch};
-use crate::{Error, Result, entry::Entry};
+use crate::{Error, Result, store::entry::Entry};
 
 impl ChunkFetch {
     /// The piece of a fill (or its reader's part) that holds `[from, to)` of the shard,

@@ -16,10 +16,23 @@
 //! direct`], `as_read.rs`): just the range, shared by concurrent readers of the same
 //! range, never stored, a call's misses in one batch upstream. A miss it stores is
 //! answered the same way, its chunk filled beside it (`fill.rs`).
+//!
+//! The folder: the fetch owner (here, with `as_read.rs`, `fill.rs`, `upstream.rs`,
+//! `speculation.rs`), the shard lookups (`lookup.rs`, `revalidation.rs`), work shared by
+//! concurrent callers (`shared.rs`) and the chain of suppliers (`suppliers/`: peers,
+//! hubs, hedging, compression).
+//!
+//! Owns: every byte that crosses to this spoke from a hub or a peer, and what it is
+//! counted as. May import `store`, `policy`, `observe`; never `plans`, `read`, the facade
+//! or the services.
 
 mod as_read;
 mod fill;
+pub mod lookup;
+pub mod revalidation;
+pub mod shared;
 mod speculation;
+pub mod suppliers;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -39,13 +52,13 @@ pub use self::{speculation::Alongside, upstream::UPSTREAM_REQUESTS_IN_FLIGHT};
 use self::{speculation::Speculations, upstream::Upstream};
 use crate::{
     Error, Result,
-    admission::Admission,
-    capacity::Capacity,
-    entry::Entry,
-    jobs::JobRow,
-    metrics::Metrics,
-    shared::spawn_shared,
-    suppliers::{Joined, Supply},
+    fetch::shared::spawn_shared,
+    fetch::suppliers::{Joined, Supply},
+    observe::jobs::JobRow,
+    observe::metrics::Metrics,
+    store::admission::Admission,
+    store::capacity::Capacity,
+    store::entry::Entry,
 };
 
 /// A chunk's bytes (with their checksum), shared by everyone waiting for them.
@@ -424,7 +437,7 @@ struct ChunkTask {
     room: Option<tokio::sync::OwnedSemaphorePermit>,
     started: Arc<std::sync::atomic::AtomicBool>,
     /// Its bytes counted as being fetched to be stored, until it ends.
-    _reserved: crate::capacity::Reservation,
+    _reserved: crate::store::capacity::Reservation,
 }
 
 /// A [`FetchFor`] a fetch task keeps.

@@ -16,10 +16,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
 use crate::{
     Error, Result,
-    entry::Entry,
-    jobs::JobRow,
-    metrics::Metrics,
-    suppliers::{Joined, Supplied, SuppliedBy, Supply, Want},
+    fetch::suppliers::{Joined, Supplied, SuppliedBy, Supply, Want},
+    observe::jobs::JobRow,
+    observe::metrics::Metrics,
+    store::entry::Entry,
 };
 
 /// Chunk requests upstream in flight at once, whatever their size. The byte bound alone

@@ -20,7 +20,7 @@
 
 /// The window's least share of the capacity: what the watermarks leave above the low one,
 /// so that a cache full of kept samples and a full window is at its capacity.
-pub const WINDOW_SHARE: f64 = 1.0 - crate::capacity::LOW_WATERMARK;
+pub const WINDOW_SHARE: f64 = 1.0 - crate::policy::evict::LOW_WATERMARK;
 
 /// The window a small cache gives at least: what fills the link for one round trip (16
 /// MiB in flight carry ~250 MB/s over 60 ms: `link-bench`), but never more than

@@ -3,6 +3,8 @@
 //! the evictor as it is tested:
 //!
 //! - [`admit`]: which missed chunks are stored, and which are fetched as read;
+//! - [`evict`]: the order in which the cache gives up what it holds (plan distance,
+//!   tenant shares, packs of kept samples, recency), for the evictor and the simulator;
 //! - [`frequency`]: how much of each chunk has been read lately (the filter's sketch);
 //! - [`keep`]: the window of samples fetched ahead of a job's reads, and which samples
 //!   read are kept for a later epoch (plans followed sample by sample);
@@ -11,8 +13,13 @@
 //!   was read;
 //! - [`simulate`]: the model of the cache these run in, the traces, Belady's MIN (over
 //!   chunks, and over samples).
+//!
+//! Owns: decisions, never I/O: each is a pure function or a small state machine fed by
+//! its caller. May import nothing else of the spoke: `store`, `fetch`, `plans` and
+//! `read` call it, never the other way.
 
 pub mod admit;
+pub mod evict;
 pub mod frequency;
 pub mod keep;
 pub mod shares;

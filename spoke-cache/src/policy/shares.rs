@@ -1,7 +1,7 @@
 //! Each tenant's share of the cache (`--tenant-shares alice=3,bob=1`): a principal's share
 //! is its weight over the weights of the principals holding bytes now, times the
 //! capacity, so a share no one uses is lent out to those who read. Eviction takes from
-//! principals holding more than their share first (`evict.rs`), so one principal's scan
+//! principals holding more than their share first (`evict.rs`: the order), so one principal's scan
 //! or random reads cannot push another's working set below its share; an admission is
 //! weighed against what its own eviction would take (`policy::admit`).
 //!
@@ -66,29 +66,6 @@ impl Shares {
             .collect()
     }
 
-    /// Where eviction takes next among candidates whose holders are `holders` (in the
-    /// order eviction takes them where no share says otherwise), `held` bytes per
-    /// principal: the first held by a principal over its share of `capacity`; else, for
-    /// an admission by `principal`, the first of its own (its admission displaces its own
-    /// bytes before another's within its share); else the first.
-    pub fn pick(
-        &self,
-        holders: &[&str],
-        held: &HashMap<String, u64>,
-        capacity: u64,
-        principal: Option<&str>,
-    ) -> Option<usize> {
-        if holders.is_empty() {
-            return None;
-        }
-        let over = self.over(held, capacity);
-        holders
-            .iter()
-            .position(|h| over.contains(*h))
-            .or_else(|| principal.and_then(|p| holders.iter().position(|h| *h == p)))
-            .or(Some(0))
-    }
-
     /// The principals of `held` that hold more than their share of `capacity`.
     pub fn over(&self, held: &HashMap<String, u64>, capacity: u64) -> HashSet<String> {
         let shares = self.of(held, capacity);
@@ -119,18 +96,6 @@ mod tests {
         let equal = Shares::parse("").unwrap();
         assert_eq!(equal.over(&held(&[("a", 60), ("b", 40)]), 100), HashSet::from(["a".to_owned()]));
         assert_eq!(Shares::parse("*=2,a=1").unwrap().of(&held(&[("a", 1), ("b", 1)]), 90)["b"], 60);
-    }
-
-    #[test]
-    fn eviction_takes_from_those_over_their_share_then_the_admitter_then_in_order() {
-        let shares = Shares::default();
-        let holders = ["alice", "bob", "bob", "carol"];
-        let over_bob = held(&[("alice", 20), ("bob", 60), ("carol", 20)]);
-        assert_eq!(shares.pick(&holders, &over_bob, 100, None), Some(1), "bob is over a third");
-        let even = held(&[("alice", 30), ("bob", 30), ("carol", 30)]);
-        assert_eq!(shares.pick(&holders, &even, 100, Some("carol")), Some(3), "carol's own");
-        assert_eq!(shares.pick(&holders, &even, 100, None), Some(0), "in order");
-        assert_eq!(shares.pick(&[], &even, 100, None), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use super::{
     admit::AdmissionFilter,
+    evict::{Candidate, Victims},
     frequency::{chunk_key, shard_hash},
     shares::Shares,
 };
@@ -33,8 +34,8 @@ impl Model {
             capacity,
             chunk_size,
             shard_size,
-            high_watermark: crate::capacity::HIGH_WATERMARK,
-            low_watermark: crate::capacity::LOW_WATERMARK,
+            high_watermark: crate::policy::evict::HIGH_WATERMARK,
+            low_watermark: crate::policy::evict::LOW_WATERMARK,
         }
     }
 
@@ -160,31 +161,29 @@ impl Sim<'_> {
         chunk_key(hash, index)
     }
 
-    /// Bytes each principal holds.
-    fn held(&self) -> HashMap<String, u64> {
-        let mut held: HashMap<String, u64> = HashMap::new();
-        for shard in self.shards.values().filter(|s| !s.present.is_empty()) {
-            *held.entry(shard.holder.to_string()).or_default() += self.bytes(shard);
-        }
-        held
-    }
-
     fn bytes(&self, shard: &Shard) -> u64 {
         shard.present.iter().map(|&i| self.model.chunk_len(i)).sum()
     }
 
     /// The shard eviction takes next for an admission by `principal` (`None`: any
-    /// principal's eviction), never `keep`: least recently used first, by the shares
-    /// (`Shares::pick`, as the evictor).
+    /// principal's eviction), never `keep`: the evictor's order (`evict::Victims`) over
+    /// the model's shards, which no plan reads and no prefetch holds.
     fn victim(&self, principal: Option<u8>, keep: u32) -> Option<u32> {
-        let mut candidates: Vec<(&u32, &Shard)> =
-            self.shards.iter().filter(|(id, s)| **id != keep && !s.present.is_empty()).collect();
-        candidates.sort_by_key(|(_, s)| s.last_access);
-        let names: Vec<String> = candidates.iter().map(|(_, s)| s.holder.to_string()).collect();
-        let holders: Vec<&str> = names.iter().map(String::as_str).collect();
+        let candidates = self
+            .shards
+            .iter()
+            .filter(|(id, s)| **id != keep && !s.present.is_empty())
+            .map(|(id, s)| Candidate {
+                key: *id,
+                holder: s.holder.to_string(),
+                bytes: self.bytes(s),
+                prefetching: false,
+                next_use: None,
+                last_access: s.last_access,
+            })
+            .collect();
         let principal = principal.map(|p| p.to_string());
-        let at = self.shares.pick(&holders, &self.held(), self.model.capacity, principal.as_deref())?;
-        Some(*candidates[at].0)
+        Victims::new(candidates).peek(self.shares, self.model.capacity, principal.as_deref()).map(|c| c.key)
     }
 
     fn has_room(&self, bytes: u64) -> bool {

@@ -1,5 +1,15 @@
-//! The spoke's storage engine: shard pages and shard records in RocksDB.
+//! What the spoke holds on its disk, and the I/O that changes it: the storage engine
+//! (here: shard pages and shard records in RocksDB, with `files.rs`, `ingest.rs`,
+//! `layout.rs`, `merge.rs`, `packs.rs`), the catalog of cached shard versions
+//! (`catalog.rs`, `entry.rs`), chunks in and shards out (`admission.rs`), the bytes
+//! against the capacity (`capacity.rs`), the samples kept for a later epoch (`kept/`)
+//! and eviction's I/O loop (`evict.rs`, in the order `policy::evict` gives).
 //!
+//! Owns: the disk and the capacity. May import `policy`, `observe`, `error`; never
+//! `fetch`, `plans`, `read`, the facade or the services (the plans are seen through
+//! `evict::NextUses`).
+//!
+//! The storage engine:
 //! Layout (column families):
 //! - `pages.v2`: key = shard id (u64 BE) + page index (u64 BE); value = CRC32C (u32 LE)
 //!   followed by up to [`PAGE_SIZE`] bytes. Written only by ingesting SST files, one per
@@ -28,8 +38,14 @@
 //! Layout chosen by measurement (`store-bench`, BENCHMARKS.md "store"): see the table
 //! there, with the memtable layout this replaced in the same run.
 
+pub mod admission;
+pub mod capacity;
+pub mod catalog;
+pub mod entry;
+pub mod evict;
 mod files;
 mod ingest;
+pub mod kept;
 mod layout;
 mod merge;
 mod packs;

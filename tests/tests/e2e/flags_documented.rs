@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use hub_server::config::HubArgs;
 use shardcache_serving::flags::command;
-use spoke_cache::config::SpokeArgs;
+use spoke_cache::serve::config::SpokeArgs;
 
 /// `--flag` -> environment variable, for each flag of `command`.
 fn flags(command: &clap::Command) -> BTreeMap<String, String> {
@@ -104,7 +104,10 @@ fn the_readme_names_every_flag_and_its_environment_variable() {
     let readme = std::fs::read_to_string(shardcache_tests::workspace_dir().join("README.md")).unwrap();
     let servers = [
         (hub_server::config::ENV_PREFIX, command::<HubArgs>(hub_server::config::ENV_PREFIX)),
-        (spoke_cache::config::ENV_PREFIX, command::<SpokeArgs>(spoke_cache::config::ENV_PREFIX)),
+        (
+            spoke_cache::serve::config::ENV_PREFIX,
+            command::<SpokeArgs>(spoke_cache::serve::config::ENV_PREFIX),
+        ),
     ];
     for (prefix, command) in servers {
         let (real, documented) = (flags(&command), documented(&readme, prefix));

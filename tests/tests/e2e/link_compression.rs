@@ -111,7 +111,7 @@ async fn a_spoke_stores_the_decoded_bytes_and_counts_what_they_took_on_the_link(
     let cache = tempfile::tempdir().unwrap();
     let mut options = spoke_options(&hub.endpoint);
     // Every fetch asks for zstd (`auto` would choose by what it measures).
-    options.hub_transport.compression = spoke_cache::suppliers::compression::HubCompression::Always;
+    options.hub_transport.compression = spoke_cache::fetch::suppliers::compression::HubCompression::Always;
     let spoke = TestSpoke::start(cache.path(), options).await;
     let client = spoke.client().await;
 

@@ -6,7 +6,7 @@
 use shardcache_client::{Client, Range};
 use shardcache_proto::v1::{ReadRangeRequest, cache_control_client::CacheControlClient};
 use shardcache_tests::{TestHub, TestSpoke, make_dataset, spoke_options};
-use spoke_cache::read_path::SPECULATIVE_SHARDS_PER_CALL;
+use spoke_cache::read::path::SPECULATIVE_SHARDS_PER_CALL;
 use tonic::Code;
 
 #[tokio::test]

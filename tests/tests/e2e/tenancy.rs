@@ -14,7 +14,7 @@ use shardcache_serving::{
 use shardcache_tests::{
     TestHub, TestSpoke, make_dataset, pki::Pki, scrape_metrics, spoke_options, token_file,
 };
-use spoke_cache::plan::PlanLimits;
+use spoke_cache::plans::shards::PlanLimits;
 use tonic::Code;
 
 fn token(token: &str) -> ConnectOptions {

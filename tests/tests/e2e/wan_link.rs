@@ -16,7 +16,7 @@ use shardcache_tests::{
     wan::{self, LinkConfig, WanProxy},
 };
 use shardcache_transport::http2::Http2Settings;
-use spoke_cache::suppliers::hubs::HubTransport;
+use spoke_cache::fetch::suppliers::hubs::HubTransport;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},

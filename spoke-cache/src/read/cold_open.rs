@@ -1,0 +1,149 @@
+//! The cold open: the entry of a shard for a call that will read some of it. When the
+//! cache has never seen the shard, what the reads cover is read upstream alongside its
+//! `StatShard` rather than after it, so a cold read costs one round trip to the hub,
+//! not two (`fetch/speculation.rs` keeps those reads until the request ends). Asked by
+//! the cache's facade; it asks the lookups, the fetch owner and the admission's
+//! decision (`read_ahead.rs`), never back.
+
+use std::sync::Arc;
+
+use shardcache_proto::names::{DatasetName, ShardName};
+
+use crate::{
+    Result,
+    fetch::lookup::Lookups,
+    fetch::suppliers::Chain,
+    fetch::{Alongside, FetchOwner},
+    observe::jobs::JobRow,
+    read::ahead::ReadAhead,
+    read::index_reads::IndexReads,
+    read::path::ReadFor,
+    store::catalog::Catalog,
+    store::entry::Entry,
+};
+
+/// The cold open, with the parts it uses.
+#[derive(Debug)]
+pub struct ColdOpen {
+    pub catalog: Arc<Catalog>,
+    pub lookups: Arc<Lookups>,
+    pub fetch: FetchOwner,
+    /// Which shards this spoke fetches itself (in a group, those it owns).
+    pub chain: Arc<Chain>,
+    /// Where index reads fetched alongside a stat are kept.
+    pub index_reads: Arc<IndexReads>,
+    /// Whether a miss is stored: only chunks the admission would store are fetched whole.
+    pub read_ahead: Arc<ReadAhead>,
+    pub chunk_size: u64,
+}
+
+impl ColdOpen {
+    /// [`Lookups::entry`] for a call that will read `reads` (`(offset, length)` pairs) of
+    /// the shard, for `reader`. When the cache has never seen the shard, the chunks those
+    /// reads cover entirely are read upstream alongside its `StatShard` rather than after
+    /// it, and taken up when they were read at the version the stat returns: a cold read
+    /// costs one round trip to the hub, not two. Only whole chunks that end within a
+    /// read are asked for (a read inside the shard proves they exist), at most what the
+    /// in-flight byte bound has room for. The reads are kept until the request ends
+    /// ([`Alongside`], in `ReadFor`): a chunk the admission stores takes its read up at
+    /// once, one it does not store is served from it by the read path.
+    pub async fn entry_for(
+        &self,
+        dataset: &DatasetName,
+        shard: &ShardName,
+        reads: &[(u64, u64)],
+        reader: &ReadFor,
+    ) -> Result<(Arc<Entry>, Option<Arc<Alongside>>)> {
+        let key = (dataset.to_string(), shard.to_string());
+        // The warm path: one look at the catalog (not again in `entry`).
+        if let Some(entry) = self.catalog.fresh(&key) {
+            return Ok((entry, None));
+        }
+        if self.catalog.get(&key).is_some() {
+            return Ok((self.lookups.entry(dataset, shard).await?, None));
+        }
+        if reader.index_read {
+            return Ok((self.entry_for_index(dataset, shard, reads, &reader.row).await?, None));
+        }
+        let chunk_size = self.chunk_size;
+        let mut chunks: Vec<u64> = reads
+            .iter()
+            // Saturating: the request's ranges are checked against the shard after this.
+            .flat_map(|&(offset, length)| offset / chunk_size..offset.saturating_add(length) / chunk_size)
+            .collect();
+        chunks.sort_unstable();
+        chunks.dedup();
+        // A shard another member owns is read from it (by the fetch owner), not the hub.
+        if chunks.is_empty() || !self.chain.owns(dataset.as_str(), shard.as_str()) {
+            return Ok((self.lookups.entry(dataset, shard).await?, None));
+        }
+        for &index in &chunks {
+            self.fetch.speculate(
+                dataset.as_str(),
+                shard.as_str(),
+                index * chunk_size,
+                chunk_size,
+                &reader.row,
+            );
+        }
+        // Forgotten however this call ends, or when the request does.
+        let parts = chunks.iter().map(|&i| (i * chunk_size, chunk_size)).collect();
+        let alongside = Arc::new(self.fetch.alongside(dataset.as_str(), shard.as_str(), parts));
+        let entry = self.lookups.entry(dataset, shard).await?;
+        for &index in &chunks {
+            // Past the end (the read was invalid): nothing to take up.
+            if entry.chunk_range(index) == (index * chunk_size, chunk_size)
+                && self.read_ahead.stores(&entry, index, &reader.principal)
+            {
+                drop(self.fetch.chunk(&entry, index, reader.fetch()));
+            }
+        }
+        Ok((entry, Some(alongside)))
+    }
+
+    /// [`ColdOpen::entry_for`] for a format's index reads of a shard never seen: the reads,
+    /// cut at chunk boundaries as the read path cuts them, are read alongside the
+    /// `StatShard` (not their whole chunks: `index_reads.rs`) and kept with the index
+    /// reads when they were read at the version the stat returns, so a cold index read
+    /// costs one round trip to the hub.
+    async fn entry_for_index(
+        &self,
+        dataset: &DatasetName,
+        shard: &ShardName,
+        reads: &[(u64, u64)],
+        row: &JobRow,
+    ) -> Result<Arc<Entry>> {
+        let chunk_size = self.chunk_size;
+        let parts: Vec<(u64, u64)> = reads
+            .iter()
+            .flat_map(|&(offset, length)| {
+                // Saturating: the request's ranges are checked against the shard after this.
+                let end = offset.saturating_add(length);
+                (offset / chunk_size..end.div_ceil(chunk_size)).map(move |i| {
+                    let from = offset.max(i * chunk_size);
+                    (from, end.min((i + 1).saturating_mul(chunk_size)) - from)
+                })
+            })
+            .filter(|&(_, length)| length > 0 && IndexReads::keeps(length))
+            .collect();
+        let (ds, sh) = (dataset.as_str(), shard.as_str());
+        if parts.is_empty() || !self.chain.owns(ds, sh) {
+            return self.lookups.entry(dataset, shard).await;
+        }
+        for &(offset, length) in &parts {
+            self.fetch.speculate(ds, sh, offset, length, row);
+        }
+        let _forget = self.fetch.alongside(ds, sh, parts.clone());
+        let entry = self.lookups.entry(dataset, shard).await?;
+        for &(offset, length) in &parts {
+            let Some(read) = self.fetch.speculation(ds, sh, offset, length) else { continue };
+            let read = read.await.filter(|(data, version)| {
+                *version == entry.version && data.data.len() as u64 == length && offset + length <= entry.size
+            });
+            if let Some((data, _)) = read {
+                self.index_reads.put((entry.id, offset, length), data);
+            }
+        }
+        Ok(entry)
+    }
+}

@@ -1,0 +1,556 @@
+//! The read path of the cache: stored parts from the store in one hop to the blocking
+//! pool, missing chunks from the fetch owner (all started at once), parts of fetched
+//! chunks copied out; a stored chunk that fails its check is forgotten and refetched.
+//! Asked by the cache's facade; it asks the store, the fetch owner, the admission and
+//! the bets beyond a read (`read_ahead.rs`), never back.
+//!
+//! A missing chunk is fetched whole and stored only when the admission says it pays
+//! (`policy::admit`: room below the low watermark, a plan, or a chunk read far more than
+//! what it would displace); otherwise the part the read wants is fetched as read and
+//! served without being stored. Every part read, stored or not, counts in the filter.
+
+mod samples;
+mod stored;
+
+use std::sync::{Arc, atomic::Ordering::Relaxed};
+
+use futures::FutureExt;
+use shardcache_transport::telemetry;
+
+use shardcache_proto::checksum::Checked;
+
+use crate::{
+    Error, Result,
+    fetch::suppliers::{Chain, Joined},
+    fetch::{Alongside, ChunkFetch, FetchFor, FetchOwner, KnownPart, SharedFetch},
+    observe::jobs::JobRow,
+    observe::metrics::Metrics,
+    plans::samples::{Matched, SamplePlans, staged::Staged},
+    plans::shards::Plans,
+    policy::admit::{self, AdmissionFilter},
+    read::ahead::ReadAhead,
+    read::index_reads::IndexReads,
+    store::Store,
+    store::admission::Admission,
+    store::capacity::Capacity,
+    store::entry::{Entry, ShardKey},
+    store::kept::Keeper,
+};
+
+/// The read path, with the parts it uses.
+#[derive(Debug)]
+pub struct ReadPath {
+    pub store: Arc<Store>,
+    pub plans: Arc<Plans>,
+    /// Jobs followed sample by sample, and the samples fetched ahead for them.
+    pub samples: Arc<SamplePlans>,
+    pub staged: Arc<Staged>,
+    /// Every part read counts in it, hit or miss (`policy::admit`).
+    pub filter: Arc<AdmissionFilter>,
+    pub fetch: FetchOwner,
+    pub admission: Arc<Admission>,
+    /// Samples kept for a later epoch (`store/kept/`).
+    pub keeper: Arc<Keeper>,
+    pub capacity: Arc<Capacity>,
+    /// Whether a read was sent to the owner first (a hedge: its fetch is joined).
+    pub chain: Arc<Chain>,
+    /// What index reads fetched as read (`index_reads.rs`).
+    pub index_reads: Arc<IndexReads>,
+    /// Whether a miss is stored, and what starts after a read.
+    pub read_ahead: Arc<ReadAhead>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Who a read is for: its job (a plan's straggler is told by it), the row its reads
+/// (and what they fetch) are counted in, and the group members its client already asked
+/// (`shardcache_proto::hedge`), not to be asked again for what it lacks.
+#[derive(Debug, Clone, Default)]
+pub struct ReadFor {
+    pub job: Option<String>,
+    /// Who reads: its job is that principal's.
+    pub principal: Arc<str>,
+    pub row: JobRow,
+    pub avoid: Arc<[String]>,
+    /// A format's index reads (`shardcache-index-read`): their misses are fetched as
+    /// read and kept in memory (`index_reads.rs`), and start no read-ahead or
+    /// whole-shard fetch.
+    pub index_read: bool,
+    /// The reads started alongside the shard's first stat for this request, kept until
+    /// it ends (so that a part fetched as read takes them up: `ColdOpen::entry_for`).
+    pub alongside: Option<Arc<Alongside>>,
+    /// Set when a part of the answer came from the owner its client asked first (a join):
+    /// the answer says so, and the client does not count its race as the owner's loss.
+    pub relayed: shardcache_reader::Relayed,
+}
+
+impl ReadFor {
+    /// A fetch for this reader's reads.
+    pub fn fetch(&self) -> FetchFor<'_> {
+        FetchFor::read(&self.row, &self.principal, &self.avoid)
+    }
+}
+
+/// Shards one read call may start read-ahead or a whole-shard fetch for (the rest of a
+/// batch's shards are fetched as read): a trainer's batch spans a few shards, and
+/// speculation past that is the fan-out of one request, not a reader's next reads.
+pub const SPECULATIVE_SHARDS_PER_CALL: usize = 16;
+
+/// Tries to read a chunk that failed its check once more before giving up: it is
+/// refetched, unless another reader's fetch stored it again meanwhile.
+const FAULT_RETRIES: usize = 3;
+
+impl ReadPath {
+    /// Reads `[offset, offset + length)` of `entry` (inside the shard: checked by the
+    /// caller), from the store where present and upstream where not.
+    pub async fn read(
+        &self,
+        entry: &Arc<Entry>,
+        offset: u64,
+        length: u64,
+        reader: &ReadFor,
+    ) -> Result<Checked> {
+        let mut read = self.read_many(&[(entry, offset, length)], reader).await?;
+        Ok(read.pop().unwrap_or_default())
+    }
+
+    /// Reads several ranges (each inside its shard: checked by the caller) for one call.
+    ///
+    /// Every missing chunk's fetch starts before anything is awaited, so a cold read of
+    /// n chunks costs one round trip upstream, not n; and every stored part is read in
+    /// one trip to the blocking pool, so a warm batch makes one hop off the runtime.
+    /// A range that is a kept sample, or a sample its job's plan had fetched ahead, is
+    /// read whole from there; a job that follows samples keeps what its plan reads again.
+    pub async fn read_many(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        reader: &ReadFor,
+    ) -> Result<Vec<Checked>> {
+        let stragglers = self.stragglers(wants, reader);
+        // A job followed sample by sample: its misses are fetched as read (never a whole
+        // chunk: the room is its window's and its keeps'), and nothing is read ahead.
+        // Its planned reads leave its window now, before they are fetched (the follower
+        // does not fetch them again beside them), with what the plan says of each.
+        let planned: Option<Vec<Matched>> = (!reader.index_read
+            && self.samples.follows(&reader.principal, reader.job.as_deref()))
+        .then(|| {
+            let shards: Vec<ShardKey> =
+                wants.iter().map(|(e, ..)| (e.dataset.clone(), e.shard.clone())).collect();
+            let reads =
+                wants.iter().zip(&shards).map(|(&(_, offset, length), shard)| (shard, offset, length));
+            self.samples.reads(&reader.principal, reader.job.as_deref(), reads)
+        });
+        let follows = planned.is_some();
+        let mut parts = Vec::new();
+        // Per range, the reads in a row of its shard that began where the one before
+        // ended (0: not sequential): what read-ahead follows, and what the filter counts.
+        let mut runs = vec![0; wants.len()];
+        for (want, &(entry, offset, length)) in wants.iter().enumerate() {
+            if length == 0 {
+                continue;
+            }
+            let end = offset + length;
+            if !reader.index_read {
+                runs[want] = entry.read_from(offset, end);
+            }
+            if let Some(sample) = self.sample_part(want, entry, offset, length) {
+                parts.push(sample);
+                continue;
+            }
+            for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
+                let (chunk_start, chunk_len) = entry.chunk_range(index);
+                let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
+                if !reader.index_read && admit::counts(runs[want] > 0, from == chunk_start) {
+                    // Every part read counts, hit or miss: a stored chunk's count is what
+                    // an admission would weigh against.
+                    self.filter.read(entry.chunk_key(index), to - from);
+                }
+                let (provenance, bytes) =
+                    self.provenance(entry, index, (from, to), reader, (&stragglers, follows));
+                let missed = !matches!(provenance, Provenance::Stored | Provenance::Kept);
+                parts.push(Part { want, entry, index, from, to, provenance, missed, bytes, pending: None });
+            }
+        }
+        let span = tracing::Span::current();
+        record_parts(&span, &parts);
+        let started = std::time::Instant::now();
+        self.read_stored_parts(&mut parts, reader).await?;
+        self.read_kept_samples(&mut parts).await?;
+        let stored = started.elapsed();
+        self.fetch_parts(&mut parts, reader).await?;
+        telemetry::attribute(&span, "store_us", stored.as_micros() as i64);
+        telemetry::attribute(&span, "fetch_us", (started.elapsed() - stored).as_micros() as i64);
+        Ok(self.assemble(wants, (parts, &runs), reader, (&stragglers, planned.as_deref())))
+    }
+
+    /// The entries of `wants` whose plans have moved past them for `reader`: the jobs that
+    /// planned these shards have reached them (before any admission this read causes
+    /// makes room by the plans). A straggler's miss (the reader's own plan has moved past
+    /// the shard) is fetched as read and not stored: its room is the plan's, for what is
+    /// read next.
+    fn stragglers(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        reader: &ReadFor,
+    ) -> std::collections::HashSet<u64> {
+        let mut stragglers = std::collections::HashSet::new();
+        // A format's index reads are no step of a plan (the SDK sends them untagged; an
+        // older one may not).
+        if self.plans.any() && !reader.index_read {
+            let mut seen = std::collections::HashSet::new();
+            for (entry, ..) in wants.iter().filter(|(entry, ..)| seen.insert(entry.id)) {
+                if self.plans.read(&entry.dataset, &entry.shard, &reader.principal, reader.job.as_deref()) {
+                    stragglers.insert(entry.id);
+                }
+            }
+        }
+        stragglers
+    }
+
+    /// Fetches the parts that are not at hand: those fetched as read, and those whose
+    /// chunk is filled beside them, in one batch (one round trip upstream for the call's
+    /// misses), then the fills; chunks being fetched joined; samples fetched ahead taken.
+    async fn fetch_parts(&self, parts: &mut [Part<'_>], reader: &ReadFor) -> Result<()> {
+        let as_read = |p: &&mut Part<'_>| {
+            p.bytes.is_none() && matches!(p.provenance, Provenance::Direct | Provenance::Fill(_))
+        };
+        let asked: Vec<(&Arc<Entry>, u64, u64)> =
+            parts.iter_mut().filter(as_read).map(|p| (p.entry, p.from, p.to - p.from)).collect();
+        let mut started = self.fetch.start_direct(&asked, reader.fetch()).into_iter();
+        for part in parts.iter_mut().filter(as_read) {
+            let shared = started.next();
+            if let (Provenance::Fill(fill), Some(bytes)) = (&mut part.provenance, &shared)
+                && let Some(fill) = fill.take()
+            {
+                // The chunk's fill takes this part from this fetch.
+                let bytes = bytes.clone();
+                tokio::spawn(async move {
+                    let _ = fill.send(bytes.await);
+                });
+            }
+            part.pending = shared;
+        }
+        let fetched = parts.iter().filter(|p| p.bytes.is_none()).map(|part| {
+            let chunk_start = part.index * part.entry.chunk_size;
+            let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
+            let chunk = match &part.provenance {
+                Provenance::Chunk(fetch) => Some((fetch.fetched.clone(), chunk_start)),
+                Provenance::Piece(piece, start) => Some((piece.clone(), *start)),
+                _ => None,
+            };
+            let (hedged, staged) = (
+                matches!(part.provenance, Provenance::Hedged),
+                matches!(part.provenance, Provenance::Staged),
+            );
+            let pending = part.pending.clone();
+            let (entry, index, from, length) = (part.entry, part.index, part.from, part.to - part.from);
+            async move {
+                match (chunk, pending) {
+                    // A part of a chunk is copied out rather than sliced: a slice would
+                    // keep the whole chunk alive as long as the response, so a batch of
+                    // small reads in many chunks would hold chunk size x ranges instead
+                    // of what it returns.
+                    (Some((chunk, start)), _) => {
+                        let within = (from - start) as usize..(from - start + length) as usize;
+                        Ok::<_, Error>(chunk.await?.part(within.start, within.end))
+                    }
+                    // A sample fetched ahead that failed is fetched again for its read.
+                    (None, Some(pending)) if staged => match pending.await {
+                        Ok(bytes) => Ok(bytes),
+                        Err(_) => self.fetch.direct(entry, from, length, reader.fetch()).await,
+                    },
+                    (None, Some(pending)) => {
+                        let bytes = pending.await?;
+                        if reader.index_read {
+                            self.index_reads.put((entry.id, from, length), bytes.clone());
+                        }
+                        Ok(bytes)
+                    }
+                    _ if hedged => self.hedged_part(entry, index, (from, length), range, reader).await,
+                    _ => self.fetch.direct(entry, from, length, reader.fetch()).await,
+                }
+            }
+        });
+        let mut fetched = futures::future::try_join_all(fetched).await?.into_iter();
+        for part in parts.iter_mut().filter(|p| p.bytes.is_none()) {
+            part.bytes = fetched.next();
+        }
+        Ok(())
+    }
+
+    /// Where the part `[from, to)` of chunk `index` of `entry` comes from for `reader`
+    /// (and its bytes when they are at hand): the store; an index read kept in memory; a
+    /// fetch running now; a fetch started to store the chunk, if the admission says it
+    /// pays (`ReadAhead::stores`); else the part fetched as read (always for a plan's
+    /// stragglers and for index reads).
+    fn provenance(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        (from, to): (u64, u64),
+        reader: &ReadFor,
+        (stragglers, follows): (&std::collections::HashSet<u64>, bool),
+    ) -> (Provenance, Option<Checked>) {
+        let (stored, unread) = entry.has_chunk_for_read(index);
+        if stored {
+            if unread {
+                self.admission.speculation().used(entry.chunk_range(index).1);
+            }
+            return (Provenance::Stored, None);
+        }
+        if reader.index_read {
+            return match self.index_reads.get((entry.id, from, to - from)) {
+                Some(bytes) => (Provenance::Kept, Some(bytes)),
+                None => (Provenance::Direct, None),
+            };
+        }
+        if stragglers.contains(&entry.id) {
+            return (Provenance::Direct, None);
+        }
+        // A read a client sent the owner first (a hedge, a failover): the owner's fetch
+        // is joined (`suppliers`).
+        if self.chain.owner_was_asked(&entry.dataset, &entry.shard, &reader.avoid) {
+            return (Provenance::Hedged, None);
+        }
+        // A chunk being fetched is joined once it has asked upstream (its bytes come no
+        // later than a fetch of the part's own would). One still waiting for its room (a
+        // prefetch's queue) is lent this read's part, fetched as read now: it asks only for
+        // the rest when it starts.
+        let (chunk_start, chunk_len) = entry.chunk_range(index);
+        // (A fetch taking up the read alongside a first stat brings the chunk whole: joined.)
+        let alongside =
+            || self.fetch.speculation(&entry.dataset, &entry.shard, chunk_start, chunk_len).is_some();
+        if let Some(running) = self.fetch.running(entry, index) {
+            // A fill's piece that holds the part: waited for alone, not the whole chunk.
+            if let Some((start, piece)) = running.piece_for(from, to) {
+                return (Provenance::Piece(piece, start), None);
+            }
+            if running.is_started() || alongside() {
+                return (Provenance::Chunk(running), None);
+            }
+            // (Another reader's part is lent to it already: this one waits for the chunk,
+            // rather than bring its part twice.)
+            let (part, known) = part_for_fill(from, to);
+            return match running.lend(known) {
+                true => (Provenance::Fill(Some(part)), None),
+                false => (Provenance::Chunk(running), None),
+            };
+        }
+        // A job followed sample by sample stores no chunk: its room is its window's and
+        // its keeps' (`policy::keep`).
+        if !follows && self.read_ahead.stores(entry, index, &reader.principal) {
+            // The whole chunk is being read alongside the shard's first stat (another reader's
+            // cold open): its fetch takes those bytes, and this read waits for them, not
+            // for a fetch of its own part.
+            if alongside()
+                && let Some(fetch) = self.fetch.chunk(entry, index, reader.fetch())
+            {
+                return (Provenance::Chunk(fetch), None);
+            }
+            // The read is answered by its own bytes; the chunk is filled beside it. The fill
+            // is registered now (readers of the chunk arriving meanwhile join it), its part
+            // handed over once this call's batch fetches it (`fetch_parts`).
+            let (part, known) = part_for_fill(from, to);
+            drop(self.fetch.fill(entry, index, known, reader.fetch()));
+            return (Provenance::Fill(Some(part)), None);
+        }
+        self.filter.fetched_as_read(entry.chunk_key(index), to - from);
+        (Provenance::Direct, None)
+    }
+
+    /// The part `[from, from + length)` (`range` of chunk `index`) of a read a client sent
+    /// the owner first: the owner's bytes when it serves; when it is down, the chunk as
+    /// any miss of this spoke's (it may own the shard now); else fetched as read.
+    async fn hedged_part(
+        &self,
+        entry: &Arc<Entry>,
+        index: u64,
+        (from, length): (u64, u64),
+        range: std::ops::Range<usize>,
+        reader: &ReadFor,
+    ) -> Result<Checked> {
+        match self.fetch.join_owner(entry, from, length, reader.fetch()).await {
+            Joined::Bytes(supplied) => {
+                reader.relayed.set();
+                return Ok(supplied.data);
+            }
+            Joined::Down if self.read_ahead.stores(entry, index, &reader.principal) => {
+                if let Some(fetch) = self.fetch.chunk(entry, index, reader.fetch()) {
+                    return Ok(fetch.fetched.await?.part(range.start, range.end));
+                }
+                if let Some(stored) = self.read_stored(entry, index, from, from + length).await? {
+                    return Ok(stored);
+                }
+            }
+            Joined::Down | Joined::NotThere => {}
+        }
+        self.fetch.direct(entry, from, length, reader.fetch()).await
+    }
+
+    /// Each range's parts joined, counted as hits or misses; starts speculation (not for a
+    /// plan's stragglers, nor for index reads, nor for a job followed sample by sample,
+    /// whose plan says what it reads again: kept here when it crossed the link).
+    fn assemble(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        (parts, runs): (Vec<Part<'_>>, &[u32]),
+        reader: &ReadFor,
+        (stragglers, planned): (&std::collections::HashSet<u64>, Option<&[Matched]>),
+    ) -> Vec<Checked> {
+        let row = &reader.row;
+        // Parts were planned in the order of the ranges: each range takes its run.
+        let mut parts = parts.into_iter().peekable();
+        let mut out = Vec::with_capacity(wants.len());
+        let mut speculated = std::collections::HashSet::new();
+        for (want, &(entry, _, length)) in wants.iter().enumerate() {
+            let (mut mine, mut missed, mut stored_miss, mut last) = (Vec::new(), false, false, None);
+            while let Some(part) = parts.next_if(|p| p.want == want) {
+                missed |= part.missed;
+                stored_miss |= matches!(part.provenance, Provenance::Chunk(_) | Provenance::Fill(_));
+                last = Some(part.index);
+                mine.extend(part.bytes);
+            }
+            // One call starts read-ahead or a whole-shard fetch for a bounded number of
+            // shards: a batch of 1-byte reads over thousands of cold shards must not
+            // start a background fetch of each.
+            let share = !reader.index_read
+                && planned.is_none()
+                && (speculated.len() < SPECULATIVE_SHARDS_PER_CALL || speculated.contains(&entry.id));
+            if let Some(last) = last.filter(|_| share && !stragglers.contains(&entry.id)) {
+                speculated.insert(entry.id);
+                self.read_ahead.after_read(
+                    entry,
+                    (last, runs[want]),
+                    stored_miss,
+                    (&reader.row, &reader.principal),
+                );
+            }
+            let counters = self.metrics.dataset(&entry.dataset);
+            let (requests, bytes) = if missed {
+                (&counters.miss_requests, &counters.miss_bytes)
+            } else {
+                (&counters.hit_requests, &counters.hit_bytes)
+            };
+            requests.fetch_add(1, Relaxed);
+            bytes.fetch_add(length, Relaxed);
+            row.read(length, !missed);
+            let matched = planned.and_then(|p| p.get(want));
+            if let Some(Matched::Planned { .. }) = matched {
+                row.planned_reads.fetch_add(1, Relaxed);
+            }
+            let read = Checked::concat(mine);
+            // A sample of a job followed sample by sample that crossed the link is kept if the
+            // plan reads it again (`Keeper::keep`).
+            if let (Some(Matched::Planned { next_use }), true) = (matched, missed) {
+                self.keeper.keep(entry, wants[want].1, read.clone(), &reader.principal, *next_use);
+                // A copy the follower fetched ahead as this read fetched it is no one's now.
+                drop(self.staged.take(&(entry.id, wants[want].1, length)));
+            }
+            out.push(read);
+        }
+        // While the cache has room what crossed beyond the reads is kept for later reads
+        // (whole shards fetched for a reader that reads half of each): an investment, not
+        // a waste. Once it evicts, bytes brought and not read are lost.
+        if self.capacity.over_low() && row.warn_amplified(crate::store::catalog::now_ms()) {
+            let snapshot = row.snapshot();
+            tracing::warn!(
+                principal = %reader.principal,
+                job = reader.job.as_deref().unwrap_or("(untagged)"),
+                read = snapshot.bytes,
+                over_the_link = snapshot.link_bytes,
+                amplification = format_args!("{:.2}", snapshot.amplification()),
+                "this job's reads cost more over the long link than they read: its reads are small and scattered \
+                 over a cache smaller than what they read. Send an access plan (StreamingShardDataset with \
+                 plan=True), read in larger pieces, or give the spoke a --capacity that holds what the job reads"
+            );
+        }
+        out
+    }
+}
+
+/// `[from, to)` as a part a chunk's fetch takes from a reader's fetch as read: the end
+/// the read sends its bytes into (`fetch_parts`), and the part the chunk's fetch awaits.
+fn part_for_fill(from: u64, to: u64) -> (tokio::sync::oneshot::Sender<Result<Checked>>, KnownPart) {
+    let (part, bytes) = tokio::sync::oneshot::channel();
+    let bytes = async move {
+        bytes.await.unwrap_or_else(|_| Err(Error::Internal("the read a fill waited for ended".into())))
+    };
+    (part, KnownPart { from, to, bytes: bytes.boxed().shared() })
+}
+
+/// Where a part's bytes come from (its provenance: "source" is the read service's trait).
+enum Provenance {
+    Stored,
+    /// The chunk's fetch (it is stored once fetched).
+    Chunk(ChunkFetch),
+    /// Fetched as read, and the rest of its chunk fetched beside it, the whole stored (a
+    /// miss the admission stores: `FetchOwner::fill`); the fill's part is sent it here.
+    Fill(Option<tokio::sync::oneshot::Sender<Result<Checked>>>),
+    /// Fetched as read, not stored (not admitted, a plan's straggler, an index read).
+    Direct,
+    /// A piece of a chunk being filled (`ChunkFetch::piece_for`), and where it starts.
+    Piece(SharedFetch, u64),
+    /// A whole range its job's plan fetched ahead (`samples/`).
+    Staged,
+    /// A whole range kept for a later epoch (`kept.rs`).
+    KeptSample,
+    /// Asked of the owner the reader's client asked first (a hedge, a failover), else as
+    /// any miss (`ReadPath::hedged_part`).
+    Hedged,
+    /// An index read's bytes kept in memory.
+    Kept,
+}
+
+/// Records on `span` (the request's: a read adds no span of its own, so that a warm read
+/// costs one exported span, observe-cost-bench) what was decided for each of `parts`
+/// when traces are exported: how many were hits and misses, what the admission decided
+/// for each miss (`admission`: stored as whole chunks, filled beside the read, fetched as
+/// read and not stored, and so on) and the bytes; the caller adds the time spent reading
+/// the store and fetching. The fetches a read starts are the request's children.
+fn record_parts(span: &tracing::Span, parts: &[Part<'_>]) {
+    if !telemetry::exporting() || span.is_disabled() {
+        return;
+    }
+    let mut kinds = std::collections::BTreeMap::<&str, u32>::new();
+    for part in parts {
+        *kinds.entry(part.provenance.decision()).or_default() += 1;
+    }
+    let admission = kinds.iter().map(|(kind, n)| format!("{kind} {n}")).collect::<Vec<_>>().join(", ");
+    telemetry::attribute(span, "hits", parts.iter().filter(|p| !p.missed).count() as i64);
+    telemetry::attribute(span, "misses", parts.iter().filter(|p| p.missed).count() as i64);
+    telemetry::attribute(span, "admission", admission);
+}
+
+impl Provenance {
+    /// What was decided for a part, as a trace says it.
+    fn decision(&self) -> &'static str {
+        match self {
+            Self::Stored => "hit",
+            Self::Kept => "hit (index kept in memory)",
+            Self::Chunk(_) => "miss, chunk fetched and stored",
+            Self::Fill(_) => "miss, read fetched and its chunk filled beside it",
+            Self::Direct => "miss, fetched as read, not stored",
+            Self::Piece(..) => "miss, joined a chunk being filled",
+            Self::Staged => "fetched ahead by the plan",
+            Self::KeptSample => "kept for this epoch",
+            Self::Hedged => "hedged: asked of the owner",
+        }
+    }
+}
+
+/// One chunk's share of one range of a `read_many` call.
+struct Part<'a> {
+    /// Which range of the call.
+    want: usize,
+    entry: &'a Arc<Entry>,
+    index: u64,
+    /// Shard offsets `[from, to)` of the part.
+    from: u64,
+    to: u64,
+    /// Where its bytes come from.
+    provenance: Provenance,
+    /// It did not come from the store (a miss).
+    missed: bool,
+    bytes: Option<Checked>,
+    /// Its fetch as read, once started.
+    pending: Option<SharedFetch>,
+}

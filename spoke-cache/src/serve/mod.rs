@@ -1,0 +1,12 @@
+//! The spoke's front doors and its assembly: the gRPC services (the hub's read API over
+//! the cache, `source.rs`; cache control, `control/`), the flags (`config.rs`) and the
+//! server that opens the cache and serves them until shutdown (`server.rs`).
+//!
+//! Owns: everything a caller outside the process sees. May import every other part of
+//! the spoke (the [`cache`](crate::cache) facade above all); nothing imports it but the
+//! binary (`main.rs`).
+
+pub mod config;
+pub mod control;
+pub mod server;
+pub mod source;
