@@ -174,11 +174,7 @@ struct Stored {
 /// files of no record are gone), the kept samples (named by shard version: they load
 /// whatever the records say), the capacity with both counted, the admission over them and
 /// the keeper of the samples.
-fn stored(
-    store: &Arc<Store>,
-    config: &CacheConfig,
-    metrics: &Arc<Metrics>,
-) -> Result<Stored> {
+fn stored(store: &Arc<Store>, config: &CacheConfig, metrics: &Arc<Metrics>) -> Result<Stored> {
     let (catalog, used) = Catalog::load(store.clone(), config.chunk_size, config.revalidate_after)?;
     let catalog = Arc::new(catalog);
     let (kept, kept_bytes) = KeptSamples::load(store.load_packs()?);

@@ -41,7 +41,8 @@ pub fn evict_before(a: (Option<usize>, u64), b: (Option<usize>, u64)) -> Orderin
         (None, None) => a.1.cmp(&b.1),
         (None, Some(_)) => Ordering::Less,
         (Some(_), None) => Ordering::Greater,
-        (Some(x), Some(y)) => y.cmp(&x),
+        // Equal distances (packs of kept samples): least recently used first.
+        (Some(x), Some(y)) => y.cmp(&x).then(a.1.cmp(&b.1)),
     }
 }
 
@@ -116,6 +117,25 @@ impl<K> Victims<K> {
             *h = h.saturating_sub(victim.bytes);
         }
         Some(victim)
+    }
+
+    /// Takes victims while the cache holds more than `target` of its `used` bytes; what
+    /// it took, in order (the simulator's pass; the evictor's applies [`Self::take`] the
+    /// same way, with its I/O between).
+    pub fn take_until(
+        &mut self,
+        shares: &Shares,
+        capacity: u64,
+        mut used: u64,
+        target: u64,
+    ) -> Vec<Candidate<K>> {
+        let mut taken = Vec::new();
+        while used > target {
+            let Some(victim) = self.take(shares, capacity, None) else { break };
+            used = used.saturating_sub(victim.bytes);
+            taken.push(victim);
+        }
+        taken
     }
 }
 

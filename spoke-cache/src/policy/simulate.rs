@@ -169,6 +169,12 @@ impl Sim<'_> {
     /// principal's eviction), never `keep`: the evictor's order (`evict::Victims`) over
     /// the model's shards, which no plan reads and no prefetch holds.
     fn victim(&self, principal: Option<u8>, keep: u32) -> Option<u32> {
+        let principal = principal.map(|p| p.to_string());
+        self.victims(keep).peek(self.shares, self.model.capacity, principal.as_deref()).map(|c| c.key)
+    }
+
+    /// The model's shards but `keep` in the evictor's order.
+    fn victims(&self, keep: u32) -> Victims<u32> {
         let candidates = self
             .shards
             .iter()
@@ -182,8 +188,7 @@ impl Sim<'_> {
                 last_access: s.last_access,
             })
             .collect();
-        let principal = principal.map(|p| p.to_string());
-        Victims::new(candidates).peek(self.shares, self.model.capacity, principal.as_deref()).map(|c| c.key)
+        Victims::new(candidates)
     }
 
     fn has_room(&self, bytes: u64) -> bool {
@@ -241,9 +246,10 @@ impl Sim<'_> {
         if self.used as f64 <= self.model.capacity as f64 * self.model.high_watermark {
             return;
         }
-        while !self.has_room(0) {
-            let Some(victim) = self.victim(None, reading) else { break };
-            let shard = self.shards.remove(&victim).unwrap_or_default();
+        let target = (self.model.capacity as f64 * self.model.low_watermark) as u64;
+        let taken = self.victims(reading).take_until(self.shares, self.model.capacity, self.used, target);
+        for victim in taken {
+            let shard = self.shards.remove(&victim.key).unwrap_or_default();
             self.used -= self.bytes(&shard);
             let unread: u64 = shard.unread.iter().map(|&i| self.model.chunk_len(i)).sum();
             self.speculation.wasted(unread);

@@ -177,6 +177,13 @@ impl Catalog {
         Ok(true)
     }
 
+    /// Puts `entry` in the catalog as it is, in memory only (tests of what reads the
+    /// catalog: the evictor's).
+    #[cfg(test)]
+    pub fn insert(&self, entry: Arc<Entry>) {
+        self.write().insert((entry.dataset.clone(), entry.shard.clone()), entry);
+    }
+
     /// Takes `entry` out of the catalog (not a newer version that took its key).
     pub fn remove(&self, entry: &Entry) {
         let mut entries = self.write();
