@@ -9,22 +9,23 @@
 //!                            ├──> Chain of suppliers: peers ranked before, peers
 //!                            │    holding it, hubs (hedged)
 //!                            └──> Admission (store + catalog + capacity) ──> Evictor
+//!                                                    (in the order of policy::evict)
 //! ```
 //!
-//! - [`Catalog`] (`catalog.rs`): which shard versions are cached, their records, LRU order;
-//! - [`Lookups`] (`lookup.rs`): entries checked with the hubs (one stat per shard);
+//! - [`Catalog`] (`store/catalog.rs`): which shard versions are cached, their records, LRU order;
+//! - [`Lookups`] (`fetch/lookup.rs`): entries checked with the hubs (one stat per shard);
 //! - [`FetchOwner`] (`fetch/`): the fetches of missing chunks from the suppliers;
-//! - [`Admission`] (`admission.rs`): chunks into the store, shards out of it;
-//! - [`Capacity`] (`capacity.rs`) and the [`Evictor`] (`evict.rs`); the [`PlanFetcher`]
-//!   (`plan_fetch.rs`);
-//! - [`ColdOpen`] (`cold_open.rs`): a shard's entry, a never-seen shard's first reads
+//! - [`Admission`] (`store/admission.rs`): chunks into the store, shards out of it;
+//! - [`Capacity`] (`store/capacity.rs`) and the [`Evictor`] (`store/evict.rs`); the
+//!   [`PlanFetcher`] (`plans/prefetch.rs`);
+//! - [`ColdOpen`] (`read/cold_open.rs`): a shard's entry, a never-seen shard's first reads
 //!   alongside its stat;
-//! - [`ReadPath`] (`read_path.rs`): stored, fetched-and-stored or fetched-as-read parts;
-//! - [`ReadAhead`] (`read_ahead.rs`): which misses are stored (`policy::admit`), and the
+//! - [`ReadPath`] (`read/path/`): stored, fetched-and-stored or fetched-as-read parts;
+//! - [`ReadAhead`] (`read/ahead.rs`): which misses are stored (`policy::admit`), and the
 //!   read-ahead and whole-shard fetches after a read (`policy::speculation`);
-//! - [`SamplePlans`] and the [`SampleFollower`] (`samples/`): jobs followed sample by
+//! - [`SamplePlans`] and the [`SampleFollower`] (`plans/samples/`): jobs followed sample by
 //!   sample, their next samples fetched ahead and held ([`Staged`]), what they read again
-//!   kept (`kept.rs`, in the admission);
+//!   kept (`store/kept/`, the keeper);
 //!
 //! each given the parts it uses when the cache opens, none calling back into this
 //! facade or into the part that called it (`tests/tests/architecture.rs`). Here: the
@@ -94,7 +95,7 @@ pub struct CacheConfig {
     /// holds its room for a round trip plus its admission, an fsync). The default is
     /// chosen by `wan-bench` (BENCHMARKS.md).
     pub upstream_bytes_in_flight: u64,
-    /// How far ahead of the jobs' reads their plans are fetched (`plan_fetch.rs`).
+    /// How far ahead of the jobs' reads their plans are fetched (`plans/prefetch.rs`).
     pub plan_window: PlanWindow,
     /// How many plans and positions each principal, and all, may keep.
     pub plan_limits: PlanLimits,

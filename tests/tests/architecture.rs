@@ -484,3 +484,39 @@ fn each_crate_takes_only_what_its_concern_needs() {
         assert!(!tree["tonic"].contains("server"), "{package} builds tonic's server: {:?}", tree["tonic"]);
     }
 }
+
+/// The relative links (`[text](path)` or `[text](path#anchor)`) of a markdown page.
+fn relative_links(page: &str) -> Vec<&str> {
+    page.match_indices("](")
+        .filter_map(|(at, _)| page[at + 2..].split(')').next())
+        .filter(|link| !link.starts_with("http") && !link.starts_with('#') && !link.contains(' '))
+        .collect()
+}
+
+#[test]
+fn the_readme_is_a_newcomers_page_that_links_every_doc() {
+    let workspace = shardcache_tests::workspace_dir();
+    let readme = std::fs::read_to_string(workspace.join("README.md")).unwrap();
+    assert!(
+        readme.lines().count() <= 250,
+        "the README has {} lines: the manual is docs/",
+        readme.lines().count()
+    );
+    let mut pages: Vec<PathBuf> =
+        std::fs::read_dir(workspace.join("docs")).unwrap().flatten().map(|e| e.path()).collect();
+    pages.sort();
+    assert!(pages.len() >= 6, "{pages:?}");
+    for page in &pages {
+        let name = format!("docs/{}", page.file_name().unwrap().to_string_lossy());
+        assert!(readme.contains(&format!("]({name})")), "the README does not link {name}");
+    }
+    // Every relative link of the README and the docs names a file that is there.
+    for page in pages.iter().chain([&workspace.join("README.md")]) {
+        let text = std::fs::read_to_string(page).unwrap();
+        for link in relative_links(&text) {
+            let target = page.parent().unwrap().join(link.split('#').next().unwrap());
+            assert!(target.exists(), "{}: the link {link} names nothing", page.display());
+        }
+    }
+    assert_eq!(relative_links("see [a](docs/a.md#x), [b](https://b) and [c](#c)"), ["docs/a.md#x"]);
+}

@@ -1,5 +1,6 @@
-"""The README's quickstart and Python examples, run as written, so the README cannot
-drift: the blocks marked ``<!-- readme-test: NAME -->`` are taken from README.md and run
+"""The README's quickstart and the docs' Python examples, run as written, so the docs
+cannot drift: the blocks marked ``<!-- readme-test: NAME -->`` are taken from README.md
+and the pages of docs/ and run
 in a fresh directory with the built binaries first on PATH (the quickstart's install
 steps are what ``make test`` itself did: the build, and the wheel built as ``make dist``
 builds it, pip-installed into a fresh venv by scripts/test-python.sh). Shell blocks run
@@ -20,6 +21,8 @@ import pytest
 from conftest import BIN, REPO
 
 README = REPO / "README.md"
+# The README and the manual it links to, where the marked blocks live.
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 MARKED = re.compile(r"<!-- readme-test: ([a-z-]+) -->\n```(sh|python)\n(.*?)```", re.S)
 # The quickstart's ports (the servers' defaults, as the README gives them).
 PORTS = (7070, 7071)
@@ -27,11 +30,12 @@ MOUNTPOINT = pathlib.Path("/mnt/shardcache")  # the mount section's
 
 
 def blocks():
-    return {name: (lang, code) for name, lang, code in MARKED.findall(README.read_text())}
+    text = "\n".join(page.read_text() for page in PAGES)
+    return {name: (lang, code) for name, lang, code in MARKED.findall(text)}
 
 
 def test_every_python_example_of_the_readme_is_run():
-    python_blocks = README.read_text().count("```python")
+    python_blocks = sum(page.read_text().count("```python") for page in PAGES)
     assert python_blocks == sum(1 for lang, _ in blocks().values() if lang == "python")
     assert {"quickstart-servers", "quickstart-python", "python-sdk", "mount", "mount-python"} <= set(blocks())
 

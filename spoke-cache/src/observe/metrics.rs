@@ -59,7 +59,7 @@ pub struct Metrics {
     pub whole_shard_fetches: AtomicU64,
     /// Batches of planned samples fetched ahead of their reads (`samples/follow.rs`).
     pub sample_batches: AtomicU64,
-    /// Packs of kept samples written (`kept.rs`).
+    /// Packs of kept samples written (`store/kept/`).
     pub kept_packs_written: AtomicU64,
     pub evicted_shards: AtomicU64,
     pub evicted_bytes: AtomicU64,

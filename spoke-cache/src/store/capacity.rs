@@ -1,5 +1,5 @@
 //! The bytes the cache holds against its capacity and watermarks: admissions add,
-//! removals subtract, and crossing the high watermark wakes the evictor (`evict.rs`).
+//! removals subtract, and crossing the high watermark wakes the evictor (`store/evict.rs`).
 //!
 //! `--capacity` bounds the cache directory at every instant, not only between
 //! evictions: a chunk claims its bytes ([`Capacity::claim`]) before its file is written,

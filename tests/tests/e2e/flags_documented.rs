@@ -1,4 +1,6 @@
-//! The README's flag tables are what the servers take: every `--flag` row names the
+//! The docs' flag tables (the hub's in docs/deploying.md, the spoke's in docs/cache.md;
+//! the README and every page of docs/ are read as one text) are what the servers take:
+//! every `--flag` row names the
 //! environment variable the flag really reads (the servers give each flag `HUB_` or
 //! `SPOKE_` and its name: `shardcache_serving::flags`) and the default `--help` shows,
 //! every flag of either server has a row, and `--help` describes every flag.
@@ -101,7 +103,14 @@ fn documented(readme: &str, prefix: &str) -> BTreeMap<String, String> {
 
 #[test]
 fn the_readme_names_every_flag_and_its_environment_variable() {
-    let readme = std::fs::read_to_string(shardcache_tests::workspace_dir().join("README.md")).unwrap();
+    let workspace = shardcache_tests::workspace_dir();
+    let mut pages: Vec<_> =
+        std::fs::read_dir(workspace.join("docs")).unwrap().flatten().map(|e| e.path()).collect();
+    pages.sort();
+    pages.insert(0, workspace.join("README.md"));
+    let readme: String =
+        pages.iter().map(|p| std::fs::read_to_string(p).unwrap()).collect::<Vec<_>>().join("\n");
+    assert!(readme.contains("| `--capacity"), "the spoke's flag table was read");
     let servers = [
         (hub_server::config::ENV_PREFIX, command::<HubArgs>(hub_server::config::ENV_PREFIX)),
         (

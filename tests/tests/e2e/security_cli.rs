@@ -1,4 +1,4 @@
-//! The secure setup as the README shows it, with the real binaries: `shardcache certs`,
+//! The secure setup as docs/deploying.md shows it, with the real binaries: `shardcache certs`,
 //! `shardcache token`, a hub with TLS, client certificates and tokens, the CLI over
 //! mTLS or a token; keys that others can read are refused; tokens never reach a log.
 #![allow(clippy::unwrap_used)]

@@ -1,4 +1,4 @@
-//! A secured group is a group: with the README's secure setup (TLS everywhere, the hub
+//! A secured group is a group: with the secure setup of docs/deploying.md (TLS everywhere, the hub
 //! granting the spokes' `spoke-client` certificate, tokens for trainers on the spokes,
 //! the spokes verifying each other's `spoke-client` certificate with `--client-ca` and a
 //! `peers cert:spoke-client *` line), two trainers reading everything through two
@@ -35,7 +35,7 @@ struct SecureGroup {
     _dirs: Vec<tempfile::TempDir>,
 }
 
-/// The README's secure setup with a group of three; `peers_line`: the spokes' token file
+/// The secure setup of docs/deploying.md with a group of three; `peers_line`: the spokes' token file
 /// grants their `spoke-client` certificate.
 async fn secure_group(root: &Path, peers_line: bool) -> SecureGroup {
     let pki = Pki::new("group");

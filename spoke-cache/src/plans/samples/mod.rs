@@ -5,7 +5,7 @@
 //! ([`follow`]) fetches the nearest of them ahead of the reads in batches of ranges (many
 //! shards a call, several calls in flight: the link's bandwidth-delay product), holds
 //! them until read ([`staged`]), and keeps for later epochs what the plan says is read
-//! again (`policy::keep`, `kept.rs`). The link carries each sample as read, once, and
+//! again (`policy::keep`, `store/kept/`). The link carries each sample as read, once, and
 //! nothing else: never a whole chunk or shard for a sample.
 //!
 //! Here: each job's window of planned reads, by position (the SDK's epoch positions,

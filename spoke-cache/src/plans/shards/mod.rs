@@ -296,7 +296,7 @@ pub struct Plans {
     any: AtomicBool,
     /// A plan was set or a cursor moved: what to prefetch may have changed.
     changed: Notify,
-    /// Shards being fetched because a plan reads them next (`plan_fetch.rs`).
+    /// Shards being fetched because a plan reads them next (`plans/prefetch.rs`).
     fetching: Mutex<HashSet<ShardKey>>,
 }
 

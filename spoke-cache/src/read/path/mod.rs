@@ -491,7 +491,7 @@ enum Provenance {
     Piece(SharedFetch, u64),
     /// A whole range its job's plan fetched ahead (`samples/`).
     Staged,
-    /// A whole range kept for a later epoch (`kept.rs`).
+    /// A whole range kept for a later epoch (`store/kept/`).
     KeptSample,
     /// Asked of the owner the reader's client asked first (a hedge, a failover), else as
     /// any miss (`ReadPath::hedged_part`).
