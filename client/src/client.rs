@@ -17,7 +17,7 @@ use shardcache_proto::{
 };
 use shardcache_proto::{
     hedge::AVOID_HEADER,
-    job::{EPOCH_HEADER, INDEX_READ_HEADER, JOB_HEADER, check_job_name},
+    job_headers::{EPOCH_HEADER, INDEX_READ_HEADER, JOB_HEADER, check_job_name},
 };
 use tonic::metadata::{Ascii, MetadataValue};
 
@@ -159,7 +159,7 @@ impl Client {
 
     /// This client for reads of a dataset format's index (headers, offset tables): a
     /// spoke neither reads ahead nor fetches the rest of their shards for them
-    /// (`shardcache_proto::job::INDEX_READ_HEADER`); not the job's reads ([`Client::untagged`]).
+    /// (`shardcache_proto::job_headers::INDEX_READ_HEADER`); not the job's reads ([`Client::untagged`]).
     pub fn for_index(&self) -> Self {
         Self { index_read: true, ..self.untagged() }
     }

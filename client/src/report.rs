@@ -5,7 +5,7 @@
 //! [`markdown`]; a group's members' tables are merged first ([`merge`]).
 
 use shardcache_proto::{
-    job::latency_bound_ms,
+    job_headers::latency_bound_ms,
     v1::{JobPhase, JobReport},
 };
 

@@ -18,7 +18,7 @@
 pub mod checksum;
 pub mod encoding;
 pub mod hedge;
-pub mod job;
+pub mod job_headers;
 pub mod names;
 pub mod range;
 pub mod units;

@@ -13,11 +13,11 @@
 //! - [`error`]: the errors the service itself finds ([`ReadError`]) and their statuses.
 
 pub mod error;
-pub mod job;
+pub mod read_context;
 pub mod service;
 pub mod source;
 
 pub use error::{ReadError, status};
-pub use job::{JobTag, ReadContext, Relayed};
+pub use read_context::{JobTag, ReadContext, Relayed};
 pub use service::{Observer, ReadLimits, ReadService};
 pub use source::{DatasetListing, STALE_METADATA, ShardHandle, ShardMeta, ShardPage, ShardStat, Source};

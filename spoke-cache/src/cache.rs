@@ -52,7 +52,7 @@ use crate::{
     fetch::lookup::Lookups,
     fetch::suppliers::{Chain, Supply, hubs::Hubs},
     fetch::{Alongside, FetchFor, FetchOwner},
-    observe::jobs::JobRow,
+    observe::job_counters::JobRow,
     observe::metrics::Metrics,
     plans::prefetch::PlanFetcher,
     plans::samples::{SamplePlans, follow::SampleFollower, staged::Staged},

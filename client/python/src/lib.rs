@@ -162,7 +162,8 @@ impl Client {
     #[pyo3(signature = (job, epoch=0))]
     fn set_job(&self, job: Option<String>, epoch: u64) -> PyResult<()> {
         if let Some(job) = &job {
-            shardcache_proto::job::check_job_name(job).map_err(pyo3::exceptions::PyValueError::new_err)?;
+            shardcache_proto::job_headers::check_job_name(job)
+                .map_err(pyo3::exceptions::PyValueError::new_err)?;
         }
         *self.job.lock().unwrap_or_else(|p| p.into_inner()) = job.map(|job| (job, epoch));
         Ok(())

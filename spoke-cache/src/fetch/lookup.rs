@@ -265,7 +265,7 @@ mod tests {
 
     use crate::{
         fetch::FetchFor,
-        observe::jobs::JobRow,
+        observe::job_counters::JobRow,
         testing::{parts, pattern},
     };
 

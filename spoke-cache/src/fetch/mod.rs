@@ -54,7 +54,7 @@ use crate::{
     Error, Result,
     fetch::shared::spawn_shared,
     fetch::suppliers::{Joined, Supply},
-    observe::jobs::JobRow,
+    observe::job_counters::JobRow,
     observe::metrics::Metrics,
     store::admission::Admission,
     store::capacity::Capacity,

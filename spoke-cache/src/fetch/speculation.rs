@@ -25,7 +25,7 @@ use futures::{
 use shardcache_proto::checksum::Checked;
 
 use super::upstream::Upstream;
-use crate::{fetch::suppliers::Want, observe::jobs::JobRow};
+use crate::{fetch::suppliers::Want, observe::job_counters::JobRow};
 
 /// A speculative read's bytes and their version, or `None`.
 pub(crate) type SpeculativeRead = Shared<BoxFuture<'static, Option<(Checked, String)>>>;

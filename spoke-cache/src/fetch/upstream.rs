@@ -17,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 use crate::{
     Error, Result,
     fetch::suppliers::{Joined, Supplied, SuppliedBy, Supply, Want},
-    observe::jobs::JobRow,
+    observe::job_counters::JobRow,
     observe::metrics::Metrics,
     store::entry::Entry,
 };

@@ -16,7 +16,7 @@ use std::{
 use shardcache_routing::HedgeCounters;
 use shardcache_serving::prom::{Histogram, escape};
 
-use crate::observe::jobs::{JobSnapshot, Jobs};
+use crate::observe::job_counters::{JobSnapshot, Jobs};
 
 /// Picks one counter of a dataset's counters.
 type CounterField = fn(&DatasetCounters) -> &AtomicU64;

@@ -22,7 +22,7 @@ use crate::{
     fetch::FetchOwner,
     fetch::lookup::Lookups,
     fetch::suppliers::Chain,
-    observe::jobs::JobRow,
+    observe::job_counters::JobRow,
     observe::metrics::Metrics,
     plans::shards::{PlanWindow, Plans, Upcoming},
     store::capacity::Capacity,

@@ -14,7 +14,7 @@ use std::{
 
 use crate::{
     fetch::{FetchFor, FetchOwner},
-    observe::jobs::JobRow,
+    observe::job_counters::JobRow,
     observe::metrics::Metrics,
     plans::shards::Plans,
     policy::admit::AdmissionFilter,

@@ -14,7 +14,7 @@ use crate::{
     fetch::lookup::Lookups,
     fetch::suppliers::Chain,
     fetch::{Alongside, FetchOwner},
-    observe::jobs::JobRow,
+    observe::job_counters::JobRow,
     read::ahead::ReadAhead,
     read::index_reads::IndexReads,
     read::path::ReadFor,

@@ -29,13 +29,13 @@ type Key = (u64, u64, u64);
 
 #[derive(Debug, Default)]
 pub struct IndexReads {
-    kept: Mutex<Kept>,
+    held: Mutex<HeldReads>,
 }
 
 /// The reads kept, and their order of last use (so the least recently used is found
 /// without a scan of every read: an eviction costs a log, not the whole map).
 #[derive(Debug, Default)]
-struct Kept {
+struct HeldReads {
     /// Bytes and overheads of the reads kept.
     bytes: u64,
     /// Each read's bytes and when it was last used.
@@ -45,7 +45,7 @@ struct Kept {
     clock: u64,
 }
 
-impl Kept {
+impl HeldReads {
     /// `key`'s last use moved to now.
     fn touch(&mut self, key: Key) -> Option<Checked> {
         self.clock += 1;
@@ -72,7 +72,7 @@ fn cost(read: &Checked) -> u64 {
 
 impl IndexReads {
     pub fn get(&self, key: Key) -> Option<Checked> {
-        self.kept.lock().unwrap_or_else(PoisonError::into_inner).touch(key)
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).touch(key)
     }
 
     /// Whether a read of `length` bytes is kept: not one of more than an index's size,
@@ -88,7 +88,7 @@ impl IndexReads {
         // Copied: `data` may be a slice of a larger response, which a slice kept here
         // would keep whole, past what is counted.
         let data = Checked { data: Bytes::copy_from_slice(&data.data), crc32c: data.crc32c };
-        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         kept.remove(&key);
         kept.clock += 1;
         let now = kept.clock;
@@ -104,7 +104,7 @@ impl IndexReads {
     /// Reads kept, and what they cost.
     #[cfg(test)]
     fn held(&self) -> (usize, u64) {
-        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        let kept = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         (kept.reads.len(), kept.bytes)
     }
 }

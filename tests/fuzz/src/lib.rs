@@ -269,7 +269,7 @@ pub fn run_hub(from: u64, inputs: u64) -> Tally {
             };
             let shard = ShardName::new(&text).map(|n| n.as_str().to_owned());
             let dataset = DatasetName::new(&text).map(|n| n.as_str().to_owned());
-            let _ = shardcache_proto::job::check_job_name(&text);
+            let _ = shardcache_proto::job_headers::check_job_name(&text);
             let _ = hub_server::source::parse_record_size(&raw);
             match (shard, dataset) {
                 (Ok(name), _) | (_, Ok(name)) if escapes(&name) => Err(format!("{name:?} accepted")),

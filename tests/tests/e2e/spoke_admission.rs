@@ -103,7 +103,7 @@ async fn a_prefetch_counts_in_its_own_row_not_in_the_reads_beside_it() {
     spoke.control().await.prefetch("pre", &[], 0).await.unwrap().finish().await.unwrap();
     read_records(&spoke.client().await, "pre", &dir, &shuffled(4, MIB, 7)).await;
     let status = spoke.control().await.status().await.unwrap();
-    let prefetch = job(&status, spoke_cache::observe::jobs::PREFETCH_JOB, 0);
+    let prefetch = job(&status, spoke_cache::observe::job_counters::PREFETCH_JOB, 0);
     assert_eq!((prefetch.bytes, prefetch.hub_bytes), (0, 4 * MIB), "{status:?}");
     assert!(prefetch.link_bytes > 0 && hub.stats.snapshot().bytes_served == 4 * MIB, "{prefetch:?}");
     let reads = job(&status, "", 0);

@@ -30,11 +30,11 @@ use std::{
 
 use prost::Message;
 use shardcache_proto::{
-    job::{LATENCY_BUCKETS, latency_bucket},
+    job_headers::{LATENCY_BUCKETS, latency_bucket},
     v1::{JobPhase, JobReport, JobTables as Saved, StepReport, TimelinePoint},
 };
 
-use crate::observe::jobs::JobSnapshot;
+use crate::observe::job_counters::JobSnapshot;
 
 /// Jobs with a table; the least recently reported is dropped for a new one.
 pub const MAX_TABLES: usize = 256;
@@ -362,7 +362,7 @@ impl JobTables {
 
     /// Adds `report`'s batches from `principal`; `reads` sums the job's read rows now.
     pub fn report(&self, principal: &str, report: &StepReport, reads: JobSnapshot) -> Result<(), BadReport> {
-        let job = crate::observe::jobs::job_of(&report.job);
+        let job = crate::observe::job_counters::job_of(&report.job);
         if job.is_empty() {
             return Err(BadReport::NoJob);
         }
@@ -426,7 +426,7 @@ impl JobTables {
     /// [`SLOW_AFTER_READS`] of them): the mark a collector's tail sampling keeps a trace
     /// by (`shardcache_transport::telemetry`).
     pub fn read(&self, principal: &str, job: &str, elapsed: Duration) -> bool {
-        let job = crate::observe::jobs::job_of(job);
+        let job = crate::observe::job_counters::job_of(job);
         if job.is_empty() {
             return false;
         }
@@ -446,7 +446,7 @@ impl JobTables {
     /// or `None`.
     pub fn get(&self, principal: &str, job: &str, reads: JobSnapshot) -> Option<JobReport> {
         let mut tables = self.tables();
-        let table = tables.get_mut(principal)?.get_mut(crate::observe::jobs::job_of(job))?;
+        let table = tables.get_mut(principal)?.get_mut(crate::observe::job_counters::job_of(job))?;
         table.fold_ready(reads);
         table.count_reads(reads);
         Some(table.snapshot())

@@ -162,7 +162,7 @@ pub struct SamplePlans {
     changed: Notify,
 }
 
-pub use crate::observe::jobs::job_of;
+pub use crate::observe::job_counters::job_of;
 
 impl SamplePlans {
     fn jobs(&self) -> MutexGuard<'_, HashMap<PlanKey, Window>> {

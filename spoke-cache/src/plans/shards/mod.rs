@@ -30,15 +30,15 @@ use std::{
 use tokio::sync::Notify;
 
 use self::{
-    job::{JobPlan, Seen},
+    job_plan::{JobPlan, Seen},
     table::ShardTable,
 };
 use crate::store::entry::ShardKey;
 
-mod job;
+mod job_plan;
 mod table;
 
-pub use self::job::CURSOR_REACH;
+pub use self::job_plan::CURSOR_REACH;
 
 /// A plan is followed whole shard by whole shard while its largest block takes at most
 /// this share of the room below the low watermark (the block being read, and the next

@@ -23,7 +23,7 @@ use crate::{
     Error, Result,
     fetch::suppliers::{Chain, Joined},
     fetch::{Alongside, ChunkFetch, FetchFor, FetchOwner, KnownPart, SharedFetch},
-    observe::jobs::JobRow,
+    observe::job_counters::JobRow,
     observe::metrics::Metrics,
     plans::samples::{Matched, SamplePlans, staged::Staged},
     plans::shards::Plans,
@@ -166,7 +166,7 @@ impl ReadPath {
                 }
                 let (provenance, bytes) =
                     self.provenance(entry, index, (from, to), reader, (&stragglers, follows));
-                let missed = !matches!(provenance, Provenance::Stored | Provenance::Kept);
+                let missed = !matches!(provenance, Provenance::Stored | Provenance::IndexHeld);
                 parts.push(Part { want, entry, index, from, to, provenance, missed, bytes, pending: None });
             }
         }
@@ -299,7 +299,7 @@ impl ReadPath {
         }
         if reader.index_read {
             return match self.index_reads.get((entry.id, from, to - from)) {
-                Some(bytes) => (Provenance::Kept, Some(bytes)),
+                Some(bytes) => (Provenance::IndexHeld, Some(bytes)),
                 None => (Provenance::Direct, None),
             };
         }
@@ -497,7 +497,7 @@ enum Provenance {
     /// any miss (`ReadPath::hedged_part`).
     Hedged,
     /// An index read's bytes kept in memory.
-    Kept,
+    IndexHeld,
 }
 
 /// Records on `span` (the request's: a read adds no span of its own, so that a warm read
@@ -525,7 +525,7 @@ impl Provenance {
     fn decision(&self) -> &'static str {
         match self {
             Self::Stored => "hit",
-            Self::Kept => "hit (index kept in memory)",
+            Self::IndexHeld => "hit (index kept in memory)",
             Self::Chunk(_) => "miss, chunk fetched and stored",
             Self::Fill(_) => "miss, read fetched and its chunk filled beside it",
             Self::Direct => "miss, fetched as read, not stored",

@@ -376,7 +376,7 @@ impl CacheControl for Control {
     async fn set_plan(&self, request: Request<PlanRequest>) -> Result<Response<PlanResponse>, Status> {
         let grant = Grant::of(&request)?;
         let req = request.into_inner();
-        shardcache_proto::job::check_job_name(&req.job).map_err(Status::invalid_argument)?;
+        shardcache_proto::job_headers::check_job_name(&req.job).map_err(Status::invalid_argument)?;
         let positions: usize = req.epochs.iter().map(|e| e.shards.len() + e.shard_index.len()).sum();
         if positions > MAX_PLAN_POSITIONS {
             return Err(Status::invalid_argument(format!(
@@ -422,7 +422,7 @@ impl CacheControl for Control {
     ) -> Result<Response<SamplePlanResponse>, Status> {
         let grant = Grant::of(&request)?;
         let req = request.into_inner();
-        shardcache_proto::job::check_job_name(&req.job).map_err(Status::invalid_argument)?;
+        shardcache_proto::job_headers::check_job_name(&req.job).map_err(Status::invalid_argument)?;
         let (table, reads) = planned_samples(&req, self.max_read)?;
         for (dataset, _) in &table {
             grant.check(dataset)?;

@@ -6,7 +6,9 @@
 
 use tonic::{Request, Status};
 
-pub use shardcache_proto::job::{EPOCH_HEADER, INDEX_READ_HEADER, JOB_HEADER, MAX_JOB_NAME, check_job_name};
+pub use shardcache_proto::job_headers::{
+    EPOCH_HEADER, INDEX_READ_HEADER, JOB_HEADER, MAX_JOB_NAME, check_job_name,
+};
 use shardcache_proto::{
     encoding,
     hedge::{AVOID_HEADER, RELAYED_HEADER, parse_avoided},
