@@ -50,6 +50,27 @@ pub struct ShardPage {
     pub stale: bool,
 }
 
+impl ShardPage {
+    /// The page of `shards` (the whole listing, in name order) that follows `after`: at
+    /// most `limit` shards, and whether more follow. The one paging of a listing, for
+    /// every source that holds its listing whole (the hub's storages, the spoke's
+    /// catalog when its hubs cannot answer).
+    pub fn of(
+        mut shards: Vec<ShardMeta>,
+        after: Option<&str>,
+        limit: usize,
+        record_size: u32,
+        stale: bool,
+    ) -> Self {
+        let start = after.map_or(0, |after| shards.partition_point(|s| s.name.as_str() <= after));
+        let end = start.saturating_add(limit).min(shards.len());
+        let more = end < shards.len();
+        shards.truncate(end);
+        shards.drain(..start);
+        Self { shards, record_size, more, stale }
+    }
+}
+
 /// Datasets with their shard counts and bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DatasetListing {

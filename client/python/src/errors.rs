@@ -2,10 +2,10 @@
 //! `.message`, from the SDK's errors and from a panic (a bug), never pyo3's
 //! `PanicException`.
 
-use pyo3::prelude::*;
+use pyo3::{create_exception, exceptions::PyException, prelude::*};
 use shardcache_client::Error;
 
-use crate::ShardcacheError;
+create_exception!(_native, ShardcacheError, PyException, "A failed shardcache call; see .code and .message.");
 
 /// `NotFound` -> `NOT_FOUND`, as gRPC names codes.
 fn code_name(code: tonic::Code) -> String {

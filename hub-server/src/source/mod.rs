@@ -84,13 +84,8 @@ impl<S: Storage> Source for HubSource<S> {
         limit: usize,
     ) -> Result<ShardPage> {
         let record_size = self.0.dataset(dataset).await?.record_size;
-        let mut shards = self.0.list_shards(dataset).await?;
-        let start = after.map_or(0, |after| shards.partition_point(|s| s.name.as_str() <= after.as_str()));
-        let end = start.saturating_add(limit).min(shards.len());
-        let more = end < shards.len();
-        shards.truncate(end);
-        shards.drain(..start);
-        Ok(ShardPage { shards, record_size, more, stale: false })
+        let shards = self.0.list_shards(dataset).await?;
+        Ok(ShardPage::of(shards, after.map(ShardName::as_str), limit, record_size, false))
     }
 
     async fn open(&self, dataset: &DatasetName, shard: &ShardName) -> Result<S::Shard> {

@@ -164,17 +164,14 @@ impl CachedSource {
 
     /// A page of the shards of `dataset` the cache knows; `None` when it knows none.
     fn cached_shards(&self, dataset: &str, after: &str, limit: usize) -> Option<ShardPage> {
-        let mut entries: Vec<_> = self.0.entries().into_iter().filter(|e| e.dataset == dataset).collect();
+        let entries: Vec<_> = self.0.entries().into_iter().filter(|e| e.dataset == dataset).collect();
         let record_size = entries.first()?.record_size;
-        entries.sort_by(|a, b| a.shard.cmp(&b.shard));
-        let mut after_token = entries.iter().filter(|e| e.shard.as_str() > after).peekable();
-        let shards: Vec<ShardMeta> = after_token
-            .by_ref()
-            .take(limit)
+        let mut shards: Vec<ShardMeta> = entries
+            .into_iter()
             .map(|e| ShardMeta { name: e.shard.clone(), size: e.size, version: e.version.clone() })
             .collect();
-        let more = after_token.peek().is_some();
-        Some(ShardPage { shards, record_size, more, stale: true })
+        shards.sort_by(|a, b| a.name.cmp(&b.name));
+        Some(ShardPage::of(shards, Some(after), limit, record_size, true))
     }
 }
 

@@ -50,6 +50,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ._native import Client, ShardcacheError
 from . import order as order_module
+from .epochs import EpochState
 from .order import EpochOrder
 from .plans import SAMPLE_RANGES_FORMATS, SampleWindow, follows_samples, planned_reads
 
@@ -303,7 +304,7 @@ class ShardDataset(_MapBase):
         return self.get_batch(indices)
 
 
-class StreamingShardDataset(_IterableBase):
+class StreamingShardDataset(EpochState, _IterableBase):
     """Iterable dataset: each record of an epoch exactly once across ranks and workers,
     in a deterministic shuffled order; see the module docs for how it is split.
 
@@ -371,25 +372,15 @@ class StreamingShardDataset(_IterableBase):
         self.shuffle = shuffle
         self.prefetch = prefetch
         self.read_batch = read_batch
-        self.epoch = 0
         # Records of the epoch order consumed before this layout of ranks (a resumed
-        # state's sample_in_epoch), and this rank's records consumed since.
-        self.base = 0
-        self.consumed = 0
-        # Epochs advance by themselves: a copy that has run an epoch runs the next one
-        # when iterated again, unless set_epoch (or load_state_dict) chose one meanwhile.
-        # With persistent_workers each worker keeps its copy and never sees the main
-        # process's set_epoch, so without this every epoch would repeat epoch 0's order.
-        self._iterated = False
-        self._chosen = False
+        # state's sample_in_epoch), this rank's since, and the epoch (``epochs.py``).
+        self._init_epochs()
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch (its order); starts it from the beginning. Optional where
         the dataset object itself is iterated (``num_workers=0``, ``persistent_workers``):
         each iteration after the first runs the next epoch."""
-        self.epoch = epoch
-        self.base, self.consumed = 0, 0
-        self._chosen = True
+        self._choose(epoch)
 
     def state_dict(self, consumed: Optional[int] = None) -> Dict[str, int]:
         """Where the job is: ``consumed`` records this rank has taken since the epoch
@@ -397,11 +388,11 @@ class StreamingShardDataset(_IterableBase):
         count: batches done x batch_size; every rank has taken as many, as in
         data-parallel training). ``sample_in_epoch`` is what every rank has taken, in
         all; a state resumes under any world size and number of workers."""
-        consumed = self.consumed if consumed is None else consumed
+        consumed, place = self._place(consumed, self.world_size)
         return {
             "seed": self.seed,
             "epoch": self.epoch,
-            "sample_in_epoch": self.base + consumed * self.world_size,
+            "sample_in_epoch": place,
             "consumed": consumed,
             "world_size": self.world_size,
             "order": ORDER_VERSION,
@@ -425,11 +416,10 @@ class StreamingShardDataset(_IterableBase):
                     stacklevel=2,
                 )
         if "sample_in_epoch" in state:
-            self.base = state["sample_in_epoch"]
+            base = state["sample_in_epoch"]
         else:  # a state saved before sample_in_epoch: each rank's count
-            self.base = state["consumed"] * state.get("world_size", self.world_size)
-        self.consumed = 0
-        self._chosen = True
+            base = state["consumed"] * state.get("world_size", self.world_size)
+        self._choose(self.epoch, base)
 
     def __len__(self) -> int:
         """Records this rank reads in an epoch (from the start)."""
@@ -517,10 +507,7 @@ class StreamingShardDataset(_IterableBase):
                 f"{self.batch_size}: give both the same (workers hand out whole blocks of the "
                 f"dataset's batch_size, which exact resumption counts on)"
             )
-        if self._iterated and not self._chosen:
-            self.epoch += 1
-            self.base, self.consumed = 0, 0
-        self._iterated, self._chosen = True, False
+        self._begin_iteration()
         worker_id, num_workers = _worker()
         records = self._records
         records.client.set_job(self._job(), self.epoch)

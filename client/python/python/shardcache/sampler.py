@@ -24,6 +24,7 @@ import warnings
 from typing import Any, Dict, Iterator, Optional
 
 from ._native import SamplerOrder
+from .epochs import EpochState
 from .plans import SAMPLE_RANGES_FORMATS, SampleWindow
 
 # Indices computed at once (one call into the native order).
@@ -39,7 +40,7 @@ def _torch_sampler_base() -> type:
         return object
 
 
-class ShardSampler(_torch_sampler_base()):  # type: ignore[misc]
+class ShardSampler(EpochState, _torch_sampler_base()):  # type: ignore[misc]
     """Indices of ``dataset`` (a :class:`~shardcache.ShardDataset`) for this rank, an epoch
     at a time; see the module's documentation."""
 
@@ -67,20 +68,13 @@ class ShardSampler(_torch_sampler_base()):  # type: ignore[misc]
         self.job = job or f"{dataset._records.dataset}:sampler:{seed}"
         # The dataset's reads name this job (pickled into DataLoader workers with it).
         dataset.job = self.job
-        self.epoch = 0
-        # Places of this epoch all ranks read before a resume, and this rank's since.
-        self.base = 0
-        self.consumed = 0
-        self._iterated = False
-        self._chosen = False
+        self._init_epochs()
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch (its permutation), from its start; the dataset's reads name it
         (call it before iterating the DataLoader, as with ``DistributedSampler``). Without
         it each iteration runs the next epoch."""
-        self.epoch = epoch
-        self.base, self.consumed = 0, 0
-        self._chosen = True
+        self._choose(epoch)
         self.dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
@@ -93,11 +87,11 @@ class ShardSampler(_torch_sampler_base()):  # type: ignore[misc]
         """Where the job is: ``consumed`` samples this rank has read since the epoch began
         (or since it was resumed); every rank has read as many, as in data-parallel
         training."""
-        consumed = self.consumed if consumed is None else consumed
+        _, place = self._place(consumed, self.num_replicas)
         return {
             "seed": self.seed,
             "epoch": self.epoch,
-            "place_in_epoch": self.base + consumed * self.num_replicas,
+            "place_in_epoch": place,
             "num_replicas": self.num_replicas,
         }
 
@@ -108,9 +102,7 @@ class ShardSampler(_torch_sampler_base()):  # type: ignore[misc]
             warnings.warn(f"shardcache: resuming seed {state['seed']} in a sampler of seed {self.seed}", stacklevel=2)
             self.seed = state["seed"]
             self.order = SamplerOrder(len(self.dataset), self.seed, self.shuffle, self.num_replicas, self.drop_last)
-        self.epoch = state["epoch"]
-        self.base, self.consumed = state["place_in_epoch"], 0
-        self._chosen = True
+        self._choose(state["epoch"], state["place_in_epoch"])
         self.dataset.set_epoch(self.epoch)
 
     def _window(self) -> Optional[SampleWindow]:
@@ -135,9 +127,7 @@ class ShardSampler(_torch_sampler_base()):  # type: ignore[misc]
         return SampleWindow(records, self.dataset.job, places, planned())
 
     def __iter__(self) -> Iterator[int]:
-        if self._iterated and not self._chosen:
-            self.set_epoch(self.epoch + 1)
-        self._iterated, self._chosen = True, False
+        self._begin_iteration()
         self.dataset.set_epoch(self.epoch)
         window = self._window()
         start = 0
