@@ -16,16 +16,16 @@
 //! - [`Lookups`] (`fetch/lookup.rs`): entries checked with the hubs (one stat per shard);
 //! - [`FetchOwner`] (`fetch/`): the fetches of missing chunks from the suppliers;
 //! - [`Admission`] (`store/admission.rs`): chunks into the store, shards out of it;
-//! - [`Capacity`] (`store/capacity.rs`) and the [`Evictor`] (`store/evict.rs`); the
-//!   [`PlanFetcher`] (`plans/prefetch.rs`);
+//! - [`Capacity`] (`store/capacity.rs`) and the [`Evictor`] (`store/evict.rs`);
 //! - [`ColdOpen`] (`read/cold_open.rs`): a shard's entry, a never-seen shard's first reads
 //!   alongside its stat;
 //! - [`ReadPath`] (`read/path/`): stored, fetched-and-stored or fetched-as-read parts;
 //! - [`ReadAhead`] (`read/ahead.rs`): which misses are stored (`policy::admit`), and the
 //!   read-ahead and whole-shard fetches after a read (`policy::speculation`);
-//! - [`SamplePlans`] and the [`SampleFollower`] (`plans/samples/`): jobs followed sample by
-//!   sample, their next samples fetched ahead and held ([`Staged`]), what they read again
-//!   kept (`store/kept/`, the keeper);
+//! - [`Plans`] (`plans/`): what each read is to the jobs' plans, followed shard by shard
+//!   or sample by sample, and the [`Follower`] (`plans/follow.rs`) that fetches what they
+//!   read next; what a job followed sample by sample reads again is kept (`store/kept/`,
+//!   the keeper);
 //!
 //! each given the parts it uses when the cache opens, none calling back into this
 //! facade or into the part that called it (`tests/tests/architecture.rs`). Here: the
@@ -54,9 +54,8 @@ use crate::{
     fetch::{Alongside, FetchFor, FetchOwner},
     observe::job_counters::JobRow,
     observe::metrics::Metrics,
-    plans::prefetch::PlanFetcher,
-    plans::samples::{SamplePlans, follow::SampleFollower, staged::Staged},
-    plans::shards::{PlanLimits, PlanWindow, Plans},
+    plans::shards::{PlanLimits, PlanWindow},
+    plans::{Plans, follow::Follower},
     policy::{admit::AdmissionFilter, shares::Shares, speculation::Speculation},
     read::ahead::ReadAhead,
     read::cold_open::ColdOpen,
@@ -125,10 +124,9 @@ pub struct Cache {
     /// The suppliers: ownership in a group, the hubs for listings (what the fetch owner
     /// and the lookups ask of it is their `Supply`).
     chain: Arc<Chain>,
+    /// The jobs' plans, shard by shard and sample by sample, and the samples held for
+    /// their reads.
     plans: Arc<Plans>,
-    /// Jobs followed sample by sample, and their samples held for their reads.
-    samples: Arc<SamplePlans>,
-    staged: Arc<Staged>,
     metrics: Arc<Metrics>,
     /// Pin changes, one at a time (their limit is checked against all pins).
     pinning: tokio::sync::Mutex<()>,
@@ -244,12 +242,9 @@ impl Cache {
             read_ahead: read_ahead.clone(),
             chunk_size: config.chunk_size,
         };
-        let (samples, staged) = (Arc::new(SamplePlans::default()), Arc::new(Staged::default()));
         let reads = ReadPath {
             store: store.clone(),
             plans: plans.clone(),
-            samples: samples.clone(),
-            staged: staged.clone(),
             filter,
             fetch: fetch.clone(),
             admission: admission.clone(),
@@ -272,8 +267,6 @@ impl Cache {
             fetch,
             chain,
             plans,
-            samples,
-            staged,
             metrics,
             pinning: tokio::sync::Mutex::new(()),
             cold,
@@ -341,7 +334,7 @@ impl Cache {
     /// chunk is stored, planned shard fetches (`Status`'s `fetches_in_flight`). 0: nothing
     /// asked of the suppliers is on its way.
     pub fn fetches_running(&self) -> usize {
-        self.fetch.upstream_calls() + self.fetch.in_flight() + self.plans.fetching()
+        self.fetch.upstream_calls() + self.fetch.in_flight() + self.plans.shards.fetching()
     }
 
     /// Every cached entry.
@@ -378,27 +371,25 @@ impl Cache {
         (held, shares)
     }
 
-    /// The jobs' access plans (`SetPlan`).
+    /// The jobs' plans: followed shard by shard (`SetPlan`) and sample by sample
+    /// (`PlanSamples`).
     pub fn plans(&self) -> &Plans {
         &self.plans
     }
 
-    /// The jobs followed sample by sample (`PlanSamples`).
-    pub fn samples(&self) -> &SamplePlans {
-        &self.samples
-    }
-
-    /// The follower of the sample plans, with the parts it uses.
-    pub fn sample_follower(&self) -> SampleFollower {
-        SampleFollower {
-            plans: self.samples.clone(),
-            staged: self.staged.clone(),
+    /// The follower of the plans, with the parts it uses.
+    pub fn follower(&self) -> Follower {
+        Follower {
+            plans: self.plans.clone(),
             capacity: self.capacity.clone(),
+            catalog: self.catalog.clone(),
             lookups: self.lookups.clone(),
             fetch: self.fetch.clone(),
             chain: self.chain.clone(),
             keeper: self.keeper.clone(),
             metrics: self.metrics.clone(),
+            window: self.config.plan_window,
+            parallelism: self.config.shard_fetch_parallelism,
         }
     }
 
@@ -406,7 +397,7 @@ impl Cache {
     /// samples fetched ahead of their reads.
     pub fn samples_held(&self) -> (u64, u64, u64) {
         let (kept, packs) = self.keeper.samples().bytes_and_packs();
-        (kept, packs as u64, self.staged.bytes())
+        (kept, packs as u64, self.plans.staged.bytes())
     }
 
     /// Writes the kept samples waiting for their pack (the server does, now and then).
@@ -417,21 +408,6 @@ impl Cache {
     /// The evictor, with the parts it uses.
     pub fn evictor(&self) -> Evictor {
         self.evictor.clone()
-    }
-
-    /// Planned prefetch, with the parts it uses.
-    pub fn plan_fetcher(&self) -> PlanFetcher {
-        PlanFetcher {
-            plans: self.plans.clone(),
-            capacity: self.capacity.clone(),
-            catalog: self.catalog.clone(),
-            lookups: self.lookups.clone(),
-            fetch: self.fetch.clone(),
-            chain: self.chain.clone(),
-            metrics: self.metrics.clone(),
-            window: self.config.plan_window,
-            parallelism: self.config.shard_fetch_parallelism,
-        }
     }
 
     /// Sets or clears the pin of each of `entries`; returns how many changed. Pins

@@ -16,7 +16,7 @@ use crate::{
     fetch::{FetchFor, FetchOwner},
     observe::job_counters::JobRow,
     observe::metrics::Metrics,
-    plans::shards::Plans,
+    plans::Plans,
     policy::admit::AdmissionFilter,
     store::admission::Admission,
     store::capacity::Capacity,
@@ -67,7 +67,7 @@ impl ReadAhead {
     /// would displace.
     pub fn stores(&self, entry: &Entry, index: u64, principal: &str) -> bool {
         self.capacity.has_room(entry.chunk_range(index).1)
-            || self.plans.next_use(&(entry.dataset.clone(), entry.shard.clone())).is_some()
+            || self.plans.shards.next_use(&(entry.dataset.clone(), entry.shard.clone())).is_some()
             || self.filter.admits(entry.chunk_key(index), self.victim_value(principal))
     }
 

@@ -205,8 +205,7 @@ pub async fn serve(
     };
     say_what_is_wrong_at_start(&cache, options, listener.local_addr().ok());
     let evictor = tokio::spawn(cache.evictor().run(stopped()));
-    let plan_fetcher = tokio::spawn(cache.plan_fetcher().run(stopped()));
-    let sample_follower = tokio::spawn(cache.sample_follower().run(stopped()));
+    let follower = tokio::spawn(cache.follower().run(stopped()));
     let kept_flusher = tokio::spawn(flush_kept(cache.clone(), stopped()));
     let tables_saver = tokio::spawn(save_job_tables(cache.clone(), stopped()));
     let scraped = cache.clone();
@@ -257,7 +256,7 @@ pub async fn serve(
     )
     .await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(evictor, plan_fetcher, sample_follower, metrics);
+    let _ = tokio::join!(evictor, follower, metrics);
     // Readers get a fetched chunk's bytes before it is stored: let the chunks fetched so
     // far land, so that a clean stop keeps what was read (bounded: a fetch that is still
     // waiting for a stalled hub is given up).

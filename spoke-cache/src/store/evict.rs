@@ -23,7 +23,7 @@ use crate::{
     },
 };
 
-/// What eviction asks of the jobs' plans (`plans::shards::Plans`): how far away a shard's
+/// What eviction asks of the jobs' plans (`plans::Plans`): how far away a shard's
 /// next planned read is, and to drop the plans no job follows any more before a pass.
 pub trait NextUses: Debug + Send + Sync {
     /// Reads away of the next planned read of `key`; `None`: no plan reads it again.

@@ -83,15 +83,15 @@ async fn plans_are_checked_before_they_are_kept() {
     let err = control.set_plan("trainer", 0, "ds", &[backwards]).await.unwrap_err();
     assert_eq!(err.code(), Some(Code::InvalidArgument), "{err}");
     assert!(err.to_string().contains("must be from 1 to 1"), "{err}");
-    assert!(!spoke.cache.plans().any(), "nothing was kept from refused plans");
+    assert!(!spoke.cache.plans().shards.any(), "nothing was kept from refused plans");
 
     // Two jobs, each its own plan; a job withdraws its plan with no epochs.
     assert_eq!(control.set_plan("a", 0, "ds", std::slice::from_ref(&good)).await.unwrap(), 2);
     assert_eq!(control.set_plan("b", 3, "ds", &named(&["shard-00000.bin"])).await.unwrap(), 1);
     assert_eq!(control.set_plan("a", 0, "ds", &[]).await.unwrap(), 0);
-    assert!(spoke.cache.plans().any(), "job b's plan stays");
+    assert!(spoke.cache.plans().shards.any(), "job b's plan stays");
     assert_eq!(control.set_plan("b", 3, "ds", &[]).await.unwrap(), 0);
-    assert!(!spoke.cache.plans().any());
+    assert!(!spoke.cache.plans().shards.any());
 }
 
 /// Reads `blocks` of shards with each block's ranges interleaved (a block shuffle), one
@@ -222,7 +222,11 @@ async fn a_stragglers_miss_is_fetched_as_read_and_not_stored() {
     spoke.settled().await;
     assert_eq!(hub.stats.snapshot().bytes_served - served, 16 << 10, "the range, not its chunk");
     assert_eq!(spoke.cache.used_bytes(), used, "and not stored");
-    assert_eq!(spoke.cache.plans().progress()[0].cursor, 2, "the cursor stayed at the block being read");
+    assert_eq!(
+        spoke.cache.plans().shards.progress()[0].cursor,
+        2,
+        "the cursor stayed at the block being read"
+    );
 
     // Another job's read of it is an ordinary miss: its chunk is fetched and kept.
     let other = spoke.client().await.for_job("evaluator", 0).unwrap();

@@ -2,7 +2,7 @@
 //! (a uniform shuffle, a map-style sampler, blocks of shards larger than the cache) send
 //! their next reads as byte ranges (`PlanSamples`), a rolling window ahead of their
 //! reads, each with the position of the sample's next read. The spoke then
-//! ([`follow`]) fetches the nearest of them ahead of the reads in batches of ranges (many
+//! (`plans/follow.rs`) fetches the nearest of them ahead of the reads in batches of ranges (many
 //! shards a call, several calls in flight: the link's bandwidth-delay product), holds
 //! them until read ([`staged`]), and keeps for later epochs what the plan says is read
 //! again (`policy::keep`, `store/kept/`). The link carries each sample as read, once, and
@@ -12,7 +12,6 @@
 //! counted across epochs), found again by what they read when a read comes; bounded per
 //! job, per principal and in all.
 
-pub mod follow;
 pub mod staged;
 
 use std::{

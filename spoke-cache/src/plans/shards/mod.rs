@@ -71,7 +71,7 @@ pub struct Planned {
     pub epoch: u64,
 }
 
-/// A plan as [`Plans::set`] takes it: its distinct shards once each, and per position
+/// A plan as [`ShardPlans::set`] takes it: its distinct shards once each, and per position
 /// the one first read there (its index in `shards`) and the end of its use.
 #[derive(Debug, Clone, Default)]
 pub struct NewPlan {
@@ -174,7 +174,7 @@ pub struct Progress {
 struct Book {
     /// Every shard the plans name.
     table: ShardTable,
-    /// Plans by id (`None`: an id free to take again), and ids by owner.
+    /// ShardPlans by id (`None`: an id free to take again), and ids by owner.
     plans: Vec<Option<(PlanKey, JobPlan)>>,
     ids: HashMap<PlanKey, u32>,
     free: Vec<u32>,
@@ -289,7 +289,7 @@ impl Book {
 
 /// The plans of the jobs reading through this cache.
 #[derive(Debug, Default)]
-pub struct Plans {
+pub struct ShardPlans {
     book: Mutex<Book>,
     limits: PlanLimits,
     /// Any plan at all: reads skip the lock while there is none.
@@ -300,7 +300,7 @@ pub struct Plans {
     fetching: Mutex<HashSet<ShardKey>>,
 }
 
-impl Plans {
+impl ShardPlans {
     pub fn new(limits: PlanLimits) -> Self {
         Self { limits, ..Self::default() }
     }
@@ -339,7 +339,7 @@ impl Plans {
     }
 
     /// Refuses, before any work, a plan of `positions` for `principal`'s `job` that
-    /// [`Plans::set`] would refuse.
+    /// [`ShardPlans::set`] would refuse.
     pub fn admits(&self, principal: &str, job: &str, positions: usize) -> Result<(), PlanRefused> {
         let owner = (principal.to_owned(), job.to_owned());
         if positions == 0 {
@@ -444,7 +444,7 @@ impl Plans {
     }
 
     /// Registers a planned fetch of `key` unless it is running or `limit` are; returns
-    /// whether it was registered (the caller then fetches and calls [`Plans::fetched`]).
+    /// whether it was registered (the caller then fetches and calls [`ShardPlans::fetched`]).
     pub fn start_fetch(&self, key: &ShardKey, limit: usize) -> Option<bool> {
         let mut fetching = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
         if fetching.len() >= limit {
@@ -526,7 +526,7 @@ pub enum PlanWindow {
     Bytes(u64),
 }
 
-/// A shard a job reads next (see [`Plans::upcoming`]).
+/// A shard a job reads next (see [`ShardPlans::upcoming`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upcoming {
     pub key: ShardKey,
@@ -540,13 +540,13 @@ pub struct Upcoming {
 }
 
 /// The plans as eviction sees them (`store::evict`).
-impl crate::store::evict::NextUses for Plans {
+impl crate::store::evict::NextUses for ShardPlans {
     fn next_use(&self, key: &ShardKey) -> Option<usize> {
-        Plans::next_use(self, key)
+        ShardPlans::next_use(self, key)
     }
 
     fn expire(&self) {
-        Plans::expire(self)
+        ShardPlans::expire(self)
     }
 }
 

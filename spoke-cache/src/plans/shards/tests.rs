@@ -18,7 +18,7 @@ fn in_order(shards: &[u32]) -> Vec<Planned> {
 /// Misses of `sequence` with a cache of `capacity` shards that evicts by the plan:
 /// the plan is the sequence itself, the cursor moved by each read.
 fn misses_by_plan(sequence: &[u32], capacity: usize) -> usize {
-    let plans = Plans::default();
+    let plans = ShardPlans::default();
     plans.set("", "job", in_order(sequence), u64::MAX).expect("within the bounds");
     let (mut cached, mut misses) = (Vec::<u32>::new(), 0);
     for &item in sequence {
@@ -92,7 +92,7 @@ fn reshuffled_epochs_keep_a_stable_set_where_lru_keeps_nothing() {
 
 #[test]
 fn cursors_follow_reads_a_little_ahead_and_plans_are_per_job() {
-    let plans = Plans::default();
+    let plans = ShardPlans::default();
     assert_eq!(plans.next_use(&key(1)), None, "no plan: no next use");
     plans.set("", "a", in_order(&[0, 1, 2, 3, 1]), u64::MAX).expect("within the bounds");
     plans.set("", "b", in_order(&[3, 2]), u64::MAX).expect("within the bounds");
@@ -109,7 +109,7 @@ fn cursors_follow_reads_a_little_ahead_and_plans_are_per_job() {
 fn shards_read_together_stay_in_use_until_their_last_read() {
     // A block of three shards read together (each in use until position 2), then
     // shard 3 alone; the next epoch reads 0 first.
-    let plans = Plans::default();
+    let plans = ShardPlans::default();
     plans
         .set(
             "",
@@ -142,7 +142,7 @@ fn shards_read_together_stay_in_use_until_their_last_read() {
 fn the_window_is_the_block_being_read_and_the_next_one() {
     // Blocks of three shards (each in use until the block's last position), then
     // blocks of two.
-    let plans = Plans::default();
+    let plans = ShardPlans::default();
     let blocks = [(0, 2), (1, 2), (2, 2), (3, 4), (4, 4), (5, 6), (6, 6)];
     plans
         .set(
@@ -170,7 +170,7 @@ fn the_window_is_the_block_being_read_and_the_next_one() {
 
 #[test]
 fn a_plan_changed_mid_epoch_is_followed() {
-    let plans = Plans::default();
+    let plans = ShardPlans::default();
     plans.set("", "job", in_order(&[0, 1, 2, 3]), u64::MAX).expect("within the bounds");
     plans.read("ds", "s0", "", None);
     plans.read("ds", "s1", "", None);
@@ -189,7 +189,7 @@ fn a_plan_changed_mid_epoch_is_followed() {
 fn stragglers_are_told_apart_and_do_not_move_the_cursor() {
     // Two epochs of 8 shards, the second in the same order (from position 8); each
     // shard read whole, its own block.
-    let plans = Plans::default();
+    let plans = ShardPlans::default();
     let mut order = in_order(&[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7]);
     for planned in &mut order[8..] {
         planned.epoch = 1;
@@ -224,7 +224,7 @@ fn plans_are_their_principals_own_and_bounded_per_principal_and_in_all() {
         positions: 10,
         ..PlanLimits::default()
     };
-    let plans = Plans::new(limits);
+    let plans = ShardPlans::new(limits);
     plans.set("alice", "train", in_order(&[0, 1, 2]), u64::MAX).expect("within the bounds");
     // Bob's "train" is his own: it neither replaces nor withdraws Alice's.
     plans.set("bob", "train", in_order(&[5]), u64::MAX).expect("within the bounds");
@@ -259,14 +259,15 @@ fn plans_are_their_principals_own_and_bounded_per_principal_and_in_all() {
 
 #[test]
 fn plans_no_read_meets_expire() {
-    let idle = Plans::new(PlanLimits { idle_expiry: std::time::Duration::ZERO, ..PlanLimits::default() });
+    let idle =
+        ShardPlans::new(PlanLimits { idle_expiry: std::time::Duration::ZERO, ..PlanLimits::default() });
     idle.set("alice", "done", in_order(&[0, 1]), u64::MAX).expect("within the bounds");
     assert!(idle.progress().is_empty(), "a plan idle for the expiry is dropped");
     assert_eq!(idle.next_use(&key(1)), None);
     // A read meets a plan and keeps it: expired 1.2 s after it was set, 0.6 s after the
     // read (the margins are the sleeps' overshoot on a loaded machine).
     let second = std::time::Duration::from_millis(1000);
-    let kept = Plans::new(PlanLimits { idle_expiry: second, ..PlanLimits::default() });
+    let kept = ShardPlans::new(PlanLimits { idle_expiry: second, ..PlanLimits::default() });
     kept.set("alice", "running", in_order(&[0, 1]), u64::MAX).expect("within the bounds");
     std::thread::sleep(second * 6 / 10);
     kept.read("ds", "s0", "alice", None);
@@ -280,7 +281,7 @@ fn a_plan_whose_block_does_not_fit_two_thirds_of_the_room_is_followed_sample_by_
     // Blocks of three 1-byte shards: 3 bytes each.
     let blocks =
         || [(0, 2), (1, 2), (2, 2), (3, 5), (4, 5), (5, 5)].map(|(i, until)| planned(i, i as usize, until));
-    let plans = Plans::default();
+    let plans = ShardPlans::default();
     assert_eq!(
         plans.set("", "fits", blocks().to_vec(), 5).unwrap(),
         (6, false),

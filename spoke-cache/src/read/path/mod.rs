@@ -25,15 +25,14 @@ use crate::{
     fetch::{Alongside, ChunkFetch, FetchFor, FetchOwner, KnownPart, SharedFetch},
     observe::job_counters::JobRow,
     observe::metrics::Metrics,
-    plans::samples::{Matched, SamplePlans, staged::Staged},
-    plans::shards::Plans,
+    plans::{Plans, Step},
     policy::admit::{self, AdmissionFilter},
     read::ahead::ReadAhead,
     read::index_reads::IndexReads,
     store::Store,
     store::admission::Admission,
     store::capacity::Capacity,
-    store::entry::{Entry, ShardKey},
+    store::entry::Entry,
     store::kept::Keeper,
 };
 
@@ -41,10 +40,9 @@ use crate::{
 #[derive(Debug)]
 pub struct ReadPath {
     pub store: Arc<Store>,
+    /// What each read is to the plans (asked once per call), and the samples they
+    /// fetched ahead.
     pub plans: Arc<Plans>,
-    /// Jobs followed sample by sample, and the samples fetched ahead for them.
-    pub samples: Arc<SamplePlans>,
-    pub staged: Arc<Staged>,
     /// Every part read counts in it, hit or miss (`policy::admit`).
     pub filter: Arc<AdmissionFilter>,
     pub fetch: FetchOwner,
@@ -125,49 +123,47 @@ impl ReadPath {
         wants: &[(&Arc<Entry>, u64, u64)],
         reader: &ReadFor,
     ) -> Result<Vec<Checked>> {
-        let stragglers = self.stragglers(wants, reader);
-        // A job followed sample by sample: its misses are fetched as read (never a whole
-        // chunk: the room is its window's and its keeps'), and nothing is read ahead.
-        // Its planned reads leave its window now, before they are fetched (the follower
-        // does not fetch them again beside them), with what the plan says of each.
-        let planned: Option<Vec<Matched>> = (!reader.index_read
-            && self.samples.follows(&reader.principal, reader.job.as_deref()))
-        .then(|| {
-            let shards: Vec<ShardKey> =
-                wants.iter().map(|(e, ..)| (e.dataset.clone(), e.shard.clone())).collect();
-            let reads =
-                wants.iter().zip(&shards).map(|(&(_, offset, length), shard)| (shard, offset, length));
-            self.samples.reads(&reader.principal, reader.job.as_deref(), reads)
-        });
-        let follows = planned.is_some();
+        // What each range is to the plans, asked before any admission this read causes
+        // makes room by them: what its misses do and what starts after it follow from it.
+        let steps = self.plans.to_read(wants, (&reader.principal, reader.job.as_deref()), reader.index_read);
         let mut parts = Vec::new();
         // Per range, the reads in a row of its shard that began where the one before
         // ended (0: not sequential): what read-ahead follows, and what the filter counts.
         let mut runs = vec![0; wants.len()];
-        for (want, &(entry, offset, length)) in wants.iter().enumerate() {
+        for (want, (&(entry, offset, length), &step)) in wants.iter().zip(&steps).enumerate() {
             if length == 0 {
                 continue;
             }
             let end = offset + length;
-            if !reader.index_read {
+            if step.counts() {
                 runs[want] = entry.read_from(offset, end);
             }
-            if let Some(sample) = self.sample_part(want, entry, offset, length) {
+            if let Some(sample) = self.sample_part((want, step), entry, offset, length) {
                 parts.push(sample);
                 continue;
             }
             for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
                 let (chunk_start, chunk_len) = entry.chunk_range(index);
                 let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
-                if !reader.index_read && admit::counts(runs[want] > 0, from == chunk_start) {
+                if step.counts() && admit::counts(runs[want] > 0, from == chunk_start) {
                     // Every part read counts, hit or miss: a stored chunk's count is what
                     // an admission would weigh against.
                     self.filter.read(entry.chunk_key(index), to - from);
                 }
-                let (provenance, bytes) =
-                    self.provenance(entry, index, (from, to), reader, (&stragglers, follows));
+                let (provenance, bytes) = self.provenance(entry, index, (from, to), reader, step);
                 let missed = !matches!(provenance, Provenance::Stored | Provenance::IndexHeld);
-                parts.push(Part { want, entry, index, from, to, provenance, missed, bytes, pending: None });
+                parts.push(Part {
+                    want,
+                    step,
+                    entry,
+                    index,
+                    from,
+                    to,
+                    provenance,
+                    missed,
+                    bytes,
+                    pending: None,
+                });
             }
         }
         let span = tracing::Span::current();
@@ -179,31 +175,7 @@ impl ReadPath {
         self.fetch_parts(&mut parts, reader).await?;
         telemetry::attribute(&span, "store_us", stored.as_micros() as i64);
         telemetry::attribute(&span, "fetch_us", (started.elapsed() - stored).as_micros() as i64);
-        Ok(self.assemble(wants, (parts, &runs), reader, (&stragglers, planned.as_deref())))
-    }
-
-    /// The entries of `wants` whose plans have moved past them for `reader`: the jobs that
-    /// planned these shards have reached them (before any admission this read causes
-    /// makes room by the plans). A straggler's miss (the reader's own plan has moved past
-    /// the shard) is fetched as read and not stored: its room is the plan's, for what is
-    /// read next.
-    fn stragglers(
-        &self,
-        wants: &[(&Arc<Entry>, u64, u64)],
-        reader: &ReadFor,
-    ) -> std::collections::HashSet<u64> {
-        let mut stragglers = std::collections::HashSet::new();
-        // A format's index reads are no step of a plan (the SDK sends them untagged; an
-        // older one may not).
-        if self.plans.any() && !reader.index_read {
-            let mut seen = std::collections::HashSet::new();
-            for (entry, ..) in wants.iter().filter(|(entry, ..)| seen.insert(entry.id)) {
-                if self.plans.read(&entry.dataset, &entry.shard, &reader.principal, reader.job.as_deref()) {
-                    stragglers.insert(entry.id);
-                }
-            }
-        }
-        stragglers
+        Ok(self.assemble(wants, (parts, &runs), reader, &steps))
     }
 
     /// Fetches the parts that are not at hand: those fetched as read, and those whose
@@ -241,7 +213,7 @@ impl ReadPath {
                 matches!(part.provenance, Provenance::Hedged),
                 matches!(part.provenance, Provenance::Staged),
             );
-            let pending = part.pending.clone();
+            let (pending, index_read) = (part.pending.clone(), part.step == Step::Index);
             let (entry, index, from, length) = (part.entry, part.index, part.from, part.to - part.from);
             async move {
                 match (chunk, pending) {
@@ -260,7 +232,7 @@ impl ReadPath {
                     },
                     (None, Some(pending)) => {
                         let bytes = pending.await?;
-                        if reader.index_read {
+                        if index_read {
                             self.index_reads.put((entry.id, from, length), bytes.clone());
                         }
                         Ok(bytes)
@@ -280,15 +252,15 @@ impl ReadPath {
     /// Where the part `[from, to)` of chunk `index` of `entry` comes from for `reader`
     /// (and its bytes when they are at hand): the store; an index read kept in memory; a
     /// fetch running now; a fetch started to store the chunk, if the admission says it
-    /// pays (`ReadAhead::stores`); else the part fetched as read (always for a plan's
-    /// stragglers and for index reads).
+    /// pays (`ReadAhead::stores`) and its `step` may store; else the part fetched as read
+    /// (always for a plan's stragglers and for index reads).
     fn provenance(
         &self,
         entry: &Arc<Entry>,
         index: u64,
         (from, to): (u64, u64),
         reader: &ReadFor,
-        (stragglers, follows): (&std::collections::HashSet<u64>, bool),
+        step: Step,
     ) -> (Provenance, Option<Checked>) {
         let (stored, unread) = entry.has_chunk_for_read(index);
         if stored {
@@ -297,13 +269,13 @@ impl ReadPath {
             }
             return (Provenance::Stored, None);
         }
-        if reader.index_read {
+        if step == Step::Index {
             return match self.index_reads.get((entry.id, from, to - from)) {
                 Some(bytes) => (Provenance::IndexHeld, Some(bytes)),
                 None => (Provenance::Direct, None),
             };
         }
-        if stragglers.contains(&entry.id) {
+        if step == Step::Straggler {
             return (Provenance::Direct, None);
         }
         // A read a client sent the owner first (a hedge, a failover): the owner's fetch
@@ -337,7 +309,7 @@ impl ReadPath {
         }
         // A job followed sample by sample stores no chunk: its room is its window's and
         // its keeps' (`policy::keep`).
-        if !follows && self.read_ahead.stores(entry, index, &reader.principal) {
+        if step.speculates() && self.read_ahead.stores(entry, index, &reader.principal) {
             // The whole chunk is being read alongside the shard's first stat (another reader's
             // cold open): its fetch takes those bytes, and this read waits for them, not
             // for a fetch of its own part.
@@ -386,15 +358,16 @@ impl ReadPath {
         self.fetch.direct(entry, from, length, reader.fetch()).await
     }
 
-    /// Each range's parts joined, counted as hits or misses; starts speculation (not for a
-    /// plan's stragglers, nor for index reads, nor for a job followed sample by sample,
-    /// whose plan says what it reads again: kept here when it crossed the link).
+    /// Each range's parts joined, counted as hits or misses; starts speculation where its
+    /// step may (not for a plan's stragglers, nor for index reads, nor for a job followed
+    /// sample by sample, whose plan says what it reads again: kept here when it crossed
+    /// the link).
     fn assemble(
         &self,
         wants: &[(&Arc<Entry>, u64, u64)],
         (parts, runs): (Vec<Part<'_>>, &[u32]),
         reader: &ReadFor,
-        (stragglers, planned): (&std::collections::HashSet<u64>, Option<&[Matched]>),
+        steps: &[Step],
     ) -> Vec<Checked> {
         let row = &reader.row;
         // Parts were planned in the order of the ranges: each range takes its run.
@@ -412,10 +385,9 @@ impl ReadPath {
             // One call starts read-ahead or a whole-shard fetch for a bounded number of
             // shards: a batch of 1-byte reads over thousands of cold shards must not
             // start a background fetch of each.
-            let share = !reader.index_read
-                && planned.is_none()
+            let share = steps[want].speculates()
                 && (speculated.len() < SPECULATIVE_SHARDS_PER_CALL || speculated.contains(&entry.id));
-            if let Some(last) = last.filter(|_| share && !stragglers.contains(&entry.id)) {
+            if let Some(last) = last.filter(|_| share) {
                 speculated.insert(entry.id);
                 self.read_ahead.after_read(
                     entry,
@@ -433,17 +405,20 @@ impl ReadPath {
             requests.fetch_add(1, Relaxed);
             bytes.fetch_add(length, Relaxed);
             row.read(length, !missed);
-            let matched = planned.and_then(|p| p.get(want));
-            if let Some(Matched::Planned { .. }) = matched {
+            let planned = match steps[want] {
+                Step::Sample { planned: true, next_use } => Some(next_use),
+                _ => None,
+            };
+            if planned.is_some() {
                 row.planned_reads.fetch_add(1, Relaxed);
             }
             let read = Checked::concat(mine);
             // A sample of a job followed sample by sample that crossed the link is kept if the
             // plan reads it again (`Keeper::keep`).
-            if let (Some(Matched::Planned { next_use }), true) = (matched, missed) {
-                self.keeper.keep(entry, wants[want].1, read.clone(), &reader.principal, *next_use);
+            if let (Some(next_use), true) = (planned, missed) {
+                self.keeper.keep(entry, wants[want].1, read.clone(), &reader.principal, next_use);
                 // A copy the follower fetched ahead as this read fetched it is no one's now.
-                drop(self.staged.take(&(entry.id, wants[want].1, length)));
+                drop(self.plans.staged.take(&(entry.id, wants[want].1, length)));
             }
             out.push(read);
         }
@@ -539,8 +514,9 @@ impl Provenance {
 
 /// One chunk's share of one range of a `read_many` call.
 struct Part<'a> {
-    /// Which range of the call.
+    /// Which range of the call, and what that range is to the plans.
     want: usize,
+    step: Step,
     entry: &'a Arc<Entry>,
     index: u64,
     /// Shard offsets `[from, to)` of the part.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{Part, Provenance, ReadPath};
-use crate::{Result, store::entry::Entry};
+use crate::{Result, plans::Step, store::entry::Entry};
 
 impl ReadPath {
     /// The range `[offset, offset + length)` of `entry` read whole as a sample, when its
@@ -12,7 +12,7 @@ impl ReadPath {
     /// kept for this epoch (`kept.rs`).
     pub(super) fn sample_part<'a>(
         &self,
-        want: usize,
+        (want, step): (usize, Step),
         entry: &'a Arc<Entry>,
         offset: u64,
         length: u64,
@@ -24,6 +24,7 @@ impl ReadPath {
         }
         let part = |provenance, missed, pending| Part {
             want,
+            step,
             entry,
             index,
             from: offset,
@@ -35,10 +36,10 @@ impl ReadPath {
         };
         // Kept first: a copy fetched ahead meanwhile (a race with the keep) is dropped.
         if self.keeper.samples().holds(entry, offset, length) {
-            drop(self.staged.take(&(entry.id, offset, length)));
+            drop(self.plans.staged.take(&(entry.id, offset, length)));
             return Some(part(Provenance::KeptSample, false, None));
         }
-        let staged = self.staged.take(&(entry.id, offset, length))?;
+        let staged = self.plans.staged.take(&(entry.id, offset, length))?;
         Some(part(Provenance::Staged, true, Some(staged)))
     }
 

@@ -385,7 +385,7 @@ impl CacheControl for Control {
             )));
         }
         let refused = |e: PlanRefused| Status::resource_exhausted(e.to_string());
-        self.cache.plans().admits(grant.principal(), &req.job, positions).map_err(refused)?;
+        self.cache.plans().shards.admits(grant.principal(), &req.job, positions).map_err(refused)?;
         let (table, mut plan) = plan_positions(&req, positions)?;
         for (dataset, _) in &table {
             grant.check(dataset.as_str())?;
@@ -410,7 +410,7 @@ impl CacheControl for Control {
         plan.shards = resolved.into_iter().collect::<Result<_, Status>>()?;
         let room = self.cache.capacity().low_watermark();
         let (shards, samples) =
-            self.cache.plans().set(grant.principal(), &req.job, plan, room).map_err(refused)?;
+            self.cache.plans().shards.set(grant.principal(), &req.job, plan, room).map_err(refused)?;
         let shards = shards as u64;
         tracing::info!(principal = grant.principal(), job = %req.job, epoch = req.epoch, reads = positions, shards, samples, "access plan set");
         Ok(Response::new(PlanResponse { shards, samples }))
@@ -429,7 +429,8 @@ impl CacheControl for Control {
         }
         let planned = self
             .cache
-            .samples()
+            .plans()
+            .samples
             .add((grant.principal(), &req.job), req.epoch_samples, &table, &reads)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         let window_bytes = keep::window_bound(self.cache.capacity().capacity());
@@ -445,7 +446,7 @@ impl CacheControl for Control {
 
 /// Every plan's progress.
 fn plan_statuses(cache: &Cache) -> Vec<PlanStatus> {
-    let progress = cache.plans().progress();
+    let progress = cache.plans().shards.progress();
     progress
         .into_iter()
         .map(|p| PlanStatus {
