@@ -6,9 +6,10 @@
 //!
 //! ```text
 //! serve/    the front doors: the read service over the cache, cache control, flags, the server
-//! cache.rs  the facade: the parts assembled, through which the services reach them
+//! cache/    the facade: the parts assembled (open.rs), through which the services reach them
 //! read/     where a read is answered from: stored, fetched, fetched as read, held by a plan
-//! plans/    what jobs will read (shards, samples) and what that fetches ahead and keeps
+//! plans/    what jobs will read (shards, samples), what each read is to them, and the
+//!           one follower that fetches what they read next
 //! fetch/    the fetch owner (one fetch per missing chunk), shard lookups, the suppliers
 //!           (peers, hubs) asked in order with hedging
 //! store/    RocksDB (pages, records, packs), the catalog, chunk admission, capacity,
@@ -19,7 +20,7 @@
 //! error.rs  errors and the one place that picks their gRPC codes
 //! ```
 //!
-//! Data flows one way (see `cache.rs` for the picture): a read asks the catalog; a miss
+//! Data flows one way (see `cache/mod.rs` for the picture): a read asks the catalog; a miss
 //! goes to the fetch owner, which asks the chain of suppliers and hands what it got to
 //! the admission sink. `testing` (unit tests only): the parts over a real store with a
 //! fake supplier.

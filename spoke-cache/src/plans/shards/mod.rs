@@ -36,9 +36,13 @@ use self::{
 use crate::store::entry::ShardKey;
 
 mod job_plan;
+mod new_plan;
 mod table;
 
-pub use self::job_plan::CURSOR_REACH;
+pub use self::{
+    job_plan::CURSOR_REACH,
+    new_plan::{NewPlan, Planned, Use},
+};
 
 /// A plan is followed whole shard by whole shard while its largest block takes at most
 /// this share of the room below the low watermark (the block being read, and the next
@@ -50,70 +54,6 @@ pub const SHARD_BLOCK_SHARE: f64 = 2.0 / 3.0;
 /// Most positions one plan may have (two epochs of a large dataset: the seed's C4 at 64
 /// MiB shards is ~12k shards an epoch). Positions are counted in 32 bits.
 pub const MAX_PLAN_POSITIONS: usize = 1 << 20;
-
-/// One planned use of a shard: from the read that first touches it (`first`) to the
-/// position of the last shard first read before its own last read (`until`), both plan
-/// positions. A shard read whole before the next starts has `until == first`; under a
-/// block shuffle the shards of a block are in use together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Use {
-    pub first: usize,
-    pub until: usize,
-}
-
-/// One position of a plan: the shard first read there, its use, its size and the
-/// epoch of the read (a plan position by position, as tests write one).
-#[derive(Debug, Clone)]
-pub struct Planned {
-    pub key: ShardKey,
-    pub at: Use,
-    pub size: u64,
-    pub epoch: u64,
-}
-
-/// A plan as [`ShardPlans::set`] takes it: its distinct shards once each, and per position
-/// the one first read there (its index in `shards`) and the end of its use.
-#[derive(Debug, Clone, Default)]
-pub struct NewPlan {
-    /// Each shard the plan names, with its size.
-    pub shards: Vec<(ShardKey, u64)>,
-    /// Per position, the index in `shards` of the shard first read there.
-    pub positions: Vec<u32>,
-    /// Per position, the last position of its use (`Use::until`); empty: each its own.
-    pub until: Vec<u32>,
-    /// (first position, epoch) of each epoch, in order.
-    pub epochs: Vec<(u32, u64)>,
-}
-
-impl NewPlan {
-    pub fn len(&self) -> usize {
-        self.positions.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.positions.is_empty()
-    }
-}
-
-impl From<Vec<Planned>> for NewPlan {
-    fn from(order: Vec<Planned>) -> Self {
-        let mut plan = NewPlan::default();
-        let mut index: HashMap<ShardKey, u32> = HashMap::new();
-        for (at, planned) in order.into_iter().enumerate() {
-            let next = plan.shards.len() as u32;
-            let local = *index.entry(planned.key.clone()).or_insert_with(|| {
-                plan.shards.push((planned.key, planned.size));
-                next
-            });
-            plan.positions.push(local);
-            plan.until.push(planned.at.until as u32);
-            if plan.epochs.last().is_none_or(|&(_, epoch)| epoch != planned.epoch) {
-                plan.epochs.push((at as u32, planned.epoch));
-            }
-        }
-        plan
-    }
-}
 
 /// A plan's owner and name: (principal, job). Each principal names its jobs in its own
 /// namespace, so no principal can replace, withdraw or see another's plan.
@@ -537,17 +477,6 @@ pub struct Upcoming {
     pub epoch: u64,
     /// Read after the block being read (the window), not in it.
     pub ahead: bool,
-}
-
-/// The plans as eviction sees them (`store::evict`).
-impl crate::store::evict::NextUses for ShardPlans {
-    fn next_use(&self, key: &ShardKey) -> Option<usize> {
-        ShardPlans::next_use(self, key)
-    }
-
-    fn expire(&self) {
-        ShardPlans::expire(self)
-    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,11 @@
 //! what it would displace); otherwise the part the read wants is fetched as read and
 //! served without being stored. Every part read, stored or not, counts in the filter.
 
+mod parts;
 mod samples;
 mod stored;
+
+use parts::{Part, Provenance, record_parts};
 
 use std::sync::{Arc, atomic::Ordering::Relaxed};
 
@@ -22,7 +25,7 @@ use shardcache_proto::checksum::Checked;
 use crate::{
     Error, Result,
     fetch::suppliers::{Chain, Joined},
-    fetch::{Alongside, ChunkFetch, FetchFor, FetchOwner, KnownPart, SharedFetch},
+    fetch::{Alongside, FetchFor, FetchOwner, KnownPart},
     observe::job_counters::JobRow,
     observe::metrics::Metrics,
     plans::{Plans, Step},
@@ -450,83 +453,4 @@ fn part_for_fill(from: u64, to: u64) -> (tokio::sync::oneshot::Sender<Result<Che
         bytes.await.unwrap_or_else(|_| Err(Error::Internal("the read a fill waited for ended".into())))
     };
     (part, KnownPart { from, to, bytes: bytes.boxed().shared() })
-}
-
-/// Where a part's bytes come from (its provenance: "source" is the read service's trait).
-enum Provenance {
-    Stored,
-    /// The chunk's fetch (it is stored once fetched).
-    Chunk(ChunkFetch),
-    /// Fetched as read, and the rest of its chunk fetched beside it, the whole stored (a
-    /// miss the admission stores: `FetchOwner::fill`); the fill's part is sent it here.
-    Fill(Option<tokio::sync::oneshot::Sender<Result<Checked>>>),
-    /// Fetched as read, not stored (not admitted, a plan's straggler, an index read).
-    Direct,
-    /// A piece of a chunk being filled (`ChunkFetch::piece_for`), and where it starts.
-    Piece(SharedFetch, u64),
-    /// A whole range its job's plan fetched ahead (`samples/`).
-    Staged,
-    /// A whole range kept for a later epoch (`store/kept/`).
-    KeptSample,
-    /// Asked of the owner the reader's client asked first (a hedge, a failover), else as
-    /// any miss (`ReadPath::hedged_part`).
-    Hedged,
-    /// An index read's bytes kept in memory.
-    IndexHeld,
-}
-
-/// Records on `span` (the request's: a read adds no span of its own, so that a warm read
-/// costs one exported span, observe-cost-bench) what was decided for each of `parts`
-/// when traces are exported: how many were hits and misses, what the admission decided
-/// for each miss (`admission`: stored as whole chunks, filled beside the read, fetched as
-/// read and not stored, and so on) and the bytes; the caller adds the time spent reading
-/// the store and fetching. The fetches a read starts are the request's children.
-fn record_parts(span: &tracing::Span, parts: &[Part<'_>]) {
-    if !telemetry::exporting() || span.is_disabled() {
-        return;
-    }
-    let mut kinds = std::collections::BTreeMap::<&str, u32>::new();
-    for part in parts {
-        *kinds.entry(part.provenance.decision()).or_default() += 1;
-    }
-    let admission = kinds.iter().map(|(kind, n)| format!("{kind} {n}")).collect::<Vec<_>>().join(", ");
-    telemetry::attribute(span, "hits", parts.iter().filter(|p| !p.missed).count() as i64);
-    telemetry::attribute(span, "misses", parts.iter().filter(|p| p.missed).count() as i64);
-    telemetry::attribute(span, "admission", admission);
-}
-
-impl Provenance {
-    /// What was decided for a part, as a trace says it.
-    fn decision(&self) -> &'static str {
-        match self {
-            Self::Stored => "hit",
-            Self::IndexHeld => "hit (index kept in memory)",
-            Self::Chunk(_) => "miss, chunk fetched and stored",
-            Self::Fill(_) => "miss, read fetched and its chunk filled beside it",
-            Self::Direct => "miss, fetched as read, not stored",
-            Self::Piece(..) => "miss, joined a chunk being filled",
-            Self::Staged => "fetched ahead by the plan",
-            Self::KeptSample => "kept for this epoch",
-            Self::Hedged => "hedged: asked of the owner",
-        }
-    }
-}
-
-/// One chunk's share of one range of a `read_many` call.
-struct Part<'a> {
-    /// Which range of the call, and what that range is to the plans.
-    want: usize,
-    step: Step,
-    entry: &'a Arc<Entry>,
-    index: u64,
-    /// Shard offsets `[from, to)` of the part.
-    from: u64,
-    to: u64,
-    /// Where its bytes come from.
-    provenance: Provenance,
-    /// It did not come from the store (a miss).
-    missed: bool,
-    bytes: Option<Checked>,
-    /// Its fetch as read, once started.
-    pending: Option<SharedFetch>,
 }

@@ -7,10 +7,10 @@ use futures::stream::{self, StreamExt};
 use shardcache_proto::{
     names::{DatasetName, ShardName},
     v1::{
-        Chunk, DatasetStatus, EvictRequest, EvictResponse, JobReport, JobReportRequest, JobStatus,
-        MemberStatus, PinRequest, PinResponse, PlanRequest, PlanResponse, PlanStatus, PrefetchProgress,
-        PrefetchRequest, PrincipalStatus, ReadRangeRequest, SamplePlanRequest, SamplePlanResponse,
-        StatusRequest, StatusResponse, StepReport, StepReportResponse, cache_control_server::CacheControl,
+        Chunk, DatasetStatus, EvictRequest, EvictResponse, JobReport, JobReportRequest, MemberStatus,
+        PinRequest, PinResponse, PlanRequest, PlanResponse, PrefetchProgress, PrefetchRequest,
+        ReadRangeRequest, SamplePlanRequest, SamplePlanResponse, StatusRequest, StatusResponse, StepReport,
+        StepReportResponse, cache_control_server::CacheControl,
     },
 };
 use shardcache_serving::auth::Grant;
@@ -19,8 +19,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 mod plan_requests;
+mod statuses;
 
 use plan_requests::{plan_positions, planned_samples};
+use statuses::{job_statuses, plan_statuses, principal_statuses};
 
 use crate::{
     Result,
@@ -442,56 +444,6 @@ impl CacheControl for Control {
         set_pins(&self.cache, self.cached(&request.get_ref().dataset, &request.get_ref().shards)?, false)
             .await
     }
-}
-
-/// Every plan's progress.
-fn plan_statuses(cache: &Cache) -> Vec<PlanStatus> {
-    let progress = cache.plans().shards.progress();
-    progress
-        .into_iter()
-        .map(|p| PlanStatus {
-            principal: p.principal,
-            job: p.job,
-            cursor: p.cursor as u64,
-            positions: p.positions as u64,
-            lag: p.lag as u64,
-            samples: p.samples,
-        })
-        .collect()
-}
-
-/// Every principal holding bytes, with its share (`policy::shares`).
-fn principal_statuses(cache: &Cache) -> Vec<PrincipalStatus> {
-    let (held, shares) = cache.held_and_shares();
-    let mut out: Vec<PrincipalStatus> = held
-        .into_iter()
-        .map(|(principal, held_bytes)| PrincipalStatus {
-            share_bytes: shares.get(&principal).copied().unwrap_or_default(),
-            principal,
-            held_bytes,
-        })
-        .collect();
-    out.sort_by(|a, b| a.principal.cmp(&b.principal));
-    out
-}
-
-/// Every (job, epoch) row (see `jobs.rs`).
-fn job_statuses(cache: &Cache) -> Vec<JobStatus> {
-    let rows = cache.metrics().jobs.snapshot();
-    rows.into_iter()
-        .map(|(key, row)| JobStatus {
-            principal: key.principal,
-            job: key.job,
-            epoch: key.epoch,
-            reads: row.reads,
-            hit_reads: row.hit_reads,
-            bytes: row.bytes,
-            hit_bytes: row.hit_bytes,
-            hub_bytes: row.hub_bytes,
-            link_bytes: row.link_bytes,
-            planned_reads: row.planned_reads,
-        })
-        .collect()
 }
 
 async fn set_pins(
