@@ -266,6 +266,7 @@ mod tests {
     use crate::{
         fetch::FetchFor,
         observe::job_counters::JobRow,
+        store::entry::ChunkIndex,
         testing::{parts, pattern},
     };
 
@@ -291,14 +292,14 @@ mod tests {
         parts.supply.put("ds", "s", "v1", pattern(CHUNK as usize, 2));
         let old = parts.entry("ds", "s").await.unwrap();
         let row = JobRow::default();
-        parts.fetch.chunk(&old, 0, FetchFor::read(&row, "t", &[])).unwrap().stored.await.unwrap();
+        parts.fetch.chunk(&old, ChunkIndex(0), FetchFor::read(&row, "t", &[])).unwrap().stored.await.unwrap();
         assert_eq!(parts.capacity.used(), CHUNK);
         parts.supply.put("ds", "s", "v2", pattern(CHUNK as usize, 3));
         old.expire();
         let new = parts.entry("ds", "s").await.unwrap();
         assert_eq!(new.version, "v2");
         assert_ne!(new.id, old.id, "a new version is a new entry: its bytes never mix with the old");
-        assert!(!new.has_chunk(0));
+        assert!(!new.has_chunk(ChunkIndex(0)));
         assert!(parts.stored(&old, 0, CHUNK).is_none(), "v1's bytes are gone from the store");
         assert_eq!(parts.capacity.used(), 0);
     }

@@ -58,7 +58,7 @@ use crate::{
     observe::metrics::Metrics,
     store::admission::Admission,
     store::capacity::Capacity,
-    store::entry::Entry,
+    store::entry::{ChunkIndex, Entry},
 };
 
 /// A chunk's bytes (with their checksum), shared by everyone waiting for them.
@@ -143,7 +143,7 @@ struct Inner {
     admission: Arc<Admission>,
     capacity: Arc<Capacity>,
     /// Running fetches by `(entry id, chunk index)`.
-    inflight: Mutex<HashMap<(u64, u64), ChunkFetch>>,
+    inflight: Mutex<HashMap<(u64, ChunkIndex), ChunkFetch>>,
     /// Running fetches of ranges as read, by `(entry id, offset, length)`.
     direct: Mutex<HashMap<(u64, u64, u64), SharedFetch>>,
     speculations: Arc<Speculations>,
@@ -182,7 +182,7 @@ impl FetchOwner {
     }
 
     /// The running fetch of chunk `index` of `entry`, if there is one (a read joining it).
-    pub fn running(&self, entry: &Entry, index: u64) -> Option<ChunkFetch> {
+    pub fn running(&self, entry: &Entry, index: ChunkIndex) -> Option<ChunkFetch> {
         let running = self.inner.inflight().get(&(entry.id, index)).cloned()?;
         running.read.store(true, Relaxed);
         Some(running)
@@ -191,7 +191,7 @@ impl FetchOwner {
     /// The shared fetch of chunk `index` of `entry`, to be stored: started here unless
     /// one is already running (then the bytes it fetches are counted in `fetch.row`).
     /// `None` when the chunk is stored: read it from the store.
-    pub fn chunk(&self, entry: &Arc<Entry>, index: u64, fetch: FetchFor<'_>) -> Option<ChunkFetch> {
+    pub fn chunk(&self, entry: &Arc<Entry>, index: ChunkIndex, fetch: FetchFor<'_>) -> Option<ChunkFetch> {
         self.start_chunk(entry, index, fetch, None)
     }
 
@@ -204,7 +204,7 @@ impl FetchOwner {
     pub fn fill(
         &self,
         entry: &Arc<Entry>,
-        index: u64,
+        index: ChunkIndex,
         part: KnownPart,
         fetch: FetchFor<'_>,
     ) -> Option<ChunkFetch> {
@@ -214,7 +214,7 @@ impl FetchOwner {
     fn start_chunk(
         &self,
         entry: &Arc<Entry>,
-        index: u64,
+        index: ChunkIndex,
         fetch: FetchFor<'_>,
         part: Option<KnownPart>,
     ) -> Option<ChunkFetch> {
@@ -283,7 +283,7 @@ impl FetchOwner {
         if let Some(direct) = self.inner.direct().get(&(entry.id, offset, length)).cloned() {
             return Some(direct.boxed());
         }
-        let index = offset / entry.chunk_size;
+        let index = entry.chunk_of(offset);
         let (start, chunk_len) = entry.chunk_range(index);
         if length == 0 || offset + length > start + chunk_len {
             return None;
@@ -323,7 +323,8 @@ impl FetchOwner {
         fetch: FetchFor<'_>,
     ) -> Result<u64> {
         use futures::stream::{self, StreamExt, TryStreamExt};
-        let missing: Vec<u64> = (0..entry.chunk_count()).filter(|&i| !entry.has_chunk(i)).collect();
+        let missing: Vec<ChunkIndex> =
+            (0..entry.chunk_count()).map(ChunkIndex).filter(|&i| !entry.has_chunk(i)).collect();
         stream::iter(missing)
             .map(|index| match self.chunk(entry, index, fetch) {
                 Some(fetch) => fetch.stored,
@@ -369,7 +370,7 @@ impl FetchOwner {
 }
 
 impl Inner {
-    fn inflight(&self) -> MutexGuard<'_, HashMap<(u64, u64), ChunkFetch>> {
+    fn inflight(&self) -> MutexGuard<'_, HashMap<(u64, ChunkIndex), ChunkFetch>> {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -423,7 +424,7 @@ impl Inner {
 /// What a chunk's fetch task holds.
 struct ChunkTask {
     entry: Arc<Entry>,
-    index: u64,
+    index: ChunkIndex,
     fetch: Owned,
     /// A reader's part of it, taken instead of asked for ([`ChunkFetch::lend`]).
     known: Arc<Mutex<Option<KnownPart>>>,

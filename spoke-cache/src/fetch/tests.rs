@@ -22,15 +22,18 @@ async fn concurrent_readers_of_a_missing_chunk_share_one_fetch_and_it_is_stored(
     let entry = parts.entry("ds", "s").await.unwrap();
     let row = JobRow::default();
     let fetches: Vec<ChunkFetch> =
-        (0..8).map(|_| parts.fetch.chunk(&entry, 1, for_read(&row)).unwrap()).collect();
+        (0..8).map(|_| parts.fetch.chunk(&entry, ChunkIndex(1), for_read(&row)).unwrap()).collect();
     for fetch in fetches {
         assert_eq!(fetch.fetched.await.unwrap().data[..], data[CHUNK as usize..2 * CHUNK as usize]);
         assert_eq!(fetch.stored.await.unwrap(), CHUNK, "each reader is told the chunk is on disk");
     }
     assert_eq!(parts.supply.fetches.load(SeqCst), 1, "eight readers, one fetch");
-    assert!(entry.has_chunk(1) && !entry.has_chunk(0));
+    assert!(entry.has_chunk(ChunkIndex(1)) && !entry.has_chunk(ChunkIndex(0)));
     assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..2 * CHUNK as usize]);
-    assert!(parts.fetch.chunk(&entry, 1, for_read(&row)).is_none(), "stored: read from the store");
+    assert!(
+        parts.fetch.chunk(&entry, ChunkIndex(1), for_read(&row)).is_none(),
+        "stored: read from the store"
+    );
     assert_eq!(row.hub_bytes.load(Relaxed), CHUNK, "counted once, in the reader's row");
     assert_eq!(parts.capacity.used(), CHUNK);
 }
@@ -43,13 +46,13 @@ async fn a_failed_fetch_keeps_nothing_and_the_next_read_fetches_again() {
     let entry = parts.entry("ds", "s").await.unwrap();
     let row = JobRow::default();
     parts.supply.fail_next(1);
-    let failed = parts.fetch.chunk(&entry, 0, for_read(&row)).unwrap();
+    let failed = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&row)).unwrap();
     let error = failed.fetched.await.unwrap_err();
     assert_eq!(error.code(), tonic::Code::Unavailable, "{error}");
     assert!(failed.stored.await.is_err());
-    assert!(!entry.has_chunk(0) && parts.stored(&entry, 0, CHUNK).is_none(), "nothing stored");
+    assert!(!entry.has_chunk(ChunkIndex(0)) && parts.stored(&entry, 0, CHUNK).is_none(), "nothing stored");
     assert_eq!(parts.fetch.in_flight(), 0, "the failed fetch is not kept for the next reader");
-    let again = parts.fetch.chunk(&entry, 0, for_read(&row)).unwrap();
+    let again = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&row)).unwrap();
     assert_eq!(again.fetched.await.unwrap().data[..], data[..]);
     again.stored.await.unwrap();
     assert_eq!(parts.supply.fetches.load(SeqCst), 2);
@@ -64,13 +67,16 @@ async fn wrong_bytes_from_a_supplier_are_neither_served_nor_stored() {
         let entry = parts.entry("ds", "s").await.unwrap();
         let row = JobRow::default();
         parts.supply.answer(Some(wrong));
-        let fetch = parts.fetch.chunk(&entry, 0, for_read(&row)).unwrap();
+        let fetch = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&row)).unwrap();
         let error = fetch.fetched.await.unwrap_err();
         assert!(error.to_string().contains("a supplier answered"), "{wrong:?}: {error}");
         assert!(fetch.stored.await.is_err());
         let direct = parts.fetch.direct(&entry, 100, 1000, for_read(&row)).await;
         assert!(direct.is_err(), "{wrong:?}: a read as read is refused too");
-        assert!(!entry.has_chunk(0) && parts.stored(&entry, 0, CHUNK).is_none(), "{wrong:?}: nothing stored");
+        assert!(
+            !entry.has_chunk(ChunkIndex(0)) && parts.stored(&entry, 0, CHUNK).is_none(),
+            "{wrong:?}: nothing stored"
+        );
         assert_eq!(parts.capacity.used(), 0);
         assert_eq!(row.hub_bytes.load(Relaxed), 0, "{wrong:?}: refused bytes are not counted as fetched");
         assert!(row.link_bytes.load(Relaxed) > 0, "{wrong:?}: but what crossed the link for them is counted");
@@ -85,14 +91,14 @@ async fn a_new_version_upstream_fails_the_read_and_sends_the_entry_to_be_checked
     assert!(parts.catalog.is_fresh(&entry));
     let v2 = pattern(CHUNK as usize, 5);
     parts.supply.put("ds", "s", "v2", v2.clone());
-    let fetch = parts.fetch.chunk(&entry, 0, for_read(&JobRow::default())).unwrap();
+    let fetch = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&JobRow::default())).unwrap();
     let error = fetch.fetched.await.unwrap_err();
     assert_eq!(error.code(), tonic::Code::Aborted, "{error}");
-    assert!(!entry.has_chunk(0), "no byte of v2 under v1's entry");
+    assert!(!entry.has_chunk(ChunkIndex(0)), "no byte of v2 under v1's entry");
     assert!(!parts.catalog.is_fresh(&entry), "the entry is checked at its next access");
     let next = parts.entry("ds", "s").await.unwrap();
     assert_eq!((next.version.as_str(), next.id != entry.id), ("v2", true));
-    let fetch = parts.fetch.chunk(&next, 0, for_read(&JobRow::default())).unwrap();
+    let fetch = parts.fetch.chunk(&next, ChunkIndex(0), for_read(&JobRow::default())).unwrap();
     assert_eq!(fetch.fetched.await.unwrap().data[..], v2[..]);
 }
 
@@ -135,7 +141,7 @@ async fn a_range_fetched_as_read_is_shared_and_never_stored() {
     }
     assert_eq!(parts.supply.fetches.load(SeqCst), 1, "four readers of one range, one fetch");
     assert_eq!(row.hub_bytes.load(Relaxed), 5000, "what crossed is the range, not its chunk");
-    assert!(!entry.has_chunk(0) && parts.capacity.used() == 0, "a read as read is not stored");
+    assert!(!entry.has_chunk(ChunkIndex(0)) && parts.capacity.used() == 0, "a read as read is not stored");
 }
 
 #[tokio::test]
@@ -172,14 +178,16 @@ async fn a_fill_stores_the_chunk_from_the_readers_part_and_the_rest_crossing_onc
     // A reader's 5000 bytes inside chunk 1, fetched as read; the chunk filled beside.
     let (from, to) = (CHUNK + 1000, CHUNK + 6000);
     let part = parts.fetch.start_direct(&[(&entry, from, to - from)], for_read(&row)).remove(0);
-    let fill = parts.fetch.fill(&entry, 1, KnownPart { from, to, bytes: part.clone() }, for_read(&row));
+    let fill =
+        parts.fetch.fill(&entry, ChunkIndex(1), KnownPart { from, to, bytes: part.clone() }, for_read(&row));
     assert_eq!(part.await.unwrap().data[..], data[from as usize..to as usize]);
     assert_eq!(fill.expect("the fill runs").stored.await.unwrap(), CHUNK);
     assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..2 * CHUNK as usize]);
     assert_eq!(row.hub_bytes.load(Relaxed), CHUNK, "the part once, the rest once: the chunk's bytes");
     // At the chunk's edges the fill asks for one range, not two.
     let part = parts.fetch.start_direct(&[(&entry, 0, 10)], for_read(&row)).remove(0);
-    let fill = parts.fetch.fill(&entry, 0, KnownPart { from: 0, to: 10, bytes: part }, for_read(&row));
+    let fill =
+        parts.fetch.fill(&entry, ChunkIndex(0), KnownPart { from: 0, to: 10, bytes: part }, for_read(&row));
     fill.unwrap().stored.await.unwrap();
     assert_eq!(parts.stored(&entry, 0, CHUNK).unwrap(), data[..CHUNK as usize]);
     assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK);
@@ -195,7 +203,12 @@ async fn a_fill_whose_readers_fetch_failed_fetches_the_part_itself() {
     parts.supply.fail_next(1);
     let part = parts.fetch.start_direct(&[(&entry, 100, 200)], for_read(&row)).remove(0);
     assert!(part.clone().await.is_err(), "the reader's own fetch failed");
-    let fill = parts.fetch.fill(&entry, 0, KnownPart { from: 100, to: 300, bytes: part }, for_read(&row));
+    let fill = parts.fetch.fill(
+        &entry,
+        ChunkIndex(0),
+        KnownPart { from: 100, to: 300, bytes: part },
+        for_read(&row),
+    );
     assert_eq!(
         fill.expect("the fill runs").stored.await.unwrap(),
         CHUNK,
@@ -214,8 +227,8 @@ async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
     parts.supply.set_latency(Duration::from_millis(50));
     let entry = parts.entry("ds", "s").await.unwrap();
     let row = JobRow::default();
-    let first = parts.fetch.chunk(&entry, 0, for_read(&row)).unwrap();
-    let queued = parts.fetch.chunk(&entry, 1, for_read(&row)).unwrap();
+    let first = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&row)).unwrap();
+    let queued = parts.fetch.chunk(&entry, ChunkIndex(1), for_read(&row)).unwrap();
     assert!(first.is_started() && !queued.is_started(), "the second waits for room");
     // A reader of 100 bytes of chunk 1 fetches them as read and lends them to the fetch.
     let (from, to) = (CHUNK + 500, CHUNK + 600);
@@ -239,7 +252,8 @@ async fn a_reader_of_another_part_of_a_chunk_being_filled_waits_for_its_piece_on
     let row = JobRow::default();
     let (from, to) = (30_000, 31_000);
     let part = parts.fetch.start_direct(&[(&entry, from, to - from)], for_read(&row)).remove(0);
-    let fill = parts.fetch.fill(&entry, 0, KnownPart { from, to, bytes: part }, for_read(&row)).unwrap();
+    let fill =
+        parts.fetch.fill(&entry, ChunkIndex(0), KnownPart { from, to, bytes: part }, for_read(&row)).unwrap();
     // Once started, the fill says which piece holds a range (before and after the part).
     for _ in 0..1000 {
         if fill.piece_for(100, 200).is_some() {

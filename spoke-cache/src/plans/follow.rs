@@ -225,12 +225,10 @@ impl Follower {
 
     /// Whether `read` of `entry` is held already: staged, kept, or all its chunks stored.
     fn held(&self, entry: &Entry, read: &Due) -> bool {
-        let end = read.offset + read.length;
         self.plans.staged.has(&(entry.id, read.offset, read.length))
             || self.keeper.samples().holds(entry, read.offset, read.length)
             || (read.length > 0
-                && (read.offset / entry.chunk_size..=(end - 1) / entry.chunk_size)
-                    .all(|i| entry.has_chunk(i)))
+                && entry.chunks_of(read.offset, read.offset + read.length).all(|i| entry.has_chunk(i)))
     }
 
     /// Starts one batch of samples: its ranges fetched as read in one call, each held for

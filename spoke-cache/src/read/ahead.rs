@@ -20,7 +20,7 @@ use crate::{
     policy::admit::AdmissionFilter,
     store::admission::Admission,
     store::capacity::Capacity,
-    store::entry::Entry,
+    store::entry::{ChunkIndex, Entry},
     store::evict::Evictor,
 };
 
@@ -65,7 +65,7 @@ impl ReadAhead {
     /// room below its low watermark; when a plan reads the shard (the plans decide what
     /// stays); or when the chunk has been read lately far more than what its admission
     /// would displace.
-    pub fn stores(&self, entry: &Entry, index: u64, principal: &str) -> bool {
+    pub fn stores(&self, entry: &Entry, index: ChunkIndex, principal: &str) -> bool {
         self.capacity.has_room(entry.chunk_range(index).1)
             || self.plans.shards.next_use(&(entry.dataset.clone(), entry.shard.clone())).is_some()
             || self.filter.admits(entry.chunk_key(index), self.victim_value(principal))
@@ -81,7 +81,8 @@ impl ReadAhead {
             return value;
         }
         let value = self.evictor.victim_for(Some(principal)).map_or(0, |victim| {
-            let present: Vec<u64> = (0..victim.chunk_count()).filter(|&i| victim.has_chunk(i)).collect();
+            let present: Vec<ChunkIndex> =
+                (0..victim.chunk_count()).map(ChunkIndex).filter(|&i| victim.has_chunk(i)).collect();
             self.filter.mean_value(present.into_iter().map(|i| victim.chunk_key(i)))
         });
         // Principals are an operator's names (a token file's lines): few.
@@ -102,7 +103,7 @@ impl ReadAhead {
     pub fn after_read(
         &self,
         entry: &Arc<Entry>,
-        (last, run): (u64, u32),
+        (last, run): (ChunkIndex, u32),
         stored_miss: bool,
         reader: (&JobRow, &Arc<str>),
     ) {
@@ -127,7 +128,8 @@ impl ReadAhead {
             return;
         }
         let ahead = speculation.read_ahead(self.read_ahead_chunks, run);
-        for index in (last + 1..=last.saturating_add(ahead)).take_while(|&i| i < entry.chunk_count()) {
+        let ahead = (last.0 + 1..=last.0.saturating_add(ahead)).take_while(|&i| i < entry.chunk_count());
+        for index in ahead.map(ChunkIndex) {
             if entry.has_chunk(index) || self.fetch.running(entry, index).is_some() {
                 continue;
             }

@@ -19,7 +19,7 @@ use crate::{
     read::index_reads::IndexReads,
     read::path::ReadFor,
     store::catalog::Catalog,
-    store::entry::Entry,
+    store::entry::{ChunkIndex, Entry},
 };
 
 /// The cold open, with the parts it uses.
@@ -66,10 +66,12 @@ impl ColdOpen {
             return Ok((self.entry_for_index(dataset, shard, reads, &reader.row).await?, None));
         }
         let chunk_size = self.chunk_size;
-        let mut chunks: Vec<u64> = reads
+        let mut chunks: Vec<ChunkIndex> = reads
             .iter()
             // Saturating: the request's ranges are checked against the shard after this.
+            // (The whole chunks each read covers up to where it ends.)
             .flat_map(|&(offset, length)| offset / chunk_size..offset.saturating_add(length) / chunk_size)
+            .map(ChunkIndex)
             .collect();
         chunks.sort_unstable();
         chunks.dedup();
@@ -81,18 +83,18 @@ impl ColdOpen {
             self.fetch.speculate(
                 dataset.as_str(),
                 shard.as_str(),
-                index * chunk_size,
+                index.start(chunk_size),
                 chunk_size,
                 &reader.row,
             );
         }
         // Forgotten however this call ends, or when the request does.
-        let parts = chunks.iter().map(|&i| (i * chunk_size, chunk_size)).collect();
+        let parts = chunks.iter().map(|&i| (i.start(chunk_size), chunk_size)).collect();
         let alongside = Arc::new(self.fetch.alongside(dataset.as_str(), shard.as_str(), parts));
         let entry = self.lookups.entry(dataset, shard).await?;
         for &index in &chunks {
             // Past the end (the read was invalid): nothing to take up.
-            if entry.chunk_range(index) == (index * chunk_size, chunk_size)
+            if entry.chunk_range(index) == (index.start(chunk_size), chunk_size)
                 && self.read_ahead.stores(&entry, index, &reader.principal)
             {
                 drop(self.fetch.chunk(&entry, index, reader.fetch()));

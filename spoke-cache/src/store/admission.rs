@@ -38,8 +38,8 @@ use crate::{
     policy::speculation::Speculation,
     store::capacity::Capacity,
     store::catalog::Catalog,
-    store::entry::Entry,
     store::entry::set_bit,
+    store::entry::{ChunkIndex, Entry},
     store::{Store, blocking},
 };
 
@@ -209,7 +209,7 @@ impl Admission {
     pub async fn admit(
         &self,
         entry: &Arc<Entry>,
-        index: u64,
+        index: ChunkIndex,
         chunk: Checked,
         principal: &str,
         unread: bool,
@@ -227,7 +227,7 @@ impl Admission {
             tracing::debug!(
                 dataset = %entry.dataset,
                 shard = %entry.shard,
-                index,
+                index = %index,
                 "no room within --capacity in time: the chunk was served, not stored"
             );
             return Ok(());
@@ -280,7 +280,7 @@ impl Admission {
     }
 
     /// Marks chunk `index` of `entry` absent and removes its stored copy.
-    pub async fn forget_chunk(&self, entry: &Arc<Entry>, index: u64) {
+    pub async fn forget_chunk(&self, entry: &Arc<Entry>, index: ChunkIndex) {
         let _exclusive = entry.chunk_writes.write().await;
         {
             let mut state = entry.state();
@@ -327,7 +327,7 @@ impl Admission {
         for (byte, bits) in unread.iter().enumerate() {
             for bit in 0..8 {
                 if bits & (1 << bit) != 0 {
-                    bytes += entry.chunk_range(byte as u64 * 8 + bit).1;
+                    bytes += entry.chunk_range(ChunkIndex(byte as u64 * 8 + bit)).1;
                 }
             }
         }
@@ -392,6 +392,8 @@ mod tests {
     use bytes::Bytes;
     use shardcache_proto::checksum::Checked;
 
+    use crate::store::entry::ChunkIndex;
+
     use crate::testing::{parts, pattern};
 
     const CHUNK: u64 = 64 << 10;
@@ -407,13 +409,13 @@ mod tests {
         let data = pattern(2 * CHUNK as usize, 1);
         parts.supply.put("ds", "s", "v1", data.clone());
         let entry = parts.entry("ds", "s").await.unwrap();
-        parts.admission.admit(&entry, 1, chunk(&data, 1), "trainer", false).await.unwrap();
-        assert!(entry.has_chunk(1) && !entry.has_chunk(0));
+        parts.admission.admit(&entry, ChunkIndex(1), chunk(&data, 1), "trainer", false).await.unwrap();
+        assert!(entry.has_chunk(ChunkIndex(1)) && !entry.has_chunk(ChunkIndex(0)));
         assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..]);
         assert_eq!(entry.holder(), "trainer");
         assert_eq!(parts.capacity.used(), CHUNK);
         // The same chunk again (a second fetch that raced the first): nothing changes.
-        parts.admission.admit(&entry, 1, chunk(&data, 1), "other", false).await.unwrap();
+        parts.admission.admit(&entry, ChunkIndex(1), chunk(&data, 1), "other", false).await.unwrap();
         assert_eq!((parts.capacity.used(), entry.holder().as_str()), (CHUNK, "trainer"));
     }
 
@@ -424,7 +426,7 @@ mod tests {
         parts.supply.put("ds", "s", "v1", data.clone());
         let entry = parts.entry("ds", "s").await.unwrap();
         for index in 0..2 {
-            parts.admission.admit(&entry, index, chunk(&data, index), "t", false).await.unwrap();
+            parts.admission.admit(&entry, ChunkIndex(index), chunk(&data, index), "t", false).await.unwrap();
         }
         assert!(entry.is_complete() && parts.capacity.used() == 2 * CHUNK);
         assert_eq!(parts.admission.evict(std::slice::from_ref(&entry)).await, (1, 2 * CHUNK));
@@ -432,7 +434,7 @@ mod tests {
         assert_eq!(parts.capacity.used(), 0);
         assert!(parts.catalog.get(&("ds".into(), "s".into())).is_none());
         // A fetch that finishes after the eviction stores nothing for the evicted entry.
-        parts.admission.admit(&entry, 0, chunk(&data, 0), "t", false).await.unwrap();
+        parts.admission.admit(&entry, ChunkIndex(0), chunk(&data, 0), "t", false).await.unwrap();
         assert!(parts.stored(&entry, 0, CHUNK).is_none() && parts.capacity.used() == 0);
     }
 
@@ -442,10 +444,10 @@ mod tests {
         let data = pattern(CHUNK as usize, 3);
         parts.supply.put("ds", "s", "v1", data.clone());
         let entry = parts.entry("ds", "s").await.unwrap();
-        parts.admission.admit(&entry, 0, chunk(&data, 0), "t", true).await.unwrap();
+        parts.admission.admit(&entry, ChunkIndex(0), chunk(&data, 0), "t", true).await.unwrap();
         assert_eq!(parts.admission.speculation().unread(), CHUNK, "admitted unread: speculation's bytes");
-        parts.admission.forget_chunk(&entry, 0).await;
-        assert!(!entry.has_chunk(0) && parts.stored(&entry, 0, CHUNK).is_none());
+        parts.admission.forget_chunk(&entry, ChunkIndex(0)).await;
+        assert!(!entry.has_chunk(ChunkIndex(0)) && parts.stored(&entry, 0, CHUNK).is_none());
         assert_eq!(parts.capacity.used(), 0);
         assert_eq!(parts.admission.speculation().unread(), 0, "and no longer speculation's");
     }

@@ -8,6 +8,8 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::store::ShardRecord;
+pub use crate::store::layout::ChunkIndex;
+pub(crate) use crate::store::layout::set_bit;
 
 /// `(dataset, shard)`: a shard's name, the key of the catalog and of the plans.
 pub type ShardKey = (String, String);
@@ -84,14 +86,14 @@ impl Entry {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn has_chunk(&self, index: u64) -> bool {
+    pub fn has_chunk(&self, index: ChunkIndex) -> bool {
         let state = self.state();
         !state.evicted && state.record.has_chunk(index)
     }
 
     /// Whether chunk `index` is stored, for a read of it: and whether it was unread
     /// speculation until now (the read uses it: `policy::speculation`).
-    pub fn has_chunk_for_read(&self, index: u64) -> (bool, bool) {
+    pub fn has_chunk_for_read(&self, index: ChunkIndex) -> (bool, bool) {
         let mut state = self.state();
         if state.evicted || !state.record.has_chunk(index) {
             return (false, false);
@@ -125,7 +127,7 @@ impl Entry {
     }
 
     pub fn is_complete(&self) -> bool {
-        (0..self.chunk_count()).all(|i| self.has_chunk(i))
+        (0..self.chunk_count()).map(ChunkIndex).all(|i| self.has_chunk(i))
     }
 
     pub fn chunk_count(&self) -> u64 {
@@ -133,14 +135,24 @@ impl Entry {
     }
 
     /// `(offset, length)` of chunk `index`.
-    pub fn chunk_range(&self, index: u64) -> (u64, u64) {
-        let offset = index * self.chunk_size;
+    pub fn chunk_range(&self, index: ChunkIndex) -> (u64, u64) {
+        let offset = index.start(self.chunk_size);
         (offset, self.size.saturating_sub(offset).min(self.chunk_size))
     }
 
+    /// The chunk that holds byte `offset`.
+    pub fn chunk_of(&self, offset: u64) -> ChunkIndex {
+        ChunkIndex::of(offset, self.chunk_size)
+    }
+
+    /// The chunks `[offset, end)` spans (`end > offset`), in order.
+    pub fn chunks_of(&self, offset: u64, end: u64) -> impl Iterator<Item = ChunkIndex> + Clone {
+        self.chunk_of(offset).through(self.chunk_of(end - 1))
+    }
+
     /// Chunk `index`'s key in the admission filter.
-    pub fn chunk_key(&self, index: u64) -> u64 {
-        crate::policy::frequency::chunk_key(self.name_hash, index)
+    pub fn chunk_key(&self, index: ChunkIndex) -> u64 {
+        crate::policy::frequency::chunk_key(self.name_hash, index.0)
     }
 
     /// The principal whose share the entry's bytes count in ("" before any is stored, and
@@ -161,23 +173,4 @@ impl Entry {
         state.next_offset = end;
         state.sequential_run
     }
-}
-
-/// Bit `index` of `bits`, set or cleared; whether it was set.
-pub(crate) fn set_bit(bits: &mut Vec<u8>, index: u64, set: bool) -> bool {
-    let byte = (index / 8) as usize;
-    let mask = 1 << (index % 8);
-    if bits.len() <= byte {
-        if !set {
-            return false;
-        }
-        bits.resize(byte + 1, 0);
-    }
-    let was = bits[byte] & mask != 0;
-    if set {
-        bits[byte] |= mask;
-    } else {
-        bits[byte] &= !mask;
-    }
-    was
 }

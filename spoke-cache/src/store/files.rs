@@ -60,7 +60,7 @@ fn chunk_of(file: &LiveFile, records: &HashMap<u64, ShardRecord>, page_size: u64
     // The chunk holding the file's last page, and the pages from the first chunk's start
     // to that chunk's end: all of them, if the file is whole chunks.
     let last_index = last * page_size / chunk_size;
-    let chunk_len = record.chunk_len(last_index);
+    let chunk_len = record.chunk_len(super::layout::ChunkIndex(last_index));
     let pages = (last_index * chunk_size + chunk_len).div_ceil(page_size).saturating_sub(first);
     // An entry count of 0 means "not loaded" (RocksDB reads a file's properties at open
     // only for the files it opens then, see `--max-open-files`), never an empty file (an

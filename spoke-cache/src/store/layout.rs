@@ -44,36 +44,86 @@ pub struct ShardRecord {
     pub holder: String,
 }
 
+/// A chunk's number in its shard: chunk `n` holds bytes `[n x chunk size, (n + 1) x chunk
+/// size)` (the last may be short). A type of its own, so that a chunk's number is never
+/// taken for an offset, a length or a shard's store id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChunkIndex(pub u64);
+
+impl ChunkIndex {
+    /// The chunk that holds byte `offset` of a shard in chunks of `chunk_size`.
+    pub fn of(offset: u64, chunk_size: u64) -> Self {
+        Self(offset / chunk_size)
+    }
+
+    /// The chunks `[self, last]`, in order.
+    pub fn through(self, last: ChunkIndex) -> impl Iterator<Item = ChunkIndex> + Clone {
+        (self.0..=last.0).map(ChunkIndex)
+    }
+
+    /// Where it starts in a shard of chunks of `chunk_size`.
+    pub fn start(self, chunk_size: u64) -> u64 {
+        self.0 * chunk_size
+    }
+
+    /// Its bit in a bitmap of chunks: (byte, mask).
+    fn bit(self) -> (usize, u8) {
+        ((self.0 / 8) as usize, 1 << (self.0 % 8))
+    }
+}
+
+impl std::fmt::Display for ChunkIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Bit `index` of `bits`, set or cleared; whether it was set.
+pub(crate) fn set_bit(bits: &mut Vec<u8>, index: ChunkIndex, set: bool) -> bool {
+    let (byte, mask) = index.bit();
+    if bits.len() <= byte {
+        if !set {
+            return false;
+        }
+        bits.resize(byte + 1, 0);
+    }
+    let was = bits[byte] & mask != 0;
+    if set {
+        bits[byte] |= mask;
+    } else {
+        bits[byte] &= !mask;
+    }
+    was
+}
+
 impl ShardRecord {
     pub fn chunk_count(&self) -> u64 {
         self.size.div_ceil(u64::from(self.chunk_size.max(1)))
     }
 
-    pub fn has_chunk(&self, index: u64) -> bool {
-        self.present.get((index / 8) as usize).is_some_and(|b| b & (1 << (index % 8)) != 0)
+    /// Every chunk of the shard, in order.
+    pub fn chunks(&self) -> impl Iterator<Item = ChunkIndex> {
+        (0..self.chunk_count()).map(ChunkIndex)
     }
 
-    pub fn set_chunk(&mut self, index: u64, present: bool) {
-        let byte = (index / 8) as usize;
-        if self.present.len() <= byte {
-            self.present.resize(byte + 1, 0);
-        }
-        if present {
-            self.present[byte] |= 1 << (index % 8);
-        } else {
-            self.present[byte] &= !(1 << (index % 8));
-        }
+    pub fn has_chunk(&self, index: ChunkIndex) -> bool {
+        let (byte, mask) = index.bit();
+        self.present.get(byte).is_some_and(|b| b & mask != 0)
+    }
+
+    pub fn set_chunk(&mut self, index: ChunkIndex, present: bool) {
+        set_bit(&mut self.present, index, present);
     }
 
     /// Bytes of chunk `index` (the last one may be short).
-    pub fn chunk_len(&self, index: u64) -> u64 {
-        let start = index * u64::from(self.chunk_size);
+    pub fn chunk_len(&self, index: ChunkIndex) -> u64 {
+        let start = index.start(u64::from(self.chunk_size));
         self.size.saturating_sub(start).min(u64::from(self.chunk_size))
     }
 
     /// Bytes of all present chunks.
     pub fn cached_bytes(&self) -> u64 {
-        (0..self.chunk_count()).filter(|&i| self.has_chunk(i)).map(|i| self.chunk_len(i)).sum()
+        self.chunks().filter(|&i| self.has_chunk(i)).map(|i| self.chunk_len(i)).sum()
     }
 }
 

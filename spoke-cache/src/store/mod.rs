@@ -343,7 +343,7 @@ impl Store {
             if let FileUse::Chunks { id, first, count } = used
                 && let Some(record) = by_id.get_mut(&id)
             {
-                for index in first..first + count {
+                for index in (first..first + count).map(layout::ChunkIndex) {
                     record.set_chunk(index, true);
                 }
             }

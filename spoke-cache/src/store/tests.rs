@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::*;
+use super::{layout::ChunkIndex, *};
 
 const CHUNK: u64 = 256 << 10;
 
@@ -61,7 +61,10 @@ fn chunks_are_present_exactly_when_their_file_is_and_survive_reopen() {
         let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
         let records = store.load_records().unwrap();
         assert_eq!(records.len(), 1);
-        assert!(records[0].2.has_chunk(0) && !records[0].2.has_chunk(1), "presence comes from the files");
+        assert!(
+            records[0].2.has_chunk(ChunkIndex(0)) && !records[0].2.has_chunk(ChunkIndex(1)),
+            "presence comes from the files"
+        );
         store.admit_chunk(7, CHUNK, &checked(&data[CHUNK as usize..])).unwrap();
     }
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
@@ -100,7 +103,7 @@ fn files_no_record_accounts_for_are_removed_at_open() {
     let store = Store::open(dir.path(), &StoreOptions::default()).unwrap();
     let records = store.load_records().unwrap();
     assert_eq!(records.len(), 1);
-    assert!(records[0].2.has_chunk(0));
+    assert!(records[0].2.has_chunk(ChunkIndex(0)));
     assert_eq!(read(&store, 2, 0, 10).unwrap(), Err(PageFault::Missing { page: 0 }), "the stray is gone");
     assert_eq!(read(&store, 1, 0, CHUNK).unwrap().unwrap(), data);
     let left: Vec<_> =
@@ -181,7 +184,7 @@ fn a_cache_of_the_memtable_layout_opens_with_its_pages_dropped_and_records_kept(
         options.create_missing_column_families(true);
         let db = DB::open_cf(&options, dir.path(), [CF_LEGACY_PAGES, CF_SHARDS]).unwrap();
         let mut old = record(3, CHUNK);
-        old.set_chunk(0, true);
+        old.set_chunk(ChunkIndex(0), true);
         db.put_cf(
             &db.cf_handle(CF_SHARDS).unwrap(),
             shard_key("ds", "s"),
@@ -229,11 +232,11 @@ fn every_chunk_file_counts_after_reopen_though_only_some_are_opened_then() {
 fn presence_bits() {
     let mut rec = record(1, CHUNK * 3 + 5);
     assert_eq!(rec.chunk_count(), 4);
-    assert_eq!(rec.chunk_len(3), 5);
-    rec.set_chunk(3, true);
-    rec.set_chunk(9, true);
-    rec.set_chunk(9, false);
-    assert!(rec.has_chunk(3) && !rec.has_chunk(0) && !rec.has_chunk(9));
+    assert_eq!(rec.chunk_len(ChunkIndex(3)), 5);
+    rec.set_chunk(ChunkIndex(3), true);
+    rec.set_chunk(ChunkIndex(9), true);
+    rec.set_chunk(ChunkIndex(9), false);
+    assert!(rec.has_chunk(ChunkIndex(3)) && !rec.has_chunk(ChunkIndex(0)) && !rec.has_chunk(ChunkIndex(9)));
     assert_eq!(rec.cached_bytes(), 5);
 }
 

@@ -30,6 +30,7 @@ use shardcache_proto::{
 };
 use shardcache_reader::ReadService;
 use shardcache_tests::{TestSpoke, spoke_options, test_options, write_pattern};
+use spoke_cache::store::entry::ChunkIndex;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
@@ -159,7 +160,11 @@ async fn a_cold_read_asks_for_its_chunks_alongside_the_stat_and_keeps_them() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let entry = spoke.cache.cached_entry("ds", "s.bin").unwrap();
-    assert!((2..=5).all(|i| entry.has_chunk(i)) && !entry.has_chunk(1) && !entry.has_chunk(6));
+    assert!(
+        (2..=5).all(|i| entry.has_chunk(ChunkIndex(i)))
+            && !entry.has_chunk(ChunkIndex(1))
+            && !entry.has_chunk(ChunkIndex(6))
+    );
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@
 use futures::future::join_all;
 use shardcache_client::{Client, Range};
 use shardcache_tests::{TestHub, TestSpoke, make_dataset, sha256, spoke_options, write_pattern};
+use spoke_cache::store::entry::ChunkIndex;
 
 async fn stream_all(
     client: &Client,
@@ -206,11 +207,11 @@ async fn first_touch_fetches_the_whole_shard_or_reads_ahead_when_configured() {
     read(5 * (256 << 10)).await;
     spoke.settled().await;
     let entry = spoke.cache.cached_entry("ds", "shard-00001.bin").unwrap();
-    let present = || (0..16).filter(|&i| entry.has_chunk(i)).collect::<Vec<u64>>();
+    let present = || (0..16).filter(|&i| entry.has_chunk(ChunkIndex(i))).collect::<Vec<u64>>();
     assert_eq!(present(), [5], "one read is no sequential reader: nothing read ahead");
     read(5 * (256 << 10) + 16384).await;
     read(5 * (256 << 10) + 2 * 16384).await;
-    eventually("read-ahead", || entry.has_chunk(6) && entry.has_chunk(7)).await;
+    eventually("read-ahead", || entry.has_chunk(ChunkIndex(6)) && entry.has_chunk(ChunkIndex(7))).await;
     spoke.settled().await;
     assert_eq!(present(), [5, 6, 7]);
     // A read elsewhere starts no run.

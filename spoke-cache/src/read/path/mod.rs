@@ -35,7 +35,7 @@ use crate::{
     store::Store,
     store::admission::Admission,
     store::capacity::Capacity,
-    store::entry::Entry,
+    store::entry::{ChunkIndex, Entry},
     store::kept::Keeper,
 };
 
@@ -145,7 +145,7 @@ impl ReadPath {
                 parts.push(sample);
                 continue;
             }
-            for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
+            for index in entry.chunks_of(offset, end) {
                 let (chunk_start, chunk_len) = entry.chunk_range(index);
                 let (from, to) = (offset.max(chunk_start), end.min(chunk_start + chunk_len));
                 if step.counts() && admit::counts(runs[want] > 0, from == chunk_start) {
@@ -205,7 +205,7 @@ impl ReadPath {
             part.pending = shared;
         }
         let fetched = parts.iter().filter(|p| p.bytes.is_none()).map(|part| {
-            let chunk_start = part.index * part.entry.chunk_size;
+            let chunk_start = part.index.start(part.entry.chunk_size);
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
             let chunk = match &part.provenance {
                 Provenance::Chunk(fetch) => Some((fetch.fetched.clone(), chunk_start)),
@@ -260,7 +260,7 @@ impl ReadPath {
     fn provenance(
         &self,
         entry: &Arc<Entry>,
-        index: u64,
+        index: ChunkIndex,
         (from, to): (u64, u64),
         reader: &ReadFor,
         step: Step,
@@ -338,7 +338,7 @@ impl ReadPath {
     async fn hedged_part(
         &self,
         entry: &Arc<Entry>,
-        index: u64,
+        index: ChunkIndex,
         (from, length): (u64, u64),
         range: std::ops::Range<usize>,
         reader: &ReadFor,

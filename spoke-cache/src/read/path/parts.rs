@@ -10,7 +10,7 @@ use crate::{
     Result,
     fetch::{ChunkFetch, SharedFetch},
     plans::Step,
-    store::entry::Entry,
+    store::entry::{ChunkIndex, Entry},
 };
 
 /// Where a part's bytes come from (its provenance: "source" is the read service's trait).
@@ -79,7 +79,7 @@ pub(super) struct Part<'a> {
     pub(super) want: usize,
     pub(super) step: Step,
     pub(super) entry: &'a Arc<Entry>,
-    pub(super) index: u64,
+    pub(super) index: ChunkIndex,
     /// Shard offsets `[from, to)` of the part.
     pub(super) from: u64,
     pub(super) to: u64,

@@ -18,8 +18,8 @@ impl ReadPath {
         length: u64,
     ) -> Option<Part<'a>> {
         let end = offset + length;
-        let index = offset / entry.chunk_size;
-        if (index..=(end - 1) / entry.chunk_size).all(|i| entry.has_chunk(i)) {
+        let index = entry.chunk_of(offset);
+        if entry.chunks_of(offset, end).all(|i| entry.has_chunk(i)) {
             return None;
         }
         let part = |provenance, missed, pending| Part {

@@ -8,7 +8,7 @@ use shardcache_proto::checksum::Checked;
 use super::{FAULT_RETRIES, Part, Provenance, ReadFor, ReadPath};
 use crate::{
     Error, Result,
-    store::entry::Entry,
+    store::entry::{ChunkIndex, Entry},
     store::{PageFault, blocking},
 };
 
@@ -44,7 +44,7 @@ impl ReadPath {
     pub(super) async fn reread(
         &self,
         entry: &Arc<Entry>,
-        index: u64,
+        index: ChunkIndex,
         from: u64,
         to: u64,
         reader: &ReadFor,
@@ -52,7 +52,7 @@ impl ReadPath {
         for _ in 0..FAULT_RETRIES {
             match self.fetch.chunk(entry, index, reader.fetch()) {
                 Some(fetch) => {
-                    let start = (from - index * entry.chunk_size) as usize;
+                    let start = (from - index.start(entry.chunk_size)) as usize;
                     return Ok(fetch.fetched.await?.part(start, start + (to - from) as usize));
                 }
                 None => {
@@ -76,7 +76,7 @@ impl ReadPath {
         }
         let end = offset + length;
         let mut parts = Vec::new();
-        for index in offset / entry.chunk_size..=(end - 1) / entry.chunk_size {
+        for index in entry.chunks_of(offset, end) {
             let (chunk_start, chunk_len) = entry.chunk_range(index);
             if !entry.has_chunk(index) {
                 return Ok(None);
@@ -95,7 +95,7 @@ impl ReadPath {
     pub(super) async fn read_stored(
         &self,
         entry: &Arc<Entry>,
-        index: u64,
+        index: ChunkIndex,
         from: u64,
         to: u64,
     ) -> Result<Option<Checked>> {
@@ -111,7 +111,7 @@ impl ReadPath {
 
     /// A stored chunk that cannot be served: counted and logged, then forgotten so that
     /// it is fetched again.
-    pub(super) async fn stored_fault(&self, entry: &Arc<Entry>, index: u64, fault: PageFault) {
+    pub(super) async fn stored_fault(&self, entry: &Arc<Entry>, index: ChunkIndex, fault: PageFault) {
         match fault {
             PageFault::Corrupt { page } => {
                 self.metrics.checksum_failures.fetch_add(1, Relaxed);
