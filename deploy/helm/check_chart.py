@@ -4,7 +4,8 @@
                                             kubernetes-validate, which has no schema for
                                             cert-manager's or prometheus-operator's)
   check_chart.py flags README RENDERED...   every HUB_*/SPOKE_* variable set is a flag's
-                                            (the README's tables, which
+                                            (the flag tables of the README and of the
+                                            manual beside it, docs/*.md, which
                                             tests/tests/e2e/flags_documented.rs holds to
                                             the binaries)
   check_chart.py agree KUSTOMIZE HELM       the hub's and the spokes' containers take the
@@ -12,6 +13,7 @@
                                             probes (a client certificate where needed)
 """
 
+import pathlib
 import re
 import sys
 
@@ -46,9 +48,11 @@ def builtins(rendered, out):
 
 def flags(readme, *rendered):
     documented = set()
-    for line in open(readme):
-        if line.startswith("| `--"):
-            documented.update(re.findall(r"`((?:HUB|SPOKE)_[A-Z0-9_]+)`", line.split("|")[2]))
+    pages = [pathlib.Path(readme), *sorted((pathlib.Path(readme).parent / "docs").glob("*.md"))]
+    for page in pages:
+        for line in open(page):
+            if line.startswith("| `--"):
+                documented.update(re.findall(r"`((?:HUB|SPOKE)_[A-Z0-9_]+)`", line.split("|")[2]))
     unknown = {
         f"{path}: {workload} sets {e['name']}"
         for path in rendered
@@ -57,9 +61,9 @@ def flags(readme, *rendered):
         if re.match(r"(HUB|SPOKE)_", e["name"]) and e["name"] not in documented
     }
     if len(documented) < 40:
-        sys.exit(f"only {len(documented)} flag variables read from {readme}'s tables: has their format changed?")
+        sys.exit(f"only {len(documented)} flag variables read from the tables of {readme} and docs/: has their format changed?")
     if unknown:
-        sys.exit("variables that are no server flag (README's flag tables):\n  " + "\n  ".join(sorted(unknown)))
+        sys.exit("variables that are no server flag (the flag tables of the README and docs/):\n  " + "\n  ".join(sorted(unknown)))
     print(f"every HUB_*/SPOKE_* variable set is one of the {len(documented)} flags")
 
 
