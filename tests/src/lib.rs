@@ -41,7 +41,7 @@ use shardcache_serving::server::ServerLimits;
 use spoke_cache::{
     SpokeOptions,
     cache::{Cache, CacheConfig},
-    plans::shards::PlanWindow,
+    policy::window::PlanWindow,
     store::StoreOptions,
 };
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};

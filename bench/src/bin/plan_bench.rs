@@ -117,7 +117,7 @@ async fn run(shape: Shape, with_plan: bool) -> Vec<(u64, u64, u64)> {
     options.cache.capacity = shape.shards * shape.shard / 2;
     // PLAN_BENCH_WINDOW=BYTES: the old fixed window, to compare.
     if let Some(bytes) = std::env::var("PLAN_BENCH_WINDOW").ok().and_then(|w| w.parse().ok()) {
-        options.cache.plan_window = spoke_cache::plans::shards::PlanWindow::Bytes(bytes);
+        options.cache.plan_window = spoke_cache::policy::window::PlanWindow::Bytes(bytes);
     }
     let spoke = TestSpoke::start(cache.path(), options).await;
     let control = spoke.control().await;

@@ -13,11 +13,11 @@
 //!   (Cao, Felten, Karlin and Li's integrated prefetching and caching: do not prefetch a
 //!   block if that evicts one needed before it).
 //! - **Samples** (jobs followed sample by sample, `samples/`): the nearest planned reads
-//!   not yet held, up to the samples' window (`policy::keep::window_bound`, less what is
-//!   held), in batches of ranges (one `ReadRanges` a batch of up to
-//!   `suppliers::BATCH_BYTES`, all started at once: several batches in flight fill the
-//!   link's bandwidth-delay product), each held for its read (`staged.rs`). A planned
-//!   read whose bytes are stored (its chunk, or a kept sample) is not fetched.
+//!   not yet held, up to the samples' window (`policy::window`, less what is held), in
+//!   batches of ranges (one `ReadRanges` a batch of up to `suppliers::BATCH_BYTES`, all
+//!   started at once: several batches in flight fill the link's bandwidth-delay
+//!   product), each held for its read (`staged.rs`). A planned read whose bytes are
+//!   stored (its chunk, or a kept sample) is not fetched.
 //!
 //! In a group each member fetches what it owns; the others read it from it.
 
@@ -26,18 +26,14 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use futures::{StreamExt, stream};
 use shardcache_proto::names::{DatasetName, ShardName};
 
-use super::{
-    Plans,
-    samples::Due,
-    shards::{PlanWindow, Upcoming},
-};
+use super::{Plans, samples::Due, shards::Upcoming};
 use crate::{
     fetch::lookup::Lookups,
     fetch::suppliers::{BATCH_BYTES, Chain},
     fetch::{FetchFor, FetchOwner},
     observe::job_counters::JobRow,
     observe::metrics::Metrics,
-    policy::keep,
+    policy::window::{self, Ahead, PlanWindow},
     store::capacity::Capacity,
     store::catalog::Catalog,
     store::entry::{Entry, ShardKey},
@@ -107,20 +103,17 @@ impl Follower {
     /// Whole shards: what the plans followed shard by shard read next, within the room
     /// under the low watermark and the window.
     fn follow_shards(&self) {
-        if self.window == PlanWindow::Bytes(0) {
+        if !self.window.follows_shards() {
             return;
         }
         let room = self.capacity.low_watermark();
         let upcoming = self.plans.shards.upcoming(self.window);
-        // With the window the plans delimit (`auto`), what is read next takes at most half
-        // the room the blocks being read leave under the low watermark: the rest keeps the
-        // shards read again later (the next epoch's hits). In a cache a few blocks large a
-        // whole next block would leave them none (plan-bench, BENCHMARKS.md).
+        // What is read next takes what the window leaves beside the blocks being read
+        // (`policy::window`: with `auto`, half the room they leave, the rest kept for the
+        // shards read again later).
         let in_use: u64 = upcoming.iter().filter(|u| !u.ahead).map(|u| u.size).sum();
-        let window_room = match self.window {
-            PlanWindow::Blocks => room.saturating_sub(in_use) / 2,
-            PlanWindow::Bytes(_) => room,
-        };
+        let window_room =
+            window::ahead(self.window, self.capacity.capacity(), Ahead::Shards { in_use, room });
         let (mut listed, mut ahead) = (0, 0);
         for Upcoming { key, size, principal, job, epoch, ahead: in_window } in upcoming {
             listed += size;
@@ -166,8 +159,8 @@ impl Follower {
     /// Samples: the nearest planned reads of the jobs followed sample by sample, up to
     /// what the samples' window has room for now.
     async fn follow_samples(&self) {
-        let window = keep::window_bound(self.capacity.capacity());
-        let room = window.saturating_sub(self.plans.staged.bytes());
+        let staged = self.plans.staged.bytes();
+        let room = window::ahead(self.window, self.capacity.capacity(), Ahead::Samples { staged });
         if room == 0 {
             return;
         }

@@ -7,11 +7,10 @@
 //! 1. never a pinned shard (not a candidate at all);
 //! 2. shards held by a running prefetch last (a plan larger than the cache must not push
 //!    it past its capacity);
-//! 3. among the rest, shards no plan reads again first, least recently used first; then
-//!    packs of kept samples ([`PACK_DISTANCE`]: read next epoch, further away than any
-//!    shard a plan is reading or reads next), least recently used first; then planned
-//!    shards, the one whose next planned read is furthest away first (Belady:
-//!    [`evict_before`]).
+//! 3. among the rest, the keep rule (`keep.rs`): shards no plan reads again first, least
+//!    recently used first; then packs of kept samples (read next epoch, further away
+//!    than any shard a plan is reading or reads next), least recently used first; then
+//!    planned shards, the one whose next planned read is furthest away first (Belady).
 //!
 //! Shares (`shares.rs`) bend the order: the first candidate of a principal holding more
 //! than its share goes first; else, for an admission by a principal, its own first (its
@@ -20,31 +19,17 @@
 //! Eviction starts above [`HIGH_WATERMARK`] of the capacity and frees down to
 //! [`LOW_WATERMARK`].
 
-use std::{cmp::Ordering, collections::HashMap};
+use std::collections::HashMap;
 
-use super::shares::Shares;
+use super::{
+    keep::{self, Claim, NextUse},
+    shares::Shares,
+};
 
 /// Eviction starts above 95% of the capacity and frees down to 85%: a 10% band means one
 /// eviction pass (and one compaction) per ~10% of capacity written, not one per chunk.
 pub const HIGH_WATERMARK: f64 = 0.95;
 pub const LOW_WATERMARK: f64 = 0.85;
-
-/// Where packs of kept samples stand among planned shards: read again further away than
-/// any shard a plan is reading or reads next.
-pub const PACK_DISTANCE: usize = usize::MAX;
-
-/// Of two cached shards, (next planned read: reads away, `None` when no plan reads it
-/// again; last access), whether `a` is evicted before `b`: unplanned before planned (LRU
-/// among them), then the planned read furthest away first (Belady's choice).
-pub fn evict_before(a: (Option<usize>, u64), b: (Option<usize>, u64)) -> Ordering {
-    match (a.0, b.0) {
-        (None, None) => a.1.cmp(&b.1),
-        (None, Some(_)) => Ordering::Less,
-        (Some(_), None) => Ordering::Greater,
-        // Equal distances (packs of kept samples): least recently used first.
-        (Some(x), Some(y)) => y.cmp(&x).then(a.1.cmp(&b.1)),
-    }
-}
 
 /// What eviction knows of one thing it may take (`key` names it to the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,11 +40,17 @@ pub struct Candidate<K> {
     pub bytes: u64,
     /// Held by a running prefetch: taken last.
     pub prefetching: bool,
-    /// Reads away of its next planned read ([`PACK_DISTANCE`] for a pack of kept
-    /// samples); `None`: no plan reads it again.
-    pub next_use: Option<usize>,
+    /// When the plans read it again ([`NextUse::NextEpoch`] for a pack of kept samples).
+    pub next_use: NextUse,
     /// When a read last used it (ms).
     pub last_access: u64,
+}
+
+impl<K> Candidate<K> {
+    /// What the keep rule weighs of it.
+    fn claim(&self) -> Claim {
+        Claim { next_use: self.next_use, last_access: self.last_access, held: true }
+    }
 }
 
 /// The candidates in the order eviction takes them, with the bytes each principal holds
@@ -74,9 +65,7 @@ impl<K> Victims<K> {
     /// `candidates` in eviction's order (see the module's documentation).
     pub fn new(mut candidates: Vec<Candidate<K>>) -> Self {
         candidates.sort_by(|a, b| {
-            a.prefetching
-                .cmp(&b.prefetching)
-                .then_with(|| evict_before((a.next_use, a.last_access), (b.next_use, b.last_access)))
+            a.prefetching.cmp(&b.prefetching).then_with(|| keep::before(&a.claim(), &b.claim()))
         });
         let mut held: HashMap<String, u64> = HashMap::new();
         for c in &candidates {
@@ -143,7 +132,7 @@ impl<K> Victims<K> {
 mod tests {
     use super::*;
 
-    fn candidate(key: u32, holder: &str, next_use: Option<usize>, last_access: u64) -> Candidate<u32> {
+    fn candidate(key: u32, holder: &str, next_use: NextUse, last_access: u64) -> Candidate<u32> {
         Candidate { key, holder: holder.into(), bytes: 10, prefetching: false, next_use, last_access }
     }
 
@@ -153,15 +142,15 @@ mod tests {
 
     #[test]
     fn unplanned_lru_first_then_packs_then_the_furthest_planned_read_and_prefetches_last() {
-        let mut prefetched = candidate(1, "a", None, 0);
+        let mut prefetched = candidate(1, "a", NextUse::Never, 0);
         prefetched.prefetching = true;
         let mut victims = Victims::new(vec![
             prefetched,
-            candidate(2, "a", Some(3), 0),
-            candidate(3, "a", None, 20),
-            candidate(4, "a", Some(PACK_DISTANCE), 5),
-            candidate(5, "a", Some(9), 0),
-            candidate(6, "a", None, 10),
+            candidate(2, "a", NextUse::Reads(3), 0),
+            candidate(3, "a", NextUse::Never, 20),
+            candidate(4, "a", NextUse::NextEpoch, 5),
+            candidate(5, "a", NextUse::Reads(9), 0),
+            candidate(6, "a", NextUse::Never, 10),
         ]);
         assert_eq!(order(&mut victims, &Shares::default(), 1_000), [6, 3, 4, 5, 2, 1]);
     }
@@ -170,9 +159,9 @@ mod tests {
     fn eviction_takes_from_those_over_their_share_then_the_admitter_then_in_order() {
         let shares = Shares::default();
         let held = |bob: u64| {
-            let mut v = vec![candidate(0, "alice", None, 0)];
-            v.extend((1..=bob).map(|i| candidate(i as u32, "bob", None, i)));
-            v.push(candidate(99, "carol", None, 100));
+            let mut v = vec![candidate(0, "alice", NextUse::Never, 0)];
+            v.extend((1..=bob).map(|i| candidate(i as u32, "bob", NextUse::Never, i)));
+            v.push(candidate(99, "carol", NextUse::Never, 100));
             Victims::new(v)
         };
         // bob holds 60 of 80 bytes: over a third; he loses his first.

@@ -1,59 +1,95 @@
-//! What a spoke following a job's samples (a plan whose blocks do not fit its capacity:
-//! a uniform shuffle, a map-style sampler) holds, and what it keeps.
+//! The keep rule: what the cache holds on to, for shards and samples alike. One order,
+//! [`before`]: of two things, the one the plans need again later is given up first
+//! (Belady's MIN: shards by the reads away of their next planned read; a kept sample is
+//! read again next epoch, further away than any shard a plan is reading or reads next);
+//! what no plan reads again goes before anything planned; between equals, the one held
+//! is kept over the one offered (first come), and among those held the least recently
+//! used goes first.
 //!
-//! - The *window*: samples fetched ahead of their reads, in batches of ranges, held in
-//!   memory until read. It must hold what the link carries in one fetch's time (the
-//!   bandwidth-delay product: ~15 MB at 2 Gbit/s and 60 ms), and it comes out of the
-//!   capacity: [`window_bound`].
-//! - What is *kept* for a later epoch: a sample read is stored when the plan says it is
-//!   read again and it fits below [`keep_limit`] (the capacity less the window); a
-//!   sample kept stays until it is read again. Under an order that reads every sample once
-//!   an epoch (a permutation), any set of samples kept until their next read is read
-//!   once each the next epoch, so keeping the first that come, never displacing one kept
-//!   for one read later, hits as often as Belady's MIN does once the cache is full (it
-//!   too ends each epoch holding as many samples, each read once the next), and writes
-//!   each kept sample once instead of churning (`simulate.rs` holds the rule against
-//!   Belady over samples).
-//!
-//! The link then carries each epoch what was read less what was kept, never more than
-//! the reads: the first epoch 1.0x the dataset, later ones 1 - keep limit / dataset.
+//! The evictor and the simulator order what they give up by it (`evict.rs`). A sample
+//! offered as it is read ([`keeps`]) is read again next epoch, as every kept sample is:
+//! it ties with all of them, so it never displaces one and is kept only while it fits
+//! under the keep limit (the capacity less the samples' window: `window::keep_limit`).
+//! Under an order that reads every sample once an epoch (a permutation), any set of
+//! samples kept until their next read is read once each the next epoch, so keeping the
+//! first that come hits as often as Belady's MIN over samples does once the cache is full
+//! (it too ends each epoch holding as many samples, each read once the next), and writes
+//! each kept sample once instead of churning (`simulate/samples.rs` holds the rule
+//! against Belady over samples). The link then carries each epoch what was read less what
+//! was kept, never more than the reads: the first epoch 1.0x the dataset, later ones 1 -
+//! keep limit / dataset.
 
-/// The window's least share of the capacity: what the watermarks leave above the low one,
-/// so that a cache full of kept samples and a full window is at its capacity.
-pub const WINDOW_SHARE: f64 = 1.0 - crate::policy::evict::LOW_WATERMARK;
+use std::cmp::Ordering;
 
-/// The window a small cache gives at least: what fills the link for one round trip (16
-/// MiB in flight carry ~250 MB/s over 60 ms: `link-bench`), but never more than
-/// [`WINDOW_MAX_SHARE`] of the capacity. A cache a tenth of the data's size keeps a tenth
-/// at best: its reads are worth more than its keeps.
-pub const WINDOW_FILL: u64 = 16 << 20;
-pub const WINDOW_MAX_SHARE: f64 = 0.6;
-
-/// Bytes of samples a spoke of `capacity` holds fetched ahead of their reads.
-pub fn window_bound(capacity: u64) -> u64 {
-    let least = (capacity as f64 * WINDOW_SHARE) as u64;
-    let most = (capacity as f64 * WINDOW_MAX_SHARE) as u64;
-    least.max(WINDOW_FILL.min(most))
+/// When the plans read something again: what the keep rule orders by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NextUse {
+    /// No plan reads it again.
+    Never,
+    /// A shard a plan reads again, this many reads away.
+    Reads(usize),
+    /// A sample kept for the next epoch (a pack of them): further away than any shard a
+    /// plan is reading or reads next.
+    NextEpoch,
 }
 
-/// Bytes a spoke of `capacity` holds at most, kept samples and chunks, while it follows
-/// samples: the capacity less the window.
-pub fn keep_limit(capacity: u64) -> u64 {
-    capacity.saturating_sub(window_bound(capacity))
+impl NextUse {
+    /// A shard's, from the reads away of its next planned read (`None`: none).
+    pub fn of_shard(reads_away: Option<usize>) -> Self {
+        reads_away.map_or(NextUse::Never, NextUse::Reads)
+    }
+
+    /// A sample's as it is read, from its next planned read (`None`: none).
+    pub fn of_sample(next_read: Option<u64>) -> Self {
+        next_read.map_or(NextUse::Never, |_| NextUse::NextEpoch)
+    }
+
+    /// How far away, for the order: `None` never.
+    fn distance(self) -> Option<usize> {
+        match self {
+            NextUse::Never => None,
+            NextUse::Reads(reads) => Some(reads),
+            NextUse::NextEpoch => Some(usize::MAX),
+        }
+    }
 }
 
-/// Whether a sample of `length` bytes read with `next_use` (its next read planned, or
-/// `None`) is kept, with `held` bytes held (kept, stored and being stored) of a cache of
-/// `capacity`.
-pub fn keeps(next_use: Option<u64>, length: u64, held: u64, capacity: u64) -> bool {
-    keeps_within(next_use, capacity, |limit| held.saturating_add(length) <= limit)
+/// One thing the keep rule weighs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub next_use: NextUse,
+    /// When a read last used it (ms).
+    pub last_access: u64,
+    /// In the cache already, rather than offered.
+    pub held: bool,
 }
 
-/// [`keeps`] where `fits(limit)` says whether the sample fits under the keep limit: the
+/// The keep rule: whether `a` is given up before `b` (see the module's documentation).
+pub fn before(a: &Claim, b: &Claim) -> Ordering {
+    match (a.next_use.distance(), b.next_use.distance()) {
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (x, y) => y
+            .cmp(&x) // the furthest planned read first
+            .then(a.held.cmp(&b.held)) // the one offered before the one held
+            .then(a.last_access.cmp(&b.last_access)), // the least recently used first
+    }
+}
+
+/// Whether a sample of `length` bytes read with `next_read` (its next read planned, or
+/// `None`) is kept, with `held` bytes held (kept, stored and being stored) under a keep
+/// limit of `limit` bytes.
+pub fn keeps(next_read: Option<u64>, length: u64, held: u64, limit: u64) -> bool {
+    keeps_within(next_read, || held.saturating_add(length) <= limit)
+}
+
+/// [`keeps`] where `fits()` says whether the sample fits under the keep limit: the
 /// spoke's check takes the sample's room in the same step (`Capacity::added_within`), so
 /// that concurrent reads cannot each see room for one more.
-pub fn keeps_within(next_use: Option<u64>, capacity: u64, fits: impl FnOnce(u64) -> bool) -> bool {
-    next_use.is_some() && fits(keep_limit(capacity))
+pub fn keeps_within(next_read: Option<u64>, fits: impl FnOnce() -> bool) -> bool {
+    // Read again next epoch, it ties with every sample kept ([`before`]: the one held
+    // stays), so it is kept only where it displaces none: under the limit.
+    NextUse::of_sample(next_read) == NextUse::NextEpoch && fits()
 }
 
 #[cfg(test)]
@@ -62,16 +98,42 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    fn claim(next_use: NextUse, last_access: u64) -> Claim {
+        Claim { next_use, last_access, held: true }
+    }
+
     #[test]
-    fn the_window_fills_the_link_where_the_cache_can_spare_it_and_the_rest_is_kept() {
-        // Half of 256 MiB: the watermarks' 15% (19.2 MiB) is more than a fill.
-        assert_eq!(window_bound(128 * MIB), (128.0 * MIB as f64 * 0.15) as u64);
-        assert_eq!(keep_limit(128 * MIB), 128 * MIB - window_bound(128 * MIB));
-        // An eighth of it: a fill of the link, not 15% (4.8 MiB would starve the reads).
-        assert_eq!(window_bound(32 * MIB), 16 * MIB);
-        // Tiny: at most 60%.
-        assert_eq!(window_bound(10 * MIB), 6 * MIB);
-        assert!(keeps(Some(7), MIB, 0, 128 * MIB) && !keeps(None, MIB, 0, 128 * MIB));
-        assert!(!keeps(Some(7), MIB, keep_limit(128 * MIB), 128 * MIB), "full");
+    fn unplanned_first_least_recently_used_first_then_the_furthest_read_and_kept_samples_before_shards() {
+        let mut all = [
+            claim(NextUse::Reads(3), 0),
+            claim(NextUse::Never, 20),
+            claim(NextUse::NextEpoch, 5),
+            claim(NextUse::Reads(9), 0),
+            claim(NextUse::Never, 10),
+            claim(NextUse::NextEpoch, 1),
+        ];
+        all.sort_by(before);
+        let order: Vec<(NextUse, u64)> = all.iter().map(|c| (c.next_use, c.last_access)).collect();
+        assert_eq!(
+            order,
+            [
+                (NextUse::Never, 10),
+                (NextUse::Never, 20),
+                (NextUse::NextEpoch, 1),
+                (NextUse::NextEpoch, 5),
+                (NextUse::Reads(9), 0),
+                (NextUse::Reads(3), 0)
+            ]
+        );
+        // Between equals the one held stays, however recently the other was read.
+        let offered = Claim { held: false, ..claim(NextUse::NextEpoch, 99) };
+        assert!(before(&offered, &claim(NextUse::NextEpoch, 0)).is_lt());
+    }
+
+    #[test]
+    fn a_sample_read_again_is_kept_first_come_under_the_limit() {
+        assert!(keeps(Some(7), MIB, 0, 100 * MIB) && !keeps(None, MIB, 0, 100 * MIB));
+        assert!(keeps(Some(7), MIB, 99 * MIB, 100 * MIB));
+        assert!(!keeps(Some(7), MIB, 100 * MIB, 100 * MIB), "full: it ties with those kept");
     }
 }

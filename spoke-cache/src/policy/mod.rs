@@ -6,9 +6,10 @@
 //! - [`evict`]: the order in which the cache gives up what it holds (plan distance,
 //!   tenant shares, packs of kept samples, recency), for the evictor and the simulator;
 //! - [`frequency`]: how much of each chunk has been read lately (the filter's sketch);
-//! - [`keep`]: the window of samples fetched ahead of a job's reads, and which samples
-//!   read are kept for a later epoch (plans followed sample by sample);
+//! - [`keep`]: the keep rule, what the cache holds on to (shards by their next planned
+//!   read, samples read again first come up to a limit), which eviction orders by;
 //! - [`shares`]: each tenant's share of the capacity, which eviction keeps;
+//! - [`window`]: how many bytes the plans fetch ahead of the reads (shards and samples);
 //! - [`speculation`]: read-ahead and whole-shard fetches, sized by what they brought that
 //!   was read;
 //! - [`simulate`]: the model of the cache these run in, the traces, Belady's MIN (over
@@ -25,3 +26,4 @@ pub mod keep;
 pub mod shares;
 pub mod simulate;
 pub mod speculation;
+pub mod window;

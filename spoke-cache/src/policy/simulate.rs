@@ -14,6 +14,7 @@ use super::{
     admit::AdmissionFilter,
     evict::{Candidate, Victims},
     frequency::{chunk_key, shard_hash},
+    keep::NextUse,
     shares::Shares,
 };
 
@@ -184,7 +185,7 @@ impl Sim<'_> {
                 holder: s.holder.to_string(),
                 bytes: self.bytes(s),
                 prefetching: false,
-                next_use: None,
+                next_use: NextUse::Never,
                 last_access: s.last_access,
             })
             .collect();

@@ -17,7 +17,8 @@ use crate::{
     Error, PeerGroup, SpokeOptions,
     cache::CacheConfig,
     fetch::suppliers::hubs::HubTransport,
-    plans::shards::{PlanLimits, PlanWindow},
+    plans::shards::PlanLimits,
+    policy::window::PlanWindow,
     store::{DEFAULT_MAX_OPEN_FILES, DEFAULT_MERGE_ABOVE_FILES, PAGE_SIZE, StoreOptions},
 };
 

@@ -11,7 +11,8 @@ use std::{fmt::Debug, sync::Arc};
 
 use crate::{
     policy::{
-        evict::{Candidate, PACK_DISTANCE, Victims},
+        evict::{Candidate, Victims},
+        keep::NextUse,
         shares::Shares,
     },
     store::{
@@ -69,7 +70,7 @@ impl Evictor {
                 let (prefetching, last_access, holder) =
                     (state.prefetching > 0, state.last_access, state.record.holder.clone());
                 drop(state);
-                let next_use = self.plans.next_use(&(e.dataset.clone(), e.shard.clone()));
+                let next_use = NextUse::of_shard(self.plans.next_use(&(e.dataset.clone(), e.shard.clone())));
                 Some(Candidate { key: Target::Shard(e), holder, bytes, prefetching, next_use, last_access })
             })
             .collect();
@@ -78,7 +79,7 @@ impl Evictor {
             holder: pack.holder,
             bytes: pack.bytes,
             prefetching: false,
-            next_use: Some(PACK_DISTANCE),
+            next_use: NextUse::NextEpoch,
             last_access: pack.last_access,
         }));
         Victims::new(candidates)
@@ -309,7 +310,7 @@ mod tests {
                 holder: HOLDERS[s.holder].into(),
                 bytes: u64::from(s.chunks) * CHUNK,
                 prefetching: s.prefetching,
-                next_use: s.next_use(i),
+                next_use: NextUse::of_shard(s.next_use(i)),
                 last_access: s.last_access(i),
             })
             .collect();
@@ -318,7 +319,7 @@ mod tests {
             holder: String::new(), // a pack loaded at startup counts in no one's share
             bytes: u64::from(chunks) * CHUNK,
             prefetching: false,
-            next_use: Some(PACK_DISTANCE),
+            next_use: NextUse::NextEpoch,
             last_access: 0,
         }));
         Victims::new(candidates)

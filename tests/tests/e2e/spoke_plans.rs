@@ -24,7 +24,7 @@ async fn second_epoch_hub_bytes(with_plan: bool) -> u64 {
     options.cache.capacity = 4 * MIB;
     options.cache.read_ahead_chunks = 0;
     // Eviction alone: no planned prefetch (its window would take most of this cache).
-    options.cache.plan_window = spoke_cache::plans::shards::PlanWindow::Bytes(0);
+    options.cache.plan_window = spoke_cache::policy::window::PlanWindow::Bytes(0);
     let spoke = TestSpoke::start(cache_dir.path(), options).await;
     let names: Vec<String> = (0..6).map(shardcache_cli::dataset_gen::shard_name).collect();
     if with_plan {
@@ -201,7 +201,7 @@ async fn a_stragglers_miss_is_fetched_as_read_and_not_stored() {
     let hub = TestHub::start(root.path()).await;
     let mut options = spoke_options(&hub.endpoint);
     (options.cache.fetch_whole_shard, options.cache.read_ahead_chunks) = (false, 0);
-    options.cache.plan_window = spoke_cache::plans::shards::PlanWindow::Bytes(0);
+    options.cache.plan_window = spoke_cache::policy::window::PlanWindow::Bytes(0);
     let chunk = options.cache.chunk_size;
     let spoke = TestSpoke::start(cache_dir.path(), options).await;
     let names: Vec<String> = (0..4).map(shardcache_cli::dataset_gen::shard_name).collect();

@@ -227,7 +227,7 @@ async fn a_uniform_shuffle_through_a_half_size_spoke_costs_what_its_model_says_a
     }
     let status = control.status().await.unwrap();
     assert!(status.kept_sample_bytes > 0, "{status:?}");
-    let keep_limit = spoke_cache::policy::keep::keep_limit(capacity);
+    let keep_limit = spoke_cache::policy::window::keep_limit(capacity);
     assert!(
         status.kept_sample_bytes <= keep_limit,
         "kept {} over its limit {keep_limit}",

@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use crate::{plans::shards::PlanKey, store::entry::ShardKey};
 
 /// Planned reads a job's window holds at most: the furthest go first. 2^17 samples of 16
-/// KiB are 2 GiB ahead, far more than any window fetches (`policy::keep::window_bound`),
+/// KiB are 2 GiB ahead, far more than any window fetches (`policy::window::samples_bound`),
 /// at 233 bytes each in memory as measured (29 MiB a job at the bound; `plan-memory-bench`
 /// in BENCHMARKS.md). The SDK sends twice the spoke's `window_bytes` ahead, far fewer.
 pub const MAX_PLANNED_PER_JOB: usize = 1 << 17;

@@ -1,7 +1,7 @@
 //! Samples fetched ahead of their reads, held until read: each a shared fetch (a read
 //! that comes while it is in flight waits for it, one that comes after takes its bytes),
 //! its bytes counted against the capacity while held (`Capacity::reserve`), and at most
-//! the window's worth in all (`policy::keep::window_bound`, `follow.rs`). A sample no
+//! the window's worth in all (`policy::window`, `follow.rs`). A sample no
 //! read takes within [`STAGED_TTL`] is dropped (its job went another way).
 
 use std::{

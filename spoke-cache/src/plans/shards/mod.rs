@@ -33,7 +33,7 @@ use self::{
     job_plan::{JobPlan, Seen},
     table::ShardTable,
 };
-use crate::store::entry::ShardKey;
+use crate::{policy::window::PlanWindow, store::entry::ShardKey};
 
 mod job_plan;
 mod new_plan;
@@ -455,15 +455,6 @@ impl ShardPlans {
         }
         out
     }
-}
-
-/// How far ahead of the jobs' reads planned prefetch looks (`--plan-window`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlanWindow {
-    /// The rest of the block being read and the next block, by each plan's `until`s.
-    Blocks,
-    /// This many bytes of shards beyond those in use; 0 turns planned prefetch off.
-    Bytes(u64),
 }
 
 /// A shard a job reads next (see [`ShardPlans::upcoming`]).

@@ -1,6 +1,6 @@
 //! The plans against the best possible eviction, cursors, blocks and stragglers.
 use super::*;
-use crate::policy::evict::evict_before;
+use crate::policy::keep::{self, Claim, NextUse};
 
 fn key(i: u32) -> ShardKey {
     ("ds".into(), format!("s{i}"))
@@ -32,7 +32,12 @@ fn misses_by_plan(sequence: &[u32], capacity: usize) -> usize {
                 .iter()
                 .copied()
                 .min_by(|&a, &b| {
-                    evict_before((plans.next_use(&key(a)), a as u64), (plans.next_use(&key(b)), b as u64))
+                    let claim = |i: u32| Claim {
+                        next_use: NextUse::of_shard(plans.next_use(&key(i))),
+                        last_access: u64::from(i),
+                        held: true,
+                    };
+                    keep::before(&claim(a), &claim(b))
                 })
                 .unwrap_or_default();
             cached.retain(|&c| c != victim);

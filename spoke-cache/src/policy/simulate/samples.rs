@@ -4,14 +4,14 @@
 //! knows the plan's samples, against the best any cache of samples could do.
 //!
 //! The model: every read of a sample not kept crosses the link as read (fetched ahead
-//! in the plan's window, which comes out of the capacity: `keep::window_bound`); a read
+//! in the plan's window, which comes out of the capacity: `window::samples_bound`); a read
 //! sample whose next read is planned is kept while what is held stays under
-//! `keep::keep_limit`, and stays until read again.
+//! `window::keep_limit`, and stays until read again.
 
 use std::collections::{BTreeSet, HashMap};
 
 use super::{Outcome, Read};
-use crate::policy::keep;
+use crate::policy::{keep, window};
 
 /// A sample: its shard and offset (a trace reads each sample with one length).
 type Sample = (u32, u64);
@@ -55,7 +55,7 @@ pub fn planned(capacity: u64, phases: &[Vec<Read>]) -> Vec<Outcome> {
             continue;
         }
         outcome.count(who, read.length, false, read.length);
-        if keep::keeps(again, read.length, held, capacity) {
+        if keep::keeps(again, read.length, held, window::keep_limit(capacity)) {
             kept.insert(key, read.length);
             held += read.length;
         }
@@ -182,7 +182,7 @@ mod tests {
         let ours = planned(capacity, &phases);
         // Against Belady with what the window leaves (the window is the reads' speed), and
         // with the whole capacity.
-        let (kept, whole) = (belady(keep::keep_limit(capacity), &phases), belady(capacity, &phases));
+        let (kept, whole) = (belady(window::keep_limit(capacity), &phases), belady(capacity, &phases));
         let link = ratio(&ours);
         assert!(link[0] <= 1.0, "epoch 1: {link:?}");
         for epoch in 1..4 {
@@ -205,9 +205,9 @@ mod tests {
         let phases = block_shuffled_epochs((8, 4 * MIB, RECORD), 4, 3, 9);
         let ours = planned(capacity, &phases);
         assert!(ratio(&ours).iter().all(|&r| r <= 1.0), "{:?}", ratio(&ours));
-        // A cache this small gives most of itself to the window (`keep::window_bound`):
+        // A cache this small gives most of itself to the window (`window::samples_bound`):
         // against Belady with what it leaves.
-        let best = belady(keep::keep_limit(capacity), &phases);
+        let best = belady(window::keep_limit(capacity), &phases);
         for epoch in 1..3 {
             assert!(ours[epoch].hit_ratio() >= 0.9 * best[epoch].hit_ratio(), "{ours:?} {best:?}");
         }

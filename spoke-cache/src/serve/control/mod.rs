@@ -29,7 +29,7 @@ use crate::{
     cache::Cache,
     plans::samples::job_of,
     plans::shards::{MAX_PLAN_POSITIONS, PlanRefused},
-    policy::keep,
+    policy::window,
     store::entry::Entry,
 };
 
@@ -250,7 +250,7 @@ impl CacheControl for Control {
                 kept_sample_bytes: kept,
                 kept_sample_packs: packs,
                 staged_sample_bytes: staged,
-                sample_window_bytes: keep::window_bound(cache.capacity().capacity()),
+                sample_window_bytes: window::samples_bound(cache.capacity().capacity()),
                 hub_fetches_plain,
                 hub_fetches_zstd,
                 store_own_bytes,
@@ -435,7 +435,7 @@ impl CacheControl for Control {
             .samples
             .add((grant.principal(), &req.job), req.epoch_samples, &table, &reads)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        let window_bytes = keep::window_bound(self.cache.capacity().capacity());
+        let window_bytes = window::samples_bound(self.cache.capacity().capacity());
         Ok(Response::new(SamplePlanResponse { planned: planned as u64, window_bytes }))
     }
 

@@ -15,7 +15,7 @@ use self::index::{Found, KeptSamples};
 use crate::{
     Result,
     observe::metrics::Metrics,
-    policy::keep,
+    policy::{keep, window},
     store::{PageFault, Store, admission::Admission, blocking, capacity::Capacity, entry::Entry},
 };
 
@@ -60,8 +60,8 @@ impl Keeper {
         }
         // Its room taken in the same step as the check: concurrent reads each seeing room
         // for one more sample kept one past the limit (CI of 71c5749).
-        let capacity = self.capacity.capacity();
-        if !keep::keeps_within(next_use, capacity, |limit| self.capacity.added_within(length, limit)) {
+        let limit = window::keep_limit(self.capacity.capacity());
+        if !keep::keeps_within(next_use, || self.capacity.added_within(length, limit)) {
             return false;
         }
         let Some(full) = self.samples.add(entry, offset, bytes, principal) else {
