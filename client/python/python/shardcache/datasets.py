@@ -43,12 +43,11 @@ How :class:`StreamingShardDataset` orders and splits an epoch:
 
 import bisect
 import itertools
-import os
-import sys
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ._native import Client, ShardcacheError
+from ._torch import dataset_bases, loader_batch_size, rank_and_world, worker
 from . import order as order_module
 from .epochs import EpochState
 from .order import EpochOrder
@@ -67,54 +66,7 @@ except ImportError:  # pragma: no cover - exercised where numpy is absent
     _np = None
 
 
-def _torch_dataset_bases() -> Tuple[type, type]:
-    """torch's Dataset/IterableDataset when torch is installed, else ``object``."""
-    try:
-        from torch.utils.data import Dataset, IterableDataset
-
-        return Dataset, IterableDataset
-    except ImportError:
-        return object, object
-
-
-_MapBase, _IterableBase = _torch_dataset_bases()
-
-
-def _worker() -> Tuple[int, int]:
-    """(worker id, number of workers) inside a DataLoader worker, else (0, 1)."""
-    try:
-        from torch.utils.data import get_worker_info
-    except ImportError:
-        return 0, 1
-    info = get_worker_info()
-    return (info.id, info.num_workers) if info is not None else (0, 1)
-
-
-def _rank_and_world() -> Tuple[int, int]:
-    """torch.distributed's rank and world size when initialised, else $RANK/$WORLD_SIZE."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:
-        pass
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _loader_batch_size() -> Optional[int]:
-    """The batch size of the DataLoader that pulls from the iterator calling this, read
-    from torch's fetcher (``_IterableDatasetFetcher.fetch`` asks ``next()`` once per
-    place of ``possibly_batched_index``); ``None`` outside a DataLoader, with
-    ``batch_size=None``, or where torch's fetcher is not what this reads."""
-    frame = sys._getframe(2)  # this function <- the iterator's body <- whoever called next()
-    fetcher = frame.f_locals.get("self") if frame.f_code.co_name == "fetch" else None
-    if not getattr(fetcher, "auto_collation", False) or not hasattr(fetcher, "dataset_iter"):
-        return None
-    try:
-        return len(frame.f_locals["possibly_batched_index"])
-    except (KeyError, TypeError):
-        return None
+_MapBase, _IterableBase = dataset_bases()
 
 
 class _Records:
@@ -362,7 +314,7 @@ class StreamingShardDataset(EpochState, _IterableBase):
             endpoint, dataset, record_size, dtype, client_args, tensor_dtype, format=format, seq_len=seq_len,
             allow_unsafe_types=allow_unsafe_types,
         )
-        default_rank, default_world = _rank_and_world()
+        default_rank, default_world = rank_and_world()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
@@ -500,7 +452,7 @@ class StreamingShardDataset(EpochState, _IterableBase):
         return list(self.iter_indices(worker_id, num_workers))
 
     def __iter__(self) -> Iterator[Any]:
-        loader_batch = _loader_batch_size()
+        loader_batch = loader_batch_size()
         if loader_batch is not None and loader_batch != self.batch_size:
             raise ValueError(
                 f"the DataLoader's batch_size={loader_batch} is not the dataset's batch_size="
@@ -508,7 +460,7 @@ class StreamingShardDataset(EpochState, _IterableBase):
                 f"dataset's batch_size, which exact resumption counts on)"
             )
         self._begin_iteration()
-        worker_id, num_workers = _worker()
+        worker_id, num_workers = worker()
         records = self._records
         records.client.set_job(self._job(), self.epoch)
         order = self._order()

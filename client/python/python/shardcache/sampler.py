@@ -55,9 +55,9 @@ class ShardSampler(EpochState, _torch_sampler_base()):  # type: ignore[misc]
         plan: bool = True,
         job: Optional[str] = None,
     ):
-        from .datasets import _rank_and_world
+        from ._torch import rank_and_world
 
-        default_rank, default_world = _rank_and_world()
+        default_rank, default_world = rank_and_world()
         self.num_replicas = default_world if num_replicas is None else num_replicas
         self.rank = default_rank if rank is None else rank
         if self.num_replicas <= 0 or not 0 <= self.rank < self.num_replicas:

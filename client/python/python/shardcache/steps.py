@@ -42,8 +42,8 @@ class StepTimer:
     def __init__(self, client: Client, job: str, rank: Optional[int] = None,
                  ranks: Optional[int] = None, epoch: int = 0):
         if rank is None or ranks is None:
-            from .datasets import _rank_and_world
-            default_rank, default_ranks = _rank_and_world()
+            from ._torch import rank_and_world
+            default_rank, default_ranks = rank_and_world()
             rank = default_rank if rank is None else rank
             ranks = default_ranks if ranks is None else ranks
         self.client, self.job, self.rank, self.ranks = client, job, int(rank), int(ranks)
