@@ -12,6 +12,7 @@ use shardcache_proto::{
     v1::{Encoding, ReadRangeRequest, StreamShardRequest, shard_reader_client::ShardReaderClient},
 };
 use shardcache_tests::{TestHub, TestSpoke, spoke_options};
+use spoke_cache::fetch::suppliers::compression::PROBE_FETCHES;
 
 /// `shardcache gen --tokens zipf`'s token windows in `root/d/shard-00000.bin`, `size`
 /// bytes: ids with the frequencies of real tokenised text.
@@ -147,4 +148,54 @@ async fn a_spoke_stores_the_decoded_bytes_and_counts_what_they_took_on_the_link(
     let asked = r#"shardcache_spoke_hub_fetches_total{encoding="zstd"}"#;
     assert_eq!(spoke.metric(asked).await, requests);
     assert!(status.store_own_bytes > 0 && status.store_own_bytes < 16 << 20, "{}", status.store_own_bytes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_stops_asking_for_zstd_on_bytes_that_do_not_shrink_after_a_short_probe() {
+    let root = tempfile::tempdir().unwrap();
+    let text = tokens(root.path(), 8 << 20);
+    std::fs::create_dir_all(root.path().join("img")).unwrap();
+    let shards: Vec<Vec<u8>> = (0..4).map(|i| random((8 << 20) + i)).collect();
+    for (i, bytes) in shards.iter().enumerate() {
+        std::fs::write(root.path().join(format!("img/shard-{i}.bin")), bytes).unwrap();
+    }
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = TestSpoke::start(cache.path(), spoke_options(&hub.endpoint)).await; // `auto`
+    let client = spoke.client().await;
+    let control = spoke.control().await;
+    let read_whole = |dataset: &'static str, shard: String, expected: Vec<u8>| {
+        let (client, spoke) = (client.clone(), &spoke);
+        async move {
+            for at in (0..expected.len() as u64).step_by(1 << 20) {
+                let length = (1u64 << 20).min(expected.len() as u64 - at);
+                let read = client.read_range(&Range::new(dataset, &shard, at, length)).await.unwrap();
+                assert_eq!(read.data.as_ref(), &expected[at as usize..(at + length) as usize]);
+            }
+            spoke.settled().await;
+        }
+    };
+
+    // Random bytes (images, archives): the first shards probe, and what they learn holds.
+    for (i, bytes) in shards.iter().enumerate().take(2) {
+        read_whole("img", format!("shard-{i}.bin"), bytes.clone()).await;
+    }
+    let probed = control.status().await.unwrap();
+    assert!(probed.hub_fetches_zstd >= PROBE_FETCHES as u64, "the probe asked: {probed:?}");
+    for (i, bytes) in shards.iter().enumerate().skip(2) {
+        read_whole("img", format!("shard-{i}.bin"), bytes.clone()).await;
+    }
+    let after = control.status().await.unwrap();
+    let fetched = after.hub_fetches_plain - probed.hub_fetches_plain;
+    assert!(fetched >= 32, "the last two shards came in {fetched} chunk fetches");
+    assert_eq!(after.hub_fetches_zstd, probed.hub_fetches_zstd, "no zstd asked after the probe: {after:?}");
+
+    // Text from the same hub still asks for zstd, and takes fewer bytes on the link.
+    read_whole("d", "shard-00000.bin".into(), text).await;
+    let text_done = control.status().await.unwrap();
+    assert!(text_done.hub_fetches_zstd > after.hub_fetches_zstd, "{text_done:?}");
+    let d = text_done.datasets.iter().find(|d| d.dataset == "d").unwrap();
+    assert!(d.upstream_wire_bytes < d.upstream_bytes, "{d:?}");
+    let img = text_done.datasets.iter().find(|d| d.dataset == "img").unwrap();
+    assert_eq!(img.upstream_bytes, 4 * (8 << 20) + 6, "every image byte fetched once");
 }

@@ -27,9 +27,19 @@
 //! not the link). `zstd` always asks; `off` never does. The fetches asked each way are
 //! counted (`Status`'s `hub_fetches_plain` and `hub_fetches_zstd`, the metrics), so
 //! operators see the trade.
+//!
+//! Time alone cannot see bytes that do not shrink: on random bytes (images, compressed
+//! archives) the hub sends them as they are after judging a sample, so zstd costs about
+//! plain's time and `auto` kept asking (issue 58: 5,179 of 7,667 fetches of a GPU node's
+//! cold epoch), spending the hub's cores on the judging. So `auto` also learns, per
+//! dataset, what the answers to its zstd asks took on the link: a dataset's first
+//! [`PROBE_FETCHES`] fetches ask for zstd (the probe), and once its last that many zstd
+//! answers saved less than 1 - [`SHRINK_BELOW`] of their bytes its fetches go plain,
+//! asking again one in [`REPROBE_EVERY`] (a dataset whose new shards do compress is seen
+//! within that many fetches); where they shrink, the time rule above decides.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, VecDeque},
     sync::{
         Mutex,
         atomic::{AtomicU64, Ordering::Relaxed},
@@ -90,6 +100,21 @@ pub const SAMPLES: usize = 32;
 /// Fetches whose shortest time is taken for the hub's round trip.
 pub const FLOOR_FETCHES: usize = 256;
 
+/// A dataset's zstd answers that decide whether its bytes shrink: its first fetches ask
+/// for zstd, this many, and its answers of [`PROBED_BYTES`] or more tell.
+pub const PROBE_FETCHES: usize = 4;
+
+/// Answers smaller than this say too little of how the bytes compress (the hub judges a
+/// message on a sample of it).
+pub const PROBED_BYTES: u64 = 4 << 10;
+
+/// The bytes shrink where zstd answers take less than this share of their decoded bytes
+/// on the link: under 5% saved is not worth the hub's and the spoke's cores.
+pub const SHRINK_BELOW: f64 = 0.95;
+
+/// A dataset whose bytes do not shrink asks for zstd again one fetch in this many.
+pub const REPROBE_EVERY: u64 = 4096;
+
 /// Which a hub's next fetch asks for, from how the two have gone.
 #[derive(Debug, Default)]
 pub struct Chooser {
@@ -107,6 +132,30 @@ struct State {
     /// Seconds of the last [`FLOOR_FETCHES`] fetches of any size, either mode.
     recent: VecDeque<f64>,
     fetches: u64,
+    /// Per dataset, what its zstd answers took on the link.
+    shrink: HashMap<String, Shrink>,
+}
+
+/// What a dataset's answers to zstd asks took on the link.
+#[derive(Debug, Default)]
+struct Shrink {
+    /// (bytes on the link, decoded bytes) of its last [`PROBE_FETCHES`] zstd answers.
+    answers: VecDeque<(u64, u64)>,
+    /// Fetches of the dataset asked since its bytes were found not to shrink.
+    plain: u64,
+    /// Fetches asked for zstd to probe them, before the answers tell.
+    probes: usize,
+}
+
+impl Shrink {
+    /// Whether its bytes shrink, once probed.
+    fn shrinks(&self) -> Option<bool> {
+        if self.answers.len() < PROBE_FETCHES {
+            return None;
+        }
+        let (wire, decoded) = self.answers.iter().fold((0, 0), |(w, d), &(a, b)| (w + a, d + b));
+        Some((wire as f64) < decoded as f64 * SHRINK_BELOW)
+    }
 }
 
 impl State {
@@ -130,13 +179,34 @@ impl Chooser {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the next fetch asks for zstd (counted).
-    pub fn compress(&self) -> bool {
+    /// Whether the next fetch, of `dataset`'s bytes, asks for zstd (counted).
+    pub fn compress(&self, dataset: &str) -> bool {
         let compress = match self.mode {
             HubCompression::Always => true,
             HubCompression::Off => false,
             HubCompression::Auto => {
                 let mut state = self.state();
+                if !state.shrink.contains_key(dataset) {
+                    state.shrink.insert(dataset.to_owned(), Shrink::default());
+                }
+                let shrink = state.shrink.get_mut(dataset).expect("inserted above");
+                let probe = match shrink.shrinks() {
+                    // Its bytes do not shrink: plain, but for a reprobe now and then.
+                    Some(false) => {
+                        shrink.plain += 1;
+                        Some(shrink.plain.is_multiple_of(REPROBE_EVERY))
+                    }
+                    // Its first fetches ask for zstd until they can tell.
+                    None if shrink.probes < PROBE_FETCHES => {
+                        shrink.probes += 1;
+                        Some(true)
+                    }
+                    _ => None,
+                };
+                if let Some(compress) = probe {
+                    self.asked[usize::from(compress)].fetch_add(1, Relaxed);
+                    return compress;
+                }
                 state.fetches += 1;
                 let turn = state.fetches;
                 match state.costs().map(zstd_wins) {
@@ -154,15 +224,28 @@ impl Chooser {
         compress
     }
 
-    /// A fetch of `bytes` (decoded) took `elapsed`, compressed or not. Returns the
-    /// `(plain, zstd)` seconds per byte beyond the round trip when this changed which one
-    /// `auto` takes, for the log.
-    pub fn fetched(&self, compressed: bool, elapsed: Duration, bytes: u64) -> Option<(f64, f64)> {
+    /// A fetch of `dataset`'s `bytes` (decoded; `wire` on the link) took `elapsed`,
+    /// compressed or not. Returns the `(plain, zstd)` seconds per byte beyond the round
+    /// trip when this changed which one `auto` takes, for the log.
+    pub fn fetched(
+        &self,
+        dataset: &str,
+        compressed: bool,
+        elapsed: Duration,
+        (bytes, wire): (u64, u64),
+    ) -> Option<(f64, f64)> {
         if self.mode != HubCompression::Auto {
             return None;
         }
         let seconds = elapsed.as_secs_f64();
         let mut state = self.state();
+        if compressed && bytes >= PROBED_BYTES {
+            let shrink = state.shrink.entry(dataset.to_owned()).or_default();
+            if shrink.answers.len() == PROBE_FETCHES {
+                shrink.answers.pop_front();
+            }
+            shrink.answers.push_back((wire, bytes));
+        }
         let before = state.costs().map(zstd_wins);
         if state.recent.len() == FLOOR_FETCHES {
             state.recent.pop_front();
@@ -206,18 +289,32 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    /// Of `n` chunk fetches of 4 MiB, how many of the last half ask for zstd when a
-    /// compressed one takes `zstd_ms` and a plain one `plain_ms`, each fetch after a small
-    /// one that takes `rtt_ms` (a reader's own range; `None`: chunks only).
+    /// Of `n` chunk fetches of 4 MiB of a dataset whose bytes zstd halves, how many of
+    /// the last half ask for zstd when a compressed one takes `zstd_ms` and a plain one
+    /// `plain_ms`, each fetch after a small one that takes `rtt_ms` (a reader's own range;
+    /// `None`: chunks only).
     fn asked(chooser: &Chooser, n: usize, rtt_ms: Option<u64>, plain_ms: u64, zstd_ms: u64) -> usize {
+        asked_of(chooser, "text", 0.5, n, rtt_ms, (plain_ms, zstd_ms))
+    }
+
+    /// [`asked`] of `dataset`, whose zstd answers take `ratio` of their bytes on the link.
+    fn asked_of(
+        chooser: &Chooser,
+        dataset: &str,
+        ratio: f64,
+        n: usize,
+        rtt_ms: Option<u64>,
+        (plain_ms, zstd_ms): (u64, u64),
+    ) -> usize {
         (0..n)
             .filter(|&i| {
                 if let Some(rtt) = rtt_ms {
-                    chooser.fetched(false, Duration::from_millis(rtt), 16 << 10);
+                    chooser.fetched(dataset, false, Duration::from_millis(rtt), (16 << 10, 16 << 10));
                 }
-                let compressed = chooser.compress();
+                let compressed = chooser.compress(dataset);
                 let ms = if compressed { zstd_ms } else { plain_ms };
-                chooser.fetched(compressed, Duration::from_millis(ms), 4 * MIB);
+                let wire = if compressed { (4.0 * MIB as f64 * ratio) as u64 } else { 4 * MIB };
+                chooser.fetched(dataset, compressed, Duration::from_millis(ms), (4 * MIB, wire));
                 compressed && i >= n / 2
             })
             .count()
@@ -241,7 +338,7 @@ mod tests {
         assert!(compressed >= 37, "zstd but for one in {EXPLORE_PLAIN_EVERY}: {compressed} of the last 40");
         assert_eq!(chooser.compressing(), Some(true));
         // Small fetches say nothing about the bytes.
-        chooser.fetched(false, Duration::from_millis(1), MIB / 8);
+        chooser.fetched("text", false, Duration::from_millis(1), (MIB / 8, MIB / 8));
         assert_eq!(chooser.compressing(), Some(true));
         let (plain, zstd) = chooser.asked();
         assert_eq!(plain + zstd, 480, "every chunk fetch counted once");
@@ -254,7 +351,28 @@ mod tests {
         let capped = Chooser::new(HubCompression::Auto);
         assert_eq!(asked(&capped, 80, None, 94, 80), 39);
         let fast = Chooser::new(HubCompression::Auto);
-        assert_eq!(asked(&fast, 80, None, 62, 72), 3, "zstd one in {EXPLORE_ZSTD_EVERY}");
+        // One in 16 of the last 40 (the probe's four asks came first).
+        let explored = asked(&fast, 80, None, 62, 72);
+        assert!((2..=3).contains(&explored), "zstd one in {EXPLORE_ZSTD_EVERY}: {explored}");
+    }
+
+    #[test]
+    fn bytes_that_do_not_shrink_are_asked_plain_after_a_short_probe() {
+        // A link-bound hub (zstd as fast as plain): time says zstd, the bytes say no.
+        let chooser = Chooser::new(HubCompression::Auto);
+        let random = asked_of(&chooser, "images", 1.0, 400, Some(60), (94, 94));
+        assert_eq!(random, 0, "none of the last 200 after the probe");
+        let (plain, zstd) = chooser.asked();
+        assert_eq!((plain + zstd, zstd as usize), (400, PROBE_FETCHES), "the probe's asks only");
+        // Another dataset of the same hub that shrinks still asks for zstd.
+        assert_eq!(asked_of(&chooser, "text", 0.5, 80, Some(60), (94, 80)), 39);
+        // Asked again one fetch in REPROBE_EVERY: new shards that shrink are seen.
+        let later = REPROBE_EVERY as usize * PROBE_FETCHES;
+        let asked = asked_of(&chooser, "images", 0.3, later, Some(60), (94, 80));
+        assert!(asked > later / 4, "compressed again once its reprobes shrink: {asked} of {}", later / 2);
+        // Nearly as large compressed (2% saved) is not shrinking.
+        let barely = Chooser::new(HubCompression::Auto);
+        assert_eq!(asked_of(&barely, "jpeg", 0.98, 200, Some(60), (94, 94)), 0);
     }
 
     #[test]
