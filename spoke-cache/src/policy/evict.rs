@@ -49,7 +49,7 @@ pub struct Candidate<K> {
 impl<K> Candidate<K> {
     /// What the keep rule weighs of it.
     fn claim(&self) -> Claim {
-        Claim { next_use: self.next_use, last_access: self.last_access, held: true }
+        Claim { next_use: self.next_use, last_access: self.last_access }
     }
 }
 

@@ -2,14 +2,13 @@
 //! [`before`]: of two things, the one the plans need again later is given up first
 //! (Belady's MIN: shards by the reads away of their next planned read; a kept sample is
 //! read again next epoch, further away than any shard a plan is reading or reads next);
-//! what no plan reads again goes before anything planned; between equals, the one held
-//! is kept over the one offered (first come), and among those held the least recently
-//! used goes first.
+//! what no plan reads again goes before anything planned; between equals, the least
+//! recently used goes first.
 //!
 //! The evictor and the simulator order what they give up by it (`evict.rs`). A sample
 //! offered as it is read ([`keeps`]) is read again next epoch, as every kept sample is:
-//! it ties with all of them, so it never displaces one and is kept only while it fits
-//! under the keep limit (the capacity less the samples' window: `window::keep_limit`).
+//! keeping it in place of one would gain nothing, so it never displaces one and is kept
+//! only while it fits under the keep limit (the capacity less the samples' window: `window::keep_limit`).
 //! Under an order that reads every sample once an epoch (a permutation), any set of
 //! samples kept until their next read is read once each the next epoch, so keeping the
 //! first that come hits as often as Belady's MIN over samples does once the cache is full
@@ -60,8 +59,6 @@ pub struct Claim {
     pub next_use: NextUse,
     /// When a read last used it (ms).
     pub last_access: u64,
-    /// In the cache already, rather than offered.
-    pub held: bool,
 }
 
 /// The keep rule: whether `a` is given up before `b` (see the module's documentation).
@@ -69,10 +66,8 @@ pub fn before(a: &Claim, b: &Claim) -> Ordering {
     match (a.next_use.distance(), b.next_use.distance()) {
         (None, Some(_)) => Ordering::Less,
         (Some(_), None) => Ordering::Greater,
-        (x, y) => y
-            .cmp(&x) // the furthest planned read first
-            .then(a.held.cmp(&b.held)) // the one offered before the one held
-            .then(a.last_access.cmp(&b.last_access)), // the least recently used first
+        // The furthest planned read first, then the least recently used.
+        (x, y) => y.cmp(&x).then(a.last_access.cmp(&b.last_access)),
     }
 }
 
@@ -87,8 +82,8 @@ pub fn keeps(next_read: Option<u64>, length: u64, held: u64, limit: u64) -> bool
 /// spoke's check takes the sample's room in the same step (`Capacity::added_within`), so
 /// that concurrent reads cannot each see room for one more.
 pub fn keeps_within(next_read: Option<u64>, fits: impl FnOnce() -> bool) -> bool {
-    // Read again next epoch, it ties with every sample kept ([`before`]: the one held
-    // stays), so it is kept only where it displaces none: under the limit.
+    // Read again next epoch, as every kept sample is: kept where it displaces none, under
+    // the limit.
     NextUse::of_sample(next_read) == NextUse::NextEpoch && fits()
 }
 
@@ -99,7 +94,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn claim(next_use: NextUse, last_access: u64) -> Claim {
-        Claim { next_use, last_access, held: true }
+        Claim { next_use, last_access }
     }
 
     #[test]
@@ -125,15 +120,12 @@ mod tests {
                 (NextUse::Reads(3), 0)
             ]
         );
-        // Between equals the one held stays, however recently the other was read.
-        let offered = Claim { held: false, ..claim(NextUse::NextEpoch, 99) };
-        assert!(before(&offered, &claim(NextUse::NextEpoch, 0)).is_lt());
     }
 
     #[test]
     fn a_sample_read_again_is_kept_first_come_under_the_limit() {
         assert!(keeps(Some(7), MIB, 0, 100 * MIB) && !keeps(None, MIB, 0, 100 * MIB));
         assert!(keeps(Some(7), MIB, 99 * MIB, 100 * MIB));
-        assert!(!keeps(Some(7), MIB, 100 * MIB, 100 * MIB), "full: it ties with those kept");
+        assert!(!keeps(Some(7), MIB, 100 * MIB, 100 * MIB), "full: it displaces no kept sample");
     }
 }

@@ -47,8 +47,8 @@ pub enum Ahead {
 /// plans' window `setting` (see the module's documentation).
 pub fn ahead(setting: PlanWindow, capacity: u64, now: Ahead) -> u64 {
     match now {
+        Ahead::Shards { .. } if !setting.follows_shards() => 0,
         Ahead::Shards { in_use, room } => match setting {
-            PlanWindow::Bytes(0) => 0,
             PlanWindow::Blocks => room.saturating_sub(in_use) / 2,
             PlanWindow::Bytes(_) => room,
         },

@@ -159,6 +159,14 @@ impl Shrink {
 }
 
 impl State {
+    /// What `dataset`'s zstd answers have said (its name copied once, not per fetch).
+    fn shrink_of(&mut self, dataset: &str) -> &mut Shrink {
+        if !self.shrink.contains_key(dataset) {
+            self.shrink.insert(dataset.to_owned(), Shrink::default());
+        }
+        self.shrink.get_mut(dataset).expect("inserted above")
+    }
+
     /// [plain, compressed] seconds per byte beyond the round trip (the least of each
     /// mode's samples), once both are known.
     fn costs(&self) -> Option<(f64, f64)> {
@@ -186,10 +194,7 @@ impl Chooser {
             HubCompression::Off => false,
             HubCompression::Auto => {
                 let mut state = self.state();
-                if !state.shrink.contains_key(dataset) {
-                    state.shrink.insert(dataset.to_owned(), Shrink::default());
-                }
-                let shrink = state.shrink.get_mut(dataset).expect("inserted above");
+                let shrink = state.shrink_of(dataset);
                 let probe = match shrink.shrinks() {
                     // Its bytes do not shrink: plain, but for a reprobe now and then.
                     Some(false) => {
@@ -224,28 +229,29 @@ impl Chooser {
         compress
     }
 
-    /// A fetch of `dataset`'s `bytes` (decoded; `wire` on the link) took `elapsed`,
-    /// compressed or not. Returns the `(plain, zstd)` seconds per byte beyond the round
-    /// trip when this changed which one `auto` takes, for the log.
-    pub fn fetched(
-        &self,
-        dataset: &str,
-        compressed: bool,
-        elapsed: Duration,
-        (bytes, wire): (u64, u64),
-    ) -> Option<(f64, f64)> {
+    /// An answer of `dataset`'s that asked for zstd: `decoded` bytes that took `wire` on
+    /// the link. Each range of a batch is its own dataset's answer.
+    pub fn answered(&self, dataset: &str, decoded: u64, wire: u64) {
+        if self.mode != HubCompression::Auto || decoded < PROBED_BYTES {
+            return;
+        }
+        let mut state = self.state();
+        let shrink = state.shrink_of(dataset);
+        if shrink.answers.len() == PROBE_FETCHES {
+            shrink.answers.pop_front();
+        }
+        shrink.answers.push_back((wire, decoded));
+    }
+
+    /// A fetch of `bytes` (decoded) took `elapsed`, compressed or not. Returns the
+    /// `(plain, zstd)` seconds per byte beyond the round trip when this changed which one
+    /// `auto` takes, for the log.
+    pub fn fetched(&self, compressed: bool, elapsed: Duration, bytes: u64) -> Option<(f64, f64)> {
         if self.mode != HubCompression::Auto {
             return None;
         }
         let seconds = elapsed.as_secs_f64();
         let mut state = self.state();
-        if compressed && bytes >= PROBED_BYTES {
-            let shrink = state.shrink.entry(dataset.to_owned()).or_default();
-            if shrink.answers.len() == PROBE_FETCHES {
-                shrink.answers.pop_front();
-            }
-            shrink.answers.push_back((wire, bytes));
-        }
         let before = state.costs().map(zstd_wins);
         if state.recent.len() == FLOOR_FETCHES {
             state.recent.pop_front();
@@ -309,12 +315,14 @@ mod tests {
         (0..n)
             .filter(|&i| {
                 if let Some(rtt) = rtt_ms {
-                    chooser.fetched(dataset, false, Duration::from_millis(rtt), (16 << 10, 16 << 10));
+                    chooser.fetched(false, Duration::from_millis(rtt), 16 << 10);
                 }
                 let compressed = chooser.compress(dataset);
                 let ms = if compressed { zstd_ms } else { plain_ms };
-                let wire = if compressed { (4.0 * MIB as f64 * ratio) as u64 } else { 4 * MIB };
-                chooser.fetched(dataset, compressed, Duration::from_millis(ms), (4 * MIB, wire));
+                chooser.fetched(compressed, Duration::from_millis(ms), 4 * MIB);
+                if compressed {
+                    chooser.answered(dataset, 4 * MIB, (4.0 * MIB as f64 * ratio) as u64);
+                }
                 compressed && i >= n / 2
             })
             .count()
@@ -338,7 +346,7 @@ mod tests {
         assert!(compressed >= 37, "zstd but for one in {EXPLORE_PLAIN_EVERY}: {compressed} of the last 40");
         assert_eq!(chooser.compressing(), Some(true));
         // Small fetches say nothing about the bytes.
-        chooser.fetched("text", false, Duration::from_millis(1), (MIB / 8, MIB / 8));
+        chooser.fetched(false, Duration::from_millis(1), MIB / 8);
         assert_eq!(chooser.compressing(), Some(true));
         let (plain, zstd) = chooser.asked();
         assert_eq!(plain + zstd, 480, "every chunk fetch counted once");

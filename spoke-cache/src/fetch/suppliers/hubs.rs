@@ -205,8 +205,10 @@ impl Hubs {
                 client.read_range(range).await
             })
             .await?;
-        let bytes = (read.data.len() as u64, read.wire_len);
-        self.timed(hub, &range.dataset, compressed, started.elapsed(), bytes);
+        self.timed(hub, compressed, started.elapsed(), read.data.len() as u64);
+        if compressed {
+            hub.conn.compression.answered(&range.dataset, read.data.len() as u64, read.wire_len);
+        }
         Ok(read)
     }
 
@@ -222,7 +224,8 @@ impl Hubs {
             .router
             .call(route, |i, _| async move {
                 let hub = &route[i];
-                // A batch is one dataset's as a rule (a job's reads); its first names it.
+                // A batch asks as its first range's dataset does (one job's reads as a
+                // rule); each range's answer teaches its own dataset below.
                 let dataset = ranges.first().map_or("", |r| r.dataset.as_str());
                 let compressed = hub.conn.compression.compress(dataset);
                 let started = std::time::Instant::now();
@@ -232,18 +235,24 @@ impl Hubs {
                         client.read_ranges(ranges).await
                     })
                     .await?;
-                let bytes = read.iter().fold((0, 0), |(d, w), r| (d + r.data.len() as u64, w + r.wire_len));
-                self.timed(hub, dataset, compressed, started.elapsed(), bytes);
+                let bytes = read.iter().map(|r| r.data.len() as u64).sum();
+                self.timed(hub, compressed, started.elapsed(), bytes);
+                if compressed {
+                    for (range, answer) in ranges.iter().zip(&read) {
+                        let decoded = answer.data.len() as u64;
+                        hub.conn.compression.answered(&range.dataset, decoded, answer.wire_len);
+                    }
+                }
                 Ok(read)
             })
             .await;
         answer.map_err(|e| e.unwrap_or_else(|| Error::Config("no hubs".into())))
     }
 
-    /// A fetch of `bytes` (decoded, on the link) of `dataset` from `hub` took `elapsed`,
-    /// compressed or not: its chooser learns from it, and says so when it changes its mind.
-    fn timed(&self, hub: &HubSlot, dataset: &str, compressed: bool, elapsed: Duration, bytes: (u64, u64)) {
-        if let Some((plain, zstd)) = hub.conn.compression.fetched(dataset, compressed, elapsed, bytes) {
+    /// A fetch of `bytes` from `hub` took `elapsed`, compressed or not: its chooser learns
+    /// from it, and says so when it changes its mind.
+    fn timed(&self, hub: &HubSlot, compressed: bool, elapsed: Duration, bytes: u64) {
+        if let Some((plain, zstd)) = hub.conn.compression.fetched(compressed, elapsed, bytes) {
             let asks =
                 if super::compression::zstd_wins((plain, zstd)) { "zstd" } else { "bytes as they are" };
             // MB/s of decoded bytes beyond the round trip; a mode whose best fetch took no

@@ -35,7 +35,6 @@ fn misses_by_plan(sequence: &[u32], capacity: usize) -> usize {
                     let claim = |i: u32| Claim {
                         next_use: NextUse::of_shard(plans.next_use(&key(i))),
                         last_access: u64::from(i),
-                        held: true,
                     };
                     keep::before(&claim(a), &claim(b))
                 })
