@@ -92,6 +92,30 @@ impl ChunkFetch {
     }
 }
 
+/// What became of a reader's part offered to its chunk's fill ([`FetchOwner::fill`]).
+#[derive(Debug)]
+pub enum Filled {
+    /// The chunk is stored: the part is read from the store.
+    Stored,
+    /// A fetch of the chunk takes the part from the reader's fetch as read (one started
+    /// for it, or one still waiting for room that was lent it).
+    Taken(ChunkFetch),
+    /// A fetch of the chunk that asks for the part itself (it has started, or holds
+    /// another reader's part): the reader joins it.
+    Running(ChunkFetch),
+}
+
+impl Filled {
+    /// The fetch that took the part, if one did.
+    #[cfg(test)]
+    pub fn taken(self) -> Option<ChunkFetch> {
+        match self {
+            Filled::Taken(fetch) => Some(fetch),
+            _ => None,
+        }
+    }
+}
+
 /// The part of a chunk a reader's fetch as read brings (`[from, to)` of the shard), which
 /// the chunk's fill takes instead of fetching it again (`FetchOwner::fill`).
 #[derive(Debug)]
@@ -192,22 +216,31 @@ impl FetchOwner {
     /// one is already running (then the bytes it fetches are counted in `fetch.row`).
     /// `None` when the chunk is stored: read it from the store.
     pub fn chunk(&self, entry: &Arc<Entry>, index: ChunkIndex, fetch: FetchFor<'_>) -> Option<ChunkFetch> {
-        self.start_chunk(entry, index, fetch, None)
+        match self.start_chunk(entry, index, fetch, None) {
+            Filled::Stored => None,
+            Filled::Taken(fetch) | Filled::Running(fetch) => Some(fetch),
+        }
     }
 
     /// Chunk `index` of `entry` filled beside a reader's fetch as read of `part` of it (a
     /// miss the admission stores): the rest of the chunk is fetched (the part's bytes are
     /// the reader's fetch's, not asked again), the whole verified and stored. The reader is
     /// answered as soon as its own bytes arrive, never after the chunk's; the link carries
-    /// the chunk once. The running fetch of the chunk when one was running already (it
-    /// then brings the whole chunk); `None` when the chunk is stored.
+    /// the chunk once.
+    ///
+    /// Decided under the lock of the fetches in flight, so that whatever a reader saw a
+    /// moment before (the chunk absent, no fetch of it) the answer is true now: a fetch
+    /// that ended meanwhile left the chunk stored, and one that started meanwhile takes
+    /// the part while it waits for room or else brings it itself. Either way the reader
+    /// does not fetch bytes that cross the link anyway (the race that brought one sample
+    /// twice in the seed demo's prefetched setups).
     pub fn fill(
         &self,
         entry: &Arc<Entry>,
         index: ChunkIndex,
         part: KnownPart,
         fetch: FetchFor<'_>,
-    ) -> Option<ChunkFetch> {
+    ) -> Filled {
         self.start_chunk(entry, index, fetch, Some(part))
     }
 
@@ -217,19 +250,22 @@ impl FetchOwner {
         index: ChunkIndex,
         fetch: FetchFor<'_>,
         part: Option<KnownPart>,
-    ) -> Option<ChunkFetch> {
+    ) -> Filled {
         let key = (entry.id, index);
         let mut inflight = self.inner.inflight();
         if let Some(running) = inflight.get(&key) {
             if !fetch.speculative {
                 running.read.store(true, Relaxed);
             }
-            return Some(running.clone());
+            return match part.map(|part| running.lend(part)) {
+                Some(true) => Filled::Taken(running.clone()),
+                _ => Filled::Running(running.clone()),
+            };
         }
         // Checked under the lock: a fetch sets the presence bit before it leaves
         // `inflight`, so a chunk is either present here or its fetch is registered.
         if entry.has_chunk(index) {
-            return None;
+            return Filled::Stored;
         }
         // A read of this chunk that started alongside the shard's stat: its bytes, when
         // at this version, are this fetch's (not a second trip over the link). Taken now:
@@ -268,7 +304,7 @@ impl FetchOwner {
         };
         let fetch = ChunkFetch { fetched: fetched.boxed().shared(), stored, read, started, known, pieces };
         inflight.insert(key, fetch.clone());
-        Some(fetch)
+        Filled::Taken(fetch)
     }
 
     /// The bytes of `[offset, offset + length)` of `entry` from a fetch running now (of

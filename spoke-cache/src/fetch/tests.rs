@@ -181,14 +181,14 @@ async fn a_fill_stores_the_chunk_from_the_readers_part_and_the_rest_crossing_onc
     let fill =
         parts.fetch.fill(&entry, ChunkIndex(1), KnownPart { from, to, bytes: part.clone() }, for_read(&row));
     assert_eq!(part.await.unwrap().data[..], data[from as usize..to as usize]);
-    assert_eq!(fill.expect("the fill runs").stored.await.unwrap(), CHUNK);
+    assert_eq!(fill.taken().expect("the fill runs").stored.await.unwrap(), CHUNK);
     assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..2 * CHUNK as usize]);
     assert_eq!(row.hub_bytes.load(Relaxed), CHUNK, "the part once, the rest once: the chunk's bytes");
     // At the chunk's edges the fill asks for one range, not two.
     let part = parts.fetch.start_direct(&[(&entry, 0, 10)], for_read(&row)).remove(0);
     let fill =
         parts.fetch.fill(&entry, ChunkIndex(0), KnownPart { from: 0, to: 10, bytes: part }, for_read(&row));
-    fill.unwrap().stored.await.unwrap();
+    fill.taken().unwrap().stored.await.unwrap();
     assert_eq!(parts.stored(&entry, 0, CHUNK).unwrap(), data[..CHUNK as usize]);
     assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK);
 }
@@ -210,7 +210,7 @@ async fn a_fill_whose_readers_fetch_failed_fetches_the_part_itself() {
         for_read(&row),
     );
     assert_eq!(
-        fill.expect("the fill runs").stored.await.unwrap(),
+        fill.taken().expect("the fill runs").stored.await.unwrap(),
         CHUNK,
         "readers who joined it are answered"
     );
@@ -243,6 +243,37 @@ async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
 }
 
 #[tokio::test]
+async fn a_fill_offered_after_a_fetch_of_its_chunk_ended_or_began_never_brings_the_part_twice() {
+    // Room for one chunk in flight: a second chunk's fetch waits behind the first.
+    let parts = parts(CHUNK, 1 << 30, CHUNK);
+    let data = pattern(3 * CHUNK as usize, 14);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    parts.supply.set_latency(Duration::from_millis(50));
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let row = JobRow::default();
+    // A reader's part of chunk `index` offered to its fill, after the reader saw the chunk
+    // absent and no fetch of it. (Its bytes never come: where a fill takes the part, it
+    // fetches it itself, so the link's count shows every part asked twice.)
+    let offer = |index: u64| {
+        let (from, to) = (index * CHUNK + 100, index * CHUNK + 200);
+        let bytes = futures::future::ready(Err(Error::Internal("not fetched".into()))).boxed().shared();
+        parts.fetch.fill(&entry, ChunkIndex(index), KnownPart { from, to, bytes }, for_read(&row))
+    };
+    let first = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&row)).unwrap();
+    let queued = parts.fetch.chunk(&entry, ChunkIndex(1), for_read(&row)).unwrap();
+    // A fetch that began meanwhile and waits for room takes the part (it asks for the rest).
+    assert!(matches!(offer(1), Filled::Taken(_)), "a fetch waiting for room is lent the part");
+    // One that began and has asked upstream brings the part itself: the reader joins it.
+    assert!(matches!(offer(0), Filled::Running(_)), "a started fetch is joined, not lent a part");
+    first.stored.await.unwrap();
+    queued.stored.await.unwrap();
+    // One that ended meanwhile left the chunk stored: the reader reads it from the store.
+    assert!(matches!(offer(0), Filled::Stored), "a stored chunk is read from the store");
+    assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK, "each chunk crossed once");
+    assert_eq!(parts.stored(&entry, 0, 2 * CHUNK).unwrap(), data[..2 * CHUNK as usize]);
+}
+
+#[tokio::test]
 async fn a_reader_of_another_part_of_a_chunk_being_filled_waits_for_its_piece_only() {
     let parts = parts(CHUNK, 1 << 30, 1 << 30);
     let data = pattern(CHUNK as usize, 13);
@@ -252,8 +283,11 @@ async fn a_reader_of_another_part_of_a_chunk_being_filled_waits_for_its_piece_on
     let row = JobRow::default();
     let (from, to) = (30_000, 31_000);
     let part = parts.fetch.start_direct(&[(&entry, from, to - from)], for_read(&row)).remove(0);
-    let fill =
-        parts.fetch.fill(&entry, ChunkIndex(0), KnownPart { from, to, bytes: part }, for_read(&row)).unwrap();
+    let fill = parts
+        .fetch
+        .fill(&entry, ChunkIndex(0), KnownPart { from, to, bytes: part }, for_read(&row))
+        .taken()
+        .unwrap();
     // Once started, the fill says which piece holds a range (before and after the part).
     for _ in 0..1000 {
         if fill.piece_for(100, 200).is_some() {

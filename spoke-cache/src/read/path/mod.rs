@@ -25,7 +25,7 @@ use shardcache_proto::checksum::Checked;
 use crate::{
     Error, Result,
     fetch::suppliers::{Chain, Joined},
-    fetch::{Alongside, FetchFor, FetchOwner, KnownPart},
+    fetch::{Alongside, FetchFor, FetchOwner, Filled, KnownPart},
     observe::job_counters::JobRow,
     observe::metrics::Metrics,
     plans::{Plans, Step},
@@ -295,19 +295,15 @@ impl ReadPath {
         let alongside =
             || self.fetch.speculation(&entry.dataset, &entry.shard, chunk_start, chunk_len).is_some();
         if let Some(running) = self.fetch.running(entry, index) {
-            // A fill's piece that holds the part: waited for alone, not the whole chunk.
-            if let Some((start, piece)) = running.piece_for(from, to) {
-                return (Provenance::Piece(piece, start), None);
-            }
             if running.is_started() || alongside() {
-                return (Provenance::Chunk(running), None);
+                return joined(running, from, to);
             }
             // (Another reader's part is lent to it already: this one waits for the chunk,
             // rather than bring its part twice.)
             let (part, known) = part_for_fill(from, to);
             return match running.lend(known) {
                 true => (Provenance::Fill(Some(part)), None),
-                false => (Provenance::Chunk(running), None),
+                false => joined(running, from, to),
             };
         }
         // A job followed sample by sample stores no chunk: its room is its window's and
@@ -324,9 +320,14 @@ impl ReadPath {
             // The read is answered by its own bytes; the chunk is filled beside it. The fill
             // is registered now (readers of the chunk arriving meanwhile join it), its part
             // handed over once this call's batch fetches it (`fetch_parts`).
+            // (Asked anew under the fetches' lock: a fetch of the chunk that ended since
+            // left it stored, and one started since brings the part unless it takes it.)
             let (part, known) = part_for_fill(from, to);
-            drop(self.fetch.fill(entry, index, known, reader.fetch()));
-            return (Provenance::Fill(Some(part)), None);
+            return match self.fetch.fill(entry, index, known, reader.fetch()) {
+                Filled::Taken(_) => (Provenance::Fill(Some(part)), None),
+                Filled::Running(running) => joined(running, from, to),
+                Filled::Stored => self.provenance(entry, index, (from, to), reader, step),
+            };
         }
         self.filter.fetched_as_read(entry.chunk_key(index), to - from);
         (Provenance::Direct, None)
@@ -447,6 +448,15 @@ impl ReadPath {
 
 /// `[from, to)` as a part a chunk's fetch takes from a reader's fetch as read: the end
 /// the read sends its bytes into (`fetch_parts`), and the part the chunk's fetch awaits.
+/// The part `[from, to)` from a running fetch of its chunk: the fill's piece that holds it
+/// (waited for alone, not the whole chunk), else the chunk.
+fn joined(running: crate::fetch::ChunkFetch, from: u64, to: u64) -> (Provenance, Option<Checked>) {
+    match running.piece_for(from, to) {
+        Some((start, piece)) => (Provenance::Piece(piece, start), None),
+        None => (Provenance::Chunk(running), None),
+    }
+}
+
 fn part_for_fill(from: u64, to: u64) -> (tokio::sync::oneshot::Sender<Result<Checked>>, KnownPart) {
     let (part, bytes) = tokio::sync::oneshot::channel();
     let bytes = async move {
