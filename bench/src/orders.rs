@@ -10,7 +10,7 @@
 //! follows the plan sample by sample, its next records ahead of its reads with where each
 //! is read next (`PlanSamples`), a window at a time.
 
-use std::time::Instant;
+use std::{sync::OnceLock, time::Instant};
 
 use futures::{StreamExt, stream};
 use shardcache_client::{CacheClient, Client, PlannedEpoch, PlannedSample, Range, order::SamplerOrder};
@@ -142,7 +142,18 @@ fn name(shard: u32) -> String {
 impl Reader<'_> {
     /// Reads `this` (epoch `number`, the next one `next`) with `plan`; the seconds it took
     /// and whether the spoke followed samples.
-    pub async fn epoch(&self, number: u64, (this, next): (&Epoch, &Epoch), plan: Plan) -> (f64, bool) {
+    pub async fn epoch(&self, number: u64, epochs: (&Epoch, &Epoch), plan: Plan) -> (f64, bool) {
+        self.epoch_timed(number, epochs, plan, &OnceLock::new()).await
+    }
+
+    /// [`Self::epoch`], setting `first` when its first batch has come back (checked).
+    pub async fn epoch_timed(
+        &self,
+        number: u64,
+        (this, next): (&Epoch, &Epoch),
+        plan: Plan,
+        first: &OnceLock<Instant>,
+    ) -> (f64, bool) {
         let started = Instant::now();
         let samples = match (&self.control, plan) {
             (Some(control), Plan::Plan) => self.set_plan(control, number, (this, next)).await,
@@ -175,7 +186,7 @@ impl Reader<'_> {
                     sent = upto;
                 }
             }
-            self.read(&client, batches).await;
+            self.read(&client, batches, first).await;
         }
         (started.elapsed().as_secs_f64(), samples)
     }
@@ -190,7 +201,7 @@ impl Reader<'_> {
         control.plan(&job, number, self.dataset, &[plan(this), plan(next)]).await.unwrap().samples
     }
 
-    async fn read(&self, client: &Client, records: &[u64]) {
+    async fn read(&self, client: &Client, records: &[u64], first: &OnceLock<Instant>) {
         stream::iter(records.chunks(self.batch))
             .map(|batch| {
                 let ranges: Vec<Range> = batch
@@ -210,6 +221,7 @@ impl Reader<'_> {
                         &self.files[shard as usize][offset as usize..(offset + self.layout.record) as usize];
                     assert!(got.data == want, "record {r}");
                 }
+                first.get_or_init(Instant::now);
                 async {}
             })
             .await;
