@@ -446,8 +446,6 @@ impl ReadPath {
     }
 }
 
-/// `[from, to)` as a part a chunk's fetch takes from a reader's fetch as read: the end
-/// the read sends its bytes into (`fetch_parts`), and the part the chunk's fetch awaits.
 /// The part `[from, to)` from a running fetch of its chunk: the fill's piece that holds it
 /// (waited for alone, not the whole chunk), else the chunk.
 fn joined(running: crate::fetch::ChunkFetch, from: u64, to: u64) -> (Provenance, Option<Checked>) {
@@ -457,6 +455,8 @@ fn joined(running: crate::fetch::ChunkFetch, from: u64, to: u64) -> (Provenance,
     }
 }
 
+/// `[from, to)` as a part a chunk's fetch takes from a reader's fetch as read: the end
+/// the read sends its bytes into (`fetch_parts`), and the part the chunk's fetch awaits.
 fn part_for_fill(from: u64, to: u64) -> (tokio::sync::oneshot::Sender<Result<Checked>>, KnownPart) {
     let (part, bytes) = tokio::sync::oneshot::channel();
     let bytes = async move {
