@@ -298,6 +298,19 @@ impl Drop for TestSpoke {
 }
 
 /// Generates `shards` shards of `shard_size` bytes (16 KiB records) as dataset `name`.
+/// `length` bytes that do not compress (images, encrypted or already compressed data),
+/// quickly: xorshift64 from `seed` (not zero).
+pub fn incompressible(length: usize, mut seed: u64) -> Vec<u8> {
+    (0..length)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 24) as u8
+        })
+        .collect()
+}
+
 pub fn make_dataset(root: &Path, name: &str, shards: u32, shard_size: u64) -> PathBuf {
     let spec = GenSpec {
         dir: root.to_owned(),

@@ -35,18 +35,6 @@ const LAYOUT: Layout = Layout { shards: 16, shard: 16 << 20, record: 16 << 10 };
 const DATASET: &str = "images";
 const SEED: u64 = 58;
 
-/// xorshift64: bytes that do not compress, quickly.
-fn random(length: usize, mut x: u64) -> Vec<u8> {
-    (0..length)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 /// Bytes per second of a wan-proxy rate (`200Mbit`, `1Gbit`); `None`: uncapped.
 fn rate_bytes(rate: &str) -> Option<f64> {
     let (number, unit) = rate.split_at(rate.find(|c: char| c.is_ascii_alphabetic())?);
@@ -166,7 +154,10 @@ async fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let files: Vec<Vec<u8>> = (0..LAYOUT.shards)
         .map(|s| {
-            let bytes = random(LAYOUT.shard as usize, 0x9e37_79b9_7f4a_7c15 ^ u64::from(s + 1));
+            let bytes = shardcache_tests::incompressible(
+                LAYOUT.shard as usize,
+                0x9e37_79b9_7f4a_7c15 ^ u64::from(s + 1),
+            );
             std::fs::write(dir.join(shardcache_cli::dataset_gen::shard_name(s)), &bytes).unwrap();
             bytes
         })

@@ -218,15 +218,24 @@ async fn a_fill_whose_readers_fetch_failed_fetches_the_part_itself() {
     assert_eq!(row.hub_bytes.load(Relaxed), CHUNK, "the chunk crossed once: the failed part brought nothing");
 }
 
-#[tokio::test]
-async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
-    // Room for one chunk in flight: the second chunk's fetch waits behind the first.
+/// Parts with room for one chunk in flight (a second chunk's fetch waits behind the
+/// first), over a shard of `chunks` chunks of `pattern(.., seed)` whose every fetch takes
+/// 50 ms: the parts, the shard's bytes, its entry and a reader's row.
+async fn one_chunk_in_flight(
+    chunks: usize,
+    seed: u8,
+) -> (crate::testing::Parts, Vec<u8>, Arc<Entry>, JobRow) {
     let parts = parts(CHUNK, 1 << 30, CHUNK);
-    let data = pattern(2 * CHUNK as usize, 12);
+    let data = pattern(chunks * CHUNK as usize, seed);
     parts.supply.put("ds", "s", "v1", data.clone());
     parts.supply.set_latency(Duration::from_millis(50));
     let entry = parts.entry("ds", "s").await.unwrap();
-    let row = JobRow::default();
+    (parts, data, entry, JobRow::default())
+}
+
+#[tokio::test]
+async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
+    let (parts, data, entry, row) = one_chunk_in_flight(2, 12).await;
     let first = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&row)).unwrap();
     let queued = parts.fetch.chunk(&entry, ChunkIndex(1), for_read(&row)).unwrap();
     assert!(first.is_started() && !queued.is_started(), "the second waits for room");
@@ -244,13 +253,7 @@ async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
 
 #[tokio::test]
 async fn a_fill_offered_after_a_fetch_of_its_chunk_ended_or_began_never_brings_the_part_twice() {
-    // Room for one chunk in flight: a second chunk's fetch waits behind the first.
-    let parts = parts(CHUNK, 1 << 30, CHUNK);
-    let data = pattern(3 * CHUNK as usize, 14);
-    parts.supply.put("ds", "s", "v1", data.clone());
-    parts.supply.set_latency(Duration::from_millis(50));
-    let entry = parts.entry("ds", "s").await.unwrap();
-    let row = JobRow::default();
+    let (parts, data, entry, row) = one_chunk_in_flight(3, 14).await;
     // A reader's part of chunk `index` offered to its fill, after the reader saw the chunk
     // absent and no fetch of it. (Its bytes never come: where a fill takes the part, it
     // fetches it itself, so the link's count shows every part asked twice.)

@@ -31,15 +31,7 @@ fn tokens(root: &std::path::Path, size: u64) -> Vec<u8> {
 }
 
 fn random(length: usize) -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..length)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    shardcache_tests::incompressible(length, 0x9e37_79b9_7f4a_7c15)
 }
 
 fn read_request(offset: u64, length: u64, zstd: bool) -> tonic::Request<ReadRangeRequest> {
