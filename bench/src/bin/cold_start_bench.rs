@@ -8,7 +8,14 @@
 //!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/cold-start-bench [--runs N] [RATE ...]
+//! target/release/cold-start-bench --adapt
 //! ```
+//!
+//! `--adapt` instead shows the link gate's bound following the link: one cold epoch at
+//! 1 Gbit/s whose link the emulator throttles for 4 s after the first 1.5 s and frees
+//! again (`--faults none:1500ms,throttle=40Mbit:4s`, per connection), printing every
+//! 250 ms the link's MB/s at the wire beside the spoke's measured rate and bound
+//! (`shardcache_spoke_link_delivery_rate_bytes`, `..._in_flight_bound_bytes`).
 //!
 //! RATEs are wan-proxy's (`200Mbit`, `1Gbit`) or `uncapped`; by default those three. The
 //! dataset is random bytes (images: nothing to compress), 16 shards of 16 MiB of 16 KiB
@@ -130,25 +137,83 @@ async fn hub_cpu(hub: &HubProcess) -> (f64, f64) {
     (out[0], out[1])
 }
 
+/// `--adapt`: the bound following a link throttled mid-epoch (see the top of the file).
+async fn adapt(hub_addr: std::net::SocketAddr, files: &[Vec<u8>]) {
+    use shardcache_tests::wire::LinkMeter as _;
+    let link = ProxyProcess::start(
+        hub_addr,
+        &["--rtt", "60ms", "--rate", "1Gbit", "--faults", "none:1500ms,throttle=40Mbit:4s"],
+    );
+    let started = Instant::now();
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = SpokeProcess::start(&link.endpoint, cache.path(), &[]);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let gauge = |page: &str, name: &str| -> f64 {
+        let line = page.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '));
+        line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0.0)
+    };
+    let sampler = async {
+        let mut rows = Vec::new();
+        let mut last = (link.read().0.to_client, Instant::now());
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            let (count, now) = (link.read().0.to_client, Instant::now());
+            let wire = (count - last.0) as f64 / now.duration_since(last.1).as_secs_f64() / 1e6;
+            last = (count, now);
+            let page = shardcache_tests::scrape_metrics(&spoke.metrics_addr).await.unwrap();
+            let rate = gauge(&page, "shardcache_spoke_link_delivery_rate_bytes") / 1e6;
+            let bound = gauge(&page, "shardcache_spoke_link_in_flight_bound_bytes") / f64::from(1 << 20);
+            rows.push((now.duration_since(started).as_secs_f64(), wire, rate, bound));
+        }
+        rows
+    };
+    let reads = async {
+        let result = run(&link, Some(&spoke), files).await;
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        result
+    };
+    let ((_, epoch, wire), rows) = futures::future::join(reads, sampler).await;
+    println!(
+        "One cold epoch through a spoke, link 1 Gbit/s with 60 ms RTT, throttled to 40 Mbit/s per connection from 1.5 s to 5.5 s after the emulator started: {epoch:.2} s, {:.3} of the dataset over the link",
+        wire as f64 / LAYOUT.bytes() as f64
+    );
+    println!();
+    println!(
+        "| t (s) | link MB/s at the wire (last 250 ms) | spoke's measured rate MB/s | spoke's in-flight bound MiB |"
+    );
+    println!("|---|---|---|---|");
+    for (t, wire, rate, bound) in rows {
+        println!("| {t:.2} | {wire:.1} | {rate:.1} | {bound:.1} |");
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-#[tokio::main]
-async fn main() {
+/// `(--runs N, --adapt, the rates)`.
+fn arguments() -> (usize, bool, Vec<String>) {
     let mut runs = 5;
+    let mut adapting = false;
     let mut rates: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--runs" => runs = args.next().and_then(|n| n.parse().ok()).expect("--runs N"),
+            "--adapt" => adapting = true,
             rate => rates.push(rate.to_owned()),
         }
     }
     if rates.is_empty() {
         rates = ["200Mbit", "1Gbit", "uncapped"].map(String::from).to_vec();
     }
+    (runs, adapting, rates)
+}
+
+#[tokio::main]
+async fn main() {
+    let (runs, adapting, rates) = arguments();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join(DATASET);
     std::fs::create_dir_all(&dir).unwrap();
@@ -164,6 +229,10 @@ async fn main() {
         .collect();
     let hub = HubProcess::start(root.path(), &[]);
     let hub_addr = hub.endpoint.trim_start_matches("http://").parse().unwrap();
+    if adapting {
+        adapt(hub_addr, &files).await;
+        return;
+    }
     let (plain_cpu, zstd_cpu) = hub_cpu(&hub).await;
     println!(
         "{} MiB of random 16 KiB records ({} shards), {READERS} readers of a block shuffle (4 shards a block) with plans, 60 ms link; {runs} runs per row; hub CPU per GiB served: {plain_cpu:.2} s plain, {zstd_cpu:.2} s with zstd asked for",

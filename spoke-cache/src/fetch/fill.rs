@@ -1,15 +1,22 @@
-//! Filling a chunk beside a read: a miss the admission stores is answered by its own
+//! Filling a chunk beside reads: a miss the admission stores is answered by its own
 //! bytes (fetched as read, `as_read.rs`), and the rest of its chunk is fetched around that
-//! part (before it and after it) and stored with it (`FetchOwner::fill`); a chunk fetch
-//! still waiting for room takes a reader's part lent to it instead of asking for it
-//! (`ChunkFetch::lend`). The link carries the chunk once; no reader waits for more than
-//! the piece that holds its bytes.
+//! part, once it has arrived, and stored with it (`FetchOwner::fill`); a chunk fetch
+//! still waiting for room takes the parts other readers lend it instead of asking for
+//! them (`ChunkFetch::lend`), so every reader of a job's first batch is answered by its
+//! own bytes. The link carries the chunk once; no reader waits for more than the piece
+//! that holds its bytes.
 
 use futures::FutureExt;
 use shardcache_proto::checksum::Checked;
 
 use super::{ChunkFetch, Inner, KnownPart, Owned, Pieces, SharedFetch};
 use crate::{Error, Result, store::entry::Entry};
+
+/// Readers' parts one chunk fetch takes at most while it waits (the 8 ranks of a job's
+/// first batch, each with a few samples in the chunk, fit): the gaps between them are
+/// asked for in one request however many there are, and a chunk read by more readers
+/// than this is mostly theirs already; a reader past them waits for the chunk.
+pub const PARTS_PER_CHUNK: usize = 64;
 
 impl ChunkFetch {
     /// The piece of a fill (or its reader's part) that holds `[from, to)` of the shard,
@@ -23,48 +30,51 @@ impl ChunkFetch {
 
     /// Lends it `part`, which a reader fetches as read, while it waits for room: when it
     /// starts it asks only for the rest of the chunk (the reader is answered by its own
-    /// fetch, the link carries the chunk once). Whether it took the part (not once started,
-    /// nor when another reader's part is there already).
+    /// fetch, the link carries the chunk once). Whether it took the part: not once started,
+    /// nor a part over one lent already (that reader's bytes answer this one when they
+    /// arrive: it joins), nor past [`PARTS_PER_CHUNK`].
     pub fn lend(&self, part: KnownPart) -> bool {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        if self.is_started() || known.is_some() {
+        let overlaps = known.iter().any(|k| k.from < part.to && part.from < k.to);
+        if self.is_started() || overlaps || known.len() >= PARTS_PER_CHUNK {
             return false;
         }
-        *known = Some(part);
+        known.push(part);
         true
     }
 }
 
 impl Inner {
-    /// The chunk `[offset, offset + length)` of `entry` from `part` (a reader's fetch of
-    /// it as read) and the rest fetched around it, both at once, each published in
-    /// `pieces` as it is asked for (a reader of another part waits for its piece only):
-    /// each verified on arrival, their checksums combined into
-    /// the chunk's, which the store checks its pages against.
+    /// The chunk `[offset, offset + length)` of `entry` from `parts` (readers' fetches
+    /// of it as read, none overlapping) and the gaps around them, asked for in one
+    /// request; each piece published in `pieces` as it is asked for (a reader of a range
+    /// within one waits for that piece only), each verified on arrival, their checksums
+    /// combined into the chunk's, which the store checks its pages against.
     pub(super) async fn fill(
         &self,
         entry: &Entry,
         (offset, length): (u64, u64),
-        (part, pieces): (KnownPart, &Pieces),
+        (mut parts, pieces): (Vec<KnownPart>, &Pieces),
         fetch: &Owned,
     ) -> Result<Checked> {
-        // The rest before the part and after it, one request each. (Pieces of 1 MiB made a
-        // reader of another part wait for less, but four times the requests per chunk
-        // within the same `UPSTREAM_REQUESTS_IN_FLIGHT`: a group's owner then finished its
-        // chunks so much later that members hedged to judged it hung and fetched them
-        // again, 1.35-2.10x the dataset in `group-bench --gray` where main brought 1.00.)
+        parts.sort_by_key(|part| part.from);
         let end = offset + length;
-        let cut: Vec<(u64, u64)> =
-            [(offset, part.from), (part.to, end)].into_iter().filter(|(from, to)| from < to).collect();
-        // The reader's part is published too (sent once it is in, from the reader's fetch
-        // or from this fill's own when that one failed): a reader of a range within it,
-        // or a member hedged to that joins this fetch (`running_range`), waits for it
-        // alone, as long as the first reader did; waiting for the whole chunk instead
-        // outlasts a hedged member's wait for the owner, and the member then fetches the
-        // chunk itself.
-        let (mut senders, published): (Vec<_>, Vec<_>) = cut
+        // The gaps before, between and after the parts: one request for all of them. (Pieces
+        // of 1 MiB, one request each, made a reader of another part wait for less, but four
+        // times the requests per chunk within the same `UPSTREAM_REQUESTS_IN_FLIGHT`: a
+        // group's owner then finished its chunks so much later that members hedged to
+        // judged it hung and fetched them again, 1.35-2.10x the dataset in `group-bench
+        // --gray` where main brought 1.00.)
+        let gaps = gaps((offset, end), &parts);
+        // The readers' parts are published too (sent once in, from the reader's fetch or
+        // from this fill's own when that one failed): a reader of a range within one, or a
+        // member hedged to that joins this fetch (`running_range`), waits for it alone, as
+        // long as the first reader did; waiting for the whole chunk instead outlasts a
+        // hedged member's wait for the owner, and the member then fetches the chunk itself.
+        let ranges: Vec<(u64, u64)> =
+            gaps.iter().copied().chain(parts.iter().map(|p| (p.from, p.to))).collect();
+        let (senders, published): (Vec<_>, Vec<_>) = ranges
             .iter()
-            .chain(std::iter::once(&(part.from, part.to)))
             .map(|&(from, to)| {
                 let (tx, rx) = tokio::sync::oneshot::channel::<Result<Checked>>();
                 let bytes = async move {
@@ -72,34 +82,54 @@ impl Inner {
                 };
                 (tx, (from, to, bytes.boxed().shared()))
             })
-            .unzip();
+            .collect();
         let _ = pieces.set(published);
-        let part_sender = senders.pop();
-        let asked = cut.iter().zip(senders).map(|(&(from, to), tx)| async move {
-            let bytes = self.upstream.supply(entry, from, to - from, &fetch.row, &fetch.avoid).await;
-            let _ = tx.send(bytes.clone());
-            bytes
-        });
-        let (rest, part_bytes) = futures::future::join(futures::future::join_all(asked), part.bytes).await;
-        // The reader's fetch failed, or its call ended before it started (readers who joined
-        // this fill wait for it too): the part is fetched here.
-        let part_bytes = match part_bytes {
-            Ok(bytes) => Ok(bytes),
-            Err(_) => {
-                self.upstream.supply(entry, part.from, part.to - part.from, &fetch.row, &fetch.avoid).await
+        let mut senders = senders.into_iter();
+        let asked = async {
+            if gaps.is_empty() {
+                return Vec::new();
             }
+            let wants: Vec<(&Entry, u64, u64)> =
+                gaps.iter().map(|&(from, to)| (entry, from, to - from)).collect();
+            self.upstream.supply_many(&wants, &fetch.row, &fetch.avoid).await
         };
-        if let Some(tx) = part_sender {
-            let _ = tx.send(part_bytes.clone());
+        let lent = futures::future::join_all(parts.iter().map(|part| part.bytes.clone()));
+        let (gap_bytes, part_bytes) = futures::future::join(asked, lent).await;
+        let mut assembled: Vec<(u64, Checked)> = Vec::with_capacity(ranges.len());
+        let mut failed = None;
+        for (&(from, _), bytes) in gaps.iter().zip(gap_bytes) {
+            if let Some(tx) = senders.next() {
+                let _ = tx.send(bytes.clone());
+            }
+            match bytes {
+                Ok(bytes) => assembled.push((from, bytes)),
+                Err(e) => failed = Some(e),
+            }
         }
-        let part_bytes = part_bytes?;
-        let mut pieces: Vec<(u64, Checked)> = Vec::with_capacity(rest.len() + 1);
-        for (&(from, _), bytes) in cut.iter().zip(rest) {
-            pieces.push((from, bytes?));
+        for (part, bytes) in parts.iter().zip(part_bytes) {
+            // A reader's fetch that failed, or whose call ended before it started (readers
+            // who joined this fill wait for it too): the part is fetched here.
+            let bytes = match bytes {
+                Ok(bytes) => Ok(bytes),
+                Err(_) => {
+                    self.upstream
+                        .supply(entry, part.from, part.to - part.from, &fetch.row, &fetch.avoid)
+                        .await
+                }
+            };
+            if let Some(tx) = senders.next() {
+                let _ = tx.send(bytes.clone());
+            }
+            match bytes {
+                Ok(bytes) => assembled.push((part.from, bytes)),
+                Err(e) => failed = Some(e),
+            }
         }
-        pieces.push((part.from, part_bytes));
-        pieces.sort_by_key(|(from, _)| *from);
-        let chunk = Checked::concat(pieces.into_iter().map(|(_, bytes)| bytes).collect());
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        assembled.sort_by_key(|(from, _)| *from);
+        let chunk = Checked::concat(assembled.into_iter().map(|(_, bytes)| bytes).collect());
         if chunk.data.len() as u64 != length {
             return Err(Error::Internal(format!(
                 "a fill of {}/{} at {offset} assembled {} bytes of {length}",
@@ -110,4 +140,20 @@ impl Inner {
         }
         Ok(chunk)
     }
+}
+
+/// The ranges of `[offset, end)` that none of `parts` (sorted by where they start) holds.
+fn gaps((offset, end): (u64, u64), parts: &[KnownPart]) -> Vec<(u64, u64)> {
+    let mut gaps = Vec::new();
+    let mut at = offset;
+    for part in parts {
+        if at < part.from {
+            gaps.push((at, part.from));
+        }
+        at = at.max(part.to);
+    }
+    if at < end {
+        gaps.push((at, end));
+    }
+    gaps
 }

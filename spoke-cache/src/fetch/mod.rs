@@ -18,7 +18,8 @@
 //! answered the same way, its chunk filled beside it (`fill.rs`).
 //!
 //! The folder: the fetch owner (here, with `as_read.rs`, `fill.rs`, `upstream.rs`,
-//! `speculation.rs`), the shard lookups (`lookup.rs`, `revalidation.rs`), work shared by
+//! `speculation.rs`), the link gate that keeps chunk fetches behind reads within the
+//! link's measured bandwidth-delay product (`link_gate.rs`), the shard lookups (`lookup.rs`, `revalidation.rs`), work shared by
 //! concurrent callers (`shared.rs`) and the chain of suppliers (`suppliers/`: peers,
 //! hubs, hedging, compression).
 //!
@@ -28,6 +29,7 @@
 
 mod as_read;
 mod fill;
+mod link_gate;
 pub mod lookup;
 pub mod revalidation;
 pub mod shared;
@@ -77,9 +79,9 @@ pub struct ChunkFetch {
     /// It has its room and has asked upstream: a reader joining it waits no longer than a
     /// fetch of its own would (one still waiting for room is not joined: `ReadPath`).
     started: Arc<std::sync::atomic::AtomicBool>,
-    /// A part of the chunk a reader fetches as read, to be taken instead of asked for when
-    /// the fetch starts (a fill's, or one lent while it waited for room).
-    known: Arc<Mutex<Option<KnownPart>>>,
+    /// Parts of the chunk readers fetch as read, to be taken instead of asked for when
+    /// the fetch starts (a fill's, and those lent while it waited for room).
+    known: Arc<Mutex<Vec<KnownPart>>>,
     /// A fill's pieces once it has started: each `(from, to)` of the shard and its bytes
     /// as they arrive (`fill.rs`).
     pieces: Arc<Pieces>,
@@ -101,7 +103,7 @@ pub enum Filled {
     /// for it, or one still waiting for room that was lent it).
     Taken(ChunkFetch),
     /// A fetch of the chunk that asks for the part itself (it has started, or holds
-    /// another reader's part): the reader joins it.
+    /// another reader's part over it): the reader joins it.
     Running(ChunkFetch),
 }
 
@@ -275,9 +277,12 @@ impl FetchOwner {
         let (bytes_tx, bytes_rx) = tokio::sync::oneshot::channel();
         let read = Arc::new(std::sync::atomic::AtomicBool::new(!fetch.speculative));
         // Room at hand: the fetch asks upstream as soon as its task runs (readers join it).
-        let room = self.inner.upstream.room_now(length);
+        // A fill asks for the rest of its chunk only once its reader's own part has
+        // arrived: the reader's bytes have the link to themselves (`ChunkTask::after`).
+        let after = part.as_ref().map(|part| part.bytes.clone());
+        let room = if after.is_some() { None } else { self.inner.upstream.room_now(length) };
         let started = Arc::new(std::sync::atomic::AtomicBool::new(room.is_some()));
-        let known = Arc::new(Mutex::new(part));
+        let known = Arc::new(Mutex::new(part.into_iter().collect()));
         let pieces = Arc::new(std::sync::OnceLock::new());
         let task = ChunkTask {
             entry: entry.clone(),
@@ -287,6 +292,7 @@ impl FetchOwner {
             pieces: pieces.clone(),
             speculated,
             read: read.clone(),
+            after,
             room,
             started: started.clone(),
             _reserved: self.inner.capacity.reserve(length),
@@ -423,19 +429,34 @@ impl Inner {
         task: ChunkTask,
         readers: tokio::sync::oneshot::Sender<Result<Checked>>,
     ) -> Result<u64> {
-        let ChunkTask { entry, index, fetch, known, pieces, speculated, read, room, started, _reserved } =
-            task;
+        let ChunkTask {
+            entry,
+            index,
+            fetch,
+            known,
+            pieces,
+            speculated,
+            read,
+            after,
+            room,
+            started,
+            _reserved,
+        } = task;
         let (offset, length) = entry.chunk_range(index);
+        if let Some(after) = after {
+            // Whatever it brought: a failed part is fetched by the fill.
+            let _ = after.await;
+        }
         // Held until the chunk is stored (see `Upstream::room`).
-        let _room = match room {
+        let mut room = match room {
             Some(room) => room,
             None => self.upstream.room(length).await?,
         };
-        // Started under the part's lock: a part lent from now on is refused (`lend`).
-        let part = {
+        // Started under the parts' lock: a part lent from now on is refused (`lend`).
+        let parts = {
             let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
             started.store(true, Relaxed);
-            known.take()
+            std::mem::take(&mut *known)
         };
         let speculated = match speculated {
             Some(read) => read
@@ -443,11 +464,12 @@ impl Inner {
                 .filter(|(read, version)| *version == entry.version && read.data.len() as u64 == length),
             None => None,
         };
-        let fetched = match (speculated, part) {
-            (Some((data, _)), _) => Ok(data),
-            (None, Some(part)) => self.fill(&entry, (offset, length), (part, &pieces), &fetch).await,
-            (None, None) => self.upstream.supply(&entry, offset, length, &fetch.row, &fetch.avoid).await,
+        let fetched = match speculated {
+            Some((data, _)) => Ok(data),
+            None if !parts.is_empty() => self.fill(&entry, (offset, length), (parts, &pieces), &fetch).await,
+            None => self.upstream.supply(&entry, offset, length, &fetch.row, &fetch.avoid).await,
         };
+        room.answered();
         let _ = readers.send(fetched.clone());
         // Serving the verified bytes was still right when caching them failed (counted
         // and logged by the admission, which also acts on a full disk).
@@ -462,16 +484,19 @@ struct ChunkTask {
     entry: Arc<Entry>,
     index: ChunkIndex,
     fetch: Owned,
-    /// A reader's part of it, taken instead of asked for ([`ChunkFetch::lend`]).
-    known: Arc<Mutex<Option<KnownPart>>>,
+    /// Readers' parts of it, taken instead of asked for ([`ChunkFetch::lend`]).
+    known: Arc<Mutex<Vec<KnownPart>>>,
     /// Where a fill says its pieces are ([`ChunkFetch::piece_for`]).
     pieces: Arc<Pieces>,
     /// A read of it alongside the shard's first stat, whose bytes it takes.
     speculated: Option<speculation::SpeculativeRead>,
     /// A read used (or waits for) its bytes.
     read: Arc<std::sync::atomic::AtomicBool>,
-    /// Its room in the byte bound when there was some at once; else waited for.
-    room: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// A fill's opening read, awaited before it asks for room: at a job's start its
+    /// readers' own bytes cross the link before the rest of their chunks (issue 58).
+    after: Option<SharedFetch>,
+    /// Its room upstream when there was some at once; else waited for.
+    room: Option<upstream::Room>,
     started: Arc<std::sync::atomic::AtomicBool>,
     /// Its bytes counted as being fetched to be stored, until it ends.
     _reserved: crate::store::capacity::Reservation,

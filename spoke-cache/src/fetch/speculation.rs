@@ -65,7 +65,7 @@ impl Speculations {
         // In the span of the request that opened the shard: a trace shows it there.
         let read = tokio::spawn(
             async move {
-                let _room = upstream.room_now(length)?;
+                let _room = upstream.read_room_now(length)?;
                 let want = Want { dataset: &dataset, shard: &shard, offset, length, version: None };
                 upstream.any_version(want, &row).await
             }

@@ -243,12 +243,49 @@ async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
     let (from, to) = (CHUNK + 500, CHUNK + 600);
     let part = parts.fetch.start_direct(&[(&entry, from, to - from)], for_read(&row)).remove(0);
     assert!(queued.lend(KnownPart { from, to, bytes: part.clone() }));
-    assert!(!queued.lend(KnownPart { from, to, bytes: part.clone() }), "one part a fetch");
+    assert!(
+        !queued.lend(KnownPart { from: from + 50, to: to + 50, bytes: part.clone() }),
+        "no part over one lent"
+    );
     assert_eq!(part.await.unwrap().data[..], data[from as usize..to as usize], "answered before the chunk");
     assert_eq!(queued.stored.await.unwrap(), CHUNK);
     first.stored.await.unwrap();
     assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..]);
     assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK, "each chunk crossed once, the lent part with it");
+}
+
+#[tokio::test]
+async fn a_chunk_fetch_waiting_for_room_takes_every_part_lent_and_asks_only_for_the_gaps() {
+    let (parts, data, entry, row) = one_chunk_in_flight(2, 15).await;
+    let first = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&row)).unwrap();
+    let queued = parts.fetch.chunk(&entry, ChunkIndex(1), for_read(&row)).unwrap();
+    assert!(!queued.is_started(), "the second waits for room");
+    // Three readers (a job's first batch) each lend the part of chunk 1 they fetch as read.
+    let lent = [(CHUNK + 100, CHUNK + 300), (CHUNK + 5000, CHUNK + 6000), (2 * CHUNK - 10, 2 * CHUNK)];
+    let batches = parts.supply.batches.load(SeqCst);
+    let mut reads = Vec::new();
+    for (from, to) in lent {
+        let part = parts.fetch.start_direct(&[(&entry, from, to - from)], for_read(&row)).remove(0);
+        assert!(queued.lend(KnownPart { from, to, bytes: part.clone() }), "{from}..{to} is lent");
+        reads.push((from, to, part));
+    }
+    for (from, to, part) in reads {
+        assert_eq!(
+            part.await.unwrap().data[..],
+            data[from as usize..to as usize],
+            "each answered by its own"
+        );
+    }
+    assert_eq!(queued.stored.await.unwrap(), CHUNK);
+    first.stored.await.unwrap();
+    assert_eq!(
+        parts.stored(&entry, CHUNK, CHUNK).unwrap(),
+        data[CHUNK as usize..],
+        "the chunk, whole and right"
+    );
+    let calls = parts.supply.batches.load(SeqCst) - batches;
+    assert_eq!(calls, lent.len() + 1, "a call per reader, and the gaps around their parts in one");
+    assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK, "each chunk crossed once, the lent parts with it");
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! The way upstream every fetch takes, below both the fetch owner (`mod.rs`) and the
-//! reads alongside a first stat (`speculation.rs`): room in the byte and request bounds,
+//! reads alongside a first stat (`speculation.rs`): a chunk fetch's turn at the link gate
+//! (`link_gate.rs`, which every hub answer feeds), room in the byte and request bounds,
 //! the supplier asked, what it answered checked against what was asked (a supplier that
 //! answers another length or another version is refused: nothing it sent is stored or
 //! served), and the bytes counted by supplier, here and nowhere else.
@@ -14,6 +15,7 @@ use shardcache_proto::checksum::Checked;
 use shardcache_reader::ReadError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
+use super::link_gate::{Admitted, LinkGate, Mark, Reading};
 use crate::{
     Error, Result,
     fetch::suppliers::{Joined, Supplied, SuppliedBy, Supply, Want},
@@ -44,6 +46,9 @@ pub(super) struct Upstream {
     permits: u32,
     /// Room for [`UPSTREAM_REQUESTS_IN_FLIGHT`] requests upstream.
     requests: Semaphore,
+    /// Chunk fetches in flight over the link beside the reads, as its measured
+    /// bandwidth-delay product allows (`link_gate.rs`); every answer is a sample of it.
+    gate: Arc<LinkGate>,
     /// Calls to the suppliers running now, waiting for room or answered (`Status`'s
     /// `fetches_in_flight`).
     calls: Arc<std::sync::atomic::AtomicUsize>,
@@ -73,6 +78,7 @@ impl Upstream {
             reads: Semaphore::new(permits as usize),
             permits,
             requests: Semaphore::new(UPSTREAM_REQUESTS_IN_FLIGHT),
+            gate: Arc::new(LinkGate::new(bytes_in_flight, chunk_size)),
             calls: Arc::default(),
             metrics,
         }
@@ -89,21 +95,25 @@ impl Upstream {
         Call(self.calls.clone())
     }
 
-    /// Room for `length` bytes in flight, waited for.
-    pub(super) async fn room(&self, length: u64) -> Result<OwnedSemaphorePermit> {
+    /// Room for a chunk fetch of `length` bytes, waited for: its turn at the link gate
+    /// (reads before it), then room in the byte bound.
+    pub(super) async fn room(&self, length: u64) -> Result<Room> {
         let waiting = Instant::now();
+        let link = self.gate.admit(length).await;
         let room = self.budget.clone().acquire_many_owned(kib(length).min(self.permits)).await;
         self.queued(waiting);
-        room.map_err(|_| Error::Internal("upstream budget closed".into()))
+        let budget = room.map_err(|_| Error::Internal("upstream budget closed".into()))?;
+        Ok(Room { _budget: budget, link: Some(link) })
     }
 
     /// Room for `length` bytes fetched as read, waited for (a batch larger than the whole
-    /// bound waits for all of it).
-    pub(super) async fn read_room(&self, length: u64) -> Result<SemaphorePermit<'_>> {
+    /// bound waits for all of it); counted at the link gate, never held there.
+    pub(super) async fn read_room(&self, length: u64) -> Result<ReadRoom<'_>> {
         let waiting = Instant::now();
         let room = self.reads.acquire_many(kib(length).min(self.permits)).await;
         self.queued(waiting);
-        room.map_err(|_| Error::Internal("upstream budget closed".into()))
+        let room = room.map_err(|_| Error::Internal("upstream budget closed".into()))?;
+        Ok(ReadRoom { _reads: room, _reading: self.gate.reading(length) })
     }
 
     /// Counts the time since `waiting` as queued for room upstream (the metric the
@@ -115,10 +125,20 @@ impl Upstream {
         queued
     }
 
-    /// Room for `length` bytes in flight if there is some now (a speculative read gives
-    /// up rather than wait, so reads waiting for each other's room cannot deadlock).
-    pub(super) fn room_now(&self, length: u64) -> Option<OwnedSemaphorePermit> {
-        self.budget.clone().try_acquire_many_owned(kib(length)).ok()
+    /// Room for a chunk fetch of `length` bytes if there is some now: its turn at the gate
+    /// and room in the byte bound.
+    pub(super) fn room_now(&self, length: u64) -> Option<Room> {
+        let link = self.gate.try_admit(length)?;
+        let budget = self.budget.clone().try_acquire_many_owned(kib(length)).ok()?;
+        Some(Room { _budget: budget, link: Some(link) })
+    }
+
+    /// Room for a read of `length` bytes alongside a first stat, if there is some in the
+    /// byte bound now (a speculative read gives up rather than wait, so reads waiting for
+    /// each other's room cannot deadlock); counted at the gate as a read.
+    pub(super) fn read_room_now(&self, length: u64) -> Option<(OwnedSemaphorePermit, Reading)> {
+        let budget = self.budget.clone().try_acquire_many_owned(kib(length)).ok()?;
+        Some((budget, self.gate.reading(length)))
     }
 
     /// `want` at whatever version the suppliers have (a read alongside a first stat),
@@ -130,10 +150,10 @@ impl Upstream {
             let queued = Instant::now();
             let _request = self.requests.acquire().await.ok()?;
             span.record("queued_us", self.queued(queued).as_micros() as u64);
-            let started = Instant::now();
+            let (started, mark) = (Instant::now(), self.gate.asking());
             let supplied = self.supply.fetch(want, &[]).await.ok()?;
             answered(&span, &supplied, started);
-            self.received(want.dataset, &supplied, row);
+            self.received(want.dataset, &supplied, row, mark);
             if supplied.data.data.len() as u64 != want.length {
                 return None;
             }
@@ -164,12 +184,12 @@ impl Upstream {
                 .await
                 .map_err(|_| Error::Internal("upstream requests closed".into()))?;
             span.record("queued_us", self.queued(queued).as_micros() as u64);
-            let started = Instant::now();
+            let (started, mark) = (Instant::now(), self.gate.asking());
             let answer = self.supply.fetch(want(entry, offset, length), avoid).await;
             if let Ok(supplied) = &answer {
                 answered(&span, supplied, started);
             }
-            self.checked(entry, (offset, length), answer, row, started.elapsed())
+            self.checked(entry, (offset, length), answer, row, (started.elapsed(), mark))
         }
         .instrument(span.clone())
         .await
@@ -191,7 +211,7 @@ impl Upstream {
             return parts.iter().map(|_| Err(Error::Internal("upstream requests closed".into()))).collect();
         };
         span.record("queued_us", self.queued(queued).as_micros() as u64);
-        let started = Instant::now();
+        let (started, mark) = (Instant::now(), self.gate.asking());
         let wants: Vec<Want<'_>> =
             parts.iter().map(|&(entry, offset, length)| want(entry, offset, length)).collect();
         let answers = self.supply.fetch_many(&wants, avoid).instrument(span.clone()).await;
@@ -203,7 +223,7 @@ impl Upstream {
             .iter()
             .zip(answers)
             .map(|(&(entry, offset, length), answer)| {
-                self.checked(entry, (offset, length), answer, row, elapsed)
+                self.checked(entry, (offset, length), answer, row, (elapsed, mark))
             })
             .collect()
     }
@@ -216,11 +236,11 @@ impl Upstream {
         (offset, length): (u64, u64),
         answer: Result<Supplied>,
         row: &JobRow,
-        elapsed: Duration,
+        (elapsed, mark): (Duration, Mark),
     ) -> Result<Checked> {
         match answer {
             Ok(supplied) => {
-                self.received(&entry.dataset, &supplied, row);
+                self.received(&entry.dataset, &supplied, row, mark);
                 check(entry, offset, length, &supplied)?;
                 self.count(&entry.dataset, &supplied, row, elapsed);
                 Ok(supplied.data)
@@ -251,10 +271,10 @@ impl Upstream {
         avoid: &[String],
     ) -> Joined {
         let _call = self.call();
-        let started = Instant::now();
+        let (started, mark) = (Instant::now(), self.gate.asking());
         match self.supply.join_owner(want(entry, offset, length), avoid).await {
             Joined::Bytes(supplied) => {
-                self.received(&entry.dataset, &supplied, row);
+                self.received(&entry.dataset, &supplied, row, mark);
                 match check(entry, offset, length, &supplied) {
                     Ok(()) => {
                         self.count(&entry.dataset, &supplied, row, started.elapsed());
@@ -270,9 +290,13 @@ impl Upstream {
     /// Counts what a hub's answer `supplied` took on the long link for `dataset`, as it
     /// arrives, whatever becomes of it (an answer refused for its length or version
     /// crossed the link too): with [`Upstream::count`], the one place where bytes are
-    /// counted by supplier.
-    fn received(&self, dataset: &str, supplied: &Supplied, row: &JobRow) {
+    /// counted by supplier. A hub's answer to a request asked at `mark` is a sample of the
+    /// link for the gate.
+    fn received(&self, dataset: &str, supplied: &Supplied, row: &JobRow, mark: Mark) {
         if supplied.from == SuppliedBy::Hub {
+            let (rate, bound) = self.gate.answered(mark, supplied.wire_len);
+            self.metrics.link_rate.store(rate, Relaxed);
+            self.metrics.link_bound.store(bound, Relaxed);
             self.metrics.dataset(dataset).upstream_wire_bytes.fetch_add(supplied.wire_len, Relaxed);
             row.link_bytes.fetch_add(supplied.wire_len, Relaxed);
         }
@@ -339,6 +363,29 @@ fn answered(span: &tracing::Span, supplied: &Supplied, started: Instant) {
     span.record("supplier", supplier);
     span.record("fetch_us", started.elapsed().as_micros() as u64);
     span.record("wire_bytes", supplied.wire_len);
+}
+
+/// A chunk fetch's room: its turn at the link gate until its answer has arrived
+/// ([`Room::answered`]), and its room in the byte bound until it is dropped (the chunk
+/// stored).
+#[derive(Debug)]
+pub(super) struct Room {
+    _budget: OwnedSemaphorePermit,
+    link: Option<Admitted>,
+}
+
+impl Room {
+    /// The fetch's bytes have arrived: the link is free of them (storing them needs none).
+    pub(super) fn answered(&mut self) {
+        self.link = None;
+    }
+}
+
+/// A read's room: in the reads' byte bound, and counted at the link gate.
+#[derive(Debug)]
+pub(super) struct ReadRoom<'a> {
+    _reads: SemaphorePermit<'a>,
+    _reading: Reading,
 }
 
 /// `[offset, offset + length)` of `entry`, at its version.

@@ -67,6 +67,11 @@ pub struct Metrics {
     /// Microseconds fetches waited for room under the bounds on bytes and requests in
     /// flight upstream (`fetch/upstream.rs`): a link carrying all it may.
     pub upstream_queue_micros: AtomicU64,
+    /// What the link gate has measured of the long link (`fetch/link_gate.rs`): its
+    /// delivery rate (bytes per second) and the bound on chunk fetches and reads in
+    /// flight over it (bytes), as of the last hub answer.
+    pub link_rate: AtomicU64,
+    pub link_bound: AtomicU64,
     /// Revalidations the hub could not answer (the cached version was served).
     pub revalidation_failures: AtomicU64,
     /// Time to answer a read RPC (ReadRange, ReadRanges, one StreamShard chunk).
@@ -153,6 +158,21 @@ impl Metrics {
             out,
             "# HELP {name} Seconds fetches waited for room under the bounds on bytes and requests in flight to the hub and peers (summed over fetches: per second, how many waited at once)\n# TYPE {name} counter\n{name} {queued}"
         );
+        for (name, help, value) in [
+            (
+                "shardcache_spoke_link_delivery_rate_bytes",
+                "The long link's delivery rate as the spoke measures it (the highest over 2 s, bytes per second)",
+                &self.link_rate,
+            ),
+            (
+                "shardcache_spoke_link_in_flight_bound_bytes",
+                "Bytes the spoke's chunk fetches and reads may have in flight over the long link (twice the measured bandwidth-delay product plus two chunks, at most --upstream-bytes-in-flight)",
+                &self.link_bound,
+            ),
+        ] {
+            let _ =
+                writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}", value.load(Relaxed));
+        }
         self.read_latency.render(&mut out, "shardcache_spoke_read_seconds", "Time to answer a read");
         self.fetch_latency.render(
             &mut out,

@@ -23,7 +23,7 @@ use std::{
     collections::{HashMap, HashSet},
     sync::{
         Mutex, MutexGuard,
-        atomic::{AtomicBool, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed},
     },
 };
 
@@ -145,11 +145,18 @@ impl Book {
         Some(plan)
     }
 
-    fn insert(&mut self, owner: PlanKey, new: NewPlan, (lag, room): (usize, u64)) -> (usize, bool) {
+    fn insert(
+        &mut self,
+        owner: PlanKey,
+        new: NewPlan,
+        (lag, room): (usize, u64),
+        opened: bool,
+    ) -> (usize, bool) {
         let NewPlan { shards, positions, until, epochs } = new;
         let ids: Vec<u32> = shards.into_iter().map(|(key, size)| self.table.intern(key, size)).collect();
         let distinct = ids.len();
         let mut plan = JobPlan::new((positions, until, epochs), &ids, lag);
+        plan.opened = opened;
         plan.samples =
             plan.largest_block(|shard| self.table.size(shard)) as f64 > room as f64 * SHARD_BLOCK_SHARE;
         let samples = plan.samples;
@@ -166,6 +173,11 @@ impl Book {
         }
         self.ids.insert(owner, id);
         (distinct, samples)
+    }
+
+    /// Plans whose window is not open yet.
+    fn unopened(&self) -> usize {
+        self.live().filter(|(_, plan)| !plan.opened).count()
     }
 
     /// The plans that name `key`, by id.
@@ -234,6 +246,9 @@ pub struct ShardPlans {
     limits: PlanLimits,
     /// Any plan at all: reads skip the lock while there is none.
     any: AtomicBool,
+    /// Plans whose window no answered read has opened yet: answers skip the lock while
+    /// there is none.
+    unopened: AtomicUsize,
     /// A plan was set or a cursor moved: what to prefetch may have changed.
     changed: Notify,
     /// Shards being fetched because a plan reads them next (`plans/prefetch.rs`).
@@ -269,10 +284,11 @@ impl ShardPlans {
             (0, false)
         } else {
             book.check(&owner, plan.len(), &self.limits)?;
-            let lag = book.remove(&owner).map_or(0, |old| old.lag);
-            book.insert(owner, plan, (lag, room))
+            let (lag, opened) = book.remove(&owner).map_or((0, false), |old| (old.lag, old.opened));
+            book.insert(owner, plan, (lag, room), opened)
         };
         self.any.store(!book.ids.is_empty(), Relaxed);
+        self.unopened.store(book.unopened(), Relaxed);
         drop(book);
         self.changed.notify_one();
         Ok(set)
@@ -323,6 +339,32 @@ impl ShardPlans {
             self.changed.notify_one();
         }
         straggler
+    }
+
+    /// Reads of `shards` were answered: the plans that name one open their windows (the
+    /// follower fetches them from now on: `JobPlan::opened`).
+    pub fn answered<'a>(&self, shards: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        if !self.any.load(Relaxed) || self.unopened.load(Relaxed) == 0 {
+            return;
+        }
+        let mut book = self.book();
+        let mut opened = false;
+        for (dataset, shard) in shards {
+            let naming = book.naming(&(dataset.to_owned(), shard.to_owned())).to_vec();
+            for id in naming {
+                if let Some((_, plan)) = book.plans.get_mut(id as usize).and_then(Option::as_mut)
+                    && !plan.opened
+                {
+                    plan.opened = true;
+                    opened = true;
+                }
+            }
+        }
+        self.unopened.store(book.unopened(), Relaxed);
+        drop(book);
+        if opened {
+            self.changed.notify_one();
+        }
     }
 
     /// How many plan positions away `key`'s next planned read is, over all plans that
@@ -417,7 +459,7 @@ impl ShardPlans {
         let book = self.book();
         // (distance, ahead, plan, position) of each plan's shards in use and ahead.
         let mut near: Vec<(usize, bool, &(PlanKey, JobPlan), usize)> = Vec::new();
-        for entry in book.live().filter(|(_, plan)| !plan.samples) {
+        for entry in book.live().filter(|(_, plan)| !plan.samples && plan.opened) {
             let plan = &entry.1;
             let positions = match window {
                 PlanWindow::Blocks => plan.window(),

@@ -130,6 +130,7 @@ fn shards_read_together_stay_in_use_until_their_last_read() {
     plans.read("ds", "s0", "", None); // a read inside its use does not move the cursor
     assert_eq!(plans.next_use(&key(3)), Some(1));
     let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
+    plans.answered([("ds", "s0")]);
     assert_eq!(names(plans.upcoming(PlanWindow::Bytes(10))), ["s0", "s1", "s2", "s3"], "in use, then ahead");
     assert_eq!(names(plans.upcoming(PlanWindow::Bytes(0))), ["s0", "s1", "s2"], "what is being read, always");
     assert_eq!(
@@ -157,6 +158,14 @@ fn the_window_is_the_block_being_read_and_the_next_one() {
         )
         .expect("within the bounds");
     let names = |listed: Vec<Upcoming>| listed.into_iter().map(|u| u.key.1).collect::<Vec<_>>();
+    // Closed until a read of the job is answered: its first reads have the link alone.
+    assert!(plans.upcoming(PlanWindow::Blocks).is_empty(), "no window before an answered read");
+    plans.answered([("other", "s0")]);
+    assert!(
+        plans.upcoming(PlanWindow::Blocks).is_empty(),
+        "a read of a shard it does not name opens nothing"
+    );
+    plans.answered([("ds", "s0")]);
     assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"]);
     plans.read("ds", "s1", "", None);
     assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s0", "s1", "s2", "s3", "s4"], "still in block 1");
@@ -166,7 +175,8 @@ fn the_window_is_the_block_being_read_and_the_next_one() {
         ["s3", "s4", "s5", "s6"],
         "block 1 is done: the window moved on by a block"
     );
-    // Without `until`s each shard is its own block: the one being read and the next.
+    // Without `until`s each shard is its own block: the one being read and the next. (The
+    // job's next plan is open already: its window does not wait for another read.)
     plans.set("", "job", in_order(&[7, 8, 9]), u64::MAX).expect("within the bounds");
     plans.read("ds", "s7", "", None);
     assert_eq!(names(plans.upcoming(PlanWindow::Blocks)), ["s7", "s8"]);

@@ -176,6 +176,8 @@ impl ReadPath {
         self.read_kept_samples(&mut parts).await?;
         let stored = started.elapsed();
         self.fetch_parts(&mut parts, reader).await?;
+        // Answered: the plans that name these shards open their windows behind the reads.
+        self.plans.shards.answered(wants.iter().map(|(e, ..)| (e.dataset.as_str(), e.shard.as_str())));
         telemetry::attribute(&span, "store_us", stored.as_micros() as i64);
         telemetry::attribute(&span, "fetch_us", (started.elapsed() - stored).as_micros() as i64);
         Ok(self.assemble(wants, (parts, &runs), reader, &steps))

@@ -1,0 +1,410 @@
+//! The link gate: how many bytes the chunk fetches (what is stored: a plan's window, a
+//! whole-shard fetch, the rest of a chunk filled beside a read) may have in flight over
+//! the long link, beside the reads. Reads are never held here, only counted: a chunk
+//! fetch waits while reads and chunk fetches together hold the bound, so a job's first
+//! reads cross the link ahead of the windows they open (issue 58: a cold spoke's first
+//! batch came 10x later than with no cache, behind 64 MiB of whole chunks).
+//!
+//! The bound adapts to the link, as BBR sizes a flow's inflight (Cardwell et al., "BBR:
+//! Congestion-Based Congestion Control", 2016): twice the bandwidth-delay product of the
+//! highest delivery rate seen over [`RATE_WINDOW`] and the shortest answer time over
+//! [`RTT_WINDOW`], plus two chunks (one being answered, one asked), never more than
+//! `--upstream-bytes-in-flight`. Until the first answer it is two chunks. A slower link
+//! (the emulator's `--faults throttle=...`) lowers the measured rate within
+//! [`RATE_WINDOW`], and the bound with it.
+//!
+//! Chunk fetches are admitted in the order they asked (a large one is not starved by
+//! smaller ones behind it); one that gives up while waiting leaves the queue.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::oneshot;
+
+/// How long the highest delivery rate is remembered: long enough to span a few
+/// round trips of answers, short enough that a link throttled mid-run lowers the bound
+/// within a couple of seconds.
+pub const RATE_WINDOW: Duration = Duration::from_secs(2);
+
+/// How long the shortest answer time is remembered (BBR's min-RTT window).
+pub const RTT_WINDOW: Duration = Duration::from_secs(10);
+
+/// How long a chunk fetch waits behind reads alone: past it, it is let in whenever no
+/// other chunk fetch is in flight, so that readers who joined it (and a plan's window)
+/// make progress however busy the reads keep the link.
+pub const LONGEST_WAIT_BEHIND_READS: Duration = Duration::from_secs(1);
+
+/// What the gate has measured of the link: delivery-rate and answer-time samples, one
+/// per answer (each request's bytes delivered by everyone while it was in flight, over
+/// its time).
+#[derive(Debug, Default)]
+pub struct LinkEstimate {
+    /// Bytes answered over the link so far.
+    delivered: u64,
+    /// (when, bytes per second), within [`RATE_WINDOW`].
+    rates: VecDeque<(Instant, f64)>,
+    /// (when, answer time), within [`RTT_WINDOW`].
+    rtts: VecDeque<(Instant, Duration)>,
+}
+
+/// When a request was asked, and what the link had delivered then.
+#[derive(Debug, Clone, Copy)]
+pub struct Mark {
+    at: Instant,
+    delivered: u64,
+}
+
+impl LinkEstimate {
+    /// A request asked now.
+    pub fn asking(&self, now: Instant) -> Mark {
+        Mark { at: now, delivered: self.delivered }
+    }
+
+    /// A request asked at `mark` answered with `bytes` (on the wire) at `now`.
+    pub fn answered(&mut self, mark: Mark, bytes: u64, now: Instant) {
+        self.delivered += bytes;
+        let took = now.saturating_duration_since(mark.at).max(Duration::from_micros(100));
+        let rate = (self.delivered - mark.delivered) as f64 / took.as_secs_f64();
+        // Max filter: a sample below one still in the window never becomes the maximum.
+        while self.rates.back().is_some_and(|&(_, r)| r <= rate) {
+            self.rates.pop_back();
+        }
+        self.rates.push_back((now, rate));
+        // Min filter, likewise.
+        while self.rtts.back().is_some_and(|&(_, t)| t >= took) {
+            self.rtts.pop_back();
+        }
+        self.rtts.push_back((now, took));
+        self.expire(now);
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while self.rates.front().is_some_and(|&(at, _)| now.saturating_duration_since(at) > RATE_WINDOW) {
+            self.rates.pop_front();
+        }
+        while self.rtts.front().is_some_and(|&(at, _)| now.saturating_duration_since(at) > RTT_WINDOW) {
+            self.rtts.pop_front();
+        }
+    }
+
+    /// The highest delivery rate in the window (bytes per second; 0 before any answer).
+    pub fn rate(&self) -> f64 {
+        self.rates.front().map_or(0.0, |&(_, rate)| rate)
+    }
+
+    /// The bandwidth-delay product measured at `now` (bytes), if anything was answered
+    /// within the windows.
+    pub fn bdp(&mut self, now: Instant) -> Option<u64> {
+        self.expire(now);
+        let (&(_, rate), &(_, rtt)) = (self.rates.front()?, self.rtts.front()?);
+        Some((rate * rtt.as_secs_f64()) as u64)
+    }
+}
+
+/// The gate, shared by every fetch upstream (`upstream.rs`).
+#[derive(Debug)]
+pub struct LinkGate {
+    state: Mutex<State>,
+    /// `--upstream-bytes-in-flight`: the bound never exceeds it.
+    ceiling: u64,
+    /// The chunk size: two of them before any answer, and above the BDP after.
+    chunk: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    estimate: LinkEstimate,
+    /// Bytes of chunk fetches admitted and not yet answered.
+    fetches: u64,
+    /// Bytes of reads asked and not yet answered.
+    reads: u64,
+    /// Chunk fetches waiting, in the order they asked.
+    queue: VecDeque<Waiter>,
+    next_id: u64,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    length: u64,
+    since: Instant,
+    admit: oneshot::Sender<()>,
+}
+
+impl LinkGate {
+    pub fn new(ceiling: u64, chunk: u64) -> Self {
+        Self { state: Mutex::default(), ceiling: ceiling.max(chunk), chunk }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The bytes chunk fetches and reads may have in flight together now.
+    #[cfg(test)]
+    pub fn bound(&self) -> u64 {
+        let now = Instant::now();
+        self.bound_of(&mut self.state(), now)
+    }
+
+    fn bound_of(&self, state: &mut State, now: Instant) -> u64 {
+        let measured = state.estimate.bdp(now).map_or(0, |bdp| 2 * bdp);
+        (measured + 2 * self.chunk).min(self.ceiling)
+    }
+
+    /// Whether a chunk fetch of `length` that has waited since `since` fits now: one
+    /// always does on an idle link, or with no other chunk fetch once it has waited
+    /// [`LONGEST_WAIT_BEHIND_READS`].
+    fn fits(&self, state: &mut State, length: u64, since: Instant) -> bool {
+        let now = Instant::now();
+        let alone = state.reads == 0 || now.saturating_duration_since(since) >= LONGEST_WAIT_BEHIND_READS;
+        (state.fetches == 0 && alone) || state.fetches + state.reads + length <= self.bound_of(state, now)
+    }
+
+    /// Admits the waiting chunk fetches that fit now, in order.
+    fn pump(&self, state: &mut State) {
+        while let Some(front) = state.queue.front() {
+            let (length, since) = (front.length, front.since);
+            if !self.fits(state, length, since) {
+                return;
+            }
+            let waiter = state.queue.pop_front().expect("a front");
+            // Counted before it is told: one that gave up meanwhile gives it back
+            // (`Waiting::drop`).
+            state.fetches += length;
+            let _ = waiter.admit.send(());
+        }
+    }
+
+    /// Room for a chunk fetch of `length` bytes if it fits now and none waits before it.
+    pub fn try_admit(self: &Arc<Self>, length: u64) -> Option<Admitted> {
+        let mut state = self.state();
+        if !state.queue.is_empty() || !self.fits(&mut state, length, Instant::now()) {
+            return None;
+        }
+        state.fetches += length;
+        Some(Admitted { gate: self.clone(), length })
+    }
+
+    /// Room for a chunk fetch of `length` bytes, waited for in turn.
+    pub async fn admit(self: &Arc<Self>, length: u64) -> Admitted {
+        let admitted = {
+            let mut state = self.state();
+            if state.queue.is_empty() && self.fits(&mut state, length, Instant::now()) {
+                state.fetches += length;
+                return Admitted { gate: self.clone(), length };
+            }
+            let (admit, admitted) = oneshot::channel();
+            let id = state.next_id;
+            state.next_id += 1;
+            state.queue.push_back(Waiter { id, length, since: Instant::now(), admit });
+            (id, admitted)
+        };
+        let (id, admitted) = admitted;
+        let mut waiting = Waiting { gate: self.clone(), id, length, admitted: false };
+        // The sender is dropped unsent only with the gate, which this holds.
+        let _ = admitted.await;
+        waiting.admitted = true;
+        Admitted { gate: self.clone(), length }
+    }
+
+    /// A read of `length` bytes asked now, counted until the guard is dropped.
+    pub fn reading(self: &Arc<Self>, length: u64) -> Reading {
+        self.state().reads += length;
+        Reading { gate: self.clone(), length }
+    }
+
+    /// A request asked now (to be passed to [`LinkGate::answered`]).
+    pub fn asking(&self) -> Mark {
+        self.state().estimate.asking(Instant::now())
+    }
+
+    /// The request asked at `mark` answered with `bytes` on the wire: a sample of the link.
+    /// Returns the measured delivery rate (bytes per second) and the bound, as they are now.
+    pub fn answered(&self, mark: Mark, bytes: u64) -> (u64, u64) {
+        let mut state = self.state();
+        let now = Instant::now();
+        state.estimate.answered(mark, bytes, now);
+        self.pump(&mut state);
+        (state.estimate.rate() as u64, self.bound_of(&mut state, now))
+    }
+
+    /// (bytes of chunk fetches, bytes of reads) in flight, and chunk fetches waiting.
+    #[cfg(test)]
+    pub fn in_flight(&self) -> (u64, u64, usize) {
+        let state = self.state();
+        (state.fetches, state.reads, state.queue.len())
+    }
+
+    fn release(&self, fetches: u64, reads: u64) {
+        let mut state = self.state();
+        state.fetches -= fetches;
+        state.reads -= reads;
+        self.pump(&mut state);
+    }
+}
+
+/// A chunk fetch's room at the gate, until its answer has arrived (dropped).
+#[derive(Debug)]
+pub struct Admitted {
+    gate: Arc<LinkGate>,
+    length: u64,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.gate.release(self.length, 0);
+    }
+}
+
+/// A read counted at the gate, until its answer has arrived (dropped).
+#[derive(Debug)]
+pub struct Reading {
+    gate: Arc<LinkGate>,
+    length: u64,
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.gate.release(0, self.length);
+    }
+}
+
+/// A chunk fetch in the queue: dropped before it was admitted, it leaves the queue (or,
+/// admitted as it gave up, gives its room back).
+struct Waiting {
+    gate: Arc<LinkGate>,
+    id: u64,
+    length: u64,
+    admitted: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.admitted {
+            return;
+        }
+        let mut state = self.gate.state();
+        match state.queue.iter().position(|w| w.id == self.id) {
+            Some(at) => {
+                state.queue.remove(at);
+                // A large fetch at the front that left may let smaller ones in.
+                self.gate.pump(&mut state);
+            }
+            None => {
+                state.fetches -= self.length;
+                self.gate.pump(&mut state);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_bound_is_twice_the_measured_bdp_plus_two_chunks_within_the_ceiling() {
+        let gate = LinkGate::new(64 * MIB, 4 * MIB);
+        assert_eq!(gate.bound(), 8 * MIB, "two chunks before any answer");
+        // 10 MB answered 100 ms after it was asked: 100 MB/s over 100 ms, a BDP of 10 MB.
+        let mark = gate.asking();
+        let mut state = gate.state();
+        state.estimate.answered(mark, 10_000_000, mark.at + Duration::from_millis(100));
+        let bdp = state.estimate.bdp(mark.at + Duration::from_millis(100)).unwrap();
+        assert!((9_900_000..=10_100_000).contains(&bdp), "{bdp}");
+        let bound = gate.bound_of(&mut state, mark.at + Duration::from_millis(100));
+        assert_eq!(bound, 2 * bdp + 8 * MIB);
+        // A faster link is held to the ceiling.
+        let fast = state.estimate.asking(mark.at + Duration::from_millis(100));
+        state.estimate.answered(fast, 100_000_000, mark.at + Duration::from_millis(200));
+        assert_eq!(gate.bound_of(&mut state, mark.at + Duration::from_millis(200)), 64 * MIB);
+    }
+
+    #[test]
+    fn a_slower_link_lowers_the_bound_once_its_fast_samples_leave_the_window() {
+        let mut estimate = LinkEstimate::default();
+        let start = Instant::now();
+        let fast = estimate.asking(start);
+        estimate.answered(fast, 12_500_000, start + Duration::from_millis(100)); // 125 MB/s
+        let fast_bdp = estimate.bdp(start + Duration::from_millis(100)).unwrap();
+        // Throttled to a tenth: samples every 100 ms for three seconds.
+        for i in 1..30 {
+            let at = start + Duration::from_millis(100 * i);
+            let slow = estimate.asking(at);
+            estimate.answered(slow, 1_250_000, at + Duration::from_millis(100));
+        }
+        let now = start + Duration::from_millis(3000);
+        let slow_bdp = estimate.bdp(now).unwrap();
+        assert!(slow_bdp * 5 < fast_bdp, "{slow_bdp} after the throttle, {fast_bdp} before");
+    }
+
+    #[tokio::test]
+    async fn chunk_fetches_wait_while_reads_hold_the_bound_and_go_in_turn() {
+        let gate = Arc::new(LinkGate::new(64 * MIB, 4 * MIB));
+        // Two chunks' worth of reads: no chunk fetch fits beside them.
+        let reads = gate.reading(8 * MIB);
+        assert!(gate.try_admit(4 * MIB).is_none(), "reads before chunk fetches");
+        let first = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(4 * MIB).await }
+        });
+        let second = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(4 * MIB).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(gate.in_flight(), (0, 8 * MIB, 2), "both wait behind the reads");
+        assert!(gate.try_admit(MIB).is_none(), "none passes those waiting");
+        drop(reads);
+        let (first, second) = (first.await.unwrap(), second.await.unwrap());
+        assert_eq!(gate.in_flight(), (8 * MIB, 0, 0), "both admitted once the reads were answered");
+        drop((first, second));
+        assert_eq!(gate.in_flight(), (0, 0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_fetch_that_gives_up_while_waiting_leaves_the_queue_and_holds_nothing() {
+        let gate = Arc::new(LinkGate::new(64 * MIB, 4 * MIB));
+        let held = gate.try_admit(8 * MIB).expect("an idle link admits");
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(4 * MIB).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(gate.in_flight().2, 1);
+        waiting.abort();
+        let _ = waiting.await;
+        assert_eq!(gate.in_flight(), (8 * MIB, 0, 0), "it left the queue");
+        drop(held);
+        assert_eq!(gate.in_flight(), (0, 0, 0));
+        assert!(gate.try_admit(8 * MIB).is_some(), "and nothing waits before the next");
+    }
+
+    #[tokio::test]
+    async fn a_chunk_fetch_behind_reads_that_never_stop_goes_alone_after_a_while() {
+        let gate = Arc::new(LinkGate::new(64 * MIB, 4 * MIB));
+        let mut reads = gate.reading(8 * MIB);
+        let started = Instant::now();
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(4 * MIB).await }
+        });
+        // Reads answered and asked again every 50 ms, always holding the bound.
+        while !waiting.is_finished() {
+            assert!(started.elapsed() < Duration::from_secs(10), "the chunk fetch starved");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let next = gate.reading(8 * MIB);
+            drop(std::mem::replace(&mut reads, next));
+        }
+        assert!(started.elapsed() >= LONGEST_WAIT_BEHIND_READS, "not before it had waited");
+        let admitted = waiting.await.unwrap();
+        assert_eq!(gate.in_flight(), (4 * MIB, 8 * MIB, 0), "alone among the reads");
+        drop(admitted);
+    }
+}
