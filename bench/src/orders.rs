@@ -155,17 +155,25 @@ impl Reader<'_> {
         first: &OnceLock<Instant>,
     ) -> (f64, bool) {
         let started = Instant::now();
-        let samples = match (&self.control, plan) {
-            (Some(control), Plan::Plan) => self.set_plan(control, number, (this, next)).await,
-            _ => false,
-        };
         let client = self.client.for_job(self.job, number).unwrap();
+        // The first batch is read beside the plan, not after it, as the SDK sends it
+        // (`datasets.py`): the spoke checks every shard a plan names upstream, a round trip
+        // the first batch need not wait for (issue 58).
+        let head = this.records.len().min(self.batch);
+        let set = async {
+            match (&self.control, plan) {
+                (Some(control), Plan::Plan) => self.set_plan(control, number, (this, next)).await,
+                _ => false,
+            }
+        };
+        let (samples, ()) =
+            futures::future::join(set, self.read(&client, &this.records[..head], first)).await;
         let n = self.layout.records();
-        let mut sent = 0;
-        for (at, batches) in this.records.chunks(AHEAD / 2).enumerate() {
+        let mut sent = head;
+        for (at, batches) in this.records[head..].chunks(AHEAD / 2).enumerate() {
             if let (true, Some(control)) = (samples, &self.control) {
                 // Keep a window of AHEAD records sent ahead of the reads.
-                let upto = ((at + 1) * AHEAD / 2 + AHEAD).min(this.records.len());
+                let upto = (head + (at + 1) * AHEAD / 2 + AHEAD).min(this.records.len());
                 if upto > sent {
                     let ahead: Vec<PlannedSample> = (sent..upto)
                         .map(|place| {

@@ -385,10 +385,10 @@ impl FetchOwner {
         self.inner.upstream.join_owner(entry, offset, length, fetch.row, fetch.avoid).await
     }
 
-    /// Starts reading `[offset, offset + length)` of a shard the cache has no entry for
-    /// yet, alongside its `StatShard` (see [`speculation`]).
-    pub fn speculate(&self, dataset: &str, shard: &str, offset: u64, length: u64, row: &JobRow) {
-        self.inner.speculations.start(&self.inner.upstream, dataset, shard, offset, length, row);
+    /// Starts reading `parts` (`(offset, length)` each) of a shard the cache has no entry
+    /// for yet, alongside its `StatShard`, in one batch (see [`speculation`]).
+    pub fn speculate(&self, (dataset, shard): (&str, &str), parts: &[(u64, u64)], row: &JobRow) {
+        self.inner.speculations.start(&self.inner.upstream, (dataset, shard), parts, row);
     }
 
     /// The guard of the speculative reads of `parts` (`(offset, length)`) of

@@ -1,7 +1,7 @@
 //! Reads started alongside a first `StatShard`: when the cache has never seen a shard,
-//! the whole chunks a read covers (or, for a format's index reads, the ranges
-//! themselves) are read at whatever version the suppliers have while the stat crosses
-//! the link, so a cold read costs one round trip, not two. The chunk's fetch (or the
+//! the whole chunks a read covers and the rest of its ranges (for a format's index
+//! reads, the ranges themselves) are read at whatever version the suppliers have while
+//! the stat crosses the link, in one batch, so a cold read costs one round trip, not two. The chunk's fetch (or the
 //! index reads' memory), once the entry (and so the version) is known, takes these
 //! bytes when they are at the entry's version and of the length it wants.
 //!
@@ -44,34 +44,47 @@ impl Speculations {
         self.reads.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts reading `[offset, offset + length)` of `dataset/shard` from `upstream`
-    /// (counted in `row`), unless a read of it is running.
+    /// Starts reading `parts` (`(offset, length)` each) of `dataset/shard` from `upstream`
+    /// (counted in `row`), those no read is running for, in one batch (one call upstream
+    /// per hub batch: a cold batch of a reader's samples costs one round trip).
     pub(super) fn start(
         &self,
         upstream: &Arc<Upstream>,
-        dataset: &str,
-        shard: &str,
-        offset: u64,
-        length: u64,
+        (dataset, shard): (&str, &str),
+        parts: &[(u64, u64)],
         row: &JobRow,
     ) {
-        let key = (dataset.to_owned(), shard.to_owned(), offset, length);
+        let key = |(offset, length): (u64, u64)| (dataset.to_owned(), shard.to_owned(), offset, length);
         let mut reads = self.reads();
-        if reads.contains_key(&key) {
+        let mut new: Vec<(u64, u64)> = Vec::new();
+        for &part in parts {
+            if !reads.contains_key(&key(part)) && !new.contains(&part) {
+                new.push(part);
+            }
+        }
+        if new.is_empty() {
             return;
         }
-        let (upstream, row) = (upstream.clone(), row.clone());
-        let (dataset, shard) = (dataset.to_owned(), shard.to_owned());
+        let (upstream, row, asked) = (upstream.clone(), row.clone(), new.clone());
+        let (ds, sh) = (dataset.to_owned(), shard.to_owned());
         // In the span of the request that opened the shard: a trace shows it there.
-        let read = tokio::spawn(
+        let batch = tokio::spawn(
             async move {
-                let _room = upstream.read_room_now(length)?;
-                let want = Want { dataset: &dataset, shard: &shard, offset, length, version: None };
-                upstream.any_version(want, &row).await
+                let total = asked.iter().map(|&(_, length)| length).sum();
+                let Some(_room) = upstream.read_room_now(total) else { return vec![None; asked.len()] };
+                let wants: Vec<Want<'_>> = asked
+                    .iter()
+                    .map(|&(offset, length)| Want { dataset: &ds, shard: &sh, offset, length, version: None })
+                    .collect();
+                upstream.any_version(&wants, &row).await
             }
             .instrument(tracing::Span::current()),
         );
-        reads.insert(key, async move { read.await.ok().flatten() }.boxed().shared());
+        let all = async move { batch.await.unwrap_or_default() }.boxed().shared();
+        for (j, part) in new.into_iter().enumerate() {
+            let one = all.clone().map(move |answers| answers.get(j).cloned().flatten());
+            reads.insert(key(part), one.boxed().shared());
+        }
     }
 
     /// The speculative read of `[offset, offset + length)` of `dataset/shard`, if one

@@ -141,24 +141,38 @@ impl Upstream {
         Some((budget, self.gate.reading(length)))
     }
 
-    /// `want` at whatever version the suppliers have (a read alongside a first stat),
-    /// counted in `row`: the bytes and their version, or `None` on any failure.
-    pub(super) async fn any_version(&self, want: Want<'_>, row: &JobRow) -> Option<(Checked, String)> {
-        let span = fetch_span(1, want.length);
+    /// `wants` at whatever version the suppliers have (reads alongside a first stat), in
+    /// as few calls as the suppliers allow, counted in `row`: each one's bytes and their
+    /// version, or `None` on any failure.
+    pub(super) async fn any_version(
+        &self,
+        wants: &[Want<'_>],
+        row: &JobRow,
+    ) -> Vec<Option<(Checked, String)>> {
+        let span = fetch_span(wants.len(), wants.iter().map(|w| w.length).sum());
         let _call = self.call();
         async {
             let queued = Instant::now();
-            let _request = self.requests.acquire().await.ok()?;
+            let Ok(_request) = self.requests.acquire().await else { return vec![None; wants.len()] };
             span.record("queued_us", self.queued(queued).as_micros() as u64);
             let (started, mark) = (Instant::now(), self.gate.asking());
-            let supplied = self.supply.fetch(want, &[]).await.ok()?;
-            answered(&span, &supplied, started);
-            self.received(want.dataset, &supplied, row, mark);
-            if supplied.data.data.len() as u64 != want.length {
-                return None;
+            let answers = self.supply.fetch_many(wants, &[]).await;
+            if let Some(Ok(first)) = answers.first() {
+                answered(&span, first, started);
             }
-            self.count(want.dataset, &supplied, row, started.elapsed());
-            Some((supplied.data, supplied.version))
+            wants
+                .iter()
+                .zip(answers)
+                .map(|(want, answer)| {
+                    let supplied = answer.ok()?;
+                    self.received(want.dataset, &supplied, row, mark);
+                    if supplied.data.data.len() as u64 != want.length {
+                        return None;
+                    }
+                    self.count(want.dataset, &supplied, row, started.elapsed());
+                    Some((supplied.data, supplied.version))
+                })
+                .collect()
         }
         .instrument(span.clone())
         .await

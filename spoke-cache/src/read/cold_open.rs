@@ -39,14 +39,16 @@ pub struct ColdOpen {
 
 impl ColdOpen {
     /// [`Lookups::entry`] for a call that will read `reads` (`(offset, length)` pairs) of
-    /// the shard, for `reader`. When the cache has never seen the shard, the chunks those
-    /// reads cover entirely are read upstream alongside its `StatShard` rather than after
-    /// it, and taken up when they were read at the version the stat returns: a cold read
-    /// costs one round trip to the hub, not two. Only whole chunks that end within a
-    /// read are asked for (a read inside the shard proves they exist), at most what the
-    /// in-flight byte bound has room for. The reads are kept until the request ends
-    /// ([`Alongside`], in `ReadFor`): a chunk the admission stores takes its read up at
-    /// once, one it does not store is served from it by the read path.
+    /// the shard, for `reader`. When the cache has never seen the shard, what those reads
+    /// cover (the chunks they cover entirely, and their parts of the others) is read
+    /// upstream alongside its `StatShard` rather than after it, in one batch, and taken up
+    /// when it was read at the version the stat returns: a cold read costs one round trip
+    /// to the hub, not two, as it does with no cache (a job's first batch came a round trip
+    /// later through a cold spoke, issue 58). Nothing past what the reads name is asked
+    /// for, and nothing when the in-flight byte bound has no room for it. The reads are
+    /// kept until the request ends ([`Alongside`], in `ReadFor`): a chunk the admission
+    /// stores takes its read up at once, a part fetched as read (its own, or one lent to
+    /// its chunk's fill) takes its own.
     pub async fn entry_for(
         &self,
         dataset: &DatasetName,
@@ -66,30 +68,30 @@ impl ColdOpen {
             return Ok((self.entry_for_index(dataset, shard, reads, &reader.row).await?, None));
         }
         let chunk_size = self.chunk_size;
-        let mut chunks: Vec<ChunkIndex> = reads
-            .iter()
-            // Saturating: the request's ranges are checked against the shard after this.
-            // (The whole chunks each read covers up to where it ends.)
-            .flat_map(|&(offset, length)| offset / chunk_size..offset.saturating_add(length) / chunk_size)
-            .map(ChunkIndex)
-            .collect();
+        // Each read cut at chunk boundaries, as the read path cuts it: whole chunks (a
+        // chunk fetch takes them up) and the parts of the others (a part fetched as read
+        // takes them up, its own or one lent to a fill).
+        let mut chunks: Vec<ChunkIndex> = Vec::new();
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for (from, to) in reads.iter().flat_map(|&(offset, length)| cut(offset, length, chunk_size)) {
+            match (from % chunk_size, to - from) {
+                (0, length) if length == chunk_size => chunks.push(ChunkIndex(from / chunk_size)),
+                (_, length) => ranges.push((from, length)),
+            }
+        }
         chunks.sort_unstable();
         chunks.dedup();
+        ranges.retain(|&(from, _)| chunks.binary_search(&ChunkIndex(from / chunk_size)).is_err());
+        ranges.sort_unstable();
+        ranges.dedup();
         // A shard another member owns is read from it (by the fetch owner), not the hub.
-        if chunks.is_empty() || !self.chain.owns(dataset.as_str(), shard.as_str()) {
+        if (chunks.is_empty() && ranges.is_empty()) || !self.chain.owns(dataset.as_str(), shard.as_str()) {
             return Ok((self.lookups.entry(dataset, shard).await?, None));
         }
-        for &index in &chunks {
-            self.fetch.speculate(
-                dataset.as_str(),
-                shard.as_str(),
-                index.start(chunk_size),
-                chunk_size,
-                &reader.row,
-            );
-        }
+        let mut parts: Vec<(u64, u64)> = chunks.iter().map(|&i| (i.start(chunk_size), chunk_size)).collect();
+        parts.extend(&ranges);
+        self.fetch.speculate((dataset.as_str(), shard.as_str()), &parts, &reader.row);
         // Forgotten however this call ends, or when the request does.
-        let parts = chunks.iter().map(|&i| (i.start(chunk_size), chunk_size)).collect();
         let alongside = Arc::new(self.fetch.alongside(dataset.as_str(), shard.as_str(), parts));
         let entry = self.lookups.entry(dataset, shard).await?;
         for &index in &chunks {
@@ -115,26 +117,17 @@ impl ColdOpen {
         reads: &[(u64, u64)],
         row: &JobRow,
     ) -> Result<Arc<Entry>> {
-        let chunk_size = self.chunk_size;
         let parts: Vec<(u64, u64)> = reads
             .iter()
-            .flat_map(|&(offset, length)| {
-                // Saturating: the request's ranges are checked against the shard after this.
-                let end = offset.saturating_add(length);
-                (offset / chunk_size..end.div_ceil(chunk_size)).map(move |i| {
-                    let from = offset.max(i * chunk_size);
-                    (from, end.min((i + 1).saturating_mul(chunk_size)) - from)
-                })
-            })
-            .filter(|&(_, length)| length > 0 && IndexReads::keeps(length))
+            .flat_map(|&(offset, length)| cut(offset, length, self.chunk_size))
+            .map(|(from, to)| (from, to - from))
+            .filter(|&(_, length)| IndexReads::keeps(length))
             .collect();
         let (ds, sh) = (dataset.as_str(), shard.as_str());
         if parts.is_empty() || !self.chain.owns(ds, sh) {
             return self.lookups.entry(dataset, shard).await;
         }
-        for &(offset, length) in &parts {
-            self.fetch.speculate(ds, sh, offset, length, row);
-        }
+        self.fetch.speculate((ds, sh), &parts, row);
         let _forget = self.fetch.alongside(ds, sh, parts.clone());
         let entry = self.lookups.entry(dataset, shard).await?;
         for &(offset, length) in &parts {
@@ -148,4 +141,14 @@ impl ColdOpen {
         }
         Ok(entry)
     }
+}
+
+/// `[offset, offset + length)` cut at chunk boundaries, as the read path cuts a read:
+/// `(from, to)` of each piece, none empty. Saturating: the request's ranges are checked
+/// against the shard after this.
+fn cut(offset: u64, length: u64, chunk_size: u64) -> impl Iterator<Item = (u64, u64)> {
+    let end = offset.saturating_add(length);
+    (offset / chunk_size..end.div_ceil(chunk_size))
+        .map(move |i| (offset.max(i * chunk_size), end.min((i + 1).saturating_mul(chunk_size))))
+        .filter(|(from, to)| from < to)
 }

@@ -73,25 +73,28 @@ impl ShardReader for Hub {
     }
     async fn read_range(&self, r: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
         let unpinned = r.get_ref().expected_version.is_empty();
-        self.reads_seen.fetch_add(1, SeqCst);
-        self.read_seen.notify_waiters();
+        self.saw_reads(1);
         let mut chunk = self.inner.read_range(r).await?.into_inner();
         if unpinned {
-            self.unpinned_reads.fetch_add(1, SeqCst);
-            if self.unpinned_see_a_new_version.load(SeqCst) {
-                // A consistent answer for a newer version: other bytes, their own CRC.
-                chunk.data = chunk.data.iter().map(|b| b ^ 0xff).collect::<Vec<u8>>().into();
-                chunk.crc32c = crc32c(&chunk.data);
-                chunk.version.push_str("-newer");
-            }
+            self.unpinned(&mut chunk);
         }
         Ok(Response::new(chunk))
     }
+    // The reads alongside a stat come in one ReadRanges when there are several.
     async fn read_ranges(
         &self,
         r: Request<ReadRangesRequest>,
     ) -> Result<Response<ReadRangesResponse>, Status> {
-        self.inner.read_ranges(r).await
+        let unpinned: Vec<bool> =
+            r.get_ref().ranges.iter().map(|range| range.expected_version.is_empty()).collect();
+        self.saw_reads(unpinned.len() as u64);
+        let mut answer = self.inner.read_ranges(r).await?.into_inner();
+        for (chunk, unpinned) in answer.chunks.iter_mut().zip(unpinned) {
+            if unpinned {
+                self.unpinned(chunk);
+            }
+        }
+        Ok(Response::new(answer))
     }
     type StreamShardStream = <ReadService<HubSource<Arc<LocalSource>>> as ShardReader>::StreamShardStream;
     async fn stream_shard(
@@ -99,6 +102,26 @@ impl ShardReader for Hub {
         r: Request<StreamShardRequest>,
     ) -> Result<Response<Self::StreamShardStream>, Status> {
         self.inner.stream_shard(r).await
+    }
+}
+
+impl Hub {
+    /// `ranges` reads of a shard arrived.
+    fn saw_reads(&self, ranges: u64) {
+        self.reads_seen.fetch_add(ranges, SeqCst);
+        self.read_seen.notify_waiters();
+    }
+
+    /// The answer to an unpinned read, counted: as the hub read it, or as if the shard had
+    /// just changed.
+    fn unpinned(&self, chunk: &mut Chunk) {
+        self.unpinned_reads.fetch_add(1, SeqCst);
+        if self.unpinned_see_a_new_version.load(SeqCst) {
+            // A consistent answer for a newer version: other bytes, their own CRC.
+            chunk.data = chunk.data.iter().map(|b| b ^ 0xff).collect::<Vec<u8>>().into();
+            chunk.crc32c = crc32c(&chunk.data);
+            chunk.version.push_str("-newer");
+        }
     }
 }
 
@@ -165,6 +188,25 @@ async fn a_cold_read_asks_for_its_chunks_alongside_the_stat_and_keeps_them() {
             && !entry.has_chunk(ChunkIndex(1))
             && !entry.has_chunk(ChunkIndex(6))
     );
+}
+
+#[tokio::test]
+async fn a_cold_batch_of_small_reads_asks_for_them_alongside_the_stat() {
+    // A job's first batch: samples smaller than a chunk, in several chunks of a shard the
+    // spoke has never seen. They cross the link alongside the stat, in one call, as they
+    // would with no cache (a round trip later through a cold spoke before issue 58).
+    let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = write_pattern(&root.path().join("ds/s.bin"), 3 << 20, 8);
+    let (hub, endpoint) = start_hub(root.path(), false).await;
+    let (_spoke, client) = start_spoke(&endpoint, cache.path()).await;
+    let samples = [(1000, 16 << 10), (700 << 10, 16 << 10), (2 << 20, 4000)];
+    let ranges: Vec<Range> = samples.iter().map(|&(at, len)| Range::new("ds", "s.bin", at, len)).collect();
+    let read = client.read_ranges(&ranges).await.unwrap();
+    for (got, &(at, len)) in read.iter().zip(&samples) {
+        assert!(got.data == data[at as usize..(at + len) as usize], "the bytes of the file at {at}");
+    }
+    assert_eq!(hub.stats_before_reads.load(SeqCst), 0, "the stat was answered before any read had arrived");
+    assert_eq!(hub.unpinned_reads.load(SeqCst), 3, "the samples were read alongside the stat");
 }
 
 #[tokio::test]

@@ -331,10 +331,11 @@ impl Chain {
     }
 
     /// `wants` in as few calls as their hubs allow: ranges whose shards go first to the
-    /// same hub, at a known version, in batches of at most [`BATCH_BYTES`] and
-    /// [`BATCH_RANGES`] (one `ReadRanges` each); each answer in order. In a group, and for
-    /// a range at no known version, each range goes its own way ([`Chain::fetch`]: the
-    /// members ranked before this spoke, and those holding it, come before the hubs).
+    /// same hub (each at its known version, or, read alongside a first stat, at whatever
+    /// version the hub has: each answer says which), in batches of at most [`BATCH_BYTES`]
+    /// and [`BATCH_RANGES`] (one `ReadRanges` each); each answer in order. In a group each
+    /// range goes its own way ([`Chain::fetch`]: the members ranked before this spoke, and
+    /// those holding it, come before the hubs).
     pub async fn fetch_many(&self, wants: &[Want<'_>], avoid: &[String]) -> Vec<Result<Supplied>> {
         let alone = |i: usize| async move { (i, self.fetch(wants[i], avoid).await) };
         if self.peers.is_some() || wants.len() == 1 {
@@ -346,7 +347,7 @@ impl Chain {
         let mut single = Vec::new();
         for (i, want) in wants.iter().enumerate() {
             let route = self.hubs.route(Some((want.dataset, want.shard)));
-            match route.first().filter(|_| want.version.is_some()) {
+            match route.first() {
                 Some(first) => {
                     by_hub.entry(first.url.clone()).or_insert_with(|| (route.clone(), Vec::new())).1.push(i)
                 }
