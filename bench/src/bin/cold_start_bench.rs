@@ -17,6 +17,10 @@
 //! 250 ms the link's MB/s at the wire beside the spoke's measured rate and bound
 //! (`shardcache_spoke_link_delivery_rate_bytes`, `..._in_flight_bound_bytes`).
 //!
+//! `COLD_START_SPOKE_ARGS="--flag value ..."` passes flags to the spoke (to see what a
+//! setting does; the recorded tables use the defaults); `COLD_START_VERBOSE=1` prints each
+//! run's first batches.
+//!
 //! RATEs are wan-proxy's (`200Mbit`, `1Gbit`) or `uncapped`; by default those three. The
 //! dataset is random bytes (images: nothing to compress), 16 shards of 16 MiB of 16 KiB
 //! records. Printed: each reader's time to its first batch (median and max over the runs'
@@ -214,6 +218,11 @@ fn arguments() -> (usize, bool, Vec<String>) {
 #[tokio::main]
 async fn main() {
     let (runs, adapting, rates) = arguments();
+    // Extra spoke flags, to see what a setting does to the cold start (not for the table).
+    let spoke_args: Vec<String> = std::env::var("COLD_START_SPOKE_ARGS")
+        .map(|args| args.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
+    let spoke_args: Vec<&str> = spoke_args.iter().map(String::as_str).collect();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join(DATASET);
     std::fs::create_dir_all(&dir).unwrap();
@@ -259,8 +268,13 @@ async fn main() {
             for _ in 0..runs {
                 let link = ProxyProcess::start(hub_addr, &args);
                 let cache = tempfile::tempdir().unwrap();
-                let spoke = cached.then(|| SpokeProcess::start(&link.endpoint, cache.path(), &[]));
+                let spoke = cached.then(|| SpokeProcess::start(&link.endpoint, cache.path(), &spoke_args));
                 let (first, epoch, wire) = run(&link, spoke.as_ref(), &files).await;
+                if std::env::var_os("COLD_START_VERBOSE").is_some() {
+                    let mut ms: Vec<u64> = first.iter().map(|s| (s * 1e3) as u64).collect();
+                    ms.sort_unstable();
+                    eprintln!("{rate} cached={cached}: first batches {ms:?} ms, epoch {epoch:.2} s");
+                }
                 firsts.extend(first);
                 epochs.push(epoch);
                 rates_seen.push(wire as f64 / epoch / 1e6);

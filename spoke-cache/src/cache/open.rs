@@ -30,20 +30,23 @@ impl Cache {
         let store = Arc::new(store);
         let Stored { catalog, capacity, admission, keeper } = stored(&store, &config, &metrics)?;
         let chain = Arc::new(chain);
-        let lookups = Arc::new(Lookups::new(
-            catalog.clone(),
-            chain.clone() as Arc<dyn Supply>,
-            (admission.clone(), keeper.clone()),
-            metrics.clone(),
-            config.chunk_size,
-            config.empty_entries_kept,
-        ));
         let fetch = FetchOwner::new(
             chain.clone(),
             (admission.clone(), capacity.clone()),
             metrics.clone(),
             config.upstream_bytes_in_flight,
             config.chunk_size,
+        );
+        let lookups = Arc::new(
+            Lookups::new(
+                catalog.clone(),
+                chain.clone() as Arc<dyn Supply>,
+                (admission.clone(), keeper.clone()),
+                metrics.clone(),
+                config.chunk_size,
+                config.empty_entries_kept,
+            )
+            .with_link_gate(fetch.link_gate()),
         );
         let plans = Arc::new(Plans::new(config.plan_limits));
         let filter = Arc::new(AdmissionFilter::new(config.capacity, config.chunk_size));

@@ -68,7 +68,14 @@ impl FetchOwner {
                 out[slot] = Some(running.clone());
             } else if let Some(&j) = in_batch.get(&key) {
                 repeats.push((slot, j));
-            } else if self.inner.speculations.get(&entry.dataset, &entry.shard, offset, length).is_some() {
+            } else if !self
+                .inner
+                .speculations
+                .overlapping(&entry.dataset, &entry.shard, offset, length)
+                .is_empty()
+            {
+                // Read alongside the stat, or part of it is (another reader's range over it):
+                // on its own, taking up what that read brought.
                 let shared = self.spawn_direct(entry, offset, length, fetch);
                 direct.insert(key, shared.clone());
                 out[slot] = Some(shared);
@@ -126,17 +133,64 @@ impl FetchOwner {
 }
 
 impl Inner {
-    /// The body of [`FetchOwner::direct`]'s shared fetch.
+    /// The body of [`FetchOwner::direct`]'s shared fetch: what reads alongside the shard's
+    /// stat brought of the range (at the entry's version), and the rest from upstream. (The
+    /// reads alongside a stat never overlap each other: one reader's range over another's
+    /// is not read twice, it takes the other's bytes here.)
     async fn fetch_as_read(&self, entry: &Entry, offset: u64, length: u64, fetch: &Owned) -> Result<Checked> {
-        if let Some(read) = self.speculations.get(&entry.dataset, &entry.shard, offset, length)
-            && let Some((data, version)) = read.await
-            && version == entry.version
-            && data.data.len() as u64 == length
-        {
-            return Ok(data);
+        let end = offset + length;
+        let mut have: Vec<(u64, Checked)> = Vec::new();
+        for (o, l, read) in self.speculations.overlapping(&entry.dataset, &entry.shard, offset, length) {
+            if let Some((data, version)) = read.await
+                && version == entry.version
+                && data.data.len() as u64 == l
+            {
+                let (from, to) = (o.max(offset), (o + l).min(end));
+                have.push((from, data.part((from - o) as usize, (to - o) as usize)));
+            }
         }
-        let _room = self.upstream.read_room(length).await?;
-        self.upstream.supply(entry, offset, length, &fetch.row, &fetch.avoid).await
+        if have.len() == 1 && have[0].1.data.len() as u64 == length {
+            return Ok(have.remove(0).1);
+        }
+        have.sort_by_key(|(from, _)| *from);
+        let mut gaps = Vec::new();
+        let mut at = offset;
+        for (from, bytes) in &have {
+            if at < *from {
+                gaps.push((at, *from));
+            }
+            at = at.max(from + bytes.data.len() as u64);
+        }
+        if at < end {
+            gaps.push((at, end));
+        }
+        if !gaps.is_empty() {
+            let asked: u64 = gaps.iter().map(|(from, to)| to - from).sum();
+            let _room = self.upstream.read_room(asked).await?;
+            let wants: Vec<(&Entry, u64, u64)> =
+                gaps.iter().map(|&(from, to)| (entry, from, to - from)).collect();
+            // One range (no read alongside the stat, the common case) asked on its own.
+            let fetched = match wants.as_slice() {
+                &[(entry, from, length)] => {
+                    vec![self.upstream.supply(entry, from, length, &fetch.row, &fetch.avoid).await]
+                }
+                _ => self.upstream.supply_many(&wants, &fetch.row, &fetch.avoid).await,
+            };
+            for (&(from, _), bytes) in gaps.iter().zip(fetched) {
+                have.push((from, bytes?));
+            }
+        }
+        have.sort_by_key(|(from, _)| *from);
+        let read = Checked::concat(have.into_iter().map(|(_, bytes)| bytes).collect());
+        if read.data.len() as u64 != length {
+            return Err(Error::Internal(format!(
+                "a read as read of {}/{} at {offset} assembled {} bytes of {length}",
+                entry.dataset,
+                entry.shard,
+                read.data.len()
+            )));
+        }
+        Ok(read)
     }
 
     /// The body of [`FetchOwner::start_direct`]'s batch: the ranges of `parts` within the

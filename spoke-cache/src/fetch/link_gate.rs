@@ -1,14 +1,16 @@
 //! The link gate: how many bytes the chunk fetches (what is stored: a plan's window, a
 //! whole-shard fetch, the rest of a chunk filled beside a read) may have in flight over
-//! the long link, beside the reads. Reads are never held here, only counted: a chunk
-//! fetch waits while reads and chunk fetches together hold the bound, so a job's first
-//! reads cross the link ahead of the windows they open (issue 58: a cold spoke's first
-//! batch came 10x later than with no cache, behind 64 MiB of whole chunks).
+//! the long link, beside the reads. Reads are never held here, only counted: while reads
+//! are in flight, chunk fetches go beside them only within what the link carries without
+//! a queue (one bandwidth-delay product, reads included), so a job's first reads cross
+//! the link ahead of the windows they open (issue 58: a cold spoke's first batch came 10x
+//! later than with no cache, behind 64 MiB of whole chunks).
 //!
 //! The bound adapts to the link, as BBR sizes a flow's inflight (Cardwell et al., "BBR:
 //! Congestion-Based Congestion Control", 2016): twice the bandwidth-delay product of the
 //! highest delivery rate seen over [`RATE_WINDOW`] and the shortest answer time over
-//! [`RTT_WINDOW`], plus two chunks (one being answered, one asked), never more than
+//! [`RTT_WINDOW`] (stats' answers included: `Lookups`), plus two chunks (one being
+//! answered, one asked), never more than
 //! `--upstream-bytes-in-flight`. Until the first answer it is two chunks. A slower link
 //! (the emulator's `--faults throttle=...`) lowers the measured rate within
 //! [`RATE_WINDOW`], and the bound with it.
@@ -73,7 +75,14 @@ impl LinkEstimate {
             self.rates.pop_back();
         }
         self.rates.push_back((now, rate));
-        // Min filter, likewise.
+        self.round_trip(mark, now);
+    }
+
+    /// A request asked at `mark` answered at `now`, whatever it brought: a sample of the
+    /// round trip.
+    pub fn round_trip(&mut self, mark: Mark, now: Instant) {
+        let took = now.saturating_duration_since(mark.at).max(Duration::from_micros(100));
+        // Min filter, as the rates' max filter.
         while self.rtts.back().is_some_and(|&(_, t)| t >= took) {
             self.rtts.pop_back();
         }
@@ -155,13 +164,24 @@ impl LinkGate {
         (measured + 2 * self.chunk).min(self.ceiling)
     }
 
-    /// Whether a chunk fetch of `length` that has waited since `since` fits now: one
-    /// always does on an idle link, or with no other chunk fetch once it has waited
-    /// [`LONGEST_WAIT_BEHIND_READS`].
+    /// Whether a chunk fetch of `length` that has waited since `since` fits now. With no
+    /// read in flight, chunk fetches fill the bound. Beside reads, they and the reads stay
+    /// within one measured bandwidth-delay product: what is in flight then never queues
+    /// on the link, so no read's bytes wait behind a chunk's (at 200 Mbit/s not even one
+    /// 4 MiB chunk goes beside a job's first batch). One always fits on an idle link, or
+    /// with no other chunk fetch once it has waited [`LONGEST_WAIT_BEHIND_READS`].
     fn fits(&self, state: &mut State, length: u64, since: Instant) -> bool {
         let now = Instant::now();
         let alone = state.reads == 0 || now.saturating_duration_since(since) >= LONGEST_WAIT_BEHIND_READS;
-        (state.fetches == 0 && alone) || state.fetches + state.reads + length <= self.bound_of(state, now)
+        if state.fetches == 0 && alone {
+            return true;
+        }
+        let bound = self.bound_of(state, now);
+        if state.reads == 0 {
+            return state.fetches + length <= bound;
+        }
+        let unqueued = state.estimate.bdp(now).unwrap_or(0).min(bound);
+        state.fetches + state.reads + length <= unqueued
     }
 
     /// Admits the waiting chunk fetches that fit now, in order.
@@ -220,6 +240,15 @@ impl LinkGate {
     /// A request asked now (to be passed to [`LinkGate::answered`]).
     pub fn asking(&self) -> Mark {
         self.state().estimate.asking(Instant::now())
+    }
+
+    /// A request without bytes of data (a stat) asked at `mark` answered now: a sample of
+    /// the round trip alone.
+    pub fn round_trip(&self, mark: Mark) {
+        let mut state = self.state();
+        let now = Instant::now();
+        state.estimate.round_trip(mark, now);
+        self.pump(&mut state);
     }
 
     /// The request asked at `mark` answered with `bytes` on the wire: a sample of the link.
@@ -324,6 +353,22 @@ mod tests {
         let fast = state.estimate.asking(mark.at + Duration::from_millis(100));
         state.estimate.answered(fast, 100_000_000, mark.at + Duration::from_millis(200));
         assert_eq!(gate.bound_of(&mut state, mark.at + Duration::from_millis(200)), 64 * MIB);
+    }
+
+    #[test]
+    fn a_stats_answer_time_stands_for_the_round_trip() {
+        // A job's first answers are large and queued behind each other: 10 MB in 200 ms.
+        let mut estimate = LinkEstimate::default();
+        let start = Instant::now();
+        let first = estimate.asking(start);
+        estimate.answered(first, 10_000_000, start + Duration::from_millis(200));
+        let queued = estimate.bdp(start + Duration::from_millis(200)).unwrap();
+        assert!((9_990_000..=10_010_000).contains(&queued), "{queued}");
+        // A stat asked then comes back in 60 ms: the link's round trip.
+        let stat = estimate.asking(start + Duration::from_millis(200));
+        estimate.round_trip(stat, start + Duration::from_millis(260));
+        let bdp = estimate.bdp(start + Duration::from_millis(260)).unwrap();
+        assert!((2_990_000..=3_010_000).contains(&bdp), "50 MB/s x 60 ms, not x 200 ms: {bdp}");
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::{
 use futures::future::{BoxFuture, Shared};
 use shardcache_proto::names::{DatasetName, ShardName};
 
+use super::link_gate::LinkGate;
 use crate::{
     Result,
     fetch::revalidation::{REVALIDATION_WAIT, Revalidation},
@@ -46,6 +47,10 @@ pub struct Lookups {
     /// Room for [`STATS_IN_FLIGHT`] stats to the hubs: a batch naming thousands of cold
     /// shards asks them a few dozen at a time, not all at once.
     stats: tokio::sync::Semaphore,
+    /// The link gate, which each stat's answer time tells the link's round trip (a stat is
+    /// the smallest request there is: the first answers of a job's cold start are large,
+    /// and queued behind each other, and alone would make the round trip seem longer).
+    gate: Option<Arc<LinkGate>>,
     /// Entries that hold no bytes kept at most (`CacheConfig::empty_entries_kept`).
     empty_kept: usize,
     /// Entries installed, to sweep the empty ones every `empty_kept / 8` installs.
@@ -78,9 +83,16 @@ impl Lookups {
             running: Mutex::default(),
             revalidation: Revalidation::default(),
             stats: tokio::sync::Semaphore::new(STATS_IN_FLIGHT),
+            gate: None,
             empty_kept,
             installs: Default::default(),
         }
+    }
+
+    /// These lookups with their stats' answer times told to `gate`.
+    pub fn with_link_gate(mut self, gate: Arc<LinkGate>) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// The cached entry of a shard, checked with the hub when its TTL has passed, or a
@@ -248,7 +260,12 @@ impl Lookups {
     ) -> Result<shardcache_proto::v1::ShardInfo> {
         // The semaphore is never closed.
         let _room = self.stats.acquire().await.ok();
-        self.supply.stat(dataset.as_str(), shard.as_str()).await
+        let mark = self.gate.as_ref().map(|gate| gate.asking());
+        let info = self.supply.stat(dataset.as_str(), shard.as_str()).await;
+        if let (Some(gate), Some(mark), Ok(_)) = (&self.gate, mark, &info) {
+            gate.round_trip(mark);
+        }
+        info
     }
 
     fn revalidation_failed(&self, why: &dyn std::fmt::Display) {

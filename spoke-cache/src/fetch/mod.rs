@@ -197,6 +197,12 @@ impl FetchOwner {
         Self { inner: Arc::new(inner) }
     }
 
+    /// The link gate its fetches go through (the lookups tell it their stats' answer
+    /// times: `Lookups::with_link_gate`).
+    pub fn link_gate(&self) -> Arc<link_gate::LinkGate> {
+        self.inner.upstream.gate()
+    }
+
     /// Chunk fetches running (fetched chunks not yet stored among them).
     pub fn in_flight(&self) -> usize {
         self.inner.inflight().len()

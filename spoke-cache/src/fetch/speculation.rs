@@ -56,10 +56,21 @@ impl Speculations {
     ) {
         let key = |(offset, length): (u64, u64)| (dataset.to_owned(), shard.to_owned(), offset, length);
         let mut reads = self.reads();
+        // A part over one being read already is not read again (concurrent first reads of
+        // one chunk, each ending where it ends, would each bring their own range): its
+        // read waits for the stat and joins what runs then (a fill lent the other part).
+        let mut running: Vec<(u64, u64)> = reads
+            .keys()
+            .filter(|(d, s, ..)| d == dataset && s == shard)
+            .map(|&(.., offset, length)| (offset, length))
+            .collect();
         let mut new: Vec<(u64, u64)> = Vec::new();
-        for &part in parts {
-            if !reads.contains_key(&key(part)) && !new.contains(&part) {
-                new.push(part);
+        for &(offset, length) in parts {
+            let overlaps =
+                |&(o, l): &(u64, u64)| o < offset.saturating_add(length) && offset < o.saturating_add(l);
+            if length > 0 && !running.iter().any(overlaps) {
+                running.push((offset, length));
+                new.push((offset, length));
             }
         }
         if new.is_empty() {
@@ -97,6 +108,25 @@ impl Speculations {
         length: u64,
     ) -> Option<SpeculativeRead> {
         self.reads().get(&(dataset.to_owned(), shard.to_owned(), offset, length)).cloned()
+    }
+
+    /// The speculative reads of `dataset/shard` that overlap `[offset, offset + length)`
+    /// (`(offset, length, read)` each; they never overlap each other: `start`).
+    pub(super) fn overlapping(
+        &self,
+        dataset: &str,
+        shard: &str,
+        offset: u64,
+        length: u64,
+    ) -> Vec<(u64, u64, SpeculativeRead)> {
+        let end = offset.saturating_add(length);
+        self.reads()
+            .iter()
+            .filter(|((d, s, o, l), _)| {
+                d == dataset && s == shard && *o < end && offset < o.saturating_add(*l)
+            })
+            .map(|((.., o, l), read)| (*o, *l, read.clone()))
+            .collect()
     }
 
     pub(super) fn forget(&self, dataset: &str, shard: &str, offset: u64, length: u64) {

@@ -84,6 +84,10 @@ impl Upstream {
         }
     }
 
+    pub(super) fn gate(&self) -> Arc<LinkGate> {
+        self.gate.clone()
+    }
+
     /// Calls to the suppliers running now.
     pub(super) fn calls(&self) -> usize {
         self.calls.load(Relaxed)

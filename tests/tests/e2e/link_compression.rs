@@ -135,10 +135,11 @@ async fn a_spoke_stores_the_decoded_bytes_and_counts_what_they_took_on_the_link(
     assert_eq!((d.upstream_bytes as f64, d.upstream_wire_bytes as f64), (until, on_link + added));
     // Every chunk fetch asked for zstd (`--hub-compression zstd`), each counted once, in
     // the status and the metrics alike; RocksDB's own files are named beside the capacity.
-    let requests = spoke.metric("shardcache_spoke_upstream_requests_total").await;
-    assert_eq!((status.hub_fetches_plain, status.hub_fetches_zstd as f64), (0, requests), "{status:?}");
+    // (A call is one request to the hub, however many ranges it carries.)
+    let requests = hub.stats.snapshot().read_requests;
+    assert_eq!((status.hub_fetches_plain, status.hub_fetches_zstd), (0, requests), "{status:?}");
     let asked = r#"shardcache_spoke_hub_fetches_total{encoding="zstd"}"#;
-    assert_eq!(spoke.metric(asked).await, requests);
+    assert_eq!(spoke.metric(asked).await, requests as f64);
     assert!(status.store_own_bytes > 0 && status.store_own_bytes < 16 << 20, "{}", status.store_own_bytes);
 }
 
@@ -173,7 +174,12 @@ async fn auto_stops_asking_for_zstd_on_bytes_that_do_not_shrink_after_a_short_pr
         read_whole("img", format!("shard-{i}.bin"), bytes.clone()).await;
     }
     let probed = control.status().await.unwrap();
-    assert!(probed.hub_fetches_zstd >= PROBE_FETCHES as u64, "the probe asked: {probed:?}");
+    // (The probe learns from its first PROBE_FETCHES answers; the chunks a cold read covers
+    // are read alongside the stat in one call, so it may take fewer calls than answers.)
+    assert!(
+        (1..=PROBE_FETCHES as u64).contains(&probed.hub_fetches_zstd),
+        "the probe asked, and no more: {probed:?}"
+    );
     for (i, bytes) in shards.iter().enumerate().skip(2) {
         read_whole("img", format!("shard-{i}.bin"), bytes.clone()).await;
     }
