@@ -139,10 +139,10 @@ impl Upstream {
 
     /// Room for a read of `length` bytes alongside a first stat, if there is some in the
     /// byte bound now (a speculative read gives up rather than wait, so reads waiting for
-    /// each other's room cannot deadlock); counted at the gate as a read.
+    /// each other's room cannot deadlock); counted at the gate as a first batch's read.
     pub(super) fn read_room_now(&self, length: u64) -> Option<(OwnedSemaphorePermit, Reading)> {
         let budget = self.budget.clone().try_acquire_many_owned(kib(length)).ok()?;
-        Some((budget, self.gate.reading(length)))
+        Some((budget, self.gate.opening(length)))
     }
 
     /// `wants` at whatever version the suppliers have (reads alongside a first stat), in
