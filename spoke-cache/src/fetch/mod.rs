@@ -288,7 +288,11 @@ impl FetchOwner {
         let after = part.as_ref().map(|part| part.bytes.clone());
         let room = if after.is_some() { None } else { self.inner.upstream.room_now(length) };
         let started = Arc::new(std::sync::atomic::AtomicBool::new(room.is_some()));
-        let known = Arc::new(Mutex::new(part.into_iter().collect()));
+        let mut known: Vec<KnownPart> = part.into_iter().collect();
+        if speculated.is_none() {
+            known.extend(self.speculated_parts(entry, (offset, length), &known));
+        }
+        let known = Arc::new(Mutex::new(known));
         let pieces = Arc::new(std::sync::OnceLock::new());
         let task = ChunkTask {
             entry: entry.clone(),
@@ -317,6 +321,39 @@ impl FetchOwner {
         let fetch = ChunkFetch { fetched: fetched.boxed().shared(), stored, read, started, known, pieces };
         inflight.insert(key, fetch.clone());
         Filled::Taken(fetch)
+    }
+
+    /// The reads alongside the shard's stat of ranges within chunk `[offset, offset +
+    /// length)` of `entry` (a job's first samples), as parts its fetch takes rather than
+    /// asks for again, none over one of `known`: a plan's window or a prefetch that
+    /// reaches the chunk while they run brings only the rest (the demo's prefetched
+    /// setups brought a first batch twice without this). One read at another version
+    /// than the entry's is fetched by the fill itself.
+    fn speculated_parts(
+        &self,
+        entry: &Entry,
+        (offset, length): (u64, u64),
+        known: &[KnownPart],
+    ) -> Vec<KnownPart> {
+        let end = offset + length;
+        let version = entry.version.clone();
+        self.inner
+            .speculations
+            .overlapping(&entry.dataset, &entry.shard, offset, length)
+            .into_iter()
+            .filter(|&(from, len, _)| from >= offset && from + len <= end)
+            .filter(|&(from, len, _)| !known.iter().any(|k| k.from < from + len && from < k.to))
+            .map(|(from, len, read)| {
+                let version = version.clone();
+                let bytes = async move {
+                    match read.await {
+                        Some((data, v)) if v == version && data.data.len() as u64 == len => Ok(data),
+                        _ => Err(Error::Internal("a read alongside the stat brought another version".into())),
+                    }
+                };
+                KnownPart { from, to: from + len, bytes: bytes.boxed().shared() }
+            })
+            .collect()
     }
 
     /// The bytes of `[offset, offset + length)` of `entry` from a fetch running now (of

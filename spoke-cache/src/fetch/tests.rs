@@ -352,3 +352,22 @@ async fn a_reader_of_another_part_of_a_chunk_being_filled_waits_for_its_piece_on
     assert_eq!(fill.stored.await.unwrap(), CHUNK);
     assert_eq!(parts.stored(&entry, 0, CHUNK).unwrap(), data);
 }
+
+#[tokio::test]
+async fn a_chunk_fetch_takes_up_the_reads_alongside_the_stat_within_its_chunk() {
+    // A job's first samples read alongside the shard's stat; a prefetch (or a plan's
+    // window) reaches their chunk while they run: it brings only the rest.
+    let parts = parts(CHUNK, 1 << 30, 1 << 30);
+    let data = pattern(CHUNK as usize, 16);
+    parts.supply.put("ds", "s", "v1", data.clone());
+    parts.supply.set_latency(Duration::from_millis(30));
+    let entry = parts.entry("ds", "s").await.unwrap();
+    let row = JobRow::default();
+    let samples = [(1000, 2000), (40_000, 1000)];
+    parts.fetch.speculate(("ds", "s"), &samples, &row);
+    let _kept = parts.fetch.alongside("ds", "s", samples.to_vec());
+    let fetch = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&row)).unwrap();
+    assert_eq!(fetch.stored.await.unwrap(), CHUNK);
+    assert_eq!(parts.stored(&entry, 0, CHUNK).unwrap(), data, "the chunk, whole and right");
+    assert_eq!(row.hub_bytes.load(Relaxed), CHUNK, "the samples crossed once, with the rest around them");
+}
