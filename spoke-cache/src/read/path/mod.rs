@@ -301,10 +301,15 @@ impl ReadPath {
                 return joined(running, from, to);
             }
             // (Another reader's part is lent to it already: this one waits for the chunk,
-            // rather than bring its part twice.)
+            // rather than bring its part twice; but a part read alongside the shard's stat,
+            // which the fetch holds already, is answered by that read, not after the
+            // fetch's turn at the link gate.)
             let (part, known) = part_for_fill(from, to);
             return match running.lend(known) {
                 true => (Provenance::Fill(Some(part)), None),
+                false if self.fetch.speculation(&entry.dataset, &entry.shard, from, to - from).is_some() => {
+                    (Provenance::Direct, None)
+                }
                 false => joined(running, from, to),
             };
         }
