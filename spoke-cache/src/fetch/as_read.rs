@@ -10,7 +10,7 @@ use std::{collections::HashMap, sync::Arc};
 use futures::FutureExt;
 use shardcache_proto::checksum::Checked;
 
-use super::{FetchFor, FetchOwner, Inner, Owned, SharedFetch};
+use super::{FetchFor, FetchOwner, Inner, Owned, SharedFetch, speculation::SpeculativeRead};
 use crate::{Error, Result, fetch::shared::spawn_shared, store::entry::Entry};
 
 impl FetchOwner {
@@ -123,8 +123,11 @@ impl FetchOwner {
     /// the shard's stat).
     fn spawn_direct(&self, entry: &Arc<Entry>, offset: u64, length: u64, fetch: FetchFor<'_>) -> SharedFetch {
         let key = (entry.id, offset, length);
+        // Taken now: a read alongside the stat is forgotten when its own request ends,
+        // which may be before this task runs (its bytes would then cross twice).
+        let alongside = self.inner.speculations.overlapping(&entry.dataset, &entry.shard, offset, length);
         let (inner, entry, owned) = (self.inner.clone(), entry.clone(), Owned::of(fetch));
-        let job = async move { inner.fetch_as_read(&entry, offset, length, &owned).await };
+        let job = async move { inner.fetch_as_read(&entry, (offset, length), alongside, &owned).await };
         let done = self.inner.clone();
         spawn_shared("range fetch", job, move || {
             done.direct().remove(&key);
@@ -137,10 +140,16 @@ impl Inner {
     /// stat brought of the range (at the entry's version), and the rest from upstream. (The
     /// reads alongside a stat never overlap each other: one reader's range over another's
     /// is not read twice, it takes the other's bytes here.)
-    async fn fetch_as_read(&self, entry: &Entry, offset: u64, length: u64, fetch: &Owned) -> Result<Checked> {
+    async fn fetch_as_read(
+        &self,
+        entry: &Entry,
+        (offset, length): (u64, u64),
+        alongside: Vec<(u64, u64, SpeculativeRead)>,
+        fetch: &Owned,
+    ) -> Result<Checked> {
         let end = offset + length;
         let mut have: Vec<(u64, Checked)> = Vec::new();
-        for (o, l, read) in self.speculations.overlapping(&entry.dataset, &entry.shard, offset, length) {
+        for (o, l, read) in alongside {
             if let Some((data, version)) = read.await
                 && version == entry.version
                 && data.data.len() as u64 == l

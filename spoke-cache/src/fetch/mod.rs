@@ -19,8 +19,8 @@
 //!
 //! The folder: the fetch owner (here, with `as_read.rs`, `fill.rs`, `upstream.rs`,
 //! `speculation.rs`), the link gate that keeps chunk fetches behind reads within the
-//! link's measured bandwidth-delay product (`link_gate.rs`), the shard lookups (`lookup.rs`, `revalidation.rs`), work shared by
-//! concurrent callers (`shared.rs`) and the chain of suppliers (`suppliers/`: peers,
+//! link's measured bandwidth-delay product (`link_gate.rs`), the shard lookups
+//! (`lookup.rs`, `revalidation.rs`), work shared by concurrent callers (`shared.rs`) and the chain of suppliers (`suppliers/`: peers,
 //! hubs, hedging, compression).
 //!
 //! Owns: every byte that crosses to this spoke from a hub or a peer, and what it is
