@@ -81,6 +81,13 @@ impl ColdOpen {
         }
         chunks.sort_unstable();
         chunks.dedup();
+        // Ranges only for a batch of several (a trainer's samples, distinct): a lone range
+        // of a chunk is as likely one of many ranks reading the same header or index at
+        // once, whose overlapping ranges, each read alongside, crossed the link more than
+        // once under load (`concurrent_first_reads_ending_on_one_chunk_fetch_it_once`).
+        if reads.len() < 2 {
+            ranges.clear();
+        }
         ranges.retain(|&(from, _)| chunks.binary_search(&ChunkIndex(from / chunk_size)).is_err());
         ranges.sort_unstable();
         ranges.dedup();
