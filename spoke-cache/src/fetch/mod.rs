@@ -286,7 +286,11 @@ impl FetchOwner {
         // A fill asks for the rest of its chunk only once its reader's own part has
         // arrived: the reader's bytes have the link to themselves (`ChunkTask::after`).
         let after = part.as_ref().map(|part| part.bytes.clone());
-        let room = if after.is_some() { None } else { self.inner.upstream.room_now(length) };
+        let room = match (&after, &speculated) {
+            (Some(_), _) => None,
+            (None, Some(_)) => self.inner.upstream.room_off_link(length, false).now_or_never().flatten(),
+            (None, None) => self.inner.upstream.room_now(length),
+        };
         let started = Arc::new(std::sync::atomic::AtomicBool::new(room.is_some()));
         let mut known: Vec<KnownPart> = part.into_iter().collect();
         if speculated.is_none() {
@@ -491,9 +495,14 @@ impl Inner {
             let _ = after.await;
         }
         // Held until the chunk is stored (see `Upstream::room`).
-        let mut room = match room {
-            Some(room) => room,
-            None => self.upstream.room(length).await?,
+        let mut room = match (room, &speculated) {
+            (Some(room), _) => room,
+            (None, Some(_)) => self
+                .upstream
+                .room_off_link(length, true)
+                .await
+                .ok_or_else(|| Error::Internal("upstream budget closed".into()))?,
+            (None, None) => self.upstream.room(length).await?,
         };
         // Started under the parts' lock: a part lent from now on is refused (`lend`).
         let parts = {

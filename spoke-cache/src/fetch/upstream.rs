@@ -129,6 +129,19 @@ impl Upstream {
         queued
     }
 
+    /// Room in the byte bound alone for a chunk fetch of `length` bytes that asks nothing
+    /// over the link (it takes up a read alongside the stat): waited for if `wait`, else
+    /// only if there is some now. (Held at the gate, it waited behind the very reads it
+    /// takes up, and a group member hedged to gave up joining it.)
+    pub(super) async fn room_off_link(&self, length: u64, wait: bool) -> Option<Room> {
+        let permits = kib(length).min(self.permits);
+        let budget = match wait {
+            true => self.budget.clone().acquire_many_owned(permits).await.ok()?,
+            false => self.budget.clone().try_acquire_many_owned(permits).ok()?,
+        };
+        Some(Room { _budget: budget, link: None })
+    }
+
     /// Room for a chunk fetch of `length` bytes if there is some now: its turn at the gate
     /// and room in the byte bound.
     pub(super) fn room_now(&self, length: u64) -> Option<Room> {
