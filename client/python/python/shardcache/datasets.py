@@ -42,7 +42,6 @@ How :class:`StreamingShardDataset` orders and splits an epoch:
 """
 
 import bisect
-import concurrent.futures
 import itertools
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -417,12 +416,10 @@ class StreamingShardDataset(EpochState, _IterableBase):
                 warnings.warn(f"shardcache: the spoke did not take the access plan: {error}", stacklevel=2)
             return None
 
-    def _sample_window(
-        self, order: EpochOrder, worker_id: int, num_workers: int, skip: int = 0
-    ) -> Optional[SampleWindow]:
+    def _sample_window(self, order: EpochOrder, worker_id: int, num_workers: int) -> Optional[SampleWindow]:
         """This worker's reads sent to a spoke that follows the plan sample by sample:
         positions across epochs, each sample's next use the start of the next epoch's block
-        that reads it (``shardcache.plans``); past the first ``skip``, read already."""
+        that reads it (``shardcache.plans``)."""
         records = self._records
         if records.format not in SAMPLE_RANGES_FORMATS:
             return None
@@ -434,7 +431,7 @@ class StreamingShardDataset(EpochState, _IterableBase):
             # +1: position 0 means "none" on the wire, and a next use is never that.
             return then_base + then_order.block_start_of(*sample) + 1
 
-        positions = itertools.islice(self._positions(order, worker_id, num_workers), skip, None)
+        positions = self._positions(order, worker_id, num_workers)
         planned = planned_reads(positions, now_base, lambda p: order[p], next_use)
         job = f"{self._job()}/rank{self.rank}/worker{worker_id}"
         return SampleWindow(records, job, size, planned)
@@ -469,34 +466,13 @@ class StreamingShardDataset(EpochState, _IterableBase):
         order = self._order()
         if next(self._positions(order, worker_id, num_workers), None) is None:
             return  # nothing left for this worker this epoch
-        items = order.items(self._positions(order, worker_id, num_workers))
-        # The first batch is read beside the plan, not after it: the spoke checks every
-        # shard a plan names upstream (a round trip or more over the long link) before it
-        # answers, and a job's first batch need not wait for that (issue 58); the spoke
-        # opens the plan's window once a read of it is answered anyway.
-        first = list(itertools.islice(items, self.read_batch))
-        answer = None
-        if self.plan:
-            pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardcache-plan")
-            try:
-                sending = pool.submit(self._send_plan, order, worker_id, num_workers)
-                loaded = records.load(first)
-                answer = sending.result()
-            finally:
-                pool.shutdown(wait=True)
-        else:
-            loaded = None
+        answer = self._send_plan(order, worker_id, num_workers) if self.plan else None
         if self.prefetch and answer is None:
             shards, _ = self._plan(order, self._positions(order, worker_id, num_workers))
             records.client.prefetch(records.dataset, shards, wait=False)
-        if loaded is None:
-            loaded = records.load(first)
-        # A block larger than the spoke's cache: the spoke follows this worker's samples
-        # (from the second batch on).
-        window = (
-            self._sample_window(order, worker_id, num_workers, skip=len(first)) if follows_samples(answer) else None
-        )
-        yield from loaded
+        # A block larger than the spoke's cache: the spoke follows this worker's samples.
+        window = self._sample_window(order, worker_id, num_workers) if follows_samples(answer) else None
+        items = order.items(self._positions(order, worker_id, num_workers))
         while True:
             batch = list(itertools.islice(items, self.read_batch))
             if not batch:
