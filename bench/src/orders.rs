@@ -156,9 +156,9 @@ impl Reader<'_> {
     ) -> (f64, bool) {
         let started = Instant::now();
         let client = self.client.for_job(self.job, number).unwrap();
-        // The first batch is read beside the plan, not after it, as the SDK sends it
-        // (`datasets.py`): the spoke checks every shard a plan names upstream, a round trip
-        // the first batch need not wait for (issue 58).
+        // The first batch is read beside the plan, not after it: the spoke checks every
+        // shard a plan names upstream, a round trip the first batch need not wait for (issue
+        // 58). (The Python SDK still sends its plan first: BENCHMARKS.md, cold-start-bench.)
         let head = this.records.len().min(self.batch);
         let set = async {
             match (&self.control, plan) {
