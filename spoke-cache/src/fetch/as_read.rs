@@ -162,17 +162,10 @@ impl Inner {
             return Ok(have.remove(0).1);
         }
         have.sort_by_key(|(from, _)| *from);
-        let mut gaps = Vec::new();
-        let mut at = offset;
-        for (from, bytes) in &have {
-            if at < *from {
-                gaps.push((at, *from));
-            }
-            at = at.max(from + bytes.data.len() as u64);
-        }
-        if at < end {
-            gaps.push((at, end));
-        }
+        let gaps = super::fill::gaps(
+            (offset, end),
+            have.iter().map(|(from, b)| (*from, from + b.data.len() as u64)),
+        );
         if !gaps.is_empty() {
             let asked: u64 = gaps.iter().map(|(from, to)| to - from).sum();
             let _room = self.upstream.read_room(asked).await?;

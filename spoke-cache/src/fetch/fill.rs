@@ -65,7 +65,7 @@ impl Inner {
         // group's owner then finished its chunks so much later that members hedged to
         // judged it hung and fetched them again, 1.35-2.10x the dataset in `group-bench
         // --gray` where main brought 1.00.)
-        let gaps = gaps((offset, end), &parts);
+        let gaps = gaps((offset, end), parts.iter().map(|p| (p.from, p.to)));
         // The readers' parts are published too (sent once in, from the reader's fetch or
         // from this fill's own when that one failed): a reader of a range within one, or a
         // member hedged to that joins this fetch (`running_range`), waits for it alone, as
@@ -142,15 +142,17 @@ impl Inner {
     }
 }
 
-/// The ranges of `[offset, end)` that none of `parts` (sorted by where they start) holds.
-fn gaps((offset, end): (u64, u64), parts: &[KnownPart]) -> Vec<(u64, u64)> {
+/// The ranges of `[offset, end)` that none of `held` (`(from, to)` each, sorted by where
+/// they start) covers: what a fill, or a read as read beside the reads alongside a stat,
+/// still asks for.
+pub(super) fn gaps((offset, end): (u64, u64), held: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut gaps = Vec::new();
     let mut at = offset;
-    for part in parts {
-        if at < part.from {
-            gaps.push((at, part.from));
+    for (from, to) in held {
+        if at < from {
+            gaps.push((at, from));
         }
-        at = at.max(part.to);
+        at = at.max(to);
     }
     if at < end {
         gaps.push((at, end));
