@@ -289,6 +289,38 @@ async fn a_chunk_fetch_waiting_for_room_takes_every_part_lent_and_asks_only_for_
 }
 
 #[tokio::test]
+async fn a_fill_whose_many_lent_parts_failed_fetches_them_in_one_call() {
+    let (parts, data, entry, row) = one_chunk_in_flight(2, 16).await;
+    let (batches, ranges) = (parts.supply.batches.load(SeqCst), parts.supply.fetches.load(SeqCst));
+    let first = parts.fetch.chunk(&entry, ChunkIndex(0), for_read(&row)).unwrap();
+    let queued = parts.fetch.chunk(&entry, ChunkIndex(1), for_read(&row)).unwrap();
+    assert!(!queued.is_started(), "the second waits for room");
+    // 30 readers' parts of chunk 1 lent to it, whose fetches all came back empty (as the
+    // reads alongside a first stat do when they find no room).
+    let failed = || futures::future::ready(Err(Error::Internal("not fetched".into()))).boxed().shared();
+    for i in 0..30 {
+        let from = CHUNK + 1000 * i;
+        assert!(queued.lend(KnownPart { from, to: from + 100, bytes: failed() }), "part {i} is lent");
+    }
+    assert_eq!(queued.stored.await.unwrap(), CHUNK);
+    first.stored.await.unwrap();
+    assert_eq!(
+        parts.stored(&entry, CHUNK, CHUNK).unwrap(),
+        data[CHUNK as usize..],
+        "the chunk, whole and right"
+    );
+    // Chunk 0 in one call; for chunk 1 the 30 gaps around the parts in one call and the 30
+    // parts in another: two round trips, not 31.
+    assert_eq!(parts.supply.batches.load(SeqCst) - batches, 2, "the failed parts asked together");
+    assert_eq!(parts.supply.fetches.load(SeqCst) - ranges, 1 + 30 + 30, "each range asked once");
+    assert_eq!(
+        row.hub_bytes.load(Relaxed),
+        2 * CHUNK,
+        "each chunk crossed once: the empty parts brought nothing"
+    );
+}
+
+#[tokio::test]
 async fn a_fill_offered_after_a_fetch_of_its_chunk_ended_or_began_never_brings_the_part_twice() {
     let (parts, data, entry, row) = one_chunk_in_flight(3, 14).await;
     // A reader's part of chunk `index` offered to its fill, after the reader saw the chunk
