@@ -108,10 +108,10 @@ impl Inner {
         }
         // The parts whose reader's fetch failed, or whose call ended before it started
         // (readers who joined this fill wait for them too), are fetched here, all in one
-        // call. (Fetched one by one, the 240 parts of one chunk that a job with 256 batches
-        // in flight had read alongside its stat, those reads come back empty, took 240
-        // round trips while the fill held its room at the link gate: `seed-demo
-        // --read-ahead 16` stalled 37-57 s, issue 58.)
+        // call. (A job with 256 batches in flight read 240 parts of one chunk alongside its
+        // stat, and those reads came back empty; fetched one by one, they took 240 round
+        // trips while the fill held its room at the link gate: `seed-demo --read-ahead 16`
+        // stalled 37-57 s, issue 58.)
         let refetch: Vec<(&Entry, u64, u64)> = parts
             .iter()
             .zip(&part_bytes)
