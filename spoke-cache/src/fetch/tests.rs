@@ -233,6 +233,23 @@ async fn one_chunk_in_flight(
     (parts, data, entry, JobRow::default())
 }
 
+/// Waits until `first` (chunk 0) and `queued` (chunk 1) are stored, and checks chunk 1 on
+/// disk against `data`.
+async fn both_stored(
+    parts: &crate::testing::Parts,
+    (first, queued): (ChunkFetch, ChunkFetch),
+    entry: &Entry,
+    data: &[u8],
+) {
+    assert_eq!(queued.stored.await.unwrap(), CHUNK);
+    first.stored.await.unwrap();
+    assert_eq!(
+        parts.stored(entry, CHUNK, CHUNK).unwrap(),
+        data[CHUNK as usize..],
+        "the chunk, whole and right"
+    );
+}
+
 #[tokio::test]
 async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
     let (parts, data, entry, row) = one_chunk_in_flight(2, 12).await;
@@ -248,9 +265,7 @@ async fn a_chunk_fetch_waiting_for_room_takes_a_readers_part_lent_meanwhile() {
         "no part over one lent"
     );
     assert_eq!(part.await.unwrap().data[..], data[from as usize..to as usize], "answered before the chunk");
-    assert_eq!(queued.stored.await.unwrap(), CHUNK);
-    first.stored.await.unwrap();
-    assert_eq!(parts.stored(&entry, CHUNK, CHUNK).unwrap(), data[CHUNK as usize..]);
+    both_stored(&parts, (first, queued), &entry, &data).await;
     assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK, "each chunk crossed once, the lent part with it");
 }
 
@@ -276,13 +291,7 @@ async fn a_chunk_fetch_waiting_for_room_takes_every_part_lent_and_asks_only_for_
             "each answered by its own"
         );
     }
-    assert_eq!(queued.stored.await.unwrap(), CHUNK);
-    first.stored.await.unwrap();
-    assert_eq!(
-        parts.stored(&entry, CHUNK, CHUNK).unwrap(),
-        data[CHUNK as usize..],
-        "the chunk, whole and right"
-    );
+    both_stored(&parts, (first, queued), &entry, &data).await;
     let calls = parts.supply.batches.load(SeqCst) - batches;
     assert_eq!(calls, lent.len() + 1, "a call per reader, and the gaps around their parts in one");
     assert_eq!(row.hub_bytes.load(Relaxed), 2 * CHUNK, "each chunk crossed once, the lent parts with it");
@@ -302,13 +311,7 @@ async fn a_fill_whose_many_lent_parts_failed_fetches_them_in_one_call() {
         let from = CHUNK + 1000 * i;
         assert!(queued.lend(KnownPart { from, to: from + 100, bytes: failed() }), "part {i} is lent");
     }
-    assert_eq!(queued.stored.await.unwrap(), CHUNK);
-    first.stored.await.unwrap();
-    assert_eq!(
-        parts.stored(&entry, CHUNK, CHUNK).unwrap(),
-        data[CHUNK as usize..],
-        "the chunk, whole and right"
-    );
+    both_stored(&parts, (first, queued), &entry, &data).await;
     // Chunk 0 in one call; for chunk 1 the 30 gaps around the parts in one call and the 30
     // parts in another: two round trips, not 31.
     assert_eq!(parts.supply.batches.load(SeqCst) - batches, 2, "the failed parts asked together");
