@@ -229,10 +229,17 @@ impl LinkGate {
             state.queue.push_back(Waiter { id, length, since: Instant::now(), admit });
             (id, admitted)
         };
-        let (id, admitted) = admitted;
+        let (id, mut admitted) = admitted;
         let mut waiting = Waiting { gate: self.clone(), id, length, admitted: false };
-        // The sender is dropped unsent only with the gate, which this holds.
-        let _ = admitted.await;
+        // The time rule is looked at when anything is answered or released, and once more
+        // when this fetch's wait reaches it: reads that hold the link without an answer
+        // for that long (a large one on a slow link) would otherwise keep it waiting.
+        let due = tokio::time::Instant::now() + LONGEST_WAIT_BEHIND_READS;
+        if tokio::time::timeout_at(due, &mut admitted).await.is_err() {
+            self.pump(&mut self.state());
+            // The sender is dropped unsent only with the gate, which this holds.
+            let _ = admitted.await;
+        }
         waiting.admitted = true;
         Admitted { gate: self.clone(), length }
     }
@@ -493,5 +500,20 @@ mod tests {
         let admitted = waiting.await.unwrap();
         assert_eq!(gate.in_flight(), (4 * MIB, 8 * MIB, 0), "alone among the reads");
         drop(admitted);
+    }
+
+    #[tokio::test]
+    async fn a_chunk_fetch_behind_one_long_read_goes_alone_when_its_wait_is_up() {
+        let gate = Arc::new(LinkGate::new(64 * MIB, 4 * MIB));
+        // One read that holds the bound and is not answered for the whole test: nothing is
+        // answered or released, so only the fetch's own wait can let it in.
+        let read = gate.reading(8 * MIB);
+        let started = Instant::now();
+        let admitted = tokio::time::timeout(10 * LONGEST_WAIT_BEHIND_READS, gate.admit(4 * MIB))
+            .await
+            .expect("the chunk fetch waited for an answer that never came");
+        assert!(started.elapsed() >= LONGEST_WAIT_BEHIND_READS, "not before it had waited");
+        assert_eq!(gate.in_flight(), (4 * MIB, 8 * MIB, 0), "alone beside the read");
+        drop((admitted, read));
     }
 }
