@@ -28,6 +28,20 @@ impl ChunkFetch {
         Some((*start, bytes.clone()))
     }
 
+    /// The part lent to it (another reader's, or one read alongside the shard's stat) that
+    /// holds `[from, to)` of the shard, with where it starts, while it waits for room: a
+    /// reader of that range waits for those bytes, not for the fetch's turn at the link
+    /// gate and then the whole chunk. `None` once it has started (`piece_for` then).
+    pub fn lent_part_for(&self, from: u64, to: u64) -> Option<(u64, SharedFetch)> {
+        // Under the parts' lock: the fetch takes them, and starts, under it.
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_started() {
+            return None;
+        }
+        let part = known.iter().find(|k| k.from <= from && to <= k.to)?;
+        Some((part.from, part.bytes.clone()))
+    }
+
     /// Lends it `part`, which a reader fetches as read, while it waits for room: when it
     /// starts it asks only for the rest of the chunk (the reader is answered by its own
     /// fetch, the link carries the chunk once). Whether it took the part: not once started,

@@ -47,6 +47,11 @@ struct Hub {
     /// Unpinned reads are answered as if the shard had changed since.
     unpinned_see_a_new_version: AtomicBool,
     unpinned_reads: AtomicU64,
+    /// Reads pinned to a version (chunk fills, not reads alongside a stat) of this shard
+    /// wait until `release` turns true: they hold the spoke's link gate meanwhile.
+    held_shard: std::sync::Mutex<Option<String>>,
+    held: AtomicU64,
+    release: tokio::sync::watch::Sender<bool>,
 }
 
 #[tonic::async_trait]
@@ -74,6 +79,7 @@ impl ShardReader for Hub {
     async fn read_range(&self, r: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
         let unpinned = r.get_ref().expected_version.is_empty();
         self.saw_reads(1);
+        self.held_if(std::slice::from_ref(r.get_ref())).await;
         let mut chunk = self.inner.read_range(r).await?.into_inner();
         if unpinned {
             self.unpinned(&mut chunk);
@@ -88,6 +94,7 @@ impl ShardReader for Hub {
         let unpinned: Vec<bool> =
             r.get_ref().ranges.iter().map(|range| range.expected_version.is_empty()).collect();
         self.saw_reads(unpinned.len() as u64);
+        self.held_if(&r.get_ref().ranges).await;
         let mut answer = self.inner.read_ranges(r).await?.into_inner();
         for (chunk, unpinned) in answer.chunks.iter_mut().zip(unpinned) {
             if unpinned {
@@ -106,6 +113,16 @@ impl ShardReader for Hub {
 }
 
 impl Hub {
+    /// Waits for `release` if any of `ranges` is a pinned read of the held shard.
+    async fn held_if(&self, ranges: &[ReadRangeRequest]) {
+        let held = self.held_shard.lock().unwrap().clone();
+        if !ranges.iter().any(|r| !r.expected_version.is_empty() && Some(&r.shard) == held.as_ref()) {
+            return;
+        }
+        self.held.fetch_add(1, SeqCst);
+        let _ = self.release.subscribe().wait_for(|released| *released).await;
+    }
+
     /// `ranges` reads of a shard arrived.
     fn saw_reads(&self, ranges: u64) {
         self.reads_seen.fetch_add(ranges, SeqCst);
@@ -136,6 +153,9 @@ async fn start_hub(root: &std::path::Path, newer_when_unpinned: bool) -> (Arc<Hu
         stats_before_reads: AtomicU64::new(0),
         unpinned_see_a_new_version: AtomicBool::new(newer_when_unpinned),
         unpinned_reads: AtomicU64::new(0),
+        held_shard: std::sync::Mutex::new(None),
+        held: AtomicU64::new(0),
+        release: tokio::sync::watch::Sender::new(false),
     });
     let endpoint = shardcache_tests::serve_reader(hub.clone()).await;
     (hub, endpoint)
@@ -256,4 +276,61 @@ async fn a_read_past_the_end_of_an_unseen_shard_is_refused_as_on_the_hub() {
     assert!(err.to_string().contains("past the end of the shard"), "{err}");
     let ok = client.read_range(&Range::new("ds", "s.bin", 0, 512 << 10)).await.unwrap();
     assert_eq!(ok.data.len(), 512 << 10);
+}
+
+#[tokio::test]
+async fn a_read_of_a_part_a_waiting_fill_holds_is_answered_by_it_not_after_the_gate() {
+    // Two ranks of a job read the same sample of a cold shard, one after the other, while
+    // the link gate is busy (issue 58: 1 in 8-40 readers' first batch waited 1.3-2.6 s at
+    // 200 Mbit/s). The first is answered by its own read; the chunk's fill, which holds
+    // that read's bytes, waits for its turn behind fills of another shard. The second is
+    // answered by the same bytes at once, not after the fill's turn and the whole chunk,
+    // and nothing crosses the link twice.
+    let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_pattern(&root.path().join("ds/t.bin"), 4 << 20, 11);
+    let data = write_pattern(&root.path().join("ds/s.bin"), 1 << 20, 12);
+    let (hub, endpoint) = start_hub(root.path(), false).await;
+    let (spoke, client) = start_spoke(&endpoint, cache.path()).await;
+
+    // A sample in each of t.bin's 16 chunks: 16 fills, more than the gate lets in beside
+    // each other (about two chunks on loopback); those it lets in are held at the hub.
+    *hub.held_shard.lock().unwrap() = Some("t.bin".into());
+    let samples: Vec<Range> =
+        (0..16).map(|c| Range::new("ds", "t.bin", c * (256 << 10) + 1000, 100)).collect();
+    client.read_ranges(&samples).await.unwrap();
+    for _ in 0..500 {
+        if hub.held.load(SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(hub.held.load(SeqCst) > 0, "t.bin's fills asked the hub");
+
+    let sample = Range::new("ds", "s.bin", 5000, 300);
+    let first = client.read_range(&sample).await.unwrap();
+    assert!(first.data == data[5000..5300], "the first rank's bytes");
+    let reads = hub.reads_seen.load(SeqCst);
+    let second = tokio::time::timeout(Duration::from_secs(10), client.read_range(&sample))
+        .await
+        .expect("the second rank waited for the fill's turn at the link gate")
+        .unwrap();
+    assert!(second.data == data[5000..5300], "the second rank's bytes");
+    assert_eq!(hub.reads_seen.load(SeqCst), reads, "the second read brought nothing over the link");
+    assert!(
+        !spoke.cache.cached_entry("ds", "s.bin").unwrap().has_chunk(ChunkIndex(0)),
+        "the fill still waits"
+    );
+
+    // Let the fills go: s.bin's chunk is stored whole and right, its sample not asked again.
+    hub.release.send_replace(true);
+    for _ in 0..1000 {
+        if spoke.cache.fetches_in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let entry = spoke.cache.cached_entry("ds", "s.bin").unwrap();
+    assert!(entry.has_chunk(ChunkIndex(0)), "the chunk was filled");
+    let hit = client.read_range(&Range::new("ds", "s.bin", 0, 256 << 10)).await.unwrap();
+    assert!(hit.data == data[..256 << 10], "the stored chunk");
 }

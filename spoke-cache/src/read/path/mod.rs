@@ -211,9 +211,12 @@ impl ReadPath {
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
             let chunk = match &part.provenance {
                 Provenance::Chunk(fetch) => Some((fetch.fetched.clone(), chunk_start)),
-                Provenance::Piece(piece, start) => Some((piece.clone(), *start)),
+                Provenance::Piece(piece, start) | Provenance::Lent(piece, start) => {
+                    Some((piece.clone(), *start))
+                }
                 _ => None,
             };
+            let lent = matches!(part.provenance, Provenance::Lent(..));
             let (hedged, staged) = (
                 matches!(part.provenance, Provenance::Hedged),
                 matches!(part.provenance, Provenance::Staged),
@@ -228,7 +231,13 @@ impl ReadPath {
                     // of what it returns.
                     (Some((chunk, start)), _) => {
                         let within = (from - start) as usize..(from - start + length) as usize;
-                        Ok::<_, Error>(chunk.await?.part(within.start, within.end))
+                        match chunk.await {
+                            Ok(bytes) => Ok::<_, Error>(bytes.part(within.start, within.end)),
+                            // Another read that failed (or whose call ended): this part
+                            // fetched as read, rather than fail a read that did not.
+                            Err(_) if lent => self.fetch.direct(entry, from, length, reader.fetch()).await,
+                            Err(e) => Err(e),
+                        }
                     }
                     // A sample fetched ahead that failed is fetched again for its read.
                     (None, Some(pending)) if staged => match pending.await {
@@ -288,30 +297,8 @@ impl ReadPath {
         if self.chain.owner_was_asked(&entry.dataset, &entry.shard, &reader.avoid) {
             return (Provenance::Hedged, None);
         }
-        // A chunk being fetched is joined once it has asked upstream (its bytes come no
-        // later than a fetch of the part's own would). One still waiting for its room (a
-        // prefetch's queue) is lent this read's part, fetched as read now: it asks only for
-        // the rest when it starts.
-        let (chunk_start, chunk_len) = entry.chunk_range(index);
-        // (A fetch taking up the read alongside a first stat brings the chunk whole: joined.)
-        let alongside =
-            || self.fetch.speculation(&entry.dataset, &entry.shard, chunk_start, chunk_len).is_some();
         if let Some(running) = self.fetch.running(entry, index) {
-            if running.is_started() || alongside() {
-                return joined(running, from, to);
-            }
-            // (Another reader's part is lent to it already: this one waits for the chunk,
-            // rather than bring its part twice; but a part read alongside the shard's stat,
-            // which the fetch holds already, is answered by that read, not after the
-            // fetch's turn at the link gate.)
-            let (part, known) = part_for_fill(from, to);
-            return match running.lend(known) {
-                true => (Provenance::Fill(Some(part)), None),
-                false if self.fetch.speculation(&entry.dataset, &entry.shard, from, to - from).is_some() => {
-                    (Provenance::Direct, None)
-                }
-                false => joined(running, from, to),
-            };
+            return self.beside_running(running, entry, index, (from, to));
         }
         // A job followed sample by sample stores no chunk: its room is its window's and
         // its keeps' (`policy::keep`).
@@ -319,7 +306,7 @@ impl ReadPath {
             // The whole chunk is being read alongside the shard's first stat (another reader's
             // cold open): its fetch takes those bytes, and this read waits for them, not
             // for a fetch of its own part.
-            if alongside()
+            if self.chunk_alongside(entry, index)
                 && let Some(fetch) = self.fetch.chunk(entry, index, reader.fetch())
             {
                 return (Provenance::Chunk(fetch), None);
@@ -332,12 +319,54 @@ impl ReadPath {
             let (part, known) = part_for_fill(from, to);
             return match self.fetch.fill(entry, index, known, reader.fetch()) {
                 Filled::Taken(_) => (Provenance::Fill(Some(part)), None),
-                Filled::Running(running) => joined(running, from, to),
+                // (One registered since it was looked for above: as any running fetch, not
+                // joined while it waits for room if the part's own bytes are on their way.
+                // Joined whole, a job's first batch waited 1.3-2.6 s behind the gate's queue
+                // in 1 of 8-40 readers at 200 Mbit/s, `cold-start-bench`.)
+                Filled::Running(running) => self.beside_running(running, entry, index, (from, to)),
                 Filled::Stored => self.provenance(entry, index, (from, to), reader, step),
             };
         }
         self.filter.fetched_as_read(entry.chunk_key(index), to - from);
         (Provenance::Direct, None)
+    }
+
+    /// Where the part `[from, to)` of chunk `index` comes from when a fetch of the chunk is
+    /// running. Joined once it has asked upstream (its bytes come no later than a fetch of
+    /// the part's own would), or when it takes up the whole chunk read alongside a first
+    /// stat. While it waits for its room (a prefetch's queue, a fill behind the link gate),
+    /// it is lent this read's part, fetched as read now, and asks only for the rest when it
+    /// starts; one it holds already that covers the part (another reader's, or read
+    /// alongside the shard's stat) answers it. A part only partly over one it holds: one
+    /// read alongside the shard's stat answers it (not after the fetch's turn at the link
+    /// gate); else the chunk does (rather than bring the part twice).
+    fn beside_running(
+        &self,
+        running: crate::fetch::ChunkFetch,
+        entry: &Arc<Entry>,
+        index: ChunkIndex,
+        (from, to): (u64, u64),
+    ) -> (Provenance, Option<Checked>) {
+        if running.is_started() || self.chunk_alongside(entry, index) {
+            return joined(running, from, to);
+        }
+        if let Some((start, part)) = running.lent_part_for(from, to) {
+            return (Provenance::Lent(part, start), None);
+        }
+        let (part, known) = part_for_fill(from, to);
+        match running.lend(known) {
+            true => (Provenance::Fill(Some(part)), None),
+            false if self.fetch.speculation(&entry.dataset, &entry.shard, from, to - from).is_some() => {
+                (Provenance::Direct, None)
+            }
+            false => joined(running, from, to),
+        }
+    }
+
+    /// Whether chunk `index` of `entry` is being read whole alongside the shard's first stat.
+    fn chunk_alongside(&self, entry: &Arc<Entry>, index: ChunkIndex) -> bool {
+        let (start, length) = entry.chunk_range(index);
+        self.fetch.speculation(&entry.dataset, &entry.shard, start, length).is_some()
     }
 
     /// The part `[from, from + length)` (`range` of chunk `index`) of a read a client sent

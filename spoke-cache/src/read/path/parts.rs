@@ -25,6 +25,10 @@ pub(super) enum Provenance {
     Direct,
     /// A piece of a chunk being filled (`ChunkFetch::piece_for`), and where it starts.
     Piece(SharedFetch, u64),
+    /// A part lent to a chunk fetch still waiting for room (`ChunkFetch::lent_part_for`:
+    /// another reader's fetch as read, or a read alongside the shard's stat), and where it
+    /// starts; fetched as read if that fetch fails.
+    Lent(SharedFetch, u64),
     /// A whole range its job's plan fetched ahead (`samples/`).
     Staged,
     /// A whole range kept for a later epoch (`store/kept/`).
@@ -66,6 +70,7 @@ impl Provenance {
             Self::Fill(_) => "miss, read fetched and its chunk filled beside it",
             Self::Direct => "miss, fetched as read, not stored",
             Self::Piece(..) => "miss, joined a chunk being filled",
+            Self::Lent(..) => "miss, joined another read of a chunk waiting for room",
             Self::Staged => "fetched ahead by the plan",
             Self::KeptSample => "kept for this epoch",
             Self::Hedged => "hedged: asked of the owner",
