@@ -250,34 +250,3 @@ async fn a_stream_goes_on_from_the_next_member_when_its_member_dies() {
     assert_ne!(stream.endpoint(), urls[owner], "the stream went on from another member");
     assert!(got == std::fs::read(files.join(&shard)).unwrap(), "every byte, in order, verified");
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_asks_the_hub_for_a_cold_batch_of_its_own_shard_in_one_call() {
-    // A job's first batch of small samples, all in a shard this member owns: the reads
-    // alongside the stat (and the fills beside them) go to the hub batched, as with no
-    // group, not as one ReadRange per sample at once (a group of 3 under `make demo`
-    // drove the hub past its 256 requests in flight that way, and it shed them).
-    let root = tempfile::tempdir().unwrap();
-    let files = make_dataset(root.path(), "ds", SHARDS, MIB);
-    let hub = TestHub::start(root.path()).await;
-    let group = Group::start(&hub.endpoint, 3).await;
-    let client = Client::connect(&group.spec()).await.unwrap();
-    let shard = names()
-        .into_iter()
-        .find(|n| client.owners("ds", n)[0] == group.urls[0])
-        .expect("a shard member 0 owns");
-    let samples: Vec<(u64, u64)> = (0..32).map(|i| ((i * 32) << 10, 4 << 10)).collect();
-    let ranges: Vec<Range> = samples.iter().map(|&(at, len)| Range::new("ds", &shard, at, len)).collect();
-    let local = group.spokes[0].as_ref().unwrap();
-    let before = hub.stats.snapshot().read_requests;
-    let read = local.client().await.read_ranges(&ranges).await.unwrap();
-    let file = std::fs::read(files.join(&shard)).unwrap();
-    for (got, &(at, len)) in read.iter().zip(&samples) {
-        assert!(got.data == file[at as usize..(at + len) as usize], "{shard} at {at}");
-    }
-    group.settled().await;
-    let asked = hub.stats.snapshot().read_requests - before;
-    // One call for the 32 samples alongside the stat, and the chunks' fills and fetches
-    // around them (four 256 KiB chunks): a handful, where one per sample was 32 and more.
-    assert!(asked <= 12, "the hub was asked {asked} times for one batch of 32 samples of one shard");
-}

@@ -333,16 +333,12 @@ impl Chain {
     /// `wants` in as few calls as their hubs allow: ranges whose shards go first to the
     /// same hub (each at its known version, or, read alongside a first stat, at whatever
     /// version the hub has: each answer says which), in batches of at most [`BATCH_BYTES`]
-    /// and [`BATCH_RANGES`] (one `ReadRanges` each); each answer in order. In a group a
-    /// range of a shard another member owns goes its own way ([`Chain::fetch`]: the
-    /// members ranked before this spoke, and those holding it, come before the hubs); the
-    /// ranges of the shards this spoke owns are batched to the hubs as with no group. (Each
-    /// on its own, a cold batch's misses and the reads alongside its stats were as many
-    /// `ReadRange` calls at once: the hub shed past its 256 in flight, and the demo's group
-    /// of 3 fell from 90% to 52-65% GPU in its cold epoch, BENCHMARKS.md, seed-demo.)
+    /// and [`BATCH_RANGES`] (one `ReadRanges` each); each answer in order. In a group each
+    /// range goes its own way ([`Chain::fetch`]: the members ranked before this spoke, and
+    /// those holding it, come before the hubs).
     pub async fn fetch_many(&self, wants: &[Want<'_>], avoid: &[String]) -> Vec<Result<Supplied>> {
         let alone = |i: usize| async move { (i, self.fetch(wants[i], avoid).await) };
-        if wants.len() == 1 {
+        if self.peers.is_some() || wants.len() == 1 {
             let each = futures::future::join_all((0..wants.len()).map(alone)).await;
             return each.into_iter().map(|(_, answer)| answer).collect();
         }
@@ -350,10 +346,6 @@ impl Chain {
             std::collections::BTreeMap::new();
         let mut single = Vec::new();
         for (i, want) in wants.iter().enumerate() {
-            if !self.owns(want.dataset, want.shard) {
-                single.push(i);
-                continue;
-            }
             let route = self.hubs.route(Some((want.dataset, want.shard)));
             match route.first() {
                 Some(first) => {
