@@ -298,13 +298,7 @@ async fn a_read_of_a_part_a_waiting_fill_holds_is_answered_by_it_not_after_the_g
     let samples: Vec<Range> =
         (0..16).map(|c| Range::new("ds", "t.bin", c * (256 << 10) + 1000, 100)).collect();
     client.read_ranges(&samples).await.unwrap();
-    for _ in 0..500 {
-        if hub.held.load(SeqCst) > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(hub.held.load(SeqCst) > 0, "t.bin's fills asked the hub");
+    shardcache_tests::until("t.bin's fills asking the hub", || hub.held.load(SeqCst) > 0).await;
 
     let sample = Range::new("ds", "s.bin", 5000, 300);
     let first = client.read_range(&sample).await.unwrap();
@@ -323,12 +317,7 @@ async fn a_read_of_a_part_a_waiting_fill_holds_is_answered_by_it_not_after_the_g
 
     // Let the fills go: s.bin's chunk is stored whole and right, its sample not asked again.
     hub.release.send_replace(true);
-    for _ in 0..1000 {
-        if spoke.cache.fetches_in_flight() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    spoke.settled().await;
     let entry = spoke.cache.cached_entry("ds", "s.bin").unwrap();
     assert!(entry.has_chunk(ChunkIndex(0)), "the chunk was filled");
     let hit = client.read_range(&Range::new("ds", "s.bin", 0, 256 << 10)).await.unwrap();
