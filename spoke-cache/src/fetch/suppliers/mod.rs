@@ -36,7 +36,7 @@ use futures::{FutureExt, future::BoxFuture};
 
 use shardcache_client::ConnectOptions;
 use shardcache_proto::{checksum::Checked, v1::ShardInfo};
-use shardcache_routing::{Candidate, HedgeCounters, HedgePolicy, Verdict, hedged};
+use shardcache_routing::{Candidate, Health, HedgeCounters, HedgePolicy, Verdict, hedged};
 
 pub use self::supply::{Failed, Joined, Supplied, SuppliedBy, Supply, Want};
 use self::{
@@ -98,6 +98,9 @@ pub struct Chain {
     hubs: Hubs,
     counters: Arc<HedgeCounters>,
     late_joins: Arc<LateJoins>,
+    /// The last candidate of a probe of the members behind ([`Chain::held_behind`]): "the
+    /// hubs, batched", answered at once. Its health is never judged (nothing follows it).
+    batched_hubs: Health,
 }
 
 /// Bytes one batch of ranges asks a hub for (one `ReadRanges`): a chunk's worth at the
@@ -176,7 +179,7 @@ impl Chain {
         let peers = peers
             .map(|(spec, me, credentials)| Peers::new(spec, me, credentials, counters.clone()))
             .transpose()?;
-        Ok(Self { peers, hubs, counters, late_joins: Arc::default() })
+        Ok(Self { peers, hubs, counters, late_joins: Arc::default(), batched_hubs: Health::default() })
     }
 
     /// The hubs (stats and listings go to them only: they are the authority).
@@ -324,28 +327,118 @@ impl Chain {
             asks.extend(behind.into_iter().filter(wanted).take(PROBED_BEHIND).map(Ask::Held));
         }
         asks.extend(self.hubs.route(Some((want.dataset, want.shard))).into_iter().map(Ask::Hub));
+        self.first_of(&asks, want).await
+    }
+
+    /// `want` from the hubs alone.
+    async fn from_hubs(&self, want: Want<'_>) -> Result<Supplied> {
+        let asks: Vec<Ask> =
+            self.hubs.route(Some((want.dataset, want.shard))).into_iter().map(Ask::Hub).collect();
+        self.first_of(&asks, want).await
+    }
+
+    /// `want` from the first of `asks` that has it (hedged).
+    async fn first_of(&self, asks: &[Ask], want: Want<'_>) -> Result<Supplied> {
         let candidates: Vec<Candidate> = asks.iter().map(Ask::candidate).collect();
         let answer =
             hedged(&candidates, &HedgePolicy::UPSTREAM, &self.counters, |i| self.ask(&asks[i], want)).await;
         answer.map_err(|failed| failed.map_or_else(|| Error::Config("no hubs".into()), |f| f.error))
     }
 
+    /// `want` from what the members ranked after this spoke hold, asked as
+    /// [`Chain::fetch`] asks them (the same candidates, hedge delays and races), where the
+    /// hubs would come next, "ask the hubs" answers at once instead: `None`, for the
+    /// caller to batch. A member back from being away owns shards the next one fetched
+    /// and kept meanwhile; asking the hubs first brought 0.05-0.29 of the dataset over
+    /// the link again in the demo's warm epoch.
+    async fn held_behind(&self, peers: &Peers, want: Want<'_>, avoid: &[String]) -> Option<Supplied> {
+        let (_, behind) = peers.around(want.dataset, want.shard);
+        let asks: Vec<Ask> = behind
+            .into_iter()
+            .filter(|m| !avoid.contains(&m.url))
+            .take(PROBED_BEHIND)
+            .map(Ask::Held)
+            .collect();
+        if asks.is_empty() {
+            return None;
+        }
+        let mut candidates: Vec<Candidate> = asks.iter().map(Ask::candidate).collect();
+        candidates.push(Candidate::new(&self.batched_hubs, "the hubs, batched"));
+        let asks = &asks;
+        let ask = |i: usize| async move {
+            match asks.get(i) {
+                Some(ask) => self.ask(ask, want).await.map(Some),
+                None => Ok(None),
+            }
+        };
+        hedged(&candidates, &HedgePolicy::UPSTREAM, &self.counters, ask).await.ok().flatten()
+    }
+
     /// `wants` in as few calls as their hubs allow: ranges whose shards go first to the
     /// same hub (each at its known version, or, read alongside a first stat, at whatever
     /// version the hub has: each answer says which), in batches of at most [`BATCH_BYTES`]
-    /// and [`BATCH_RANGES`] (one `ReadRanges` each); each answer in order. In a group each
-    /// range goes its own way ([`Chain::fetch`]: the members ranked before this spoke, and
-    /// those holding it, come before the hubs).
+    /// and [`BATCH_RANGES`] (one `ReadRanges` each); each answer in order.
+    ///
+    /// In a group, a range of a shard another member owns goes its own way
+    /// ([`Chain::fetch`]: that member first); one of a shard this spoke owns is asked of
+    /// the members that may hold it ([`Chain::held_behind`]), and what none holds is
+    /// batched to the hubs as with no group. (Each on its own, a cold batch's misses and
+    /// the reads alongside its stats were as many `ReadRange` calls at once: the hub shed
+    /// past its 256 in flight, and the demo's group of 3 fell from 90% to 52-65% GPU in
+    /// its cold epoch, BENCHMARKS.md, seed-demo.)
     pub async fn fetch_many(&self, wants: &[Want<'_>], avoid: &[String]) -> Vec<Result<Supplied>> {
-        let alone = |i: usize| async move { (i, self.fetch(wants[i], avoid).await) };
-        if self.peers.is_some() || wants.len() == 1 {
-            let each = futures::future::join_all((0..wants.len()).map(alone)).await;
-            return each.into_iter().map(|(_, answer)| answer).collect();
+        if wants.len() == 1 {
+            return vec![self.fetch(wants[0], avoid).await];
         }
+        let mut out: Vec<Option<Result<Supplied>>> = (0..wants.len()).map(|_| None).collect();
+        let to_hubs: Vec<usize> = match &self.peers {
+            None => (0..wants.len()).collect(),
+            Some(peers) => {
+                let (mine, theirs): (Vec<usize>, Vec<usize>) =
+                    (0..wants.len()).partition(|&i| peers.owns(wants[i].dataset, wants[i].shard));
+                let theirs =
+                    theirs.into_iter().map(|i| async move { (i, self.fetch(wants[i], avoid).await) });
+                let mine = mine
+                    .into_iter()
+                    .map(|i| async move { (i, self.held_behind(peers, wants[i], avoid).await) });
+                let (theirs, mine) =
+                    futures::future::join(futures::future::join_all(theirs), futures::future::join_all(mine))
+                        .await;
+                for (i, answer) in theirs {
+                    out[i] = Some(answer);
+                }
+                let mut to_hubs = Vec::new();
+                for (i, held) in mine {
+                    match held {
+                        Some(supplied) => out[i] = Some(Ok(supplied)),
+                        None => to_hubs.push(i),
+                    }
+                }
+                to_hubs
+            }
+        };
+        for (i, answer) in self.batched_to_hubs(wants, to_hubs).await {
+            out[i] = Some(answer);
+        }
+        out.into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| Err(Error::Internal("a range of a batch went unasked".into())))
+            })
+            .collect()
+    }
+
+    /// The `indices` of `wants` from the hubs, batched by the hub each goes to first
+    /// ([`Chain::fetch_many`]); each with its index.
+    async fn batched_to_hubs(
+        &self,
+        wants: &[Want<'_>],
+        indices: Vec<usize>,
+    ) -> Vec<(usize, Result<Supplied>)> {
         let mut by_hub: std::collections::BTreeMap<String, (Vec<Arc<HubSlot>>, Vec<usize>)> =
             std::collections::BTreeMap::new();
         let mut single = Vec::new();
-        for (i, want) in wants.iter().enumerate() {
+        for i in indices {
+            let want = &wants[i];
             let route = self.hubs.route(Some((want.dataset, want.shard)));
             match route.first() {
                 Some(first) => {
@@ -373,20 +466,11 @@ impl Chain {
             let asked: Vec<Want<'_>> = indices.iter().map(|&i| wants[i]).collect();
             indices.into_iter().zip(self.fetch_batch(&route, &asked).await).collect::<Vec<_>>()
         });
-        let (batched, single) = futures::future::join(
-            futures::future::join_all(batched),
-            futures::future::join_all(single.into_iter().map(alone)),
-        )
-        .await;
-        let mut out: Vec<Option<Result<Supplied>>> = (0..wants.len()).map(|_| None).collect();
-        for (i, answer) in batched.into_iter().flatten().chain(single) {
-            out[i] = Some(answer);
-        }
-        out.into_iter()
-            .map(|answer| {
-                answer.unwrap_or_else(|| Err(Error::Internal("a range of a batch went unasked".into())))
-            })
-            .collect()
+        let single = single.into_iter().map(|i| async move { (i, self.from_hubs(wants[i]).await) });
+        let (batched, single) =
+            futures::future::join(futures::future::join_all(batched), futures::future::join_all(single))
+                .await;
+        batched.into_iter().flatten().chain(single).collect()
     }
 
     /// One batch of `wants` from the hubs of `route` in one `ReadRanges`. A batch the hubs
@@ -395,7 +479,7 @@ impl Chain {
     /// see its answer.
     async fn fetch_batch(&self, route: &[Arc<HubSlot>], wants: &[Want<'_>]) -> Vec<Result<Supplied>> {
         if wants.len() == 1 {
-            return vec![self.fetch(wants[0], &[]).await];
+            return vec![self.from_hubs(wants[0]).await];
         }
         let ranges: Vec<shardcache_client::Range> = wants
             .iter()
@@ -420,7 +504,7 @@ impl Chain {
                 })
                 .collect(),
             Err(e) if matches!(e.code(), tonic::Code::Aborted | tonic::Code::InvalidArgument) => {
-                futures::future::join_all(wants.iter().map(|&want| self.fetch(want, &[]))).await
+                futures::future::join_all(wants.iter().map(|&want| self.from_hubs(want))).await
             }
             Err(e) => wants.iter().map(|_| Err(e.clone())).collect(),
         }
