@@ -74,6 +74,9 @@ pub struct Metrics {
     pub link_bound: AtomicU64,
     /// Revalidations the hub could not answer (the cached version was served).
     pub revalidation_failures: AtomicU64,
+    /// `ReadCached` calls other members made here: for what this spoke holds of the
+    /// shards they own (`suppliers::Chain::held_behind`), or to join its fetches.
+    pub held_reads_asked: AtomicU64,
     /// Time to answer a read RPC (ReadRange, ReadRanges, one StreamShard chunk).
     pub read_latency: Histogram,
     /// Time of one upstream chunk fetch, hub round trip included.
@@ -267,6 +270,11 @@ impl Metrics {
                 "shardcache_spoke_revalidation_failures_total",
                 "Revalidations the hub could not answer; the cached version was served",
                 &self.revalidation_failures,
+            ),
+            (
+                "shardcache_spoke_held_reads_asked_total",
+                "ReadCached calls of the group's members here (what this spoke holds, or a fetch to join)",
+                &self.held_reads_asked,
             ),
             (
                 "shardcache_spoke_hedges_total",

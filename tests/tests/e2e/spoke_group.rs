@@ -270,6 +270,12 @@ async fn a_member_asks_the_hub_for_a_cold_batch_of_its_own_shard_in_one_call() {
     let ranges: Vec<Range> = samples.iter().map(|&(at, len)| Range::new("ds", &shard, at, len)).collect();
     let local = group.spokes[0].as_ref().unwrap();
     let before = hub.stats.snapshot().read_requests;
+    let probes = || -> u64 {
+        let asked =
+            |s: &TestSpoke| s.cache.metrics().held_reads_asked.load(std::sync::atomic::Ordering::Relaxed);
+        group.spokes.iter().flatten().map(asked).sum()
+    };
+    let probes_before = probes();
     let read = local.client().await.read_ranges(&ranges).await.unwrap();
     let file = std::fs::read(files.join(&shard)).unwrap();
     for (got, &(at, len)) in read.iter().zip(&samples) {
@@ -280,6 +286,11 @@ async fn a_member_asks_the_hub_for_a_cold_batch_of_its_own_shard_in_one_call() {
     // One call for the 32 samples alongside the stat, and the chunks' fills and fetches
     // around them (four 256 KiB chunks): a handful, where one per sample was 32 and more.
     assert!(asked <= 12, "the hub was asked {asked} times for one batch of 32 samples of one shard");
+    // The members that may hold the shard (it is cold: they hold none of it) are asked
+    // about the batch's first range and about each of its four chunks' fills (two
+    // members each: 10), not about each of the 32 samples (72).
+    let probed = probes() - probes_before;
+    assert!(probed <= 16, "the other members were asked {probed} times what they hold of one cold shard");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -331,7 +331,7 @@ impl Chain {
     }
 
     /// `want` from the hubs alone.
-    async fn from_hubs(&self, want: Want<'_>) -> Result<Supplied> {
+    async fn fetch_from_hubs(&self, want: Want<'_>) -> Result<Supplied> {
         let asks: Vec<Ask> =
             self.hubs.route(Some((want.dataset, want.shard))).into_iter().map(Ask::Hub).collect();
         self.first_of(&asks, want).await
@@ -374,6 +374,33 @@ impl Chain {
         hedged(&candidates, &HedgePolicy::UPSTREAM, &self.counters, ask).await.ok().flatten()
     }
 
+    /// [`Chain::held_behind`] for the `indices` of `wants`, all of one shard this spoke
+    /// owns: the first range is asked first, and the others only if a member held it. A
+    /// member holds a shard this spoke owns only if it fetched it while this spoke was
+    /// away, chunk after chunk as its readers went; asking for each range of a cold batch
+    /// was 64 `ReadCached` calls a batch in a group of 3, and on 2 cores the demo's group
+    /// had 68-73% GPU in its cold epoch with them, 83-90% with this (BENCHMARKS.md,
+    /// seed-demo). A member that holds
+    /// some of a shard's chunks and not the one asked first costs those chunks' bytes
+    /// twice, never a wrong byte.
+    async fn held_behind_shard(
+        &self,
+        peers: &Peers,
+        wants: &[Want<'_>],
+        indices: Vec<usize>,
+        avoid: &[String],
+    ) -> Vec<(usize, Option<Supplied>)> {
+        let Some((&first, rest)) = indices.split_first() else { return Vec::new() };
+        let scout = self.held_behind(peers, wants[first], avoid).await;
+        let held_some = scout.is_some();
+        let rest = rest.iter().map(|&i| async move {
+            (i, if held_some { self.held_behind(peers, wants[i], avoid).await } else { None })
+        });
+        let mut answers = vec![(first, scout)];
+        answers.extend(futures::future::join_all(rest).await);
+        answers
+    }
+
     /// `wants` in as few calls as their hubs allow: ranges whose shards go first to the
     /// same hub (each at its known version, or, read alongside a first stat, at whatever
     /// version the hub has: each answer says which), in batches of at most [`BATCH_BYTES`]
@@ -381,7 +408,7 @@ impl Chain {
     ///
     /// In a group, a range of a shard another member owns goes its own way
     /// ([`Chain::fetch`]: that member first); one of a shard this spoke owns is asked of
-    /// the members that may hold it ([`Chain::held_behind`]), and what none holds is
+    /// the members that may hold it ([`Chain::held_behind_shard`]), and what none holds is
     /// batched to the hubs as with no group. (Each on its own, a cold batch's misses and
     /// the reads alongside its stats were as many `ReadRange` calls at once: the hub shed
     /// past its 256 in flight, and the demo's group of 3 fell from 90% to 52-65% GPU in
@@ -398,9 +425,14 @@ impl Chain {
                     (0..wants.len()).partition(|&i| peers.owns(wants[i].dataset, wants[i].shard));
                 let theirs =
                     theirs.into_iter().map(|i| async move { (i, self.fetch(wants[i], avoid).await) });
-                let mine = mine
-                    .into_iter()
-                    .map(|i| async move { (i, self.held_behind(peers, wants[i], avoid).await) });
+                let mut by_shard: std::collections::BTreeMap<(&str, &str), Vec<usize>> =
+                    std::collections::BTreeMap::new();
+                for i in mine {
+                    by_shard.entry((wants[i].dataset, wants[i].shard)).or_default().push(i);
+                }
+                let mine = by_shard
+                    .into_values()
+                    .map(|indices| self.held_behind_shard(peers, wants, indices, avoid));
                 let (theirs, mine) =
                     futures::future::join(futures::future::join_all(theirs), futures::future::join_all(mine))
                         .await;
@@ -408,7 +440,7 @@ impl Chain {
                     out[i] = Some(answer);
                 }
                 let mut to_hubs = Vec::new();
-                for (i, held) in mine {
+                for (i, held) in mine.into_iter().flatten() {
                     match held {
                         Some(supplied) => out[i] = Some(Ok(supplied)),
                         None => to_hubs.push(i),
@@ -466,7 +498,7 @@ impl Chain {
             let asked: Vec<Want<'_>> = indices.iter().map(|&i| wants[i]).collect();
             indices.into_iter().zip(self.fetch_batch(&route, &asked).await).collect::<Vec<_>>()
         });
-        let single = single.into_iter().map(|i| async move { (i, self.from_hubs(wants[i]).await) });
+        let single = single.into_iter().map(|i| async move { (i, self.fetch_from_hubs(wants[i]).await) });
         let (batched, single) =
             futures::future::join(futures::future::join_all(batched), futures::future::join_all(single))
                 .await;
@@ -479,7 +511,7 @@ impl Chain {
     /// see its answer.
     async fn fetch_batch(&self, route: &[Arc<HubSlot>], wants: &[Want<'_>]) -> Vec<Result<Supplied>> {
         if wants.len() == 1 {
-            return vec![self.from_hubs(wants[0]).await];
+            return vec![self.fetch_from_hubs(wants[0]).await];
         }
         let ranges: Vec<shardcache_client::Range> = wants
             .iter()
@@ -504,7 +536,7 @@ impl Chain {
                 })
                 .collect(),
             Err(e) if matches!(e.code(), tonic::Code::Aborted | tonic::Code::InvalidArgument) => {
-                futures::future::join_all(wants.iter().map(|&want| self.from_hubs(want))).await
+                futures::future::join_all(wants.iter().map(|&want| self.fetch_from_hubs(want))).await
             }
             Err(e) => wants.iter().map(|_| Err(e.clone())).collect(),
         }

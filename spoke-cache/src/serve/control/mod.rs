@@ -332,6 +332,7 @@ impl CacheControl for Control {
 
     async fn read_cached(&self, request: Request<ReadRangeRequest>) -> Result<Response<Chunk>, Status> {
         Grant::of(&request)?.check(&request.get_ref().dataset)?;
+        self.cache.metrics().held_reads_asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A member hedged to asks the owner to join its fetch (`shardcache_proto::hedge`).
         let join = request.metadata().get(shardcache_proto::hedge::JOIN_HEADER).is_some();
         let req = request.into_inner();
