@@ -28,6 +28,8 @@
 //! counters, once the link is quiet) against the rate and against raw TCP. Checked: every
 //! byte each reader got against the files, every dataset byte crossed the link in a cold
 //! epoch, and the spoke's count of what its hub connections read agrees with the wire.
+//! Last, the chunk fetches the cold spokes asked of the hub as they are and for zstd
+//! (`--hub-compression auto` on bytes that do not shrink: zstd only in its probe, checked).
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
 
@@ -40,6 +42,7 @@ use shardcache_bench::{
 };
 use shardcache_client::{CacheClient, Client, Range};
 use shardcache_tests::{HubProcess, ProxyProcess, SpokeProcess, wire};
+use spoke_cache::fetch::suppliers::compression::PROBE_FETCHES;
 
 const READERS: usize = 8;
 const LAYOUT: Layout = Layout { shards: 16, shard: 16 << 20, record: 16 << 10 };
@@ -152,10 +155,6 @@ async fn adapt(hub_addr: std::net::SocketAddr, files: &[Vec<u8>]) {
     let cache = tempfile::tempdir().unwrap();
     let spoke = SpokeProcess::start(&link.endpoint, cache.path(), &[]);
     let done = std::sync::atomic::AtomicBool::new(false);
-    let gauge = |page: &str, name: &str| -> f64 {
-        let line = page.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '));
-        line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0.0)
-    };
     let sampler = async {
         let mut rows = Vec::new();
         let mut last = (link.read().0.to_client, Instant::now());
@@ -191,6 +190,54 @@ async fn adapt(hub_addr: std::net::SocketAddr, files: &[Vec<u8>]) {
     }
 }
 
+/// The chunk fetches the cold spokes asked of the hub as they are and for zstd, per rate
+/// (all runs), checked: on bytes that do not shrink, zstd only in each run's probe.
+fn print_compression_asks(asked_by_rate: &[(&String, (u64, u64))], runs: usize) {
+    println!();
+    println!(
+        "Chunk fetches the cold spokes asked of the hub (`--hub-compression auto`, random bytes), all runs:"
+    );
+    println!();
+    println!("| link | as they are | asked for zstd | zstd asks per run (the probe: {PROBE_FETCHES}) |");
+    println!("|---|---|---|---|");
+    for &(rate, (plain, zstd)) in asked_by_rate {
+        println!("| {rate} | {plain} | {zstd} | {:.1} |", zstd as f64 / runs as f64);
+        // What the table claims: past its probe, no fetch of bytes that do not shrink asks.
+        assert!(
+            zstd <= (PROBE_FETCHES * runs) as u64,
+            "{rate}: {zstd} zstd asks in {runs} runs, past each run's probe of {PROBE_FETCHES}"
+        );
+    }
+}
+
+/// The dataset's shards, random bytes, written to `dir`; their bytes.
+fn write_dataset(dir: &std::path::Path) -> Vec<Vec<u8>> {
+    std::fs::create_dir_all(dir).unwrap();
+    (0..LAYOUT.shards)
+        .map(|s| {
+            let bytes = shardcache_tests::incompressible(
+                LAYOUT.shard as usize,
+                0x9e37_79b9_7f4a_7c15 ^ u64::from(s + 1),
+            );
+            std::fs::write(dir.join(shardcache_cli::dataset_gen::shard_name(s)), &bytes).unwrap();
+            bytes
+        })
+        .collect()
+}
+
+/// The chunk fetches `spoke` has asked of its hubs as they are and for zstd.
+async fn hub_fetches(spoke: &SpokeProcess) -> (u64, u64) {
+    let page = shardcache_tests::scrape_metrics(&spoke.metrics_addr).await.unwrap();
+    let series = |encoding: &str| format!("shardcache_spoke_hub_fetches_total{{encoding=\"{encoding}\"}}");
+    (gauge(&page, &series("plain")) as u64, gauge(&page, &series("zstd")) as u64)
+}
+
+/// The value of series `name` (with its labels, if any) on a metrics page; 0 if absent.
+fn gauge(page: &str, name: &str) -> f64 {
+    let line = page.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '));
+    line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0.0)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -224,18 +271,7 @@ async fn main() {
         .unwrap_or_default();
     let spoke_args: Vec<&str> = spoke_args.iter().map(String::as_str).collect();
     let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join(DATASET);
-    std::fs::create_dir_all(&dir).unwrap();
-    let files: Vec<Vec<u8>> = (0..LAYOUT.shards)
-        .map(|s| {
-            let bytes = shardcache_tests::incompressible(
-                LAYOUT.shard as usize,
-                0x9e37_79b9_7f4a_7c15 ^ u64::from(s + 1),
-            );
-            std::fs::write(dir.join(shardcache_cli::dataset_gen::shard_name(s)), &bytes).unwrap();
-            bytes
-        })
-        .collect();
+    let files = write_dataset(&root.path().join(DATASET));
     let hub = HubProcess::start(root.path(), &[]);
     let hub_addr = hub.endpoint.trim_start_matches("http://").parse().unwrap();
     if adapting {
@@ -253,7 +289,11 @@ async fn main() {
         "| link | raw TCP through it | readers | first batch, median / max | cold epoch | link MB/s | / rate | / raw TCP | link bytes / dataset |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
+    // Chunk fetches the cold spokes asked of the hub as they are and for zstd, per rate:
+    // on random bytes `auto` asks for zstd only in its probe (`suppliers/compression.rs`).
+    let mut asked_by_rate = Vec::new();
     for rate in &rates {
+        let mut asked = (0u64, 0u64);
         let args = link_args(rate);
         let seconds = rate_bytes(rate).map_or(1.0, |bytes| (4.0 * 1e6 * 25.0 / bytes).clamp(1.0, 4.0));
         let raw_bytes = (rate_bytes(rate).unwrap_or(1e9) * seconds) as u64;
@@ -270,6 +310,10 @@ async fn main() {
                 let cache = tempfile::tempdir().unwrap();
                 let spoke = cached.then(|| SpokeProcess::start(&link.endpoint, cache.path(), &spoke_args));
                 let (first, epoch, wire) = run(&link, spoke.as_ref(), &files).await;
+                if let Some(spoke) = &spoke {
+                    let (plain, zstd) = hub_fetches(spoke).await;
+                    asked = (asked.0 + plain, asked.1 + zstd);
+                }
                 if std::env::var_os("COLD_START_VERBOSE").is_some() {
                     let mut ms: Vec<u64> = first.iter().map(|s| (s * 1e3) as u64).collect();
                     ms.sort_unstable();
@@ -294,5 +338,7 @@ async fn main() {
                 median(wires),
             );
         }
+        asked_by_rate.push((rate, asked));
     }
+    print_compression_asks(&asked_by_rate, runs);
 }
