@@ -377,12 +377,11 @@ impl Chain {
     /// [`Chain::held_behind`] for the `indices` of `wants`, all of one shard this spoke
     /// owns: the first range is asked first, and the others only if a member held it. A
     /// member holds a shard this spoke owns only if it fetched it while this spoke was
-    /// away, chunk after chunk as its readers went; asking for each range of a cold batch
+    /// away, chunk after chunk as its readers went. Asking for each range of a cold batch
     /// was 64 `ReadCached` calls a batch in a group of 3, and on 2 cores the demo's group
     /// had 68-73% GPU in its cold epoch with them, 83-90% with this (BENCHMARKS.md,
-    /// seed-demo). A member that holds
-    /// some of a shard's chunks and not the one asked first costs those chunks' bytes
-    /// twice, never a wrong byte.
+    /// seed-demo). A member that holds some of a shard's chunks, and not the one asked
+    /// first, costs those chunks' bytes twice, never a wrong byte.
     async fn held_behind_shard(
         &self,
         peers: &Peers,
