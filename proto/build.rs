@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // Shard bytes stay reference-counted from the read buffer to the socket.
         .bytes(".shardcache.v1.Chunk.data")
+        // Each message encoded into room reserved for all of it (`src/codec.rs`).
+        .codec_path("crate::codec::SizedCodec")
         .file_descriptor_set_path(&descriptor_path)
         .skip_protoc_run()
         .compile_protos(&protos, &["."])?;

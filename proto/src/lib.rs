@@ -7,6 +7,7 @@
 //!   touches a filesystem path or a cache key;
 //! - [`range`]: which byte ranges a read may ask for;
 //! - [`checksum`]: the CRC32C every data message carries;
+//! - [`codec`]: prost's gRPC codec, each message encoded into room reserved for it;
 //! - [`encoding`]: compression on the link, negotiated per request, chosen per message;
 //! - [`job`]: the job and epoch headers reads carry, and job names;
 //! - [`hedge`]: the header of a read sent on to another member of a group;
@@ -16,6 +17,7 @@
 //! shedding, server assembly) is `shardcache-serving`'s.
 
 pub mod checksum;
+pub mod codec;
 pub mod encoding;
 pub mod hedge;
 pub mod job_headers;
