@@ -28,34 +28,49 @@ impl ChunkFetch {
         Some((*start, bytes.clone()))
     }
 
-    /// The part lent to it (another reader's, or one read alongside the shard's stat) that
-    /// holds `[from, to)` of the shard, with where it starts, while it waits for room: a
-    /// reader of that range waits for those bytes, not for the fetch's turn at the link
-    /// gate and then the whole chunk. `None` once it has started (`piece_for` then).
-    pub fn lent_part_for(&self, from: u64, to: u64) -> Option<(u64, SharedFetch)> {
-        // Under the parts' lock: the fetch takes them, and starts, under it.
-        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        if self.is_started() {
-            return None;
-        }
-        let part = known.iter().find(|k| k.from <= from && to <= k.to)?;
-        Some((part.from, part.bytes.clone()))
-    }
-
-    /// Lends it `part`, which a reader fetches as read, while it waits for room: when it
-    /// starts it asks only for the rest of the chunk (the reader is answered by its own
-    /// fetch, the link carries the chunk once). Whether it took the part: not once started,
-    /// nor a part over one lent already (that reader's bytes answer this one when they
-    /// arrive: it joins), nor past [`PARTS_PER_CHUNK`].
-    pub fn lend(&self, part: KnownPart) -> bool {
+    /// Offers it `part`, which a reader fetches as read, while it waits for room, in one
+    /// look under the parts' lock (the fetch takes them, and starts, under it):
+    /// - a part lent to it already (another reader's, or one read alongside the shard's
+    ///   stat) that holds all of `part`'s range answers it ([`Offer::Held`]): its reader
+    ///   waits for those bytes, not for the fetch's turn at the link gate and then the
+    ///   whole chunk;
+    /// - else it takes `part` ([`Offer::Taken`]) and, when it starts, asks only for the
+    ///   rest of the chunk (the reader is answered by its own fetch, the link carries the
+    ///   chunk once);
+    /// - not once started, nor a part over one lent already (that reader's bytes answer
+    ///   this one when they arrive: it joins), nor past [`PARTS_PER_CHUNK`]
+    ///   ([`Offer::Refused`]).
+    pub fn offer(&self, part: KnownPart) -> Offer {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_started() {
+            return Offer::Refused;
+        }
+        if let Some(held) = known.iter().find(|k| k.from <= part.from && part.to <= k.to) {
+            return Offer::Held(held.from, held.bytes.clone());
+        }
         let overlaps = known.iter().any(|k| k.from < part.to && part.from < k.to);
-        if self.is_started() || overlaps || known.len() >= PARTS_PER_CHUNK {
-            return false;
+        if overlaps || known.len() >= PARTS_PER_CHUNK {
+            return Offer::Refused;
         }
         known.push(part);
-        true
+        Offer::Taken
     }
+
+    /// [`ChunkFetch::offer`], whether it took `part`.
+    pub fn lend(&self, part: KnownPart) -> bool {
+        matches!(self.offer(part), Offer::Taken)
+    }
+}
+
+/// What a chunk fetch waiting for room did with a reader's part ([`ChunkFetch::offer`]).
+#[derive(Debug)]
+pub enum Offer {
+    /// It took the part.
+    Taken,
+    /// A part it holds already covers it: those bytes, and where they start.
+    Held(u64, SharedFetch),
+    /// It has started, or the part is over one it holds, or it holds enough parts.
+    Refused,
 }
 
 impl Inner {

@@ -50,7 +50,7 @@ use futures::{
 };
 use shardcache_proto::checksum::Checked;
 
-pub use self::{speculation::Alongside, upstream::UPSTREAM_REQUESTS_IN_FLIGHT};
+pub use self::{fill::Offer, speculation::Alongside, upstream::UPSTREAM_REQUESTS_IN_FLIGHT};
 use self::{speculation::Speculations, upstream::Upstream};
 use crate::{
     Error, Result,

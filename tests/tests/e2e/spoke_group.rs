@@ -93,12 +93,54 @@ impl Group {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping() {
+/// The test dataset (`SHARDS` shards of 1 MiB) on a hub, and a group of three in front
+/// of it: the directory (kept for the test's length), the shards' files, hub and group.
+async fn three_members() -> (tempfile::TempDir, std::path::PathBuf, TestHub, Group) {
     let root = tempfile::tempdir().unwrap();
     let files = make_dataset(root.path(), "ds", SHARDS, MIB);
     let hub = TestHub::start(root.path()).await;
-    let mut group = Group::start(&hub.endpoint, 3).await;
+    let group = Group::start(&hub.endpoint, 3).await;
+    (root, files, hub, group)
+}
+
+/// A job's first batch of one shard that member 0 owns: 32 samples of 4 KiB spread
+/// over it, and the shard's file to check them against.
+struct OwnedBatch {
+    shard: String,
+    samples: Vec<(u64, u64)>,
+    file: Vec<u8>,
+}
+
+impl OwnedBatch {
+    fn of_member_0(group: &Group, client: &Client, files: &std::path::Path) -> Self {
+        let shard = names()
+            .into_iter()
+            .find(|n| client.owners("ds", n)[0] == group.urls[0])
+            .expect("a shard member 0 owns");
+        let file = std::fs::read(files.join(&shard)).unwrap();
+        Self { samples: (0..32).map(|i| ((i * 32) << 10, 4 << 10)).collect(), shard, file }
+    }
+
+    fn ranges(&self) -> Vec<Range> {
+        self.samples.iter().map(|&(at, len)| Range::new("ds", &self.shard, at, len)).collect()
+    }
+
+    /// Every sample read from `who` is the file's bytes.
+    fn check(&self, read: &[shardcache_client::Verified], who: &str) {
+        assert_eq!(read.len(), self.samples.len(), "every sample from {who}");
+        for (got, &(at, len)) in read.iter().zip(&self.samples) {
+            assert!(
+                got.data == self.file[at as usize..(at + len) as usize],
+                "{} at {at} from {who}",
+                self.shard
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping() {
+    let (_root, files, hub, mut group) = three_members().await;
     let dataset = u64::from(SHARDS) * MIB;
 
     // Two trainer nodes, each with its own group client.
@@ -172,10 +214,7 @@ async fn two_nodes_through_three_spokes_fetch_once_and_survive_a_member_stopping
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_asked_for_a_shard_it_does_not_own_reads_it_from_the_owner() {
-    let root = tempfile::tempdir().unwrap();
-    let files = make_dataset(root.path(), "ds", SHARDS, MIB);
-    let hub = TestHub::start(root.path()).await;
-    let group = Group::start(&hub.endpoint, 3).await;
+    let (_root, files, hub, group) = three_members().await;
     // Warm the owners through the group, then read everything from member 0 alone (a
     // node that talks to its local spoke only).
     read_all(&Client::connect(&group.spec()).await.unwrap(), &files).await;
@@ -194,10 +233,7 @@ async fn a_member_asked_for_a_shard_it_does_not_own_reads_it_from_the_owner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_prefetch_brings_each_shard_over_the_link_once_and_status_adds_up() {
-    let root = tempfile::tempdir().unwrap();
-    let files = make_dataset(root.path(), "ds", SHARDS, MIB);
-    let hub = TestHub::start(root.path()).await;
-    let group = Group::start(&hub.endpoint, 3).await;
+    let (_root, files, hub, group) = three_members().await;
     let control = shardcache_client::CacheClient::connect(&group.spec()).await.unwrap();
     let done = control.prefetch("ds", &[], 0).await.unwrap().finish().await.unwrap();
     assert_eq!((done.shards_done, done.bytes_fetched), (u64::from(SHARDS), u64::from(SHARDS) * MIB));
@@ -257,17 +293,9 @@ async fn a_member_asks_the_hub_for_a_cold_batch_of_its_own_shard_in_one_call() {
     // alongside the stat (and the fills beside them) go to the hub batched, as with no
     // group, not as one ReadRange per sample at once (a group of 3 under `make demo`
     // drove the hub past its 256 requests in flight that way, and it shed them).
-    let root = tempfile::tempdir().unwrap();
-    let files = make_dataset(root.path(), "ds", SHARDS, MIB);
-    let hub = TestHub::start(root.path()).await;
-    let group = Group::start(&hub.endpoint, 3).await;
+    let (_root, files, hub, group) = three_members().await;
     let client = Client::connect(&group.spec()).await.unwrap();
-    let shard = names()
-        .into_iter()
-        .find(|n| client.owners("ds", n)[0] == group.urls[0])
-        .expect("a shard member 0 owns");
-    let samples: Vec<(u64, u64)> = (0..32).map(|i| ((i * 32) << 10, 4 << 10)).collect();
-    let ranges: Vec<Range> = samples.iter().map(|&(at, len)| Range::new("ds", &shard, at, len)).collect();
+    let batch = OwnedBatch::of_member_0(&group, &client, &files);
     let local = group.spokes[0].as_ref().unwrap();
     let before = hub.stats.snapshot().read_requests;
     let probes = || -> u64 {
@@ -276,11 +304,7 @@ async fn a_member_asks_the_hub_for_a_cold_batch_of_its_own_shard_in_one_call() {
         group.spokes.iter().flatten().map(asked).sum()
     };
     let probes_before = probes();
-    let read = local.client().await.read_ranges(&ranges).await.unwrap();
-    let file = std::fs::read(files.join(&shard)).unwrap();
-    for (got, &(at, len)) in read.iter().zip(&samples) {
-        assert!(got.data == file[at as usize..(at + len) as usize], "{shard} at {at}");
-    }
+    batch.check(&local.client().await.read_ranges(&batch.ranges()).await.unwrap(), "member 0");
     group.settled().await;
     let asked = hub.stats.snapshot().read_requests - before;
     // One call for the 32 samples alongside the stat, and the chunks' fills and fetches
@@ -299,35 +323,21 @@ async fn a_member_back_takes_a_batch_of_its_own_shard_from_the_member_that_fetch
     // them again and a job's batch of one of them is answered by the member that holds
     // it, not fetched over the link again (batched to the hub, the demo's restarted
     // member brought 0.05-0.29 of the dataset again in its warm epoch).
-    let root = tempfile::tempdir().unwrap();
-    let files = make_dataset(root.path(), "ds", SHARDS, MIB);
-    let hub = TestHub::start(root.path()).await;
-    let mut group = Group::start(&hub.endpoint, 3).await;
+    let (_root, files, hub, mut group) = three_members().await;
     let client = Client::connect(&group.spec()).await.unwrap();
-    let shard = names()
-        .into_iter()
-        .find(|n| client.owners("ds", n)[0] == group.urls[0])
-        .expect("a shard member 0 owns");
-    let next = group.urls.iter().position(|u| *u == client.owners("ds", &shard)[1]).unwrap();
-    let samples: Vec<(u64, u64)> = (0..32).map(|i| ((i * 32) << 10, 4 << 10)).collect();
-    let ranges: Vec<Range> = samples.iter().map(|&(at, len)| Range::new("ds", &shard, at, len)).collect();
-    let file = std::fs::read(files.join(&shard)).unwrap();
-    let check = |read: Vec<shardcache_client::Verified>, who: &str| {
-        for (got, &(at, len)) in read.iter().zip(&samples) {
-            assert!(got.data == file[at as usize..(at + len) as usize], "{shard} at {at} from {who}");
-        }
-    };
+    let batch = OwnedBatch::of_member_0(&group, &client, &files);
+    let next = group.urls.iter().position(|u| *u == client.owners("ds", &batch.shard)[1]).unwrap();
 
     group.spokes[0].take().unwrap().stop().await;
     let meanwhile = group.spokes[next].as_ref().unwrap();
-    check(meanwhile.client().await.read_ranges(&ranges).await.unwrap(), "the next member");
+    batch.check(&meanwhile.client().await.read_ranges(&batch.ranges()).await.unwrap(), "the next member");
     group.settled().await;
     assert!(meanwhile.cache.used_bytes() > 0, "the next member kept what it fetched");
 
     group.spokes[0] = Some(group.start_member(0).await);
     let before = hub.stats.snapshot().read_requests;
     let back = group.spokes[0].as_ref().unwrap();
-    check(back.client().await.read_ranges(&ranges).await.unwrap(), "the member back");
+    batch.check(&back.client().await.read_ranges(&batch.ranges()).await.unwrap(), "the member back");
     group.settled().await;
     let asked = hub.stats.snapshot().read_requests - before;
     assert_eq!(asked, 0, "the member back asked the hub {asked} times for chunks the next member holds");

@@ -25,7 +25,7 @@ use shardcache_proto::checksum::Checked;
 use crate::{
     Error, Result,
     fetch::suppliers::{Chain, Joined},
-    fetch::{Alongside, FetchFor, FetchOwner, Filled, KnownPart},
+    fetch::{Alongside, FetchFor, FetchOwner, Filled, KnownPart, Offer},
     observe::job_counters::JobRow,
     observe::metrics::Metrics,
     plans::{Plans, Step},
@@ -350,16 +350,16 @@ impl ReadPath {
         if running.is_started() || self.chunk_alongside(entry, index) {
             return joined(running, from, to);
         }
-        if let Some((start, part)) = running.lent_part_for(from, to) {
-            return (Provenance::Lent(part, start), None);
-        }
         let (part, known) = part_for_fill(from, to);
-        match running.lend(known) {
-            true => (Provenance::Fill(Some(part)), None),
-            false if self.fetch.speculation(&entry.dataset, &entry.shard, from, to - from).is_some() => {
+        match running.offer(known) {
+            Offer::Held(start, held) => (Provenance::Lent(held, start), None),
+            Offer::Taken => (Provenance::Fill(Some(part)), None),
+            Offer::Refused
+                if self.fetch.speculation(&entry.dataset, &entry.shard, from, to - from).is_some() =>
+            {
                 (Provenance::Direct, None)
             }
-            false => joined(running, from, to),
+            Offer::Refused => joined(running, from, to),
         }
     }
 

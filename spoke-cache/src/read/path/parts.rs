@@ -25,7 +25,7 @@ pub(super) enum Provenance {
     Direct,
     /// A piece of a chunk being filled (`ChunkFetch::piece_for`), and where it starts.
     Piece(SharedFetch, u64),
-    /// A part lent to a chunk fetch still waiting for room (`ChunkFetch::lent_part_for`:
+    /// A part lent to a chunk fetch still waiting for room (`ChunkFetch::offer`:
     /// another reader's fetch as read, or a read alongside the shard's stat), and where it
     /// starts; fetched as read if that fetch fails.
     Lent(SharedFetch, u64),
