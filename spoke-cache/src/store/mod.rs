@@ -286,7 +286,7 @@ impl Store {
         let keys: Vec<[u8; 16]> = (first..=last).map(|p| page_key(id, p)).collect();
         // Each page carries its own CRC32C, checked below on every read, and is found by
         // its key: RocksDB's block checksums (XXH3 over every block read) checked the same
-        // bytes a second time, 4.4-6.1% of the spoke's CPU in a warm stream (BENCHMARKS.md,
+        // bytes a second time, 4.4-4.6% of the spoke's CPU in a warm stream (BENCHMARKS.md,
         // spoke-bench, issue 59). Damage in a block is still caught: in a page's bytes or
         // header by its CRC, in a key by the lookup (a page not found is refetched).
         let mut options = rocksdb::ReadOptions::default();
