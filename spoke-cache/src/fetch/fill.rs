@@ -9,7 +9,7 @@
 use futures::FutureExt;
 use shardcache_proto::checksum::Checked;
 
-use super::{ChunkFetch, Inner, KnownPart, Owned, Pieces, SharedFetch};
+use super::{ChunkFetch, Inner, KnownPart, Offer, Owned, Pieces, SharedFetch};
 use crate::{Error, Result, store::entry::Entry};
 
 /// Readers' parts one chunk fetch takes at most while it waits (the 8 ranks of a job's
@@ -60,17 +60,6 @@ impl ChunkFetch {
     pub fn lend(&self, part: KnownPart) -> bool {
         matches!(self.offer(part), Offer::Taken)
     }
-}
-
-/// What a chunk fetch waiting for room did with a reader's part ([`ChunkFetch::offer`]).
-#[derive(Debug)]
-pub enum Offer {
-    /// It took the part.
-    Taken,
-    /// A part it holds already covers it: those bytes, and where they start.
-    Held(u64, SharedFetch),
-    /// It has started, or the part is over one it holds, or it holds enough parts.
-    Refused,
 }
 
 impl Inner {

@@ -50,7 +50,7 @@ use futures::{
 };
 use shardcache_proto::checksum::Checked;
 
-pub use self::{fill::Offer, speculation::Alongside, upstream::UPSTREAM_REQUESTS_IN_FLIGHT};
+pub use self::{speculation::Alongside, upstream::UPSTREAM_REQUESTS_IN_FLIGHT};
 use self::{speculation::Speculations, upstream::Upstream};
 use crate::{
     Error, Result,
@@ -116,6 +116,17 @@ impl Filled {
             _ => None,
         }
     }
+}
+
+/// What a chunk fetch waiting for room did with a reader's part ([`ChunkFetch::offer`]).
+#[derive(Debug)]
+pub enum Offer {
+    /// It took the part.
+    Taken,
+    /// A part it holds already covers it: those bytes, and where they start.
+    Held(u64, SharedFetch),
+    /// It has started, or the part is over one it holds, or it holds enough parts.
+    Refused,
 }
 
 /// The part of a chunk a reader's fetch as read brings (`[from, to)` of the shard), which
