@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["shardcache/v1/shardcache.proto", "shardcache/v1/cache.proto"];
+    let protos = ["shardcache/v1/shardcache.proto", "shardcache/v1/cache.proto", "shardcache/v1/local.proto"];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // Shard bytes stay reference-counted from the read buffer to the socket.
         .bytes(".shardcache.v1.Chunk.data")
+        .bytes(".shardcache.v1.LocalPiece.data")
         // Each message encoded into room reserved for all of it (`src/codec.rs`).
         .codec_path("crate::codec::SizedCodec")
         .file_descriptor_set_path(&descriptor_path)

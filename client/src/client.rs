@@ -32,6 +32,7 @@ use crate::{
     ConnectOptions, Credentials, Error, Range, Result,
     connect::AuthChannel,
     discovery,
+    local::{DoorSlot, Through},
     verify::{self, Verified},
 };
 
@@ -75,6 +76,10 @@ pub(crate) type ServerSlot = Slot<Conn>;
 pub(crate) struct Conn {
     reader: ShardReaderClient<AuthChannel>,
     health: discovery::HealthClient,
+    /// The member's same-node door, once one of its answers names it (`local.rs`).
+    door: Arc<DoorSlot>,
+    /// The token, for the door's questions (gRPC calls get it from the channel).
+    credentials: Credentials,
 }
 
 /// A connection to a shardcache server, or to a group of spokes (`URL1,URL2,...`,
@@ -108,7 +113,7 @@ impl Client {
     pub async fn connect_with(endpoint: &str, options: &ConnectOptions) -> Result<Self> {
         let credentials = Credentials::token(options.token.as_deref())?;
         let connected = discovery::connect_one_or_group(endpoint, options, move |channel| {
-            Conn::new(channel, credentials.clone())
+            Conn::new(channel, credentials.clone(), true)
         })
         .await?;
         if connected.group {
@@ -124,14 +129,17 @@ impl Client {
         Self::from_channel_with(channel, endpoint, Credentials::default())
     }
 
-    /// Uses an existing channel and sends `credentials` with every request.
+    /// Uses an existing channel and sends `credentials` with every request. Reads go
+    /// over that channel only, never through a spoke's same-node door (`local.rs`): a
+    /// spoke's clients of its hubs and peers are such clients, and a member of a group
+    /// on the same machine as another (a test, a demo) reads it as across nodes.
     pub fn from_channel_with(
         channel: impl Into<LiveChannel>,
         endpoint: &str,
         credentials: Credentials,
     ) -> Self {
         let one = [MemberSpec::new(endpoint)];
-        let mut conn = Some(Conn::new(channel.into(), credentials));
+        let mut conn = Some(Conn::new(channel.into(), credentials, false));
         let members = Members::new(&one, |_| conn.take().ok_or(())).unwrap_or_else(|()| unreachable!());
         Self::with_members(Arc::new(members), endpoint)
     }
@@ -341,7 +349,11 @@ impl Client {
         let request = StatShardRequest { dataset: dataset.to_owned(), shard: shard.to_owned() };
         self.on_members(&self.router.route(Some((dataset, shard)), &[]), |_, m| {
             let request = request.clone();
-            async move { Ok(m.reader().stat_shard(request).await.map_err(|s| m.status(s))?.into_inner()) }
+            async move {
+                let info = m.reader().stat_shard(request).await.map_err(|s| m.status(s))?;
+                m.conn.door.heard(info.metadata());
+                Ok(info.into_inner())
+            }
         })
         .await
     }
@@ -351,7 +363,13 @@ impl Client {
         self.on_members_relayed(&self.router.route(Some((&range.dataset, &range.shard)), &[]), |asked, m| {
             let request = self.read_request(range.to_request(), asked);
             async move {
+                if let Through::Read(mut read) = through_door(&m, request.metadata(), &[range]).await?
+                    && let Some(read) = read.pop()
+                {
+                    return Ok((read, false));
+                }
                 let chunk = m.reader().read_range(request).await.map_err(|s| m.status(s))?;
+                m.conn.door.heard(chunk.metadata());
                 let relayed = is_relayed(&chunk);
                 Ok((verify::range(&m.url, range, chunk.into_inner())?, relayed))
             }
@@ -409,11 +427,13 @@ impl Client {
 }
 
 impl Conn {
-    fn new(channel: LiveChannel, credentials: Credentials) -> Self {
+    /// A member's connection; `door`: its same-node door may be used once it names one.
+    fn new(channel: LiveChannel, credentials: Credentials, door: bool) -> Self {
         let reader = ShardReaderClient::with_interceptor(channel.clone(), credentials.clone())
             .max_decoding_message_size(MAX_RESPONSE_BYTES);
         let health = discovery::HealthClient::new(channel);
-        Self { reader, health }
+        let door = Arc::new(if door { DoorSlot::default() } else { DoorSlot::never() });
+        Self { reader, health, door, credentials }
     }
 }
 
@@ -436,6 +456,24 @@ impl Ask for ServerSlot {
     }
 }
 
+/// `ranges` read through `member`'s same-node door when it has one at hand (`local.rs`);
+/// [`Through::Grpc`]: read them over gRPC. A door that breaks is not used again.
+pub(crate) async fn through_door(
+    member: &ServerSlot,
+    metadata: &tonic::metadata::MetadataMap,
+    ranges: &[&Range],
+) -> Result<Through> {
+    let bearer = member.conn.credentials.bearer();
+    let Some(door) = member.conn.door.door(bearer).await else { return Ok(Through::Grpc) };
+    match door.read(&member.url, metadata, bearer, ranges).await? {
+        Through::Broken => {
+            member.conn.door.shut();
+            Ok(Through::Grpc)
+        }
+        through => Ok(through),
+    }
+}
+
 /// `ranges[indices]` in one `ReadRanges` call to `member`, verified; `request` carries
 /// the call's headers.
 async fn read_batch(
@@ -444,8 +482,13 @@ async fn read_batch(
     ranges: &[Range],
     indices: &[usize],
 ) -> Result<(Vec<Verified>, bool)> {
-    request.get_mut().ranges = indices.iter().map(|&i| ranges[i].to_request()).collect();
+    let asked: Vec<&Range> = indices.iter().map(|&i| &ranges[i]).collect();
+    if let Through::Read(read) = through_door(member, request.metadata(), &asked).await? {
+        return Ok((read, false));
+    }
+    request.get_mut().ranges = asked.iter().map(|r| r.to_request()).collect();
     let response = member.reader().read_ranges(request).await.map_err(|s| member.status(s))?;
+    member.conn.door.heard(response.metadata());
     let relayed = is_relayed(&response);
     let chunks = response.into_inner().chunks;
     if chunks.len() != indices.len() {

@@ -64,6 +64,12 @@ impl Credentials {
             .transpose()?;
         Ok(Self { bearer })
     }
+
+    /// The `authorization` header's value, when there is a token (the same-node door
+    /// carries it in its questions).
+    pub(crate) fn bearer(&self) -> Option<&MetadataValue<Ascii>> {
+        self.bearer.as_ref()
+    }
 }
 
 impl Interceptor for Credentials {

@@ -16,6 +16,8 @@
 //!   pin, plans of shards and of samples);
 //! - [`client`]: the [`Client`]: listings, stats and verified reads of ranges and batches,
 //!   from one server or a group's members (routed by `shardcache_routing`);
+//! - [`local`]: a spoke's same-node door, used by itself where the spoke is on the
+//!   reader's node (the stored pages read from the spoke's files, each checked);
 //! - [`discovery`]: the one way a client connects, to one server or a group, and who is
 //!   in a group (a list, a file, DNS) kept current;
 //! - [`verify`]: what makes bytes [`Verified`] (decoding, offsets, CRC32C, one version);
@@ -32,6 +34,7 @@ pub mod connect;
 pub mod control;
 pub mod discovery;
 pub mod error;
+pub mod local;
 pub mod order;
 pub mod range;
 pub mod report;

@@ -36,6 +36,12 @@ pub mod v1 {
 /// away): it may be out of date, and a listing may miss shards never read through it.
 pub const STALE_METADATA: &str = "shardcache-stale";
 
+/// Response metadata (a gRPC header) of a spoke with a same-node door: the door's
+/// socket path and the spoke's instance, separated by a space (the last space: a path
+/// may hold spaces). A reader that opens that socket and hears the same instance from it
+/// reads through it (`shardcache_client::local`; the spoke's `serve/local_door.rs`).
+pub const LOCAL_DOOR_HEADER: &str = "shardcache-local-door";
+
 /// Encoded `FileDescriptorSet` of `shardcache.v1`, for gRPC server reflection, so that
 /// grpcurl and ghz work against a server without the `.proto` files.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("shardcache_descriptor");

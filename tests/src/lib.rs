@@ -186,6 +186,9 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
         hub_credentials: Default::default(),
         security: Default::default(),
         metrics_access: shardcache_serving::scrape::ScrapeAccess { token: None },
+        // Off unless a test opens it (`tests/tests/local_door.rs`): the other tests read
+        // over gRPC, as a reader on another node does.
+        local_socket: None,
     }
 }
 

@@ -13,13 +13,15 @@
 //! - [`credentials`]: the bearer token file a client reads;
 //! - [`telemetry`]: distributed traces (OpenTelemetry, W3C context in the metadata),
 //!   exported only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set;
-//! - [`report`]: errors as one line for a person (the SDK's and the servers' exits).
+//! - [`report`]: errors as one line for a person (the SDK's and the servers' exits);
+//! - [`local_socket`]: the same-node door's messages and the files passed beside them.
 //!
 //! The wire contract itself (messages, names, ranges, checksums) is `shardcache-proto`.
 
 pub mod credentials;
 pub mod http2;
 pub mod liveness;
+pub mod local_socket;
 pub mod reload;
 pub mod report;
 pub mod telemetry;

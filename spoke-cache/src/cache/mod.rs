@@ -62,7 +62,7 @@ use crate::{
     policy::window::PlanWindow,
     policy::{shares::Shares, speculation::Speculation},
     read::cold_open::ColdOpen,
-    read::path::{ReadFor, ReadPath},
+    read::path::{Piece, ReadFor, ReadPath},
     store::Store,
     store::admission::Admission,
     store::capacity::Capacity,
@@ -306,6 +306,12 @@ impl Cache {
         self.lookups.entry(dataset, shard).await
     }
 
+    /// The entry of `dataset/shard` when the catalog holds it and its version was
+    /// confirmed within `--revalidate-after` (the warm path of `entry_for`); never a lookup.
+    pub fn fresh_entry(&self, dataset: &str, shard: &str) -> Option<Arc<Entry>> {
+        self.catalog.fresh(&(dataset.to_owned(), shard.to_owned()))
+    }
+
     /// [`ColdOpen::entry_for`]: the entry of a shard for a call that will read `reads`
     /// of it, a never-seen shard's first chunks read alongside its stat.
     pub async fn entry_for(
@@ -336,6 +342,15 @@ impl Cache {
         reader: &ReadFor,
     ) -> Result<Vec<Checked>> {
         self.reads.read_many(wants, reader).await
+    }
+
+    /// [`ReadPath::locate_many`]: the same-node door's reads, placed in the store's files.
+    pub async fn locate_many(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        reader: &ReadFor,
+    ) -> Result<Option<Vec<Vec<Piece>>>> {
+        self.reads.locate_many(wants, reader).await
     }
 
     /// [`ReadPath::read_cached`]: from the store only, never a fetch.

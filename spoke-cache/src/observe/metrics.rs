@@ -77,6 +77,13 @@ pub struct Metrics {
     /// `ReadCached` calls other members made here: for what this spoke holds of the
     /// shards they own (`suppliers::Chain::held_behind`), or to join its fetches.
     pub held_reads_asked: AtomicU64,
+    /// The same-node door (`serve/local_door.rs`): calls answered with places, bytes
+    /// handed out as pages of the store's files, bytes carried in its answers, and calls
+    /// sent back to gRPC because something they read was not stored.
+    pub door_calls: AtomicU64,
+    pub door_placed_bytes: AtomicU64,
+    pub door_carried_bytes: AtomicU64,
+    pub door_not_stored: AtomicU64,
     /// Time to answer a read RPC (ReadRange, ReadRanges, one StreamShard chunk).
     pub read_latency: Histogram,
     /// Time of one upstream chunk fetch, hub round trip included.
@@ -293,6 +300,37 @@ impl Metrics {
             ),
         ];
         for (name, help, value) in globals {
+            let _ =
+                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
+        }
+        self.render_door(out);
+    }
+
+    /// The same-node door's counters (`serve/local_door.rs`).
+    fn render_door(&self, out: &mut String) {
+        let door = [
+            (
+                "shardcache_spoke_local_door_calls_total",
+                "Calls of the same-node door answered (reads of readers on the spoke's node)",
+                &self.door_calls,
+            ),
+            (
+                "shardcache_spoke_local_door_placed_bytes_total",
+                "Bytes the same-node door's readers read from the store's files themselves",
+                &self.door_placed_bytes,
+            ),
+            (
+                "shardcache_spoke_local_door_carried_bytes_total",
+                "Bytes the same-node door carried in its answers (parts it could not place in a file)",
+                &self.door_carried_bytes,
+            ),
+            (
+                "shardcache_spoke_local_door_not_stored_total",
+                "Calls of the same-node door sent back to gRPC: something they read was not stored",
+                &self.door_not_stored,
+            ),
+        ];
+        for (name, help, value) in door {
             let _ =
                 writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
         }

@@ -62,6 +62,12 @@ pub struct SpokeArgs {
     #[arg(long, default_value = "127.0.0.1:7071")]
     pub listen: SocketAddr,
 
+    /// The same-node door: a Unix socket through which readers on this node (the SDK finds
+    /// it by itself) read warm bytes from the cache's files, with no copy through a
+    /// socket; `off` for none. Default: `local.sock` in --cache-dir.
+    #[arg(long)]
+    pub local_socket: Option<String>,
+
     /// Address for Prometheus metrics (`GET /metrics`).
     #[arg(long, default_value = "127.0.0.1:9071")]
     pub metrics_listen: SocketAddr,
@@ -330,6 +336,11 @@ impl SpokeArgs {
             max_read: serving.max_read().map_err(Error::Config)?,
             server: serving.limits(self.max_concurrency).map_err(Error::Config)?,
             security: serving.security().map_err(Error::Config)?,
+            local_socket: match self.local_socket.as_deref() {
+                None => Some(self.cache_dir.join("local.sock")),
+                Some("off") => None,
+                Some(path) => Some(PathBuf::from(path)),
+            },
         })
     }
 

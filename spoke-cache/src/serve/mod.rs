@@ -1,5 +1,6 @@
 //! The spoke's front doors and its assembly: the gRPC services (the hub's read API over
-//! the cache, `source.rs`; cache control, `control/`), the flags (`config.rs`) and the
+//! the cache, `source.rs`; cache control, `control/`), the same-node door for readers on
+//! the spoke's node (`local_door.rs`), the flags (`config.rs`) and the
 //! server that opens the cache and serves them until shutdown (`server.rs`).
 //!
 //! Owns: everything a caller outside the process sees. May import every other part of
@@ -8,5 +9,6 @@
 
 pub mod config;
 pub mod control;
+pub mod local_door;
 pub mod server;
 pub mod source;

@@ -1,7 +1,11 @@
 //! Assembles the spoke: opens the cache, then serves health, reflection, the read API and
 //! cache control on one listener and metrics on another, until shutdown.
 
-use std::{future::Future, path::Path, sync::Arc};
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use shardcache_client::ConnectOptions;
 use shardcache_proto::v1::{
@@ -23,6 +27,7 @@ use crate::{
     fetch::suppliers::{Chain, hubs::HubTransport},
     observe::metrics::{Metrics, Occupancy},
     serve::control::Control,
+    serve::local_door::{Announced, LocalDoor},
     serve::source::{CachedSource, STREAM_MESSAGE_MAX},
     store::{Store, StoreOptions},
 };
@@ -45,6 +50,8 @@ pub struct SpokeOptions {
     pub security: Security,
     /// Who may scrape the metrics listener.
     pub metrics_access: ScrapeAccess,
+    /// The same-node door's socket (`--local-socket`; `serve/local_door.rs`), or none.
+    pub local_socket: Option<PathBuf>,
 }
 
 /// A spoke's group: its members (`URL1,URL2,...`, `file:PATH` or
@@ -237,13 +244,20 @@ pub async fn serve(
     let reader = ShardReaderServer::new(service)
         .max_encoding_message_size(usize::MAX)
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);
+    let door = open_door(&cache, options);
+    let announcement = door.as_ref().map(|(door, _)| door.announcement());
     let control = CacheControlServer::new(Control::new(cache.clone(), options.max_read))
         .max_decoding_message_size(server::MAX_REQUEST_BYTES);
     // Tokens are checked before a handler runs.
     let auth = &options.security.auth;
-    let routes = Routes::new(InterceptedService::new(reader, auth.clone()))
+    let routes = Routes::new(Announced::new(InterceptedService::new(reader, auth.clone()), announcement))
         .add_service(InterceptedService::new(control, auth.clone()));
     let serving = [shard_reader_server::SERVICE_NAME, cache_control_server::SERVICE_NAME];
+    let door = tokio::spawn(async move {
+        if let Some((door, listener)) = door {
+            Arc::new(door).serve(listener, stopped()).await;
+        }
+    });
     // The spoke's own clients are near; the same large windows cost nothing.
     let served = server::serve_grpc(
         listener,
@@ -256,7 +270,7 @@ pub async fn serve(
     )
     .await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(evictor, follower, metrics);
+    let _ = tokio::join!(evictor, follower, metrics, door);
     // Readers get a fetched chunk's bytes before it is stored: let the chunks fetched so
     // far land, so that a clean stop keeps what was read (bounded: a fetch that is still
     // waiting for a stalled hub is given up).
@@ -268,6 +282,26 @@ pub async fn serve(
     let _ = kept_flusher.await;
     let _ = tables_saver.await;
     served.map_err(|e| Error::Transport(e.to_string()))
+}
+
+/// The same-node door on `--local-socket`, when it has one and it can be bound (a
+/// socket that cannot be is said in the log; readers then read over gRPC).
+fn open_door(cache: &Arc<Cache>, options: &SpokeOptions) -> Option<(LocalDoor, tokio::net::UnixListener)> {
+    let path = options.local_socket.as_ref()?;
+    match LocalDoor::bind(path, cache.clone(), options.security.auth.clone(), options.max_read) {
+        Ok(door) => {
+            tracing::info!(socket = %path.display(), "same-node door open: readers on this node read warm bytes from the cache's files");
+            Some(door)
+        }
+        Err(e) => {
+            tracing::warn!(
+                socket = %path.display(),
+                error = %e,
+                "cannot open the same-node door (--local-socket); readers on this node read over gRPC"
+            );
+            None
+        }
+    }
 }
 
 /// How often kept samples waiting for their pack are written when fewer than a pack's

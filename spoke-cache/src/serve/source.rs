@@ -54,17 +54,23 @@ impl CachedSource {
         reads: &[(u64, u64)],
         context: &ReadContext,
     ) -> Result<CachedShard> {
-        let row = self.0.metrics().jobs.row(&context.principal, context.job.as_ref());
-        let job = context.job.as_ref().map(|tag| tag.job.clone());
-        let principal = context.principal.as_str().into();
-        let (avoid, index_read) = (context.avoid.clone().into(), context.index_read);
-        let relayed = context.relayed.clone();
-        let mut reader = ReadFor { job, principal, row, avoid, index_read, alongside: None, relayed };
+        let mut reader = reader_for(&self.0, context);
         let (entry, alongside) = self.0.entry_for(dataset, shard, reads, &reader).await?;
         reader.alongside = alongside;
         let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
         Ok(CachedShard { cache: self.0.clone(), entry, meta, reader })
     }
+}
+
+/// Who a request of `context` reads for, in the cache's terms: its job's row, its
+/// principal, the members its client asked already.
+pub fn reader_for(cache: &Cache, context: &ReadContext) -> ReadFor {
+    let row = cache.metrics().jobs.row(&context.principal, context.job.as_ref());
+    let job = context.job.as_ref().map(|tag| tag.job.clone());
+    let principal = context.principal.as_str().into();
+    let (avoid, index_read) = (context.avoid.clone().into(), context.index_read);
+    let relayed = context.relayed.clone();
+    ReadFor { job, principal, row, avoid, index_read, alongside: None, relayed }
 }
 
 impl Source for CachedSource {

@@ -47,6 +47,7 @@ mod files;
 mod ingest;
 pub mod kept;
 mod layout;
+pub mod locate;
 mod merge;
 mod open;
 mod packs;
@@ -136,6 +137,8 @@ pub struct Store {
     packs: Ingester,
     page_size: u64,
     merge_above_files: u64,
+    /// Where stored pages lie in the files, for the same-node door (`locate.rs`).
+    places: locate::Places,
 }
 
 impl std::fmt::Debug for Store {
@@ -272,7 +275,15 @@ impl Store {
             return Ok(());
         }
         let first_page = offset / self.page_size;
-        self.ingester.admit(&self.db, id, first_page, self.page_size as usize, (&chunk.data, chunk.crc32c))
+        let admitted = self.ingester.admit(
+            &self.db,
+            id,
+            first_page,
+            self.page_size as usize,
+            (&chunk.data, chunk.crc32c),
+        );
+        self.places.forget(id);
+        admitted
     }
 
     /// Reads `[offset, offset + len)` of shard `id` from its pages, verifying each page;
@@ -378,6 +389,24 @@ impl Store {
     /// once (their disk space with them). Anything left (a file RocksDB wrote itself, not
     /// one of ours) is deleted by key and compacted away, so it leaves the disk too.
     fn delete_pages(&self, start: &[u8], end: &[u8]) -> Result<()> {
+        // (Forgotten before and after: a reader placed meanwhile is not kept.)
+        self.forget_places(start, end);
+        let deleted = self.delete_pages_now(start, end);
+        self.forget_places(start, end);
+        deleted
+    }
+
+    /// The places of the pages `[start, end]` (`locate.rs`) are found again when asked.
+    fn forget_places(&self, start: &[u8], end: &[u8]) {
+        match (start.get(..8), end.get(..8)) {
+            (Some(a), Some(b)) if a == b => {
+                self.places.forget(u64::from_be_bytes(a.try_into().unwrap_or_default()))
+            }
+            _ => self.places.forget_all(),
+        }
+    }
+
+    fn delete_pages_now(&self, start: &[u8], end: &[u8]) -> Result<()> {
         let pages = self.cf(CF_PAGES)?;
         self.db.delete_file_in_range_cf(pages, start, end).map_err(db_error("deleting chunk files"))?;
         // The range delete's end is exclusive: one byte past `end` covers it.
@@ -470,6 +499,7 @@ impl Store {
         options.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         options.set_exclusive_manual_compaction(false);
         self.db.compact_range_cf_opt(self.cf(CF_PAGES)?, Some(&start[..]), Some(&past_end[..]), &options);
+        self.places.forget(id);
         Ok(true)
     }
 }

@@ -95,6 +95,7 @@ impl Store {
             packs,
             page_size: options.page_size,
             merge_above_files: options.merge_above_files,
+            places: locate::Places::default(),
         })
     }
 

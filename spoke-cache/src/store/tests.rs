@@ -403,3 +403,69 @@ fn a_samples_file_that_is_not_one_whole_pack_is_removed_at_open() {
     );
     assert_eq!(store.read_sample(1, 0, 0, 4).unwrap().unwrap().data[..], b"kept"[..]);
 }
+
+/// `[offset, offset + len)` as a reader of the same-node door reads it: each placed
+/// page read from its file and checked against the CRC32C stored in front of it.
+fn read_placed(store: &Store, id: u64, offset: u64, len: u64) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let spans = store.locate(id, offset, len, &mut locate::Opened::new())?;
+    let mut out = Vec::new();
+    for span in spans {
+        let mut value = vec![0u8; PAGE_HEADER + span.page_len as usize];
+        span.file.read_exact_at(&mut value, span.at).unwrap();
+        let (header, page) = value.split_at(PAGE_HEADER);
+        assert_eq!(crc32c(page).to_le_bytes(), header, "page at {} fails its CRC32C", span.at);
+        out.extend_from_slice(&page[span.from as usize..span.to as usize]);
+    }
+    Some(out)
+}
+
+#[test]
+fn the_door_places_every_page_in_chunk_files_and_merged_ones_and_a_held_file_outlives_eviction() {
+    let dir = tempfile::tempdir().unwrap();
+    let merging = StoreOptions { merge_above_files: 0, ..StoreOptions::default() };
+    let store = Store::open(dir.path(), &merging).unwrap();
+    let a = pattern(3 * CHUNK as usize + 5000);
+    store.put_record("ds", "a", &record(1, a.len() as u64)).unwrap();
+    for (i, chunk) in a.chunks(CHUNK as usize).enumerate() {
+        store.admit_chunk(1, i as u64 * CHUNK, &checked(chunk)).unwrap();
+    }
+    let ranges = [(0, a.len() as u64), (1000, 70_000), (CHUNK - 7, 20), (3 * CHUNK, 5000), (5, 1)];
+    for (offset, len) in ranges {
+        let placed = read_placed(&store, 1, offset, len).expect("chunk files are placed");
+        assert_eq!(placed, a[offset as usize..][..len as usize], "chunk files, {offset}+{len}");
+    }
+    // A merged shard, a chunk dropped from inside it and admitted again (RocksDB rewrites
+    // the merged file around the hole): placed anew each time.
+    assert!(store.merge_shard(1, a.len() as u64).unwrap());
+    assert_eq!(read_placed(&store, 1, 0, a.len() as u64).expect("merged"), a);
+    store.delete_chunk(1, CHUNK, CHUNK).unwrap();
+    assert!(read_placed(&store, 1, CHUNK, 10).is_none(), "a dropped chunk is not placed");
+    assert_eq!(read_placed(&store, 1, 0, CHUNK).expect("the rest"), a[..CHUNK as usize]);
+    store.admit_chunk(1, CHUNK, &checked(&a[CHUNK as usize..2 * CHUNK as usize])).unwrap();
+    assert_eq!(read_placed(&store, 1, 0, a.len() as u64).expect("whole again"), a);
+
+    // A reader holds a file when the shard is evicted: the file's bytes stay as they were
+    // until it lets go, and nothing of the shard is placed any more.
+    let held = store.locate(1, 0, 100, &mut locate::Opened::new()).expect("placed");
+    store.delete_shard(1, Some(("ds", "a"))).unwrap();
+    assert!(store.locate(1, 0, 100, &mut locate::Opened::new()).is_none());
+    let mut value = vec![0u8; PAGE_HEADER + held[0].page_len as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&*held[0].file, &mut value, held[0].at).unwrap();
+    assert_eq!(value[PAGE_HEADER..][..100], a[..100]);
+}
+
+#[test]
+fn pages_in_blocks_of_another_shape_are_not_placed_and_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let large_blocks = StoreOptions {
+        pages_options: "block_based_table_factory={block_size=1048576}".into(),
+        ..Default::default()
+    };
+    let store = Store::open(dir.path(), &large_blocks).unwrap();
+    let data = pattern(2 * CHUNK as usize);
+    store.put_record("ds", "s", &record(4, data.len() as u64)).unwrap();
+    store.admit_chunk(4, 0, &checked(&data[..CHUNK as usize])).unwrap();
+    assert!(read_placed(&store, 4, 0, 1000).is_none(), "several pages per block: not placed");
+    assert_eq!(read(&store, 4, 0, CHUNK).unwrap().unwrap(), data[..CHUNK as usize]);
+}

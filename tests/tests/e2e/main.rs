@@ -13,6 +13,7 @@ mod hub_s3;
 mod job_report;
 mod link_compression;
 mod link_counted;
+mod local_door;
 mod mount;
 mod prometheus;
 mod samples_index;

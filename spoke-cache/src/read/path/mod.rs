@@ -37,7 +37,26 @@ use crate::{
     store::capacity::Capacity,
     store::entry::{ChunkIndex, Entry},
     store::kept::Keeper,
+    store::locate::PageSpan,
 };
+
+/// A range's bytes, or part of them, as the same-node door hands them out.
+#[derive(Debug, Clone)]
+pub enum Piece {
+    Bytes(Checked),
+    /// Stored pages, in the store's files (`store::locate`).
+    Pages(Vec<PageSpan>),
+}
+
+impl Piece {
+    /// The bytes, when it carries them.
+    pub fn bytes(self) -> Option<Checked> {
+        match self {
+            Self::Bytes(bytes) => Some(bytes),
+            Self::Pages(_) => None,
+        }
+    }
+}
 
 /// The read path, with the parts it uses.
 #[derive(Debug)]
@@ -126,6 +145,42 @@ impl ReadPath {
         wants: &[(&Arc<Entry>, u64, u64)],
         reader: &ReadFor,
     ) -> Result<Vec<Checked>> {
+        let read = self.read_or_place(wants, reader, false).await?;
+        Ok(read
+            .into_iter()
+            .map(|pieces| Checked::concat(pieces.into_iter().filter_map(Piece::bytes).collect()))
+            .collect())
+    }
+
+    /// The ranges of one call of the same-node door (`serve/local_door.rs`), read as
+    /// [`read_many`](Self::read_many) reads them (counted the same, a hit as a hit), but
+    /// with the stored parts placed in the store's files rather than read; `None`, with
+    /// nothing read or counted, when some chunk of them is not stored (the reader reads
+    /// the call over gRPC, which fetches it). A part that cannot be placed, or that is
+    /// not stored by the time it is read (evicted meanwhile, a sample kept for its job),
+    /// comes as bytes.
+    pub async fn locate_many(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        reader: &ReadFor,
+    ) -> Result<Option<Vec<Vec<Piece>>>> {
+        let stored = |&(entry, offset, length): &(&Arc<Entry>, u64, u64)| {
+            entry.chunks_of(offset, offset + length).all(|index| entry.has_chunk(index))
+        };
+        if !wants.iter().all(stored) {
+            return Ok(None);
+        }
+        self.read_or_place(wants, reader, true).await.map(Some)
+    }
+
+    /// [`read_many`](Self::read_many), placing the stored parts rather than reading them
+    /// when `place` and every part of the call is stored.
+    async fn read_or_place(
+        &self,
+        wants: &[(&Arc<Entry>, u64, u64)],
+        reader: &ReadFor,
+        place: bool,
+    ) -> Result<Vec<Vec<Piece>>> {
         // What each range is to the plans, asked before any admission this read causes
         // makes room by them: what its misses do and what starts after it follow from it.
         let steps = self.plans.to_read(wants, (&reader.principal, reader.job.as_deref()), reader.index_read);
@@ -165,6 +220,7 @@ impl ReadPath {
                     provenance,
                     missed,
                     bytes,
+                    placed: None,
                     pending: None,
                 });
             }
@@ -172,7 +228,8 @@ impl ReadPath {
         let span = tracing::Span::current();
         record_parts(&span, &parts);
         let started = std::time::Instant::now();
-        self.read_stored_parts(&mut parts, reader).await?;
+        let place = place && parts.iter().all(|p| matches!(p.provenance, Provenance::Stored));
+        self.read_stored_parts(&mut parts, reader, place).await?;
         self.read_kept_samples(&mut parts).await?;
         let stored = started.elapsed();
         self.fetch_parts(&mut parts, reader).await?;
@@ -408,7 +465,7 @@ impl ReadPath {
         (parts, runs): (Vec<Part<'_>>, &[u32]),
         reader: &ReadFor,
         steps: &[Step],
-    ) -> Vec<Checked> {
+    ) -> Vec<Vec<Piece>> {
         let row = &reader.row;
         // Parts were planned in the order of the ranges: each range takes its run.
         let mut parts = parts.into_iter().peekable();
@@ -420,7 +477,7 @@ impl ReadPath {
                 missed |= part.missed;
                 stored_miss |= matches!(part.provenance, Provenance::Chunk(_) | Provenance::Fill(_));
                 last = Some(part.index);
-                mine.extend(part.bytes);
+                mine.extend(part.placed.map(Piece::Pages).or(part.bytes.map(Piece::Bytes)));
             }
             // One call starts read-ahead or a whole-shard fetch for a bounded number of
             // shards: a batch of 1-byte reads over thousands of cold shards must not
@@ -452,15 +509,18 @@ impl ReadPath {
             if planned.is_some() {
                 row.planned_reads.fetch_add(1, Relaxed);
             }
-            let read = Checked::concat(mine);
             // A sample of a job followed sample by sample that crossed the link is kept if the
-            // plan reads it again (`Keeper::keep`).
-            if let (Some(next_use), true) = (planned, missed) {
-                self.keeper.keep(entry, wants[want].1, read.clone(), &reader.principal, next_use);
+            // plan reads it again (`Keeper::keep`). (Not one read through the same-node door
+            // whose stored chunk failed as it was read: its other parts are placed, not read.)
+            if let (Some(next_use), true) = (planned, missed)
+                && mine.iter().all(|piece| matches!(piece, Piece::Bytes(_)))
+            {
+                let read = Checked::concat(mine.iter().filter_map(|piece| piece.clone().bytes()).collect());
+                self.keeper.keep(entry, wants[want].1, read, &reader.principal, next_use);
                 // A copy the follower fetched ahead as this read fetched it is no one's now.
                 drop(self.plans.staged.take(&(entry.id, wants[want].1, length)));
             }
-            out.push(read);
+            out.push(mine);
         }
         // While the cache has room what crossed beyond the reads is kept for later reads
         // (whole shards fetched for a reader that reads half of each): an investment, not

@@ -11,6 +11,7 @@ use crate::{
     fetch::{ChunkFetch, SharedFetch},
     plans::Step,
     store::entry::{ChunkIndex, Entry},
+    store::locate::PageSpan,
 };
 
 /// Where a part's bytes come from (its provenance: "source" is the read service's trait).
@@ -93,6 +94,9 @@ pub(super) struct Part<'a> {
     /// It did not come from the store (a miss).
     pub(super) missed: bool,
     pub(super) bytes: Option<Checked>,
+    /// Where it lies in the store's files, for the same-node door (`ReadPath::locate_many`):
+    /// then it has no `bytes`.
+    pub(super) placed: Option<Vec<PageSpan>>,
     /// Its fetch as read, once started.
     pub(super) pending: Option<SharedFetch>,
 }

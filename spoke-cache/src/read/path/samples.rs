@@ -32,6 +32,7 @@ impl ReadPath {
             provenance,
             missed,
             bytes: None,
+            placed: None,
             pending,
         };
         // Kept first: a copy fetched ahead meanwhile (a race with the keep) is dropped.

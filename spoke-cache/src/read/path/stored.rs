@@ -9,13 +9,26 @@ use super::{FAULT_RETRIES, Part, Provenance, ReadFor, ReadPath};
 use crate::{
     Error, Result,
     store::entry::{ChunkIndex, Entry},
+    store::locate::{Opened, PageSpan},
     store::{PageFault, blocking},
 };
 
+/// A stored part as the blocking pool answers it: placed in the store's files, or read.
+enum Stored {
+    Placed(Vec<PageSpan>),
+    Read(Result<Result<Checked, PageFault>>),
+}
+
 impl ReadPath {
-    /// Reads the parts that are stored, in one trip to the blocking pool; a part whose
-    /// stored copy fails its check is read again (refetched).
-    pub(super) async fn read_stored_parts(&self, parts: &mut [Part<'_>], reader: &ReadFor) -> Result<()> {
+    /// Reads the parts that are stored (or places them in the store's files, when
+    /// `place`: `store::locate`), in one trip to the blocking pool; a part whose stored
+    /// copy fails its check is read again (refetched).
+    pub(super) async fn read_stored_parts(
+        &self,
+        parts: &mut [Part<'_>],
+        reader: &ReadFor,
+        place: bool,
+    ) -> Result<()> {
         let is_stored = |p: &&mut Part<'_>| matches!(p.provenance, Provenance::Stored);
         let stored: Vec<(u64, u64, u64)> =
             parts.iter_mut().filter(is_stored).map(|p| (p.entry.id, p.from, p.to - p.from)).collect();
@@ -23,10 +36,27 @@ impl ReadPath {
             return Ok(());
         }
         let store = self.store.clone();
-        let read: Vec<Result<Checked, PageFault>> =
-            blocking(move || stored.into_iter().map(|(id, from, len)| store.read(id, from, len)).collect())
-                .await?;
+        let read: Vec<Stored> = blocking(move || {
+            let mut opened = Opened::new();
+            let mut placed =
+                |(id, from, len)| place.then(|| store.locate(id, from, len, &mut opened)).flatten();
+            Ok(stored
+                .into_iter()
+                .map(|part| match placed(part) {
+                    Some(spans) => Stored::Placed(spans),
+                    None => Stored::Read(store.read(part.0, part.1, part.2)),
+                })
+                .collect())
+        })
+        .await?;
         for (part, result) in parts.iter_mut().filter(is_stored).zip(read) {
+            let result = match result {
+                Stored::Placed(spans) => {
+                    part.placed = Some(spans);
+                    continue;
+                }
+                Stored::Read(result) => result?,
+            };
             match result {
                 Ok(bytes) => part.bytes = Some(bytes),
                 Err(fault) => {
