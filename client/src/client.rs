@@ -77,7 +77,7 @@ pub(crate) struct Conn {
     reader: ShardReaderClient<AuthChannel>,
     health: discovery::HealthClient,
     /// The member's same-node door, once one of its answers names it (`local.rs`).
-    door: Arc<DoorSlot>,
+    pub(crate) door: Arc<DoorSlot>,
     /// The token, for the door's questions (gRPC calls get it from the channel).
     credentials: Credentials,
 }
@@ -427,6 +427,11 @@ impl Client {
 }
 
 impl Conn {
+    /// Whether the member's same-node door is open (opened now if it was named).
+    pub(crate) async fn door_at_hand(&self) -> bool {
+        self.door.door(self.credentials.bearer()).await.is_some()
+    }
+
     /// A member's connection; `door`: its same-node door may be used once it names one.
     fn new(channel: LiveChannel, credentials: Credentials, door: bool) -> Self {
         let reader = ShardReaderClient::with_interceptor(channel.clone(), credentials.clone())

@@ -24,7 +24,7 @@ use prost::Message;
 use shardcache_proto::{
     LOCAL_DOOR_HEADER,
     checksum::{ChecksumMismatch, combine, crc32c},
-    v1::{LocalAnswer, LocalPiece, LocalQuestion},
+    v1::{LocalAnswer, LocalPiece, LocalQuestion, LocalRange},
 };
 use shardcache_transport::local_socket::{self, MAX_ANSWER_BYTES};
 use tokio::net::UnixStream;
@@ -208,24 +208,24 @@ impl Door {
         }
         let files: Vec<File> = files.into_iter().map(File::from).collect();
         let door = format!("{endpoint} (same-node door {})", self.path.display());
-        let read = ranges.iter().zip(answer.ranges).map(|(range, answered)| {
-            let data = assemble(&door, range, &answered.pieces, &files)?;
-            if let Some(expected) = range.expected_version.as_deref() {
-                crate::verify::same_version(
-                    &format!("{}/{}", range.dataset, range.shard),
-                    expected,
-                    &answered.version,
-                )?;
-            }
-            Ok(Verified {
-                offset: range.offset,
-                data: data.0,
-                version: answered.version,
-                crc32c: data.1,
-                wire_len: 0,
-            })
-        });
-        match read.collect::<Result<Vec<_>>>() {
+        let asked: Vec<Range> = ranges.iter().map(|&r| r.clone()).collect();
+        let total: u64 = asked.iter().map(|r| r.length).sum();
+        let read = move || {
+            asked
+                .iter()
+                .zip(answer.ranges)
+                .map(|(range, answered)| read_range(&door, range, answered, &files))
+                .collect::<Result<Vec<_>>>()
+        };
+        // Reading and checking a large call takes a while: off the runtime's threads.
+        let read = if total >= BLOCKING_READ {
+            tokio::task::spawn_blocking(read)
+                .await
+                .map_err(|e| Error::Config(format!("a read through the same-node door failed: {e}")))?
+        } else {
+            read()
+        };
+        match read {
             Ok(read) => Ok(Through::Read(read)),
             // A stored page that fails its check here is read again over gRPC: the spoke
             // finds it damaged there, and refetches it.
@@ -236,6 +236,20 @@ impl Door {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Calls of at least this many bytes are read on the blocking pool (a few hundred
+/// microseconds of reading and checking and more), smaller ones where they are asked.
+const BLOCKING_READ: u64 = 256 << 10;
+
+/// `range` from its answer (`answered`: pieces read from `files`, or bytes carried), checked.
+fn read_range(door: &str, range: &Range, answered: LocalRange, files: &[File]) -> Result<Verified> {
+    let (data, crc32c) = assemble(door, range, &answered.pieces, files)?;
+    if let Some(expected) = range.expected_version.as_deref() {
+        let shard = format!("{}/{}", range.dataset, range.shard);
+        crate::verify::same_version(&shard, expected, &answered.version)?;
+    }
+    Ok(Verified { offset: range.offset, data, version: answered.version, crc32c, wire_len: 0 })
 }
 
 /// The call's headers as the door takes them: its metadata, and the token.

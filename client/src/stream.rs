@@ -9,9 +9,12 @@ use shardcache_proto::{
 };
 use shardcache_routing::{Judged, Verdict};
 
+use std::{collections::VecDeque, sync::Arc};
+
 use crate::{
     Error, Range, Result,
-    client::{Ask, Client},
+    client::{Ask, Client, ServerSlot, through_door},
+    local::Through,
     verify::{self, Verified, checked, decoded, protocol},
 };
 
@@ -53,21 +56,44 @@ impl Client {
         expected: Option<String>,
     ) -> Result<ShardStream> {
         let end = offset.saturating_add(length);
+        let resume = |member: &str| Resume {
+            client: self.clone(),
+            dataset: dataset.to_owned(),
+            shard: shard.to_owned(),
+            tried: vec![member.to_owned()],
+        };
+        // The owner's same-node door, when it has one at hand: read piece by piece there.
+        if let Some(owner) = self.router.route(Some((dataset, shard)), &[]).first()
+            && owner.conn.door_at_hand().await
+        {
+            let metadata = self.read_request((), &[]).into_parts().0;
+            return Ok(ShardStream {
+                endpoint: owner.url.clone(),
+                shard: format!("{dataset}/{shard}"),
+                stream: None,
+                door: Some(DoorStream {
+                    member: owner.clone(),
+                    metadata,
+                    ahead: VecDeque::new(),
+                    next_ask: offset,
+                }),
+                next_offset: offset,
+                end,
+                version: expected,
+                resume: resume(&owner.url),
+            });
+        }
         let (stream, member) =
             self.open_stream(dataset, shard, offset, end, expected.as_deref(), &[]).await?;
         Ok(ShardStream {
             endpoint: member.clone(),
             shard: format!("{dataset}/{shard}"),
-            stream,
+            stream: Some(stream),
+            door: None,
             next_offset: offset,
             end,
             version: expected,
-            resume: Resume {
-                client: self.clone(),
-                dataset: dataset.to_owned(),
-                shard: shard.to_owned(),
-                tried: vec![member],
-            },
+            resume: resume(&member),
         })
     }
 
@@ -93,6 +119,7 @@ impl Client {
             let request = self.read_request(request.clone(), asked);
             async move {
                 let stream = m.reader().stream_shard(request).await.map_err(|s| m.status(s))?;
+                m.conn.door.heard(stream.metadata());
                 Ok((stream.into_inner(), m.url.clone()))
             }
         })
@@ -106,7 +133,9 @@ pub struct ShardStream {
     /// The member streaming it.
     pub(crate) endpoint: String,
     pub(crate) shard: String,
-    pub(crate) stream: tonic::Streaming<Chunk>,
+    /// The `StreamShard` it reads; `None` while it reads through a same-node door.
+    pub(crate) stream: Option<tonic::Streaming<Chunk>>,
+    pub(crate) door: Option<DoorStream>,
     pub(crate) next_offset: u64,
     pub(crate) end: u64,
     pub(crate) version: Option<String>,
@@ -124,11 +153,74 @@ pub(crate) struct Resume {
     pub(crate) tried: Vec<String>,
 }
 
+/// A stream read through its owner's same-node door (`local.rs`): pieces of
+/// [`DOOR_PIECE`] bytes (ending on its multiples), [`DOOR_AHEAD`] asked at once.
+#[derive(Debug)]
+pub(crate) struct DoorStream {
+    member: Arc<ServerSlot>,
+    /// The read's headers (its job, its epoch).
+    metadata: tonic::metadata::MetadataMap,
+    ahead: VecDeque<tokio::task::JoinHandle<Result<Through>>>,
+    /// Where the next piece to ask for starts.
+    next_ask: u64,
+}
+
+/// Bytes a stream reads through a door per call: the gRPC stream's message size, under
+/// every spoke's `--max-read`.
+const DOOR_PIECE: u64 = 1 << 20;
+/// Pieces asked ahead of the reader: one being read while the reader takes another.
+const DOOR_AHEAD: usize = 2;
+
+impl Drop for DoorStream {
+    fn drop(&mut self) {
+        for piece in &self.ahead {
+            piece.abort();
+        }
+    }
+}
+
+impl DoorStream {
+    /// The next piece, asking for more ahead; `None`: read the rest over gRPC.
+    async fn next(&mut self, shard: &Resume, end: u64, version: Option<&str>) -> Result<Option<Verified>> {
+        while self.ahead.len() < DOOR_AHEAD && self.next_ask < end {
+            let length = (DOOR_PIECE - self.next_ask % DOOR_PIECE).min(end - self.next_ask);
+            let mut range = Range::new(shard.dataset.as_str(), shard.shard.as_str(), self.next_ask, length);
+            range.expected_version = version.map(str::to_owned);
+            let (member, metadata) = (self.member.clone(), self.metadata.clone());
+            self.ahead
+                .push_back(tokio::spawn(async move { through_door(&member, &metadata, &[&range]).await }));
+            self.next_ask += length;
+        }
+        let Some(piece) = self.ahead.pop_front() else { return Ok(None) };
+        let through = piece
+            .await
+            .map_err(|e| Error::Config(format!("a read through the same-node door failed: {e}")))?;
+        match through? {
+            Through::Read(mut read) => Ok(read.pop()),
+            Through::Grpc | Through::Broken => Ok(None),
+        }
+    }
+}
+
 impl ShardStream {
     /// The next verified chunk; `Ok(None)` once the whole range has arrived.
     pub async fn next_chunk(&mut self) -> Result<Option<Verified>> {
+        if let Some(door) = &mut self.door
+            && self.next_offset < self.end
+        {
+            match door.next(&self.resume, self.end, self.version.as_deref()).await? {
+                Some(read) => return self.door_piece(read).map(Some),
+                // Not stored (or the door broke): the rest over gRPC, at the version read.
+                None => self.leave_door().await?,
+            }
+        }
+        if self.door.is_some() {
+            // The whole range came through the door.
+            return Ok(None);
+        }
         let chunk = loop {
-            let message = self.stream.message().await;
+            let Some(stream) = &mut self.stream else { return Ok(None) };
+            let message = stream.message().await;
             match message.map_err(|status| Error::Status { endpoint: self.endpoint.clone(), status }) {
                 Ok(chunk) => break chunk,
                 Err(e) => self.resume_after(e).await?,
@@ -170,6 +262,37 @@ impl ShardStream {
         Ok(Some(verified))
     }
 
+    /// A piece read through the door, as the stream's next chunk: where the stream is, at
+    /// its version.
+    fn door_piece(&mut self, read: Verified) -> Result<Verified> {
+        let len = read.data.len() as u64;
+        if read.offset != self.next_offset || len == 0 || self.next_offset + len > self.end {
+            let detail = format!(
+                "a piece of {} at {} read through the door, expected {}",
+                self.shard, read.offset, self.next_offset
+            );
+            return Err(protocol(&self.endpoint, detail));
+        }
+        match &self.version {
+            Some(expected) => verify::same_version(&self.shard, expected, &read.version)?,
+            None => self.version = Some(read.version.clone()),
+        }
+        self.next_offset += len;
+        Ok(read)
+    }
+
+    /// Goes on over gRPC from where the door left off.
+    async fn leave_door(&mut self) -> Result<()> {
+        self.door = None;
+        let r = &self.resume;
+        let version = self.version.as_deref();
+        let (stream, member) =
+            r.client.open_stream(&r.dataset, &r.shard, self.next_offset, self.end, version, &[]).await?;
+        self.endpoint = member;
+        self.stream = Some(stream);
+        Ok(())
+    }
+
     /// After `failure` of the member streaming: in a group whose other members have not
     /// all been tried, the rest of the range from the next one (at the version already
     /// read, if any), else `failure`.
@@ -187,7 +310,7 @@ impl ShardStream {
             r.client.open_stream(&r.dataset, &r.shard, self.next_offset, self.end, version, &r.tried).await?;
         self.endpoint = member.clone();
         r.tried.push(member);
-        self.stream = stream;
+        self.stream = Some(stream);
         Ok(())
     }
 

@@ -86,11 +86,23 @@ async fn warm_reads_come_through_the_door_byte_identical_and_counted_as_hits_and
     let hits = spoke.metric("shardcache_spoke_hit_requests_total{dataset=\"c4\"}").await;
     assert!(hits >= 6.0, "{hits} hits");
 
+    // A stream of a stored shard comes through the door too; one of a shard not stored
+    // goes on over gRPC from where the door sent it back.
+    let streamed =
+        alice.stream_shard("c4", "shard-00001.bin", 1000, None).await.unwrap().read_to_end().await.unwrap();
+    assert!(streamed == shard1[1000..]);
+    assert_eq!(spoke.metric("shardcache_spoke_local_door_calls_total").await, 3.0);
+    let shard2 = shard_bytes(root.path(), "c4", "shard-00002.bin");
+    let streamed =
+        alice.stream_shard("c4", "shard-00002.bin", 0, None).await.unwrap().read_to_end().await.unwrap();
+    assert!(streamed == shard2);
+    assert_eq!(spoke.metric("shardcache_spoke_local_door_not_stored_total").await, 2.0);
+
     // A shard not stored: the door answers so and the read goes over gRPC.
     let shard3 = shard_bytes(root.path(), "c4", "shard-00003.bin");
     let cold = alice.read_range(&Range::new("c4", "shard-00003.bin", 5, 1000)).await.unwrap();
     assert!(cold.data == shard3[5..1005]);
-    assert_eq!(spoke.metric("shardcache_spoke_local_door_not_stored_total").await, 2.0);
+    assert_eq!(spoke.metric("shardcache_spoke_local_door_not_stored_total").await, 3.0);
 }
 
 /// One question to the door at `socket`, its answer.
