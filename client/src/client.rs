@@ -98,6 +98,8 @@ pub struct Client {
     index_read: bool,
     /// Reads ask for the bytes as they are, never compressed ([`Client::plain`]).
     plain: bool,
+    /// Reads may go through a member's same-node door (`local.rs`); see [`Client::over_grpc`].
+    pub(crate) door: bool,
 }
 
 impl Client {
@@ -152,6 +154,7 @@ impl Client {
             job: None,
             index_read: false,
             plain: false,
+            door: true,
         }
     }
 
@@ -176,6 +179,13 @@ impl Client {
     /// (`shardcache-accept-encoding`), and a hub compresses what pays on the link.
     pub fn plain(&self) -> Self {
         Self { plain: true, ..self.clone() }
+    }
+
+    /// This client reading over gRPC only, never through a spoke's same-node door (a
+    /// bench's gRPC rows; see [`crate::local`] for the environment variable that turns
+    /// the door off for a whole process).
+    pub fn over_grpc(&self) -> Self {
+        Self { door: false, ..self.clone() }
     }
 
     /// This client saying its reads take zstd again (undoes [`Client::plain`]).
@@ -363,7 +373,8 @@ impl Client {
         self.on_members_relayed(&self.router.route(Some((&range.dataset, &range.shard)), &[]), |asked, m| {
             let request = self.read_request(range.to_request(), asked);
             async move {
-                if let Through::Read(mut read) = through_door(&m, request.metadata(), &[range]).await?
+                if self.door
+                    && let Through::Read(mut read) = through_door(&m, request.metadata(), &[range]).await?
                     && let Some(read) = read.pop()
                 {
                     return Ok((read, false));
@@ -396,7 +407,7 @@ impl Client {
                 .on_members_relayed(&route, |asked, m| {
                     let request = self.read_request(ReadRangesRequest::default(), asked);
                     let indices = &indices;
-                    async move { read_batch(&m, request, ranges, indices).await }
+                    async move { read_batch(&m, request, ranges, indices, self.door).await }
                 })
                 .await?;
             Ok::<_, Error>(indices.into_iter().zip(read).collect::<Vec<_>>())
@@ -479,16 +490,17 @@ pub(crate) async fn through_door(
     }
 }
 
-/// `ranges[indices]` in one `ReadRanges` call to `member`, verified; `request` carries
-/// the call's headers.
+/// `ranges[indices]` in one `ReadRanges` call to `member` (through its same-node door
+/// first, where `door` and it has one), verified; `request` carries the call's headers.
 async fn read_batch(
     member: &ServerSlot,
     mut request: tonic::Request<ReadRangesRequest>,
     ranges: &[Range],
     indices: &[usize],
+    door: bool,
 ) -> Result<(Vec<Verified>, bool)> {
     let asked: Vec<&Range> = indices.iter().map(|&i| &ranges[i]).collect();
-    if let Through::Read(read) = through_door(member, request.metadata(), &asked).await? {
+    if door && let Through::Read(read) = through_door(member, request.metadata(), &asked).await? {
         return Ok((read, false));
     }
     request.get_mut().ranges = asked.iter().map(|r| r.to_request()).collect();

@@ -63,7 +63,8 @@ impl Client {
             tried: vec![member.to_owned()],
         };
         // The owner's same-node door, when it has one at hand: read piece by piece there.
-        if let Some(owner) = self.router.route(Some((dataset, shard)), &[]).first()
+        if self.door
+            && let Some(owner) = self.router.route(Some((dataset, shard)), &[]).first()
             && owner.conn.door_at_hand().await
         {
             let metadata = self.read_request((), &[]).into_parts().0;

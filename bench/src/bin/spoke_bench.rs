@@ -48,7 +48,9 @@ async fn main() {
 
     let cache = tempfile::tempdir().unwrap();
     let spoke = SpokeProcess::start(&hub.endpoint, cache.path(), &[]);
-    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    // The gRPC port, as a reader on another node reads it (the same-node door's rows are
+    // node-bench's).
+    let client = Client::connect(&spoke.endpoint).await.unwrap().over_grpc();
     let perf = std::env::args().any(|a| a == "--perf");
     let mut profile = None;
     for phase in ["cold", "warm"] {

@@ -54,6 +54,7 @@ async fn warm_reads_come_through_the_door_byte_identical_and_counted_as_hits_and
         alice.read_range(&Range::new("c4", shard, 0, SHARD)).await.unwrap();
     }
     spoke.settled().await;
+    let fetched = spoke.metric("shardcache_spoke_upstream_requests_total").await;
     // (The first answer named the door: the second cold read asked it, and was sent back.)
     assert_eq!(spoke.metric("shardcache_spoke_local_door_calls_total").await, 0.0);
     assert_eq!(spoke.metric("shardcache_spoke_local_door_not_stored_total").await, 1.0);
@@ -78,6 +79,8 @@ async fn warm_reads_come_through_the_door_byte_identical_and_counted_as_hits_and
     }
     let whole = alice.read_range(&Range::new("c4", "shard-00000.bin", 0, SHARD)).await.unwrap();
     assert!(whole.data == shard0);
+    // Warm: nothing of it crossed the link.
+    assert_eq!(spoke.metric("shardcache_spoke_upstream_requests_total").await, fetched);
     let asked: f64 = ranges.iter().map(|r| r.length as f64).sum::<f64>() + SHARD as f64;
     assert_eq!(spoke.metric("shardcache_spoke_local_door_calls_total").await, 2.0);
     assert_eq!(spoke.metric("shardcache_spoke_local_door_placed_bytes_total").await, asked);

@@ -263,7 +263,8 @@ impl ReadPath {
             }
             part.pending = shared;
         }
-        let fetched = parts.iter().filter(|p| p.bytes.is_none()).map(|part| {
+        // (A part placed in the store's files for the same-node door is answered.)
+        let fetched = parts.iter().filter(|p| !p.answered()).map(|part| {
             let chunk_start = part.index.start(part.entry.chunk_size);
             let range = (part.from - chunk_start) as usize..(part.to - chunk_start) as usize;
             let chunk = match &part.provenance {
@@ -314,7 +315,7 @@ impl ReadPath {
             }
         });
         let mut fetched = futures::future::try_join_all(fetched).await?.into_iter();
-        for part in parts.iter_mut().filter(|p| p.bytes.is_none()) {
+        for part in parts.iter_mut().filter(|p| !p.answered()) {
             part.bytes = fetched.next();
         }
         Ok(())

@@ -41,6 +41,13 @@ pub(super) enum Provenance {
     IndexHeld,
 }
 
+impl Part<'_> {
+    /// Whether its bytes are at hand: read, or placed in the store's files.
+    pub(super) fn answered(&self) -> bool {
+        self.bytes.is_some() || self.placed.is_some()
+    }
+}
+
 /// Records on `span` (the request's: a read adds no span of its own, so that a warm read
 /// costs one exported span, observe-cost-bench) what was decided for each of `parts`
 /// when traces are exported: how many were hits and misses, what the admission decided
