@@ -438,9 +438,10 @@ impl Client {
 }
 
 impl Conn {
-    /// Whether the member's same-node door is open (opened now if it was named).
-    pub(crate) async fn door_at_hand(&self) -> bool {
-        self.door.door(self.credentials.bearer()).await.is_some()
+    /// The most a call through the member's same-node door may read, when it has one
+    /// open (opened now if it was named).
+    pub(crate) async fn door_at_hand(&self) -> Option<u64> {
+        Some(self.door.door(self.credentials.bearer()).await?.max_read)
     }
 
     /// A member's connection; `door`: its same-node door may be used once it names one.

@@ -88,7 +88,8 @@ impl DoorSlot {
         }
     }
 
-    /// The member's door, opened on first use; `None`: read over gRPC.
+    /// The member's door, opened on first use; `None`: read over gRPC (also for a spoke
+    /// whose door takes less than one piece of a stream at a time).
     pub(crate) async fn door(&self, bearer: Option<&MetadataValue<Ascii>>) -> Option<Arc<Door>> {
         let (path, instance) = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -150,6 +151,8 @@ pub(crate) enum Through {
 pub(crate) struct Door {
     path: PathBuf,
     instance: String,
+    /// The most one call may ask for in all (the spoke's `--max-read`).
+    pub(crate) max_read: u64,
     idle: Mutex<Vec<UnixStream>>,
 }
 
@@ -169,7 +172,8 @@ impl Door {
         if answer.code != 0 {
             return Err(format!("refused: {}", answer.message));
         }
-        Ok(Door { path: path.into(), instance, idle: Mutex::new(vec![stream]) })
+        let max_read = answer.max_read;
+        Ok(Door { path: path.into(), instance, max_read, idle: Mutex::new(vec![stream]) })
     }
 
     /// Reads `ranges` through the door with the call's `metadata` (its job, its token),

@@ -65,8 +65,10 @@ impl Client {
         // The owner's same-node door, when it has one at hand: read piece by piece there.
         if self.door
             && let Some(owner) = self.router.route(Some((dataset, shard)), &[]).first()
-            && owner.conn.door_at_hand().await
+            && let Some(max_read) = owner.conn.door_at_hand().await
+            && max_read >= DOOR_PIECE_MIN
         {
+            let piece = max_read.min(DOOR_PIECE) / DOOR_PIECE_MIN * DOOR_PIECE_MIN;
             let metadata = self.read_request((), &[]).into_parts().0;
             return Ok(ShardStream {
                 endpoint: owner.url.clone(),
@@ -77,6 +79,7 @@ impl Client {
                     metadata,
                     ahead: VecDeque::new(),
                     next_ask: offset,
+                    piece,
                 }),
                 next_offset: offset,
                 end,
@@ -154,8 +157,8 @@ pub(crate) struct Resume {
     pub(crate) tried: Vec<String>,
 }
 
-/// A stream read through its owner's same-node door (`local.rs`): pieces of
-/// [`DOOR_PIECE`] bytes (ending on its multiples), [`DOOR_AHEAD`] asked at once.
+/// A stream read through its owner's same-node door (`local.rs`): pieces of up to
+/// [`DOOR_PIECE`] bytes (ending on their multiples), [`DOOR_AHEAD`] asked at once.
 #[derive(Debug)]
 pub(crate) struct DoorStream {
     member: Arc<ServerSlot>,
@@ -164,11 +167,16 @@ pub(crate) struct DoorStream {
     ahead: VecDeque<tokio::task::JoinHandle<Result<Through>>>,
     /// Where the next piece to ask for starts.
     next_ask: u64,
+    /// Bytes per piece: [`DOOR_PIECE`], or less where the spoke's `--max-read` is less.
+    piece: u64,
 }
 
-/// Bytes a stream reads through a door per call: the gRPC stream's message size, under
-/// every spoke's `--max-read`.
-const DOOR_PIECE: u64 = 1 << 20;
+/// Bytes a stream reads through a door per call, where the spoke's `--max-read` allows:
+/// node-bench's door rows read 2.3 GB/s with 1 MiB pieces and 3.4 GB/s with 4 MiB with
+/// one reader (fewer calls: less of the spoke's and the reader's time per byte).
+const DOOR_PIECE: u64 = 4 << 20;
+/// The least: the gRPC stream's message size (a spoke's `--max-read` is at least that).
+const DOOR_PIECE_MIN: u64 = 1 << 20;
 /// Pieces asked ahead of the reader: one being read while the reader takes another.
 const DOOR_AHEAD: usize = 2;
 
@@ -184,7 +192,7 @@ impl DoorStream {
     /// The next piece, asking for more ahead; `None`: read the rest over gRPC.
     async fn next(&mut self, shard: &Resume, end: u64, version: Option<&str>) -> Result<Option<Verified>> {
         while self.ahead.len() < DOOR_AHEAD && self.next_ask < end {
-            let length = (DOOR_PIECE - self.next_ask % DOOR_PIECE).min(end - self.next_ask);
+            let length = (self.piece - self.next_ask % self.piece).min(end - self.next_ask);
             let mut range = Range::new(shard.dataset.as_str(), shard.shard.as_str(), self.next_ask, length);
             range.expected_version = version.map(str::to_owned);
             let (member, metadata) = (self.member.clone(), self.metadata.clone());

@@ -166,7 +166,7 @@ impl LocalDoor {
         let (grant, context) = (Grant::of(&request)?, ReadContext::of(&request)?);
         let hello = LocalAnswer { spoke: self.instance.clone(), ..Default::default() };
         if question.ranges.is_empty() {
-            return Ok((hello, Vec::new()));
+            return Ok((LocalAnswer { max_read: self.max_read, ..hello }, Vec::new()));
         }
         let ranges = &question.ranges;
         let wants = self.checked_wants(ranges, &grant)?;
