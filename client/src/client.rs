@@ -440,8 +440,8 @@ impl Client {
 impl Conn {
     /// The most a call through the member's same-node door may read, when it has one
     /// open (opened now if it was named).
-    pub(crate) async fn door_at_hand(&self) -> Option<u64> {
-        Some(self.door.door(self.credentials.bearer()).await?.max_read)
+    pub(crate) async fn door_at_hand(&self, url: &str) -> Option<u64> {
+        Some(self.door.door(url, self.credentials.bearer()).await?.max_read)
     }
 
     /// A member's connection; `door`: its same-node door may be used once it names one.
@@ -481,7 +481,7 @@ pub(crate) async fn through_door(
     ranges: &[&Range],
 ) -> Result<Through> {
     let bearer = member.conn.credentials.bearer();
-    let Some(door) = member.conn.door.door(bearer).await else { return Ok(Through::Grpc) };
+    let Some(door) = member.conn.door.door(&member.url, bearer).await else { return Ok(Through::Grpc) };
     match door.read(&member.url, metadata, bearer, ranges).await? {
         Through::Broken => {
             member.conn.door.shut();

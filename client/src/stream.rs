@@ -65,7 +65,7 @@ impl Client {
         // The owner's same-node door, when it has one at hand: read piece by piece there.
         if self.door
             && let Some(owner) = self.router.route(Some((dataset, shard)), &[]).first()
-            && let Some(max_read) = owner.conn.door_at_hand().await
+            && let Some(max_read) = owner.conn.door_at_hand(&owner.url).await
             && max_read >= DOOR_PIECE_MIN
         {
             let piece = max_read.min(DOOR_PIECE) / DOOR_PIECE_MIN * DOOR_PIECE_MIN;

@@ -26,7 +26,7 @@
 use std::{
     fs::File,
     future::Future,
-    os::{fd::AsFd, unix::fs::FileExt},
+    os::fd::AsFd,
     path::{Path, PathBuf},
     pin::Pin,
     sync::{Arc, atomic::Ordering::Relaxed},
@@ -36,7 +36,7 @@ use std::{
 
 use prost::Message;
 use shardcache_proto::{
-    checksum::{Checked, combine, crc32c},
+    checksum::Checked,
     names::{DatasetName, ShardName},
     range,
     v1::{LocalAnswer, LocalPiece, LocalQuestion, LocalRange, ReadRangeRequest},
@@ -51,7 +51,7 @@ use crate::{
     cache::Cache,
     read::path::Piece,
     serve::source::reader_for,
-    store::{PAGE_SIZE, entry::Entry, locate::PageSpan},
+    store::{entry::Entry, locate::PageSpan},
 };
 
 /// The response header of the spoke's gRPC answers that names its door.
@@ -66,26 +66,54 @@ pub struct LocalDoor {
     /// Random per start: the socket a reader finds is this spoke's only if it says so.
     instance: String,
     path: PathBuf,
+    /// The socket file this door made (device, inode): removed at the end only if it is
+    /// still this one (a spoke started meanwhile on the same path has its own).
+    made: (u64, u64),
+    /// Readers connected at once, at most [`MAX_CONNECTIONS`].
+    connections: Arc<tokio::sync::Semaphore>,
 }
 
+/// Readers connected to the door at once: more are closed at once (a reader keeps a few,
+/// one per call in flight). Each holds at most one question and its answer.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long a connection may wait for its reader's next question (idle, or one sent
+/// byte by byte), and for its reader to take an answer.
+const READER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 impl LocalDoor {
-    /// Binds `path` (a socket left there by an earlier run is replaced), readable and
-    /// writable by every user of the node: a token is checked on every call, as on the
-    /// gRPC port, and containers of other users mount the socket.
+    /// Binds `path` (a socket left there by an earlier run is replaced; one another
+    /// process still answers on is left alone: an error), readable and writable by every
+    /// user of the node: a token is checked on every call, as on the gRPC port, and
+    /// containers of other users mount the socket.
     pub fn bind(
         path: &Path,
         cache: Arc<Cache>,
         auth: Authenticator,
         max_read: u64,
     ) -> std::io::Result<(Self, UnixListener)> {
-        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
         if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "another process answers on this socket (another spoke on the same --cache-dir?)",
+                ));
+            }
             std::fs::remove_file(path)?;
         }
         let listener = UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-        let instance = format!("{:x}{:x}", std::process::id(), crate::store::catalog::now_ms());
-        Ok((Self { cache, auth, max_read, instance, path: path.to_owned() }, listener))
+        let made = std::fs::metadata(path).map(|m| (m.dev(), m.ino()))?;
+        let door = Self {
+            cache,
+            auth,
+            max_read,
+            instance: random_instance()?,
+            path: path.to_owned(),
+            made,
+            connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+        };
+        Ok((door, listener))
     }
 
     /// The [`DOOR_HEADER`] value.
@@ -100,9 +128,15 @@ impl LocalDoor {
             tokio::select! {
                 () = &mut shutdown => break,
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        tokio::spawn(self.clone().serve_connection(stream));
-                    }
+                    Ok((stream, _)) => match self.connections.clone().try_acquire_owned() {
+                        Ok(held) => {
+                            tokio::spawn(self.clone().serve_connection(stream, held));
+                        }
+                        Err(_) => tracing::warn!(
+                            limit = MAX_CONNECTIONS,
+                            "the same-node door has as many readers as it takes; one more was closed (it reads over gRPC)"
+                        ),
+                    },
                     Err(e) => {
                         tracing::warn!(error = %e, "the same-node door could not accept a reader");
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -110,18 +144,23 @@ impl LocalDoor {
                 },
             }
         }
-        let _ = std::fs::remove_file(&self.path);
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.made) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 
     /// Answers one reader's questions, in order, until it goes away (or sends what is
     /// not a question: then the connection is closed, after its answer).
-    async fn serve_connection(self: Arc<Self>, stream: UnixStream) {
+    async fn serve_connection(self: Arc<Self>, stream: UnixStream, _held: tokio::sync::OwnedSemaphorePermit) {
         loop {
             // Descriptors a reader sends are closed at once (they are dropped here).
-            let question = match local_socket::recv(&stream, MAX_QUESTION_BYTES).await {
-                Ok(Some((question, _))) => question,
-                Ok(None) => return,
-                Err(e) => {
+            let question =
+                tokio::time::timeout(READER_TIMEOUT, local_socket::recv(&stream, MAX_QUESTION_BYTES));
+            let question = match question.await {
+                Ok(Ok(Some((question, _)))) => question,
+                Ok(Ok(None)) | Err(_) => return,
+                Ok(Err(e)) => {
                     let status =
                         Status::invalid_argument(format!("not a question of the same-node door: {e}"));
                     let _ = self.send(&stream, self.failed(&status), &[]).await;
@@ -172,12 +211,13 @@ impl LocalDoor {
         let wants = self.checked_wants(ranges, &grant)?;
         let Some(wants) = wants else { return Ok(self.not_stored(hello)) };
         let metrics = self.cache.metrics();
-        metrics.read_request();
         let reader = reader_for(&self.cache, &context);
         let asked: Vec<(&Arc<Entry>, u64, u64)> = wants.iter().map(|(e, o, l)| (e, *o, *l)).collect();
         let Some(read) = self.cache.locate_many(&asked, &reader).await.map_err(Status::from)? else {
             return Ok(self.not_stored(hello));
         };
+        // (Counted once read: a call sent back to gRPC is counted there.)
+        metrics.read_request();
         let mut files = Files::default();
         let mut answer = LocalAnswer { ranges: Vec::with_capacity(read.len()), ..hello };
         for ((entry, ..), pieces) in wants.iter().zip(read) {
@@ -263,7 +303,7 @@ struct Files {
 
 impl Files {
     /// `piece` as the answer's pieces: bytes as they are, pages in files; a page in a file
-    /// beyond the [`MAX_FILES`] one answer may pass is read here and carried.
+    /// beyond the [`MAX_FILES`] one answer may pass is never placed (`store::locate`).
     fn piece(&mut self, piece: Piece) -> Result<Vec<LocalPiece>, Status> {
         let spans = match piece {
             Piece::Bytes(bytes) => return Ok(vec![self.carry(bytes)]),
@@ -275,11 +315,12 @@ impl Files {
     fn page(&mut self, span: PageSpan) -> Result<LocalPiece, Status> {
         let file = match self.open.iter().position(|f| Arc::ptr_eq(f, &span.file)) {
             Some(file) => file,
+            // (`store::locate::Opened` opens at most MAX_FILES per call.)
             None if self.open.len() < MAX_FILES => {
                 self.open.push(span.file.clone());
                 self.open.len() - 1
             }
-            None => return Ok(self.carry(read_page(&span)?)),
+            None => return Err(Status::internal(format!("a call placed in more than {MAX_FILES} files"))),
         };
         Ok(LocalPiece {
             page: true,
@@ -298,24 +339,11 @@ impl Files {
     }
 }
 
-/// The part of a placed page its span takes, read and checked here.
-fn read_page(span: &PageSpan) -> Result<Checked, Status> {
-    const HEADER: usize = 4;
-    let mut value = vec![0u8; HEADER + span.page_len as usize];
-    span.file
-        .read_exact_at(&mut value, span.at)
-        .map_err(|e| Status::internal(format!("reading a stored page: {e}")))?;
-    let (header, page) = value.split_at(HEADER);
-    let stored = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-    let (from, to) = (span.from as usize, span.to as usize);
-    let part = crc32c(&page[from..to]);
-    let whole =
-        combine(combine(crc32c(&page[..from]), part, to - from), crc32c(&page[to..]), page.len() - to);
-    if whole != stored {
-        return Err(Status::data_loss("a stored page failed its checksum; read the range again"));
-    }
-    debug_assert!(page.len() as u64 <= PAGE_SIZE);
-    Ok(Checked { data: bytes::Bytes::copy_from_slice(&page[from..to]), crc32c: part })
+/// 128 random bits, in hex: a spoke's instance.
+fn random_instance() -> std::io::Result<String> {
+    let mut random = [0u8; 16];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut random)?;
+    Ok(random.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The spoke's gRPC service with [`DOOR_HEADER`] on every response.

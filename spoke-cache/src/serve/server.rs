@@ -288,7 +288,20 @@ pub async fn serve(
 /// socket that cannot be is said in the log; readers then read over gRPC).
 fn open_door(cache: &Arc<Cache>, options: &SpokeOptions) -> Option<(LocalDoor, tokio::net::UnixListener)> {
     let path = options.local_socket.as_ref()?;
-    match LocalDoor::bind(path, cache.clone(), options.security.auth.clone(), options.max_read) {
+    let security = &options.security;
+    // Client certificates without a token file: the gRPC port knows its readers by their
+    // certificates, which a Unix socket does not carry (the door would grant everything).
+    if !security.auth.requires_credentials()
+        && security.tls.as_ref().is_some_and(|t| t.verifies_client_certs())
+    {
+        tracing::warn!(
+            socket = %path.display(),
+            "no same-node door: readers are known by their client certificates here, which a Unix socket does \
+             not carry; give the spoke a --token-file (a grants line per certificate) to open it"
+        );
+        return None;
+    }
+    match LocalDoor::bind(path, cache.clone(), security.auth.clone(), options.max_read) {
         Ok(door) => {
             tracing::info!(socket = %path.display(), "same-node door open: readers on this node read warm bytes from the cache's files");
             Some(door)

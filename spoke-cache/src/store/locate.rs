@@ -42,8 +42,11 @@ use super::{
 /// Bytes of a block that follow its value: the restart array of one restart and the
 /// restart count (u32 each), then the trailer (compression type, 4-byte checksum).
 const BLOCK_TAIL: u64 = 4 + 4 + 5;
-/// A data block's key: the page key (16 bytes) and RocksDB's sequence and type (8).
+/// A data block's key: the page key (16 bytes) and RocksDB's sequence and type (8,
+/// little-endian: the type first).
 const INTERNAL_KEY: u64 = 24;
+/// RocksDB's `kTypeValue`.
+const VALUE_TYPE: u8 = 1;
 
 /// Part of one stored page that a read takes, in an open file.
 #[derive(Debug, Clone)]
@@ -57,8 +60,34 @@ pub struct PageSpan {
     pub to: u32,
 }
 
-/// The files a call's reads were placed in, opened once each.
-pub type Opened = HashMap<PathBuf, Arc<File>>;
+/// The files a call's reads were placed in, opened once each, at most `most` of them
+/// (what one answer may pass: `shardcache_transport::local_socket::MAX_FILES`); a page
+/// in another file is not placed (it is read and carried).
+#[derive(Debug)]
+pub struct Opened {
+    files: HashMap<PathBuf, Arc<File>>,
+    most: usize,
+}
+
+impl Opened {
+    pub fn new(most: usize) -> Self {
+        Self { files: HashMap::new(), most }
+    }
+
+    /// `path`, opened once per call; `None` past `most` files or when it is gone.
+    fn open(&mut self, path: &Path) -> Option<Arc<File>> {
+        if let Some(file) = self.files.get(path) {
+            return Some(file.clone());
+        }
+        if self.files.len() >= self.most {
+            return None;
+        }
+        // Gone since it was placed (evicted): read as before.
+        let file = Arc::new(File::open(path).ok()?);
+        self.files.insert(path.to_owned(), file.clone());
+        Some(file)
+    }
+}
 
 /// Pages of one file that lie at a regular stride: page `first + k` (k < `count`) at
 /// `at + k * stride`, each `len` bytes after its header.
@@ -99,24 +128,42 @@ struct PlacedFile {
     runs: Vec<Run>,
 }
 
+/// Counters of changes, a shard id's being `id % CHANGE_COUNTERS`: places found while
+/// their shard's counter moved are not kept. Per id rather than one counter, so that
+/// admissions of other shards (a node filling while it serves) do not keep a warm
+/// shard's places from being kept; bounded, where a map by id would grow with every
+/// shard ever admitted (two ids sharing a counter only cost a placement found again).
+const CHANGE_COUNTERS: usize = 1024;
+
 /// The places of each shard's pages, by shard id (`None`: its files could not be placed).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Places {
     shards: Mutex<HashMap<u64, Option<Arc<Vec<PlacedFile>>>>>,
-    /// Bumped whenever any shard's files change: places found while it moved are not kept.
-    changes: AtomicU64,
+    changes: Box<[AtomicU64]>,
+}
+
+impl Default for Places {
+    fn default() -> Self {
+        Self { shards: Mutex::default(), changes: (0..CHANGE_COUNTERS).map(|_| AtomicU64::new(0)).collect() }
+    }
 }
 
 impl Places {
+    fn changes(&self, id: u64) -> &AtomicU64 {
+        &self.changes[(id % CHANGE_COUNTERS as u64) as usize]
+    }
+
     /// Shard `id`'s files changed: its places are found again when next asked.
     pub(super) fn forget(&self, id: u64) {
-        self.changes.fetch_add(1, SeqCst);
+        self.changes(id).fetch_add(1, SeqCst);
         self.shards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
     }
 
     /// Every shard's files may have changed (a range of ids dropped).
     pub(super) fn forget_all(&self) {
-        self.changes.fetch_add(1, SeqCst);
+        for counter in &self.changes {
+            counter.fetch_add(1, SeqCst);
+        }
         self.shards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
     }
 }
@@ -124,7 +171,8 @@ impl Places {
 impl Store {
     /// Where `[offset, offset + len)` of shard `id` lies in the store's files (opened into
     /// `opened`, shared by a call's reads), page by page; `None` when some page cannot be
-    /// placed (then it is read with [`Store::read`], which says whether it is there).
+    /// placed, or lies in a file past what `opened` may hold (then it is read with
+    /// [`Store::read`], which says whether it is there).
     pub fn locate(&self, id: u64, offset: u64, len: u64, opened: &mut Opened) -> Option<Vec<PageSpan>> {
         if len == 0 {
             return Some(Vec::new());
@@ -142,15 +190,7 @@ impl Store {
             if from >= to {
                 return None;
             }
-            let handle = match opened.get(&file.path) {
-                Some(handle) => handle.clone(),
-                None => {
-                    // Gone since it was placed (evicted): read as before.
-                    let handle = Arc::new(File::open(&file.path).ok()?);
-                    opened.insert(file.path.clone(), handle.clone());
-                    handle
-                }
-            };
+            let handle = opened.open(&file.path)?;
             spans.push(PageSpan { file: handle, at, page_len, from: from as u32, to: to as u32 });
         }
         Some(spans)
@@ -163,11 +203,11 @@ impl Store {
         {
             return known.clone();
         }
-        let before = places.changes.load(SeqCst);
+        let before = places.changes(id).load(SeqCst);
         let found = self.place_files(id).map(Arc::new);
         let mut shards = places.shards.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Not kept when a shard's files changed meanwhile: what was listed may be stale.
-        if places.changes.load(SeqCst) == before {
+        // Not kept when the shard's files changed meanwhile: what was listed may be stale.
+        if places.changes(id).load(SeqCst) == before {
             shards.insert(id, found.clone());
         }
         found
@@ -216,6 +256,10 @@ fn walk(path: &Path, id: u64, first: u64, last: u64) -> Option<Vec<Run>> {
             return None;
         }
         let page = page_of(id)(&head[at..at + 16]).filter(|&page| page >= expected && page <= last)?;
+        // The key's type (the low byte of its trailer): a value, not a deletion.
+        if head[at + 16] != VALUE_TYPE {
+            return None;
+        }
         let value = block + at as u64 + INTERNAL_KEY;
         let mut tail = [0u8; 9];
         file.read_exact_at(&mut tail, value + value_len).ok()?;

@@ -408,7 +408,7 @@ fn a_samples_file_that_is_not_one_whole_pack_is_removed_at_open() {
 /// page read from its file and checked against the CRC32C stored in front of it.
 fn read_placed(store: &Store, id: u64, offset: u64, len: u64) -> Option<Vec<u8>> {
     use std::os::unix::fs::FileExt;
-    let spans = store.locate(id, offset, len, &mut locate::Opened::new())?;
+    let spans = store.locate(id, offset, len, &mut locate::Opened::new(64))?;
     let mut out = Vec::new();
     for span in spans {
         let mut value = vec![0u8; PAGE_HEADER + span.page_len as usize];
@@ -447,9 +447,11 @@ fn the_door_places_every_page_in_chunk_files_and_merged_ones_and_a_held_file_out
 
     // A reader holds a file when the shard is evicted: the file's bytes stay as they were
     // until it lets go, and nothing of the shard is placed any more.
-    let held = store.locate(1, 0, 100, &mut locate::Opened::new()).expect("placed");
+    // A call opens so many files and no more: past them, pages are not placed (but read).
+    assert!(store.locate(1, 0, 100, &mut locate::Opened::new(0)).is_none());
+    let held = store.locate(1, 0, 100, &mut locate::Opened::new(64)).expect("placed");
     store.delete_shard(1, Some(("ds", "a"))).unwrap();
-    assert!(store.locate(1, 0, 100, &mut locate::Opened::new()).is_none());
+    assert!(store.locate(1, 0, 100, &mut locate::Opened::new(64)).is_none());
     let mut value = vec![0u8; PAGE_HEADER + held[0].page_len as usize];
     std::os::unix::fs::FileExt::read_exact_at(&*held[0].file, &mut value, held[0].at).unwrap();
     assert_eq!(value[PAGE_HEADER..][..100], a[..100]);

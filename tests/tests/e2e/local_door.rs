@@ -216,3 +216,55 @@ async fn a_door_that_cannot_be_opened_leaves_reads_on_grpc() {
     }
     assert_eq!(spoke.metric("shardcache_spoke_local_door_calls_total").await, 0.0);
 }
+
+#[tokio::test]
+async fn a_spoke_that_knows_its_readers_by_certificate_alone_opens_no_door() {
+    use shardcache_serving::tls::{ServerTls, ServerTlsFiles};
+    let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    make_dataset(root.path(), "c4", 1, SHARD);
+    let hub = TestHub::start(root.path()).await;
+    let pki = shardcache_tests::pki::Pki::new("door-mtls");
+    let files = ServerTlsFiles { ..pki.server("spoke-server", Some(pki.ca())) };
+    let mut options = spoke_options(&hub.endpoint);
+    // Client certificates and no token file: a Unix socket carries no certificate, so a
+    // door would read for anyone on the node.
+    options.security = Security { tls: Some(ServerTls::load(&files).unwrap()), auth: Authenticator::open() };
+    options.local_socket = Some(dir.path().join("local.sock"));
+    let spoke = TestSpoke::start(&dir.path().join("cache"), options).await;
+    let certified = ConnectOptions {
+        tls: Some(pki.client(Some(("trainer", shardcache_tests::pki::valid())))),
+        token: None,
+    };
+    let client = Client::connect_with(&spoke.endpoint, &certified).await.unwrap();
+    for _ in 0..2 {
+        client.read_range(&Range::new("c4", "shard-00000.bin", 0, SHARD)).await.unwrap();
+        spoke.settled().await;
+    }
+    // Served over gRPC: the door is decided before the gRPC port serves.
+    assert!(!dir.path().join("local.sock").exists(), "no socket");
+    // (Its metrics listener is TLS too: read in-process.)
+    let metrics = spoke.cache.metrics();
+    assert_eq!(metrics.door_calls.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn a_second_spoke_leaves_a_live_door_alone_and_its_stop_does_not_remove_it() {
+    let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (hub, first, tokens) = spoke_with_door(root.path(), dir.path()).await;
+    let socket = dir.path().join("local.sock");
+    shardcache_tests::until("the first door is open", || socket.exists()).await;
+    let mut options = spoke_options(&hub.endpoint);
+    options.local_socket = Some(socket.clone());
+    let second = TestSpoke::start(&dir.path().join("second"), options).await;
+    // The second spoke serves (over gRPC only), then stops: the first door still answers.
+    let plain = Client::connect(&second.endpoint).await.unwrap();
+    plain.read_range(&Range::new("c4", "shard-00000.bin", 0, 10)).await.unwrap();
+    second.stop().await;
+    assert!(socket.exists(), "the first spoke's socket is still there");
+    let alice = Client::connect_with(&first.endpoint, &token(&tokens[0])).await.unwrap();
+    let whole = Range::new("c4", "shard-00001.bin", 0, SHARD);
+    alice.read_range(&whole).await.unwrap();
+    first.settled().await;
+    alice.read_range(&whole).await.unwrap();
+    assert_eq!(first.metric("shardcache_spoke_local_door_calls_total").await, 1.0, "the first door answered");
+}

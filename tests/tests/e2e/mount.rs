@@ -437,3 +437,28 @@ async fn a_sequential_reader_makes_fewer_larger_calls_to_the_server_than_its_rea
         assert!(calls < reads, "{calls} calls to the server for {reads} reads");
     }
 }
+
+/// On the spoke's node the mount reads what the spoke holds through its same-node door
+/// (the SDK finds it by itself), the file's bytes as on the hub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_spokes_node_the_mount_reads_warm_bytes_through_the_door() {
+    skip_without_fuse!();
+    let root = tempfile::tempdir().unwrap();
+    let want = write_pattern(&root.path().join("c4/door.bin"), (3 * MIB + 777) as usize, 3);
+    let hub = TestHub::start(root.path()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let mut options = spoke_options(&hub.endpoint);
+    options.local_socket = Some(cache.path().join("local.sock"));
+    let spoke = TestSpoke::start(&cache.path().join("store"), options).await;
+    for phase in ["cold", "warm"] {
+        // A new mount each time: the warm read is not the first mount's memory.
+        let mnt = tempfile::tempdir().unwrap();
+        let mount = MountProcess::start(&spoke.endpoint, mnt.path(), &[], &cache.path().join("mount.log"));
+        let read = tokio::task::block_in_place(|| std::fs::read(mnt.path().join("c4/door.bin")).unwrap());
+        assert!(read == want, "{phase}: the file's bytes");
+        drop(mount);
+        spoke.settled().await;
+    }
+    let placed = spoke.metric("shardcache_spoke_local_door_placed_bytes_total").await;
+    assert!(placed >= want.len() as f64, "the warm read came through the door: {placed} bytes placed");
+}

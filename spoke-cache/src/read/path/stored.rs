@@ -37,7 +37,7 @@ impl ReadPath {
         }
         let store = self.store.clone();
         let read: Vec<Stored> = blocking(move || {
-            let mut opened = Opened::new();
+            let mut opened = Opened::new(shardcache_transport::local_socket::MAX_FILES);
             let mut placed =
                 |(id, from, len)| place.then(|| store.locate(id, from, len, &mut opened)).flatten();
             Ok(stored
