@@ -268,3 +268,29 @@ async fn a_second_spoke_leaves_a_live_door_alone_and_its_stop_does_not_remove_it
     alice.read_range(&whole).await.unwrap();
     assert_eq!(first.metric("shardcache_spoke_local_door_calls_total").await, 1.0, "the first door answered");
 }
+
+#[tokio::test]
+async fn a_damaged_page_in_the_cache_is_never_handed_out_through_the_door() {
+    let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_hub, spoke, tokens) = spoke_with_door(root.path(), dir.path()).await;
+    let alice = Client::connect_with(&spoke.endpoint, &token(&tokens[0])).await.unwrap();
+    let want = shard_bytes(root.path(), "c4", "shard-00000.bin");
+    let whole = Range::new("c4", "shard-00000.bin", 0, SHARD);
+    alice.read_range(&whole).await.unwrap();
+    spoke.settled().await;
+    // One byte of page data flipped in every chunk file (a disk that rots under the cache).
+    let mut damaged = 0;
+    for entry in std::fs::read_dir(dir.path().join("cache")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "sst") && std::fs::metadata(&path).unwrap().len() > 200_000 {
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[1000] ^= 0x40;
+            std::fs::write(&path, bytes).unwrap();
+            damaged += 1;
+        }
+    }
+    assert!(damaged >= 4, "the shard's chunk files: {damaged}");
+    let read = alice.read_range(&Range::new("c4", "shard-00000.bin", 0, 100_000)).await.unwrap();
+    assert!(read.data == want[..100_000], "the reader checks each page: never the damaged bytes");
+    assert!(alice.read_range(&whole).await.unwrap().data == want);
+}
