@@ -299,10 +299,7 @@ impl Metrics {
                 &self.hedges.demotions,
             ),
         ];
-        for (name, help, value) in globals {
-            let _ =
-                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
-        }
+        counters(out, &globals);
         self.render_door(out);
     }
 
@@ -330,10 +327,14 @@ impl Metrics {
                 &self.door_not_stored,
             ),
         ];
-        for (name, help, value) in door {
-            let _ =
-                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
-        }
+        counters(out, &door);
+    }
+}
+
+/// Writes `counters` (name, help, value) as Prometheus counters.
+fn counters(out: &mut String, counters: &[(&str, &str, &AtomicU64)]) {
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Relaxed));
     }
 }
 

@@ -177,6 +177,7 @@ impl LocalDoor {
         }
     }
 
+    /// Sends `answer` and its files, if the reader takes them within [`READER_TIMEOUT`].
     async fn send(
         &self,
         stream: &UnixStream,
@@ -184,7 +185,11 @@ impl LocalDoor {
         files: &[Arc<File>],
     ) -> std::io::Result<()> {
         let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
-        local_socket::send(stream, &answer.encode_to_vec(), &fds).await
+        let message = answer.encode_to_vec();
+        let sent = local_socket::send(stream, &message, &fds);
+        tokio::time::timeout(READER_TIMEOUT, sent)
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
     }
 
     fn failed(&self, status: &Status) -> LocalAnswer {
