@@ -22,6 +22,10 @@
 //! - A call that reads anything not stored (or stale: past `--revalidate-after`) is
 //!   answered `not_stored`, with nothing read or counted; the reader reads it over gRPC,
 //!   which fetches it.
+//! - No door where readers are known by client certificates alone (`--client-ca`
+//!   without `--token-file`: a Unix socket carries no certificate; `server.rs`).
+//! - Bounded: [`MAX_CONNECTIONS`] readers at once, [`READER_TIMEOUT`] for a question to
+//!   arrive or an answer to be taken, `MAX_FILES` files per answer.
 
 use std::{
     fs::File,
