@@ -188,6 +188,19 @@ impl Samples {
         let data = self.client.get().run(py, |c| async move { index.read(&c, &samples).await })?;
         PyList::new(py, data.iter().map(|d| PyBytes::new(py, d)))
     }
+
+    /// [`read`](Self::read), each sample in a `bytearray`: a buffer a numpy array over it
+    /// can write to, so the datasets hand out arrays of the stored dtype without a copy
+    /// of their own (`datasets.py`).
+    fn read_writable<'py>(
+        &self,
+        py: Python<'py>,
+        samples: Vec<(usize, u64)>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let index = self.index.clone();
+        let data = self.client.get().run(py, |c| async move { index.read(&c, &samples).await })?;
+        PyList::new(py, data.iter().map(|d| PyByteArray::new(py, d)))
+    }
 }
 
 impl Samples {

@@ -25,6 +25,9 @@ def test_map_dataset_reads_every_record(spoke, records):
     assert ds[5].dtype == np.int64 and ds[5].shape == (RECORD // 4,) and ds[5].flags.writeable
     stored = shardcache.ShardDataset(spoke, "c4", tensor_dtype=None)
     assert stored[5].dtype == np.uint32 and stored[5].flags.writeable
+    # Of the stored dtype: an array over the buffer the SDK filled, not a copy of it.
+    assert isinstance(stored[5].base, memoryview) and isinstance(stored[5].base.obj, bytearray)
+    assert np.array_equal(stored[5], np.frombuffer(records[5], dtype=np.uint32))
     batch = stored.get_batch([3, 40, 17])
     assert [bytes(a) for a in batch] == [records[3], records[40], records[17]]
     raw = shardcache.ShardDataset(spoke, "c4", dtype=None)

@@ -175,6 +175,8 @@ class Samples:
     def __len__(self) -> int: ...
     def read(self, samples: List[Tuple[int, int]]) -> List[bytes]:
         """The bytes of ``(shard number, sample number)`` pairs, in order, batched."""
+    def read_writable(self, samples: List[Tuple[int, int]]) -> List[bytearray]:
+        """As ``read``, each in a ``bytearray``: numpy arrays over them are writable."""
 
 class Permutation:
     """A keyed bijection of ``range(n)``, computed per position, with its inverse."""

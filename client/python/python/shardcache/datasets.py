@@ -179,13 +179,18 @@ class _Records:
             return self.samples.read_fields(items)
         if self.format in ("mds", "parquet"):
             return self.samples.read_decoded(items, allow_unsafe_types=self.allow_unsafe_types)
+        if self.dtype is not None and _np.dtype(self.tensor_dtype or self.dtype) == _np.dtype(self.dtype):
+            # Handed out as stored: arrays over writable buffers the SDK filled, no copy.
+            return [_np.frombuffer(data, dtype=self.dtype) for data in self.samples.read_writable(items)]
         return [self.decode(data) for data in self.samples.read(items)]
 
     def decode(self, data: bytes) -> Any:
         if self.dtype is None:
             return data
         values = _np.frombuffer(data, dtype=self.dtype)
-        # A copy either way: frombuffer's array is read-only, and torch warns of it.
+        # Values of another dtype: converted (a copy). Of the stored dtype, `load` reads
+        # them into writable buffers instead (frombuffer's array over bytes is read-only,
+        # and torch warns of it).
         return values.astype(self.tensor_dtype or self.dtype)
 
 
