@@ -23,7 +23,7 @@ use bytes::Bytes;
 use prost::Message;
 use shardcache_proto::{
     LOCAL_DOOR_HEADER,
-    checksum::{ChecksumMismatch, combine, crc32c},
+    checksum::{ChecksumMismatch, checked_part, combine},
     v1::{LocalAnswer, LocalPiece, LocalQuestion, LocalRange},
 };
 use shardcache_transport::local_socket::{self, MAX_ANSWER_BYTES};
@@ -436,49 +436,34 @@ fn read_page(
         let detail = format!("part {from}..{to} of a page of {page_len} bytes");
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, detail));
     }
+    let whole = from == 0 && to == page_len;
+    let page: &mut [u8] = if whole {
+        &mut *into
+    } else {
+        scratch.resize(page_len, 0);
+        scratch
+    };
     let mut header = [0u8; 4];
-    if from == 0 && to == page_len {
-        read_exact_at(file, &mut [IoSliceMut::new(&mut header), IoSliceMut::new(into)], piece.at)?;
-        let (stored, part) = (u32::from_le_bytes(header), crc32c(into));
-        return Ok(if part == stored { Ok(part) } else { Err((stored, part)) });
+    read_exact_at(file, &mut [IoSliceMut::new(&mut header), IoSliceMut::new(page)], piece.at)?;
+    let stored = u32::from_le_bytes(header);
+    let part = match checked_part(page, stored, from, to) {
+        Ok(part) => part,
+        Err(actual) => return Ok(Err((stored, actual))),
+    };
+    if !whole {
+        into.copy_from_slice(&scratch[from..to]);
     }
-    scratch.resize(page_len, 0);
-    read_exact_at(file, &mut [IoSliceMut::new(&mut header), IoSliceMut::new(scratch)], piece.at)?;
-    let (before, part, after) =
-        (crc32c(&scratch[..from]), crc32c(&scratch[from..to]), crc32c(&scratch[to..]));
-    let (stored, whole) =
-        (u32::from_le_bytes(header), combine(combine(before, part, to - from), after, page_len - to));
-    if whole != stored {
-        return Ok(Err((stored, whole)));
-    }
-    into.copy_from_slice(&scratch[from..to]);
     Ok(Ok(part))
 }
 
-/// `preadv` until `buffers` are full: a file shorter than its place is an error.
-fn read_exact_at(file: &File, buffers: &mut [IoSliceMut<'_>], mut offset: u64) -> std::io::Result<()> {
+/// `preadv` until `buffers` are full (a regular file reads whole in one call unless it
+/// ends first): a file shorter than the place named in it is an error.
+fn read_exact_at(file: &File, buffers: &mut [IoSliceMut<'_>], offset: u64) -> std::io::Result<()> {
     let wanted: usize = buffers.iter().map(|b| b.len()).sum();
-    let mut got = rustix::io::preadv(file, buffers, offset)?;
-    offset += got as u64;
-    // Rare (a regular file reads whole unless at its end): the rest one buffer at a time.
-    while got < wanted {
-        let mut skip = got;
-        let mut done = true;
-        for buffer in buffers.iter_mut() {
-            if skip >= buffer.len() {
-                skip -= buffer.len();
-                continue;
-            }
-            let n = std::os::unix::fs::FileExt::read_at(file, &mut buffer[skip..], offset)?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            (got, offset, done) = (got + n, offset + n as u64, false);
-            break;
-        }
-        if done {
-            break;
-        }
+    let got = rustix::io::preadv(file, buffers, offset)?;
+    if got != wanted {
+        let detail = format!("{got} bytes at {offset}, where the door placed {wanted}");
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, detail));
     }
     Ok(())
 }

@@ -22,6 +22,22 @@ pub fn combine(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
     mult_mod_p(x_pow_8n(len_b), crc_a) ^ crc_b
 }
 
+/// The CRC32C of `page[from..to]` when the whole page matches its stored checksum
+/// `stored`, else `Err` with the page's own CRC32C. One pass: a part's checksum is
+/// computed with those of the bytes around it, and the three combined are checked against
+/// the page's (the spoke's store reads, and the SDK's reads of the store's files through
+/// a spoke's same-node door).
+pub fn checked_part(page: &[u8], stored: u32, from: usize, to: usize) -> Result<u32, u32> {
+    let (part, whole) = if from == 0 && to == page.len() {
+        let whole = crc32c(page);
+        (whole, whole)
+    } else {
+        let (before, part, after) = (crc32c(&page[..from]), crc32c(&page[from..to]), crc32c(&page[to..]));
+        (part, combine(combine(before, part, to - from), after, page.len() - to))
+    };
+    if whole == stored { Ok(part) } else { Err(whole) }
+}
+
 /// CRC32C's polynomial, bit-reflected (x^0 in the top bit).
 const POLY: u32 = 0x82F6_3B78;
 

@@ -62,7 +62,7 @@ use bytes::{BufMut, BytesMut};
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType, Options, WriteOptions,
 };
-use shardcache_proto::checksum::{Checked, combine, crc32c};
+use shardcache_proto::checksum::{Checked, checked_part, combine};
 
 use self::{
     files::{FileUse, classify},
@@ -153,17 +153,6 @@ pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send
     tokio::task::spawn_blocking(work)
         .await
         .unwrap_or_else(|e| Err(Error::Internal(format!("store task failed: {e}"))))
-}
-
-/// The CRC32C of `page[from..to]` if the whole page matches its stored checksum `stored`,
-/// else `None`. One pass: a part's checksum is computed with those of the bytes around
-/// it, and the three combined are checked against the page's.
-fn checked_part(page: &[u8], stored: u32, from: usize, to: usize) -> Option<u32> {
-    if from == 0 && to == page.len() {
-        return (crc32c(page) == stored).then_some(stored);
-    }
-    let (before, part, after) = (crc32c(&page[..from]), crc32c(&page[from..to]), crc32c(&page[to..]));
-    (combine(combine(before, part, to - from), after, page.len() - to) == stored).then_some(part)
 }
 
 /// A record as stored: presence is not part of it (the live files are, see `files.rs`).
@@ -326,7 +315,7 @@ impl Store {
             if from > to {
                 return Ok(Err(PageFault::Missing { page }));
             }
-            let Some(part) = checked_part(data, stored, from, to) else {
+            let Ok(part) = checked_part(data, stored, from, to) else {
                 return Ok(Err(PageFault::Corrupt { page }));
             };
             crc = combine(crc, part, to - from);

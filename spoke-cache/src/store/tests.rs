@@ -4,6 +4,7 @@
 use bytes::Bytes;
 
 use super::{layout::ChunkIndex, *};
+use shardcache_proto::checksum::crc32c;
 
 const CHUNK: u64 = 256 << 10;
 

@@ -146,6 +146,7 @@ impl ReadPath {
         reader: &ReadFor,
     ) -> Result<Vec<Checked>> {
         let read = self.read_or_place(wants, reader, false).await?;
+        // (Each range read whole comes as one piece of bytes: `assemble`.)
         Ok(read
             .into_iter()
             .map(|pieces| Checked::concat(pieces.into_iter().filter_map(Piece::bytes).collect()))
@@ -510,14 +511,16 @@ impl ReadPath {
             if planned.is_some() {
                 row.planned_reads.fetch_add(1, Relaxed);
             }
+            // A range read whole (not placed for the same-node door): its parts joined once.
+            if mine.iter().all(|piece| matches!(piece, Piece::Bytes(_))) {
+                mine =
+                    vec![Piece::Bytes(Checked::concat(mine.into_iter().filter_map(Piece::bytes).collect()))];
+            }
             // A sample of a job followed sample by sample that crossed the link is kept if the
             // plan reads it again (`Keeper::keep`). (Not one read through the same-node door
             // whose stored chunk failed as it was read: its other parts are placed, not read.)
-            if let (Some(next_use), true) = (planned, missed)
-                && mine.iter().all(|piece| matches!(piece, Piece::Bytes(_)))
-            {
-                let read = Checked::concat(mine.iter().filter_map(|piece| piece.clone().bytes()).collect());
-                self.keeper.keep(entry, wants[want].1, read, &reader.principal, next_use);
+            if let (Some(next_use), true, [Piece::Bytes(read)]) = (planned, missed, &mine[..]) {
+                self.keeper.keep(entry, wants[want].1, read.clone(), &reader.principal, next_use);
                 // A copy the follower fetched ahead as this read fetched it is no one's now.
                 drop(self.plans.staged.take(&(entry.id, wants[want].1, length)));
             }
