@@ -211,6 +211,11 @@ impl TokenBook {
         self.by_hash.get(hash.trim_start_matches("sha256:")).cloned()
     }
 
+    /// The holder whose line is named `name`.
+    pub fn named(&self, name: &str) -> Option<Arc<TokenHolder>> {
+        self.by_hash.values().chain(self.by_cert.values()).find(|holder| holder.name == name).cloned()
+    }
+
     pub fn len(&self) -> usize {
         self.by_hash.len() + self.by_cert.len()
     }
@@ -348,6 +353,20 @@ impl Authenticator {
     /// Why the token file no longer loads (tokens are refused meanwhile), or `None`.
     pub fn token_file_failure(&self) -> Option<String> {
         self.tokens.as_ref().and_then(Reloading::failure)
+    }
+
+    /// The grant of the token file's line `name`: what a principal known another way (an
+    /// S3 access key, `s3_keys.rs`) may read. UNAVAILABLE while the token file cannot be
+    /// used; `None` for a name the file no longer has (revoked). On an open server every
+    /// name reads everything.
+    pub fn grant_of_principal(&self, name: &str) -> Result<Option<Grant>, Status> {
+        let Some(book) = &self.tokens else { return Ok(Some(Grant::Everything)) };
+        if let Some(failure) = book.failure() {
+            return Err(Status::unavailable(format!(
+                "the server's token file cannot be used ({failure}); requests are refused until it is fixed"
+            )));
+        }
+        Ok(book.get().named(name).map(Grant::Token))
     }
 
     fn grant<T>(&self, request: &Request<T>) -> Result<Grant, Status> {

@@ -21,6 +21,7 @@ pub mod allocator;
 pub mod auth;
 pub mod flags;
 pub mod prom;
+pub mod s3_keys;
 pub mod scrape;
 pub mod server;
 pub mod shed;

@@ -23,9 +23,21 @@ async fn serve() -> anyhow::Result<()> {
     let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("cannot listen on {} for metrics", args.metrics_listen))?;
+    let s3_listener = match args.s3_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for the S3 door"))?,
+        ),
+        None => None,
+    };
     let (addr, metrics_addr) = (listener.local_addr()?, metrics_listener.local_addr()?);
+    let s3 = match &s3_listener {
+        Some(listener) => format!(" s3 on {}", listener.local_addr()?),
+        None => String::new(),
+    };
     // The contract for scripts and tests that start us on port 0.
-    println!("spoke-cache listening on {addr} metrics on {metrics_addr}");
+    println!("spoke-cache listening on {addr} metrics on {metrics_addr}{s3}");
     tracing::info!(
         %addr,
         %metrics_addr,
@@ -35,7 +47,7 @@ async fn serve() -> anyhow::Result<()> {
         peers = %if args.peers.is_empty() { "none".to_owned() } else { args.peers.join(",") },
         "serving"
     );
-    spoke_cache::serve(listener, metrics_listener, cache, &options, shutdown).await?;
+    spoke_cache::serve(listener, metrics_listener, s3_listener, cache, &options, shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }

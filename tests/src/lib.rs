@@ -189,6 +189,8 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
         // Off unless a test opens it (`tests/tests/local_door.rs`): the other tests read
         // over gRPC, as a reader on another node does.
         local_socket: None,
+        // The S3 door is served by `TestSpoke::start_with_s3` only.
+        s3: Default::default(),
     }
 }
 
@@ -197,6 +199,8 @@ pub fn spoke_options(hub: &str) -> SpokeOptions {
 pub struct TestSpoke {
     pub endpoint: String,
     pub metrics_addr: SocketAddr,
+    /// The S3 door's address (`start_with_s3`).
+    pub s3_addr: Option<SocketAddr>,
     pub cache: Arc<Cache>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<spoke_cache::Result<()>>>,
@@ -208,9 +212,28 @@ impl TestSpoke {
         Self::start_on(TcpListener::bind("127.0.0.1:0").await.unwrap(), cache_dir, options).await
     }
 
+    /// Starts with its S3 door open too, on `127.0.0.1:0` ([`TestSpoke::s3_addr`]).
+    pub async fn start_with_s3(cache_dir: &Path, options: SpokeOptions) -> Self {
+        let (listener, s3) = (
+            TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        );
+        Self::start_on_with(listener, Some(s3), cache_dir, options).await
+    }
+
     /// Starts on `listener` (a group's members must know each other's addresses first).
     pub async fn start_on(listener: TcpListener, cache_dir: &Path, options: SpokeOptions) -> Self {
+        Self::start_on_with(listener, None, cache_dir, options).await
+    }
+
+    async fn start_on_with(
+        listener: TcpListener,
+        s3: Option<TcpListener>,
+        cache_dir: &Path,
+        options: SpokeOptions,
+    ) -> Self {
         init_logging();
+        let s3_addr = s3.as_ref().map(|s3| s3.local_addr().unwrap());
         let cache = spoke_cache::open_cache(cache_dir, &options).unwrap();
         let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (addr, metrics_addr) = (listener.local_addr().unwrap(), metrics.local_addr().unwrap());
@@ -218,7 +241,7 @@ impl TestSpoke {
         let served = cache.clone();
         let scheme = if options.security.tls.is_some() { "https" } else { "http" };
         let task = tokio::spawn(async move {
-            spoke_cache::serve(listener, metrics, served, &options, async {
+            spoke_cache::serve(listener, metrics, s3, served, &options, async {
                 let _ = rx.await;
             })
             .await
@@ -226,6 +249,7 @@ impl TestSpoke {
         Self {
             endpoint: format!("{scheme}://{addr}"),
             metrics_addr,
+            s3_addr,
             cache,
             shutdown: Some(tx),
             task: Some(task),

@@ -357,6 +357,8 @@ pub struct SpokeProcess {
     pub child: Child,
     pub endpoint: String,
     pub metrics_addr: String,
+    /// The S3 door's address, when started with `--s3-listen`.
+    pub s3_addr: Option<String>,
     _watched: Watched,
 }
 
@@ -404,9 +406,11 @@ impl SpokeProcess {
     fn spawn(command: Command) -> Self {
         let (child, rest) = spawn_and_wait_for(command, "spoke-cache listening on ");
         let (addr, metrics) = rest.split_once(" metrics on ").unwrap();
+        let (metrics, s3) = metrics.split_once(" s3 on ").map_or((metrics, None), |(m, s3)| (m, Some(s3)));
         Self {
             endpoint: format!("http://{addr}"),
             metrics_addr: metrics.to_owned(),
+            s3_addr: s3.map(str::to_owned),
             child,
             _watched: watch(),
         }

@@ -19,6 +19,7 @@ use crate::{
     fetch::suppliers::hubs::HubTransport,
     plans::shards::PlanLimits,
     policy::window::PlanWindow,
+    serve::s3::S3Options,
     store::{DEFAULT_MAX_OPEN_FILES, DEFAULT_MERGE_ABOVE_FILES, PAGE_SIZE, StoreOptions},
 };
 
@@ -67,6 +68,21 @@ pub struct SpokeArgs {
     /// socket; `off` for none. Default: `local.sock` in --cache-dir.
     #[arg(long)]
     pub local_socket: Option<String>,
+
+    /// Address for the S3 door (docs/s3.md): S3 clients read the cache's datasets as
+    /// buckets. Off unless given: a port that serves data is opened only when asked for.
+    #[arg(long)]
+    pub s3_listen: Option<SocketAddr>,
+
+    /// The S3 door's access keys (`PRINCIPAL ACCESS_KEY SECRET` lines, mode 0600; make
+    /// one with `shardcache token s3-key`); needed with --token-file.
+    #[arg(long)]
+    pub s3_keys: Option<PathBuf>,
+
+    /// Domains whose subdomains name buckets (virtual-hosted style,
+    /// `BUCKET.DOMAIN`); path style (`DOMAIN/BUCKET/KEY`) is always served.
+    #[arg(long, value_delimiter = ',')]
+    pub s3_domain: Vec<String>,
 
     /// Address for Prometheus metrics (`GET /metrics`).
     #[arg(long, default_value = "127.0.0.1:9071")]
@@ -341,6 +357,7 @@ impl SpokeArgs {
                 Some("off") => None,
                 Some(path) => Some(PathBuf::from(path)),
             },
+            s3: S3Options { keys: self.s3_keys.clone(), domains: self.s3_domain.clone() },
         })
     }
 

@@ -28,6 +28,7 @@ use crate::{
     observe::metrics::{Metrics, Occupancy},
     serve::control::Control,
     serve::local_door::{Announced, LocalDoor},
+    serve::s3::{S3Door, S3Options},
     serve::source::{CachedSource, STREAM_MESSAGE_MAX},
     store::{Store, StoreOptions},
 };
@@ -52,6 +53,8 @@ pub struct SpokeOptions {
     pub metrics_access: ScrapeAccess,
     /// The same-node door's socket (`--local-socket`; `serve/local_door.rs`), or none.
     pub local_socket: Option<PathBuf>,
+    /// The S3 door's keys and domains (`serve/s3/`), for when it has a listener.
+    pub s3: S3Options,
 }
 
 /// A spoke's group: its members (`URL1,URL2,...`, `file:PATH` or
@@ -194,11 +197,13 @@ fn warn_about_the_group(group: &PeerGroup, security: &Security) {
     }
 }
 
-/// Serves `cache` on `listener` (gRPC) and `metrics_listener` (Prometheus) until
-/// `shutdown` resolves; in-flight requests finish first.
+/// Serves `cache` on `listener` (gRPC), `metrics_listener` (Prometheus) and
+/// `s3_listener` (the S3 door, when given) until `shutdown` resolves; in-flight
+/// requests finish first.
 pub async fn serve(
     listener: TcpListener,
     metrics_listener: TcpListener,
+    s3_listener: Option<TcpListener>,
     cache: Arc<Cache>,
     options: &SpokeOptions,
     shutdown: impl Future<Output = ()> + Send,
@@ -240,6 +245,8 @@ pub async fn serve(
         // Its readers are next to it: bytes are cheaper than CPU on that side.
         compression: None,
     };
+    let s3 = s3_listener.map(|listener| open_s3(&cache, limits, options).map(|door| (door, listener)));
+    let s3 = tokio::spawn(serve_s3(s3.transpose()?, options.security.tls.clone(), stopped()));
     let service = ReadService::new(CachedSource(cache.clone()), limits, cache.metrics().clone());
     let reader = ShardReaderServer::new(service)
         .max_encoding_message_size(usize::MAX)
@@ -258,6 +265,7 @@ pub async fn serve(
             Arc::new(door).serve(listener, stopped()).await;
         }
     });
+
     // The spoke's own clients are near; the same large windows cost nothing.
     let served = server::serve_grpc(
         listener,
@@ -270,7 +278,7 @@ pub async fn serve(
     )
     .await;
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(evictor, follower, metrics, door);
+    let _ = tokio::join!(evictor, follower, metrics, door, s3);
     // Readers get a fetched chunk's bytes before it is stored: let the chunks fetched so
     // far land, so that a clean stop keeps what was read (bounded: a fetch that is still
     // waiting for a stalled hub is given up).
@@ -282,6 +290,25 @@ pub async fn serve(
     let _ = kept_flusher.await;
     let _ = tables_saver.await;
     served.map_err(|e| Error::Transport(e.to_string()))
+}
+
+/// The S3 door over the cache: its requests are the read service's, made in process
+/// (`serve/s3/`).
+fn open_s3(cache: &Arc<Cache>, limits: ReadLimits, options: &SpokeOptions) -> Result<S3Door> {
+    let reads = ReadService::new(CachedSource(cache.clone()), limits, cache.metrics().clone());
+    let security = &options.security;
+    let verifies = security.tls.as_ref().is_some_and(|t| t.verifies_client_certs());
+    S3Door::new(reads, security.auth.clone(), verifies, &options.s3)
+}
+
+async fn serve_s3(
+    door: Option<(S3Door, TcpListener)>,
+    tls: Option<shardcache_serving::tls::ServerTls>,
+    shutdown: impl Future<Output = ()>,
+) {
+    if let Some((door, listener)) = door {
+        door.serve(listener, tls, shutdown).await;
+    }
 }
 
 /// The same-node door on `--local-socket`, when it has one and it can be bound (a

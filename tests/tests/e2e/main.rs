@@ -16,6 +16,7 @@ mod link_counted;
 mod local_door;
 mod mount;
 mod prometheus;
+mod s3_door;
 mod samples_index;
 mod sdk_verification;
 mod security;

@@ -301,6 +301,21 @@ enum TokenCommand {
         #[arg(long)]
         file: PathBuf,
     },
+    /// Make an S3 access key and secret for NAME (a line of the spoke's token file: the
+    /// key reads what that token reads), print them once, and append their line to FILE
+    /// (the spoke's --s3-keys, mode 0600).
+    #[command(
+        name = "s3-key",
+        after_help = "Example:\n  shardcache token s3-key --name trainer --file s3-keys\n                        export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... AWS_ENDPOINT_URL=http://SPOKE:9000"
+    )]
+    S3Key {
+        /// The principal: a line name of the spoke's --token-file.
+        #[arg(long)]
+        name: String,
+        /// The keys file the spoke reads with --s3-keys.
+        #[arg(long)]
+        file: PathBuf,
+    },
     /// Remove NAME's token from FILE (servers reload it within seconds).
     #[command(after_help = "Example:\n  shardcache token revoke --name trainer --file tokens")]
     Revoke {
@@ -343,6 +358,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             admin::new_token(&name, &datasets, control, &file)
         }
         Command::Token(TokenCommand::Revoke { name, file }) => admin::revoke_token(&name, &file),
+        Command::Token(TokenCommand::S3Key { name, file }) => admin::new_s3_key(&name, &file),
         Command::Gen { dir, dataset, shards, shard_size, record_size, seed, tokens } => {
             let spec = GenSpec {
                 dir,
