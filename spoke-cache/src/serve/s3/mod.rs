@@ -213,16 +213,31 @@ fn load_keys(path: &Path) -> Result<Reloading<S3KeyBook>> {
         .map_err(|e| Error::Config(format!("--s3-keys: {e}")))
 }
 
-/// An open door's request without its signature (header or presigned query), so that
-/// s3s reads it as unsigned: an open spoke takes requests signed with any key.
+/// An open door's request without its signature (header, or a presigned URL's query of
+/// SigV4 or SigV2, which boto3 still makes by default), so that s3s reads it as
+/// unsigned: an open spoke takes requests signed with any key.
 fn unsigned(request: &mut http::Request<Incoming>) {
     request.headers_mut().remove(http::header::AUTHORIZATION);
     let uri = request.uri();
     let Some(query) = uri.query() else { return };
-    if !query.split('&').any(|pair| pair.starts_with("X-Amz-Signature=")) {
+    let has = |name: &str| query.split('&').any(|pair| pair.split('=').next() == Some(name));
+    let signature: &[&str] = if has("X-Amz-Signature") {
+        &[
+            "X-Amz-Algorithm",
+            "X-Amz-Credential",
+            "X-Amz-Date",
+            "X-Amz-Expires",
+            "X-Amz-SignedHeaders",
+            "X-Amz-Signature",
+            "X-Amz-Security-Token",
+        ]
+    } else if has("Signature") {
+        &["AWSAccessKeyId", "Signature", "Expires", "x-amz-security-token"]
+    } else {
         return;
-    }
-    let kept: Vec<&str> = query.split('&').filter(|pair| !pair.starts_with("X-Amz-")).collect();
+    };
+    let kept: Vec<&str> =
+        query.split('&').filter(|pair| !signature.contains(&pair.split('=').next().unwrap_or(""))).collect();
     let path_and_query =
         if kept.is_empty() { uri.path().to_owned() } else { format!("{}?{}", uri.path(), kept.join("&")) };
     let mut parts = uri.clone().into_parts();

@@ -1,0 +1,108 @@
+"""The spoke's S3 door (``spoke-cache --s3-listen``) read by the S3 clients trainers
+already use, unmodified: boto3 (ranged gets, a paginated listing of more than 1,000 keys,
+``head_object``, a presigned URL) and MosaicML Streaming's ``StreamingDataset`` with its
+``remote`` at the door (``S3_ENDPOINT_URL``), every sample identical to the same dataset
+read locally. Real hub and spoke processes; the datasets written by the reference tools."""
+
+import urllib.request
+
+import pytest
+
+from conftest import binary, start
+
+KEYS = 1050
+
+
+@pytest.fixture(scope="module")
+def s3_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("s3data")
+    many = root / "many" / "train"
+    many.mkdir(parents=True)
+    for i in range(KEYS):
+        (many / f"part-{i:05}.bin").write_bytes(f"sample {i}".encode() * 7)
+    (root / "many" / "README").write_bytes(b"top")
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(root / "mds" / "train"), columns={"id": "int", "text": "str", "blob": "bytes"},
+                   size_limit=1 << 13, compression="zstd") as writer:
+        for sample in mds_samples():
+            writer.write(sample)
+    return root
+
+
+def mds_samples():
+    return [{"id": i, "text": f"sample {i} " * (i % 13), "blob": bytes([i % 251]) * (i % 97)} for i in range(300)]
+
+
+@pytest.fixture(scope="module")
+def s3_door(s3_root, tmp_path_factory):
+    hub, addr = start([binary("hub-server"), "--root", str(s3_root), "--listen", "127.0.0.1:0"],
+                      "hub-server listening on ")
+    cache = tmp_path_factory.mktemp("s3cache")
+    spoke, rest = start([binary("spoke-cache"), "--hub", f"http://{addr}", "--cache-dir", str(cache),
+                         "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                         "--s3-listen", "127.0.0.1:0"], "spoke-cache listening on ")
+    yield "http://" + rest.split(" s3 on ")[1].strip()
+    for proc in (spoke, hub):
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture()
+def s3(s3_door):
+    import boto3
+
+    # An open spoke: any key signs (boto3 always signs).
+    return boto3.client("s3", endpoint_url=s3_door, region_name="us-east-1",
+                        aws_access_key_id="anykey", aws_secret_access_key="anysecret")
+
+
+def test_boto3_lists_pages_and_reads_ranges_through_the_door(s3, s3_root):
+    paginator = s3.get_paginator("list_objects_v2")
+    keys = [o["Key"] for page in paginator.paginate(Bucket="many") for o in page.get("Contents", [])]
+    expected = sorted([f"train/part-{i:05}.bin" for i in range(KEYS)] + ["README"])
+    assert keys == expected
+    folders = s3.list_objects_v2(Bucket="many", Delimiter="/")
+    assert [p["Prefix"] for p in folders["CommonPrefixes"]] == ["train/"]
+    assert [o["Key"] for o in folders["Contents"]] == ["README"]
+
+    data = (s3_root / "many" / "train" / "part-00042.bin").read_bytes()
+    whole = s3.get_object(Bucket="many", Key="train/part-00042.bin")
+    assert whole["Body"].read() == data
+    ranged = s3.get_object(Bucket="many", Key="train/part-00042.bin", Range="bytes=3-20")
+    assert ranged["Body"].read() == data[3:21]
+    assert ranged["ContentRange"] == f"bytes 3-20/{len(data)}"
+    head = s3.head_object(Bucket="many", Key="train/part-00042.bin")
+    assert head["ContentLength"] == len(data)
+    assert head["ETag"] == whole["ETag"]
+
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": "many", "Key": "README"}, ExpiresIn=60)
+    with urllib.request.urlopen(url) as answer:
+        assert answer.read() == b"top"
+
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError) as missing:
+        s3.get_object(Bucket="many", Key="train/nothing.bin")
+    assert missing.value.response["Error"]["Code"] == "NoSuchKey"
+    with pytest.raises(ClientError) as past:
+        s3.get_object(Bucket="many", Key="README", Range="bytes=100-200")
+    assert past.value.response["Error"]["Code"] == "InvalidRange"
+
+
+def test_mosaicml_streaming_reads_its_remote_through_the_door(s3_door, s3_root, tmp_path, monkeypatch):
+    from streaming import StreamingDataset
+
+    monkeypatch.setenv("S3_ENDPOINT_URL", s3_door)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "anykey")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "anysecret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # The samples MDSWriter wrote (zstd-compressed shards: Streaming downloads and
+    # decompresses them itself).
+    written = mds_samples()
+    dataset = StreamingDataset(remote="s3://mds/train", local=str(tmp_path / "local"), shuffle=False,
+                               batch_size=1)
+    assert len(dataset) == len(written)
+    for i, want in enumerate(written):
+        got = dataset[i]
+        assert (got["id"], got["text"], got["blob"]) == (want["id"], want["text"], want["blob"]), i
