@@ -106,3 +106,60 @@ def test_mosaicml_streaming_reads_its_remote_through_the_door(s3_door, s3_root, 
     for i, want in enumerate(written):
         got = dataset[i]
         assert (got["id"], got["text"], got["blob"]) == (want["id"], want["text"], want["blob"]), i
+
+
+def test_the_secure_setup_serves_s3_over_tls_to_signed_requests_only(s3_root, tmp_path):
+    """The README's secure setup, from the CLI: certificates, a token per reader, an S3
+    key per reader; boto3 over TLS (the dev CA), signed with the reader's key."""
+    import subprocess
+
+    import boto3
+    from botocore.exceptions import ClientError
+
+    cli = binary("shardcache")
+    certs, tokens, keys = tmp_path / "certs", tmp_path / "tokens", tmp_path / "s3-keys"
+    subprocess.run([cli, "certs", "--out", str(certs)], check=True, capture_output=True)
+    for name, datasets in [("trainer", "mds"), ("other", "many")]:
+        subprocess.run([cli, "token", "new", "--name", name, "--datasets", datasets, "--file", str(tokens)],
+                       check=True, capture_output=True)
+    made = subprocess.run([cli, "token", "s3-key", "--name", "trainer", "--file", str(keys)],
+                          check=True, capture_output=True, text=True).stdout
+    pair = dict(line.split("=", 1) for line in made.split())
+    assert (keys.stat().st_mode & 0o777) == 0o600
+
+    hub, addr = start([binary("hub-server"), "--root", str(s3_root), "--listen", "127.0.0.1:0"],
+                      "hub-server listening on ")
+    spoke, rest = start([binary("spoke-cache"), "--hub", f"http://{addr}", "--cache-dir", str(tmp_path / "cache"),
+                         "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                         "--tls-cert", str(certs / "spoke.pem"), "--tls-key", str(certs / "spoke.key"),
+                         "--token-file", str(tokens), "--s3-listen", "127.0.0.1:0", "--s3-keys", str(keys)],
+                        "spoke-cache listening on ")
+    try:
+        endpoint = "https://" + rest.split(" s3 on ")[1].strip()
+
+        def client(key, secret):
+            return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", verify=str(certs / "ca.pem"),
+                                aws_access_key_id=key, aws_secret_access_key=secret)
+
+        s3 = client(pair["AWS_ACCESS_KEY_ID"], pair["AWS_SECRET_ACCESS_KEY"])
+        index = (s3_root / "mds" / "train" / "index.json").read_bytes()
+        assert s3.get_object(Bucket="mds", Key="train/index.json")["Body"].read() == index
+        assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["mds"]
+        with pytest.raises(ClientError) as other:
+            s3.list_objects_v2(Bucket="many")
+        assert other.value.response["Error"]["Code"] == "AccessDenied"
+        with pytest.raises(ClientError) as forged:
+            client(pair["AWS_ACCESS_KEY_ID"], "x" * 40).get_object(Bucket="mds", Key="train/index.json")
+        assert forged.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        unsigned = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", verify=str(certs / "ca.pem"),
+                                config=Config(signature_version=UNSIGNED))
+        with pytest.raises(ClientError) as anonymous:
+            unsigned.get_object(Bucket="mds", Key="train/index.json")
+        assert anonymous.value.response["Error"]["Code"] == "AccessDenied"
+    finally:
+        for proc in (spoke, hub):
+            proc.kill()
+            proc.wait()
