@@ -266,3 +266,47 @@ async fn a_secured_spoke_reads_only_signed_requests_each_as_its_principal_and_co
     assert_eq!(job.principal, "alice");
     assert!(job.reads >= 2 && job.bytes >= 2 * SHARD, "{job:?}");
 }
+
+/// Across the 60 ms link: a cold ranged `GetObject` brings its range and at most the
+/// chunk around it over the link (a spoke that does not fetch whole shards), and the
+/// same range read again brings nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_ranged_get_brings_at_most_its_chunk_over_the_link_and_a_warm_one_nothing() {
+    use shardcache_tests::{
+        wan::{LinkConfig, WanProxy},
+        wire,
+    };
+    let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    make_dataset(root.path(), "c4", 2, 4 * SHARD);
+    let hub = TestHub::start(root.path()).await;
+    let link =
+        WanProxy::start("127.0.0.1:0".parse().unwrap(), hub.addr, LinkConfig::rtt(Duration::from_millis(60)))
+            .await
+            .unwrap();
+    let mut options = spoke_options(&link.endpoint());
+    options.cache.fetch_whole_shard = false;
+    let chunk = options.cache.chunk_size;
+    let spoke = TestSpoke::start_with_s3(&dir.path().join("cache"), options).await;
+    let (s3, control) = (s3_client(&spoke, ("ANYKEY", "anysecret")).await, spoke.control().await);
+    let shard = std::fs::read(root.path().join("c4/shard-00001.bin")).unwrap();
+    let before = wire::settled_spoke(&link, &control).await.0;
+    let (from, to) = (3 * chunk + 1000, 3 * chunk + 5000);
+    let read = |s3: Client| async move {
+        let got = s3
+            .get_object()
+            .bucket("c4")
+            .key("shard-00001.bin")
+            .range(format!("bytes={from}-{to}"))
+            .send()
+            .await;
+        got.unwrap().body.collect().await.unwrap().into_bytes()
+    };
+    assert!(read(s3.clone()).await == shard[from as usize..=to as usize]);
+    let cold = wire::settled_spoke(&link, &control).await.0.since(before);
+    // The chunk holding the range, and the stat and headers around it (a few KiB).
+    assert!(cold.to_client <= chunk + (16 << 10), "a cold 4 KiB range brought {} bytes", cold.to_client);
+    let before = wire::settled_spoke(&link, &control).await.0;
+    assert!(read(s3).await == shard[from as usize..=to as usize]);
+    let warm = wire::settled_spoke(&link, &control).await.0.since(before);
+    assert_eq!(warm.to_client, 0, "a warm range brings nothing over the link");
+}
