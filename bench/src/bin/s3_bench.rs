@@ -58,12 +58,12 @@ impl Source {
     async fn read(&self, shard: &str) -> (u32, u64) {
         match self {
             Self::Door(s3) | Self::Versitygw(s3) => {
-                let object = s3.get_object().bucket("c4").key(shard).send().await.unwrap();
+                let object = s3.get_object().bucket("corpus").key(shard).send().await.unwrap();
                 let data = object.body.collect().await.unwrap().into_bytes();
                 (crc32c::crc32c(&data), data.len() as u64)
             }
             Self::Grpc(client) => {
-                let mut stream = client.stream_shard("c4", shard, 0, None).await.unwrap();
+                let mut stream = client.stream_shard("corpus", shard, 0, None).await.unwrap();
                 let (mut crc, mut len) = (0u32, 0u64);
                 while let Some(chunk) = stream.next_chunk().await.unwrap() {
                     crc = crc32c::crc32c_append(crc, &chunk.data);
@@ -164,7 +164,7 @@ async fn row(source: &Source, readers: usize, server: u32, crcs: &[u32]) -> (f64
 #[tokio::main]
 async fn main() {
     let root = tempfile::tempdir().unwrap();
-    let dataset = make_dataset(root.path(), "c4", SHARDS, SHARD_SIZE);
+    let dataset = make_dataset(root.path(), "corpus", SHARDS, SHARD_SIZE);
     make_dataset(root.path(), "big", 1, BIG);
     let crcs: Vec<u32> = (0..SHARDS)
         .map(|i| {
@@ -176,7 +176,7 @@ async fn main() {
     let spoke = SpokeProcess::start(&hub.endpoint, cache.path(), &["--s3-listen", "127.0.0.1:0"]);
     let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
     let shards: Vec<String> = (0..SHARDS).map(shardcache_cli::dataset_gen::shard_name).collect();
-    control.prefetch("c4", &shards, 0).await.unwrap().finish().await.unwrap();
+    control.prefetch("corpus", &shards, 0).await.unwrap().finish().await.unwrap();
     control
         .prefetch("big", &[shardcache_cli::dataset_gen::shard_name(0)], 0)
         .await
@@ -201,18 +201,18 @@ async fn main() {
     for readers in [1usize, 16] {
         for (source, server) in &sources {
             let (hits, fetched) = (
-                spoke_metric(&spoke, "shardcache_spoke_hit_bytes_total{dataset=\"c4\"}").await,
-                spoke_metric(&spoke, "shardcache_spoke_upstream_wire_bytes_total{dataset=\"c4\"}").await,
+                spoke_metric(&spoke, "shardcache_spoke_hit_bytes_total{dataset=\"corpus\"}").await,
+                spoke_metric(&spoke, "shardcache_spoke_upstream_wire_bytes_total{dataset=\"corpus\"}").await,
             );
             let (rate, p50, p99, cpu, bytes) = row(source, readers, *server, &crcs).await;
-            let link = spoke_metric(&spoke, "shardcache_spoke_upstream_wire_bytes_total{dataset=\"c4\"}")
+            let link = spoke_metric(&spoke, "shardcache_spoke_upstream_wire_bytes_total{dataset=\"corpus\"}")
                 .await
                 - fetched;
             let link = match source {
                 Source::Versitygw(_) => "-".to_owned(),
                 _ => {
                     let hit =
-                        spoke_metric(&spoke, "shardcache_spoke_hit_bytes_total{dataset=\"c4\"}").await - hits;
+                        spoke_metric(&spoke, "shardcache_spoke_hit_bytes_total{dataset=\"corpus\"}").await - hits;
                     assert!(
                         hit >= bytes as f64,
                         "{}: served from the cache ({hit} of {bytes} bytes)",
