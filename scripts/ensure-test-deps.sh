@@ -17,12 +17,17 @@
 #   datasets of the same test (it needs numpy < 2.2, hence numpy 2.1.3);
 # - webdataset: its TarWriter writes, and its own iteration reads, the tar shards there;
 # - pyarrow: writes the Parquet files of the same test, and its to_pylist is the reference;
+# - in a venv of their own (S3_CLIENTS below), the aws CLI and s3fs: the S3 door's clients;
 # and, from apt, Debian's nss_wrapper, fuse3 and prometheus (below).
 set -euo pipefail
 
 REQUIREMENTS=("moto[server]==5.2.5" "maturin==1.16.0" "ziglang==0.13.0" "auditwheel==6.8.2" "pytest==9.2.0" "numpy==2.1.3" "kubernetes-validate==1.37.0" "podman-compose==1.6.0" "torch==2.15.0" "megatron-core==0.16.1" "mosaicml-streaming==0.13.0" "webdataset==1.0.2" "pyarrow==26.0.1")
 VENV="${SHARDCACHE_VENV:-$HOME/.cache/shardcache/venv}"
-STAMP="$VENV/.shardcache-requirements"
+# The S3 clients that pin a botocore of their own (the aws CLI; s3fs through aiobotocore),
+# apart from the SDK's venv, whose boto3 moto and MosaicML Streaming use: the S3 door's
+# tests run them as users do (client/python/tests/test_s3_door.py).
+S3_CLIENTS=("awscli==1.46.3" "s3fs==2026.9.0")
+S3_CLIENTS_VENV="${SHARDCACHE_S3_CLIENTS_VENV:-$HOME/.cache/shardcache/s3clients}"
 
 # Debian packages the tests run (installed with apt where missing):
 # - nss_wrapper: the group-discovery test resolves names from its own hosts file
@@ -46,22 +51,31 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
 fi
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "${REQUIREMENTS[*]}" ]; then
-  exit 0
-fi
-if ! command -v python3 >/dev/null 2>&1; then
-  echo "error: python3 is needed for the S3 tests' server (moto); install it (apt-get install -y python3 python3-venv)" >&2
-  exit 1
-fi
-if ! python3 -m venv "$VENV" 2>/dev/null; then
-  # Debian splits venv support out of python3.
-  echo "installing python3-venv" >&2
-  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-  python3 -m venv "$VENV"
-fi
-echo "installing ${REQUIREMENTS[*]} into $VENV" >&2
-"$VENV/bin/pip" install -q --disable-pip-version-check "${REQUIREMENTS[@]}"
-echo "${REQUIREMENTS[*]}" > "$STAMP"
+# Installs the pinned requirements given after VENV into VENV, unless its stamp says they
+# are there already.
+ensure_venv() {
+  local venv="$1"; shift
+  local stamp="$venv/.shardcache-requirements"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$*" ]; then
+    return 0
+  fi
+  if ! command -v python3 >/dev/null 2>&1; then
+    echo "error: python3 is needed for the S3 tests' server (moto); install it (apt-get install -y python3 python3-venv)" >&2
+    exit 1
+  fi
+  if ! python3 -m venv "$venv" 2>/dev/null; then
+    # Debian splits venv support out of python3.
+    echo "installing python3-venv" >&2
+    if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo -n); fi
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    python3 -m venv "$venv"
+  fi
+  echo "installing $* into $venv" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "$@"
+  echo "$*" > "$stamp"
+}
+
+ensure_venv "$VENV" "${REQUIREMENTS[@]}"
+ensure_venv "$S3_CLIENTS_VENV" "${S3_CLIENTS[@]}"

@@ -211,8 +211,9 @@ async fn main() {
             let link = match source {
                 Source::Versitygw(_) => "-".to_owned(),
                 _ => {
-                    let hit =
-                        spoke_metric(&spoke, "shardcache_spoke_hit_bytes_total{dataset=\"corpus\"}").await - hits;
+                    let hit = spoke_metric(&spoke, "shardcache_spoke_hit_bytes_total{dataset=\"corpus\"}")
+                        .await
+                        - hits;
                     assert!(
                         hit >= bytes as f64,
                         "{}: served from the cache ({hit} of {bytes} bytes)",

@@ -163,3 +163,76 @@ def test_the_secure_setup_serves_s3_over_tls_to_signed_requests_only(s3_root, tm
         for proc in (spoke, hub):
             proc.kill()
             proc.wait()
+
+
+def s3_clients_venv():
+    """The virtual environment of the S3 clients that pin their own botocore (the aws CLI,
+    s3fs), installed by ``make test`` apart from the SDK's (scripts/ensure-test-deps.sh)."""
+    import os
+    import pathlib
+
+    venv = pathlib.Path(os.environ.get("SHARDCACHE_S3_CLIENTS_VENV", pathlib.Path.home() / ".cache/shardcache/s3clients"))
+    if not (venv / "bin" / "aws").exists():
+        pytest.fail(f"{venv} has no aws CLI: `make test` installs it (scripts/ensure-test-deps.sh)")
+    return venv
+
+
+def client_env(s3_door):
+    import os
+
+    return dict(os.environ, AWS_ACCESS_KEY_ID="anykey", AWS_SECRET_ACCESS_KEY="anysecret",
+                AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=s3_door)
+
+
+def test_the_aws_cli_lists_and_copies_through_the_door(s3_door, s3_root, tmp_path):
+    import subprocess
+
+    aws = str(s3_clients_venv() / "bin" / "aws")
+    env = client_env(s3_door)
+    listed = subprocess.run([aws, "s3", "ls", "s3://many/", "--endpoint-url", s3_door], env=env,
+                            check=True, capture_output=True, text=True).stdout
+    assert "PRE train/" in listed and "README" in listed, listed
+    recursive = subprocess.run([aws, "s3", "ls", "--recursive", "s3://many/train/", "--endpoint-url", s3_door],
+                               env=env, check=True, capture_output=True, text=True).stdout
+    assert len(recursive.splitlines()) == KEYS
+    out = tmp_path / "copied.bin"
+    subprocess.run([aws, "s3", "cp", "s3://many/train/part-00999.bin", str(out), "--endpoint-url", s3_door],
+                   env=env, check=True, capture_output=True)
+    assert out.read_bytes() == (s3_root / "many" / "train" / "part-00999.bin").read_bytes()
+    folder = tmp_path / "folder"
+    subprocess.run([aws, "s3", "cp", "--recursive", "s3://mds/train/", str(folder), "--endpoint-url", s3_door],
+                   env=env, check=True, capture_output=True)
+    written = sorted(p.relative_to(s3_root / "mds" / "train") for p in (s3_root / "mds" / "train").rglob("*") if p.is_file())
+    copied = sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
+    assert copied == written
+    for name in written:
+        assert (folder / name).read_bytes() == (s3_root / "mds" / "train" / name).read_bytes()
+
+
+S3FS_SCRIPT = """
+import json, sys, s3fs
+fs = s3fs.S3FileSystem(endpoint_url=sys.argv[1], key="anykey", secret="anysecret")
+out = {"glob": sorted(fs.glob("many/train/part-0000*.bin")), "ls": sorted(fs.ls("many"))}
+with fs.open("many/train/part-00042.bin", "rb") as f:
+    f.seek(5)
+    out["read"] = f.read(20).hex()
+    out["size"] = f.size
+out["info"] = fs.info("many/README")["size"]
+print(json.dumps(out))
+"""
+
+
+def test_s3fs_globs_opens_seeks_and_reads_through_the_door(s3_door, s3_root):
+    import json
+    import subprocess
+
+    python = str(s3_clients_venv() / "bin" / "python")
+    run = subprocess.run([python, "-c", S3FS_SCRIPT, s3_door], env=client_env(s3_door), check=True,
+                         capture_output=True, text=True)
+    out = json.loads(run.stdout)
+    assert out["glob"] == [f"many/train/part-{i:05}.bin" for i in range(10)]
+    assert out["ls"] == ["many/README", "many/train"]
+    data = (s3_root / "many" / "train" / "part-00042.bin").read_bytes()
+    assert bytes.fromhex(out["read"]) == data[5:25]
+    assert out["size"] == len(data)
+    assert out["info"] == 3

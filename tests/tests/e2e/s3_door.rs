@@ -54,11 +54,12 @@ fn nested_dataset(root: &Path) -> Vec<String> {
     for i in 0..1100 {
         keys.push(format!("train/shard-{i:05}.bin"));
     }
-    keys.extend(["val/a.bin", "val/b.bin", "README"].map(String::from));
+    keys.extend(["val/a.bin", "val/b.bin", "README", "empty"].map(String::from));
     for key in &keys {
         let path = root.join("nested").join(key);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, key.as_bytes()).unwrap();
+        let data = if key == "empty" { &b""[..] } else { key.as_bytes() };
+        std::fs::write(&path, data).unwrap();
     }
     std::fs::write(root.join("nested/train/.hidden"), b"not served").unwrap();
     keys.sort();
@@ -97,6 +98,9 @@ async fn an_s3_client_lists_and_reads_the_hubs_datasets_through_an_open_spoke() 
     assert!(ranged.body.collect().await.unwrap().into_bytes() == shard[100..65637]);
     let tail = s3.get_object().bucket("c4").key("shard-00000.bin").range("bytes=-10").send().await.unwrap();
     assert!(tail.body.collect().await.unwrap().into_bytes() == shard[shard.len() - 10..]);
+    let empty = s3.get_object().bucket("nested").key("empty").send().await.unwrap();
+    assert_eq!(empty.content_length(), Some(0));
+    assert!(empty.body.collect().await.unwrap().into_bytes().is_empty());
     let nested = s3.get_object().bucket("nested").key("train/shard-00007.bin").send().await.unwrap();
     assert_eq!(&nested.body.collect().await.unwrap().into_bytes()[..], b"train/shard-00007.bin");
     // The ETag is the shard's version: HEAD says the same, and conditions compare it.
@@ -135,13 +139,13 @@ async fn lists_as_s3_does(s3: &Client, keys: &[String]) {
         listed.extend(page.contents().iter().map(|o| o.key().unwrap().to_owned()));
     }
     assert_eq!(listed, keys);
-    assert_eq!(count, 2, "1,103 keys in pages of 1,000");
+    assert_eq!(count, 2, "1,104 keys in pages of 1,000");
     // Folders, as S3 lists them with a delimiter; then one folder.
     let top = s3.list_objects_v2().bucket("nested").delimiter("/").send().await.unwrap();
     let folders: Vec<&str> = top.common_prefixes().iter().filter_map(|p| p.prefix()).collect();
     assert_eq!(folders, ["train/", "val/"]);
     let files: Vec<&str> = top.contents().iter().filter_map(|o| o.key()).collect();
-    assert_eq!(files, ["README"]);
+    assert_eq!(files, ["README", "empty"]);
     let val = s3.list_objects_v2().bucket("nested").prefix("val/").delimiter("/").send().await.unwrap();
     assert_eq!(val.contents().iter().filter_map(|o| o.key()).collect::<Vec<_>>(), ["val/a.bin", "val/b.bin"]);
     assert_eq!(val.contents()[0].size(), Some(9));
