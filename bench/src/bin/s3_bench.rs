@@ -231,7 +231,11 @@ async fn main() {
         }
     }
 
-    // One 1 GiB object through the door: streamed, not held.
+    big_object(&door, &spoke).await;
+}
+
+/// One 1 GiB object through the door: streamed, not held.
+async fn big_object(door: &S3Client, spoke: &SpokeProcess) {
     let before = peak_rss_mib(spoke.child.id());
     let object =
         door.get_object().bucket("big").key(shardcache_cli::dataset_gen::shard_name(0)).send().await.unwrap();
