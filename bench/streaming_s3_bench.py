@@ -48,7 +48,7 @@ def sample(i):
 
 
 def start(args, prefix, env=None):
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=dict(os.environ, RUST_LOG="warn", **(env or {})))
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env={**os.environ, "RUST_LOG": "warn", **(env or {})})
     line = proc.stdout.readline().strip()
     if not line.startswith(prefix):
         proc.kill()
