@@ -44,10 +44,13 @@ pub(crate) fn same_version(shard: &str, expected: &str, found: &str) -> Result<(
 }
 
 /// `chunk` (the answer to `range` from `endpoint`) verified: decoded, exactly the range
-/// asked for, at the version the range names if it names one, its CRC32C right.
+/// asked for (or, cut at the shard's end, no more of it), at the version the range names
+/// if it names one, its CRC32C right.
 pub(crate) fn range(endpoint: &str, range: &Range, chunk: Chunk) -> Result<Verified> {
     let (chunk, wire_len) = decoded(endpoint, chunk, range.length)?;
-    if chunk.offset != range.offset || chunk.data.len() as u64 != range.length {
+    let length = chunk.data.len() as u64;
+    let whole = length == range.length || (range.cut_at_end && length < range.length);
+    if chunk.offset != range.offset || !whole {
         return Err(protocol(
             endpoint,
             format!(

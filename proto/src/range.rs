@@ -34,6 +34,12 @@ pub fn check_within(offset: u64, length: u64, size: u64) -> Result<(), RangeErro
     }
 }
 
+/// The length of a read of `length` bytes at `offset` of a shard of `size` bytes asked
+/// with `cut_at_end`: to the shard's end at most, and nothing from the end on.
+pub fn cut_at_end(offset: u64, length: u64, size: u64) -> u64 {
+    length.min(size.saturating_sub(offset))
+}
+
 /// The bytes one unary call returns must stay under the server's `--max-read`.
 pub fn check_total(requested: u64, limit: u64) -> Result<(), RangeError> {
     if requested > limit { Err(RangeError::TooLarge { requested, limit }) } else { Ok(()) }
@@ -60,6 +66,15 @@ mod tests {
         assert_eq!(check_within(5, 6, 10), Err(RangeError::PastEnd { offset: 5, length: 6, size: 10 }));
         assert!(check_within(11, 0, 10).is_err());
         assert!(check_within(u64::MAX, 2, 10).is_err(), "overflow must not wrap into range");
+    }
+
+    #[test]
+    fn a_read_cut_at_the_end_keeps_what_lies_inside() {
+        assert_eq!(cut_at_end(0, 10, 10), 10);
+        assert_eq!(cut_at_end(4, 10, 10), 6);
+        assert_eq!(cut_at_end(10, 10, 10), 0);
+        assert_eq!(cut_at_end(12, 10, 10), 0);
+        assert_eq!(cut_at_end(2, 3, 10), 3);
     }
 
     #[test]

@@ -150,11 +150,14 @@ impl Inner {
         let end = offset + length;
         let mut have: Vec<(u64, Checked)> = Vec::new();
         for (o, l, read) in alongside {
+            // All it asked for, or (cut at the end) all the shard has from its offset.
             if let Some((data, version)) = read.await
                 && version == entry.version
-                && data.data.len() as u64 == l
+                && let got = data.data.len() as u64
+                && (got == l || (got < l && o + got == entry.size))
+                && o + got > offset
             {
-                let (from, to) = (o.max(offset), (o + l).min(end));
+                let (from, to) = (o.max(offset), (o + got).min(end));
                 have.push((from, data.part((from - o) as usize, (to - o) as usize)));
             }
         }

@@ -99,7 +99,9 @@ impl Speculations {
     }
 
     /// The speculative read of `[offset, offset + length)` of `dataset/shard`, if one
-    /// was started and not yet forgotten.
+    /// was started and not yet forgotten; or one at `offset` asked longer: the last chunk
+    /// of a shard, read whole alongside the stat before anyone knew the shard ends inside
+    /// it (asked cut at the end; whoever takes it up checks its length).
     pub(super) fn get(
         &self,
         dataset: &str,
@@ -107,7 +109,13 @@ impl Speculations {
         offset: u64,
         length: u64,
     ) -> Option<SpeculativeRead> {
-        self.reads().get(&(dataset.to_owned(), shard.to_owned(), offset, length)).cloned()
+        let reads = self.reads();
+        reads.get(&(dataset.to_owned(), shard.to_owned(), offset, length)).cloned().or_else(|| {
+            reads
+                .iter()
+                .find(|((d, s, o, l), _)| d == dataset && s == shard && *o == offset && *l > length)
+                .map(|(_, read)| read.clone())
+        })
     }
 
     /// The speculative reads of `dataset/shard` that overlap `[offset, offset + length)`

@@ -102,8 +102,9 @@ impl ColdOpen {
         let alongside = Arc::new(self.fetch.alongside(dataset.as_str(), shard.as_str(), parts));
         let entry = self.lookups.entry(dataset, shard).await?;
         for &index in &chunks {
-            // Past the end (the read was invalid): nothing to take up.
-            if entry.chunk_range(index) == (index.start(chunk_size), chunk_size)
+            // Past the end (a stream's head over a shorter shard, or an invalid read):
+            // nothing to take up. The last chunk, shorter, takes up its read cut at the end.
+            if index.start(chunk_size) < entry.size
                 && self.read_ahead.stores(&entry, index, &reader.principal)
             {
                 drop(self.fetch.chunk(&entry, index, reader.fetch()));

@@ -318,6 +318,7 @@ async fn unary_reads_use_positioned_reads_that_honour_the_version_pin_per_range(
             offset: 4000,
             length: 1000,
             expected_version: version.clone(),
+            cut_at_end: false,
         })
         .await
         .unwrap()

@@ -128,6 +128,30 @@ async fn read_ranges_returns_a_batch_in_request_order() {
 }
 
 #[tokio::test]
+async fn a_read_cut_at_the_end_gets_what_lies_inside_the_shard() {
+    // What a spoke reads alongside its first stat of a shard of a size it does not know
+    // yet: cut at the end, a range past it reads the tail, one from the end on reads
+    // nothing; the same ranges uncut are refused as past the end.
+    let root = tempfile::tempdir().unwrap();
+    let data = write_pattern(&root.path().join("ds/s.bin"), 100_000, 4);
+    let hub = TestHub::start(root.path()).await;
+    let client = hub.client().await;
+    let cut = |offset, length| Range::new("ds", "s.bin", offset, length).cut_at_end();
+    let got = client
+        .read_ranges(&[cut(0, 64 << 10), cut(64 << 10, 64 << 10), cut(128 << 10, 64 << 10)])
+        .await
+        .unwrap();
+    assert!(got[0].data == data[..64 << 10], "a range inside: all of it");
+    assert!(got[1].data == data[64 << 10..], "a range over the end: to the end");
+    assert_eq!((got[2].offset, got[2].data.len()), (128 << 10, 0), "a range past the end: nothing");
+    let one = client.read_range(&cut(90_000, 64 << 10)).await.unwrap();
+    assert!(one.data == data[90_000..], "one range on its own, to the end");
+
+    let err = client.read_range(&Range::new("ds", "s.bin", 64 << 10, 64 << 10)).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "uncut, past the end is refused: {err}");
+}
+
+#[tokio::test]
 async fn stream_shard_sends_aligned_chunks_of_the_exact_bytes() {
     let root = tempfile::tempdir().unwrap();
     let len = (3 * CHUNK + 1000) as usize;

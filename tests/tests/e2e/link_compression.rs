@@ -41,6 +41,7 @@ fn read_request(offset: u64, length: u64, zstd: bool) -> tonic::Request<ReadRang
         offset,
         length,
         expected_version: String::new(),
+        cut_at_end: false,
     });
     if zstd {
         request.metadata_mut().insert(ACCEPT_ENCODING_HEADER, ZSTD.parse().unwrap());

@@ -479,6 +479,7 @@ async fn bad_names_and_oversized_requests_over_tls_get_the_plaintext_answers() {
             offset: 0,
             length: 1,
             expected_version: String::new(),
+            cut_at_end: false,
         };
         let status = ShardReaderClient::new(channel).read_range(huge).await.unwrap_err();
         got.push((status.code(), status.message().to_owned()));

@@ -59,7 +59,10 @@ fn the_seed_demo_runs_and_a_prefetched_spoke_serves_the_warm_epoch_from_cache() 
         link(losing, 1)
     );
     let warm = link(losing, 2);
-    assert!(warm < nothing, "the restarted member served its cache: {warm} x the dataset crossed");
+    assert!(
+        warm < nothing,
+        "the restarted member served its cache: {warm} x the dataset crossed (share {share}); the group rows: {group:?}"
+    );
 
     // Link compression on zipf tokens: off, every byte crossed once; compressed, fewer;
     // warm, none either way.

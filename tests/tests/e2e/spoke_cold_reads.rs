@@ -25,12 +25,13 @@ use shardcache_proto::{
     v1::{
         Chunk, ListDatasetsRequest, ListDatasetsResponse, ListShardsRequest, ListShardsResponse,
         ReadRangeRequest, ReadRangesRequest, ReadRangesResponse, ShardInfo, StatShardRequest,
-        StreamShardRequest, shard_reader_server::ShardReader,
+        StreamShardRequest, shard_reader_client::ShardReaderClient, shard_reader_server::ShardReader,
     },
 };
 use shardcache_reader::ReadService;
 use shardcache_tests::{TestSpoke, spoke_options, test_options, write_pattern};
 use spoke_cache::store::entry::ChunkIndex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
@@ -241,6 +242,57 @@ async fn a_cold_stream_of_a_known_length_asks_for_its_head_alongside_the_stat() 
     let stream = client.stream_range(&Range::new("ds", "s.bin", 512 << 10, 1 << 20)).await.unwrap();
     let got = stream.read_to_end().await.unwrap();
     assert!(got == data[512 << 10..(512 << 10) + (1 << 20)], "the bytes of the file");
+    assert_one_round_trip(&hub, 4);
+}
+
+#[tokio::test]
+async fn a_cold_stream_to_the_end_asks_for_its_head_alongside_the_stat() {
+    // A StreamShard of no length (the S3 door's whole-object GET): nobody knows where the
+    // shard ends, so the head (--max-read, 1 MiB here) is asked cut at the end: chunks
+    // 0..=3 of 256 KiB of a 600 KiB shard, of which the hub sends 256, 256, 88 and 0 KiB.
+    // One round trip; the short last chunk is kept too.
+    let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = write_pattern(&root.path().join("ds/s.bin"), 600 << 10, 10);
+    let (hub, endpoint) = start_hub(root.path(), false).await;
+    let (spoke, _client) = start_spoke(&endpoint, cache.path()).await;
+
+    let mut raw = ShardReaderClient::connect(spoke.endpoint.clone()).await.unwrap();
+    let whole = StreamShardRequest { dataset: "ds".into(), shard: "s.bin".into(), ..Default::default() };
+    let mut stream = raw.stream_shard(whole).await.unwrap().into_inner();
+    let mut got = Vec::new();
+    while let Some(message) = stream.message().await.unwrap() {
+        assert_eq!(message.offset, got.len() as u64);
+        got.extend_from_slice(&message.data);
+    }
+    assert!(got == data, "the bytes of the file, to its end");
+    assert_one_round_trip(&hub, 4);
+    spoke.settled().await;
+    let entry = spoke.cache.cached_entry("ds", "s.bin").unwrap();
+    assert!((0..=2).all(|i| entry.has_chunk(ChunkIndex(i))), "every chunk kept, the short last one too");
+}
+
+#[tokio::test]
+async fn a_cold_whole_object_get_through_the_s3_door_asks_for_its_head_alongside_the_stat() {
+    // What MosaicML Streaming and `aws s3 cp` do first with every shard: GET it whole.
+    let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = write_pattern(&root.path().join("ds/s.bin"), 600 << 10, 13);
+    let (hub, endpoint) = start_hub(root.path(), false).await;
+    let mut options = spoke_options(&endpoint);
+    options.cache.fetch_whole_shard = false;
+    options.cache.read_ahead_chunks = 0;
+    let spoke = TestSpoke::start_with_s3(cache.path(), options).await;
+
+    let addr = spoke.s3_addr.unwrap();
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET /ds/s.bin HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    socket.read_to_end(&mut answer).await.unwrap();
+    let head_end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let head = String::from_utf8_lossy(&answer[..head_end]);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.to_ascii_lowercase().contains(&format!("content-length: {}", data.len())), "{head}");
+    assert!(answer[head_end..] == data[..], "the object's bytes");
     assert_one_round_trip(&hub, 4);
 }
 

@@ -181,6 +181,7 @@ async fn bad_job_headers_are_refused_with_the_reason() {
         offset: 0,
         length: 10,
         expected_version: String::new(),
+        cut_at_end: false,
     });
     request.metadata_mut().insert("shardcache-job", "trainer".parse().unwrap());
     request.metadata_mut().insert("shardcache-epoch", "-1".parse().unwrap());

@@ -512,15 +512,7 @@ impl Chain {
         if wants.len() == 1 {
             return vec![self.fetch_from_hubs(wants[0]).await];
         }
-        let ranges: Vec<shardcache_client::Range> = wants
-            .iter()
-            .map(|want| {
-                let mut range =
-                    shardcache_client::Range::new(want.dataset, want.shard, want.offset, want.length);
-                range.expected_version = want.version.map(str::to_owned);
-                range
-            })
-            .collect();
+        let ranges: Vec<shardcache_client::Range> = wants.iter().map(hub_range).collect();
         match self.hubs.fetch_batch(route, &ranges).await {
             Ok(read) => read
                 .into_iter()
@@ -556,14 +548,22 @@ impl Chain {
                 Ok(Supplied { data, version, from: SuppliedBy::Peer, wire_len })
             }
             Ask::Hub(hub) => {
-                let mut range = shardcache_client::Range::new(dataset, shard, offset, length);
-                range.expected_version = version.map(str::to_owned);
-                let read = self.hubs.fetch(hub, &range).await.map_err(Failed::judged)?;
+                let read = self.hubs.fetch(hub, &hub_range(&want)).await.map_err(Failed::judged)?;
                 let data = Checked { data: read.data, crc32c: read.crc32c };
                 Ok(Supplied { data, version: read.version, from: SuppliedBy::Hub, wire_len: read.wire_len })
             }
         }
     }
+}
+
+/// What a hub is asked for `want`: the range at its version; or, at no version (read
+/// alongside the shard's first stat, its size not known yet), cut at the shard's end, so
+/// that the chunk a stream's head covers may run past a shard smaller than a chunk (the
+/// fetch that takes it up checks its length against the shard's).
+fn hub_range(want: &Want<'_>) -> shardcache_client::Range {
+    let mut range = shardcache_client::Range::new(want.dataset, want.shard, want.offset, want.length);
+    range.expected_version = want.version.map(str::to_owned);
+    if want.version.is_none() { range.cut_at_end() } else { range }
 }
 
 /// The failure of a join `owner` did not answer within `give_up`: no slow owner takes this

@@ -343,6 +343,7 @@ impl Peers {
             offset,
             length,
             expected_version: version.unwrap_or_default().to_owned(),
+            cut_at_end: false,
         });
         if join {
             request.metadata_mut().insert(
