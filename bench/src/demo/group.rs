@@ -179,13 +179,16 @@ impl Groups<'_> {
             if losing {
                 // Back on its address and cache, before the next epoch; the nodes see it
                 // serving again by their health checks (every 500 ms).
-                let restarted = {
+                let (restarted, others) = {
                     let mut started = started.lock().unwrap_or_else(|p| p.into_inner());
                     let member = started.member(&self.link.endpoint, 1);
                     started.spokes[1] = Some(member);
-                    format!("http://{}", started.addrs[1])
+                    let others: Vec<String> =
+                        started.spokes.iter().flatten().map(|s| s.endpoint.clone()).collect();
+                    (format!("http://{}", started.addrs[1]), others)
                 };
                 seen_serving(&clients, &restarted).await?;
+                members_see_serving(&others, &restarted).await?;
             }
         }
         timing.timers = timers;
@@ -245,6 +248,32 @@ pub fn markdown(rows: &[GroupRow]) -> String {
         );
     }
     out
+}
+
+/// Waits (30 s at most) for the members at `members` to see each other serving,
+/// `restarted` again by their probes of failed members (every 500 ms): until then one of
+/// them that a node's hedge asks for a shard `restarted` owns takes it for down and
+/// fetches it over the link (`Chain::join_owner`).
+async fn members_see_serving(members: &[String], restarted: &str) -> anyhow::Result<()> {
+    let mut controls = Vec::new();
+    for member in members {
+        controls.push(CacheClient::connect(member).await?);
+    }
+    let mut states = Vec::new();
+    for _ in 0..300 {
+        states.clear();
+        for control in &controls {
+            let status = control.status().await?;
+            states.extend(status.members.into_iter().map(|m| (m.seen_by, m.url, m.state)));
+        }
+        if states.iter().all(|(.., state)| state == "serving" || state == "self") {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!(
+        "the members did not see each other serving within 30 s ({restarted} restarted): {states:?}"
+    )
 }
 
 /// Waits (30 s at most) for every node's client to see `restarted` serving again by its
