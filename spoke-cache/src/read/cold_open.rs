@@ -59,10 +59,13 @@ impl ColdOpen {
         let key = (dataset.to_string(), shard.to_string());
         // The warm path: one look at the catalog (not again in `entry`).
         if let Some(entry) = self.catalog.fresh(&key) {
+            self.start_whole_chunks(&entry, reads, reader);
             return Ok((entry, None));
         }
         if self.catalog.get(&key).is_some() {
-            return Ok((self.lookups.entry(dataset, shard).await?, None));
+            let entry = self.lookups.entry(dataset, shard).await?;
+            self.start_whole_chunks(&entry, reads, reader);
+            return Ok((entry, None));
         }
         if reader.index_read {
             return Ok((self.entry_for_index(dataset, shard, reads, &reader.row).await?, None));
@@ -111,6 +114,35 @@ impl ColdOpen {
             }
         }
         Ok((entry, Some(alongside)))
+    }
+
+    /// Starts fetching whole the chunks of `entry` that `reads` cover entirely (a stream's
+    /// head, a read of whole chunks) and the store lacks, where the admission stores them:
+    /// the reads then wait one round trip for them. Left to the read path, a stream's
+    /// first message would fill its chunk beside it, and the rest of the chunk cross only
+    /// once that message had (two round trips: a GetObject through the S3 door after its
+    /// HeadObject, as MosaicML Streaming asks, took 135-149 ms for a cold 4 MiB shard on a
+    /// 60 ms link, BENCHMARKS.md). A read of parts of chunks (a batch's samples) starts
+    /// nothing here.
+    fn start_whole_chunks(&self, entry: &Arc<Entry>, reads: &[(u64, u64)], reader: &ReadFor) {
+        if reader.index_read {
+            return;
+        }
+        let chunk_size = self.chunk_size;
+        for &(offset, length) in reads {
+            // Up to the shard's end: the last chunk, shorter, is covered too.
+            let length = length.min(entry.size.saturating_sub(offset));
+            for (from, to) in cut(offset, length, chunk_size) {
+                let index = ChunkIndex(from / chunk_size);
+                if (from, to - from) == entry.chunk_range(index)
+                    && !entry.has_chunk(index)
+                    && self.fetch.running(entry, index).is_none()
+                    && self.read_ahead.stores(entry, index, &reader.principal)
+                {
+                    drop(self.fetch.chunk(entry, index, reader.fetch()));
+                }
+            }
+        }
     }
 
     /// [`ColdOpen::entry_for`] for a format's index reads of a shard never seen: the reads,

@@ -297,6 +297,34 @@ async fn a_cold_whole_object_get_through_the_s3_door_asks_for_its_head_alongside
 }
 
 #[tokio::test]
+async fn a_stream_of_a_shard_stated_but_not_held_fetches_its_chunks_whole() {
+    // As MosaicML Streaming reads through the S3 door: a HeadObject (the spoke's stat),
+    // then the GetObject's stream. With cache chunks larger than a stream's messages (4
+    // MiB and 1 MiB by default; 2 MiB and 1 MiB here) each chunk the stream covers crosses
+    // the link in one read (one round trip), not as its first message and then the rest.
+    let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = write_pattern(&root.path().join("ds/s.bin"), (3 << 20) - 1000, 14);
+    let (hub, endpoint) = start_hub(root.path(), false).await;
+    let mut options = spoke_options(&endpoint);
+    options.cache.chunk_size = 2 << 20;
+    options.cache.fetch_whole_shard = false;
+    options.cache.read_ahead_chunks = 0;
+    options.max_read = 4 << 20;
+    let spoke = TestSpoke::start(cache.path(), options).await;
+    let client = Client::connect(&spoke.endpoint).await.unwrap();
+    // (The wrapped hub holds this stat until it gives up waiting for a read: none comes.)
+    assert_eq!(client.stat("ds", "s.bin").await.unwrap().size, data.len() as u64);
+    assert_eq!(hub.reads_seen.load(SeqCst), 0);
+
+    let stream = client.stream_shard("ds", "s.bin", 0, None).await.unwrap();
+    assert!(stream.read_to_end().await.unwrap() == data, "the bytes of the file");
+    assert_eq!(hub.reads_seen.load(SeqCst), 2, "one read for each chunk, the short last one too");
+    spoke.settled().await;
+    let entry = spoke.cache.cached_entry("ds", "s.bin").unwrap();
+    assert!((0..2).all(|i| entry.has_chunk(ChunkIndex(i))), "every chunk kept");
+}
+
+#[tokio::test]
 async fn chunks_read_at_another_version_than_the_stat_are_not_kept() {
     let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let data = write_pattern(&root.path().join("ds/s.bin"), 3 << 20, 9);
