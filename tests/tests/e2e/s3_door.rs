@@ -314,3 +314,63 @@ async fn a_cold_ranged_get_brings_at_most_its_chunk_over_the_link_and_a_warm_one
     let warm = wire::settled_spoke(&link, &control).await.0.since(before);
     assert_eq!(warm.to_client, 0, "a warm range brings nothing over the link");
 }
+
+/// The bytes a connection to the door at `door` answered to `request` (then `trickle`, a byte every
+/// 500 ms, for a client that sends its headers slowly) before the door closed it; bounded:
+/// a door that keeps the connection open fails the test, never hangs it.
+async fn answered(door: std::net::SocketAddr, request: Vec<u8>, trickle: &'static [u8]) -> Vec<u8> {
+    let socket = tokio::net::TcpStream::connect(door).await.unwrap();
+    let (mut read, mut write) = socket.into_split();
+    let writer = tokio::spawn(async move {
+        // The door may close the connection before it has read everything: a failed write
+        // is its answer, read below.
+        if write.write_all(&request).await.is_err() {
+            return;
+        }
+        for byte in trickle {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if write.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(60), read.read_to_end(&mut answer)).await;
+    assert!(
+        closed.is_ok(),
+        "the door kept the connection open past a minute: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    writer.abort();
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_header_and_a_client_that_sends_its_headers_slowly_are_cut_off_and_the_door_serves_on() {
+    let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    make_dataset(root.path(), "c4", 1, SHARD);
+    let hub = TestHub::start(root.path()).await;
+    let spoke = TestSpoke::start_with_s3(&dir.path().join("cache"), spoke_options(&hub.endpoint)).await;
+    let addr = spoke.s3_addr.unwrap();
+
+    // A 1 MiB header: refused (431) without reading it all, and nothing served.
+    let mut huge = format!("GET /c4/shard-00000.bin HTTP/1.1\r\nHost: {addr}\r\nX-Padding: ").into_bytes();
+    huge.extend(std::iter::repeat_n(b'a', 1 << 20));
+    huge.extend_from_slice(b"\r\n\r\n");
+    let answer = answered(addr, huge, b"").await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.is_empty() || text.starts_with("HTTP/1.1 431"), "{}", &text[..text.len().min(300)]);
+
+    // Headers one byte every 500 ms (80 bytes would take 40 s): cut off after the door's
+    // 10 s for a request's head, while another client is served meanwhile.
+    let head = format!("GET /c4/shard-00000.bin HTTP/1.1\r\nHost: {addr}\r\nX-Slow: ").into_bytes();
+    let slow = tokio::spawn(answered(addr, head, &[b'x'; 80]));
+    let (status, body) = get(&spoke, "/c4/shard-00000.bin").await;
+    assert_eq!((status, body.len() as u64), (200, SHARD), "served while a slow client holds a connection");
+    let answer = slow.await.unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(!text.contains(" 200 "), "the slow client was served: {text}");
+
+    let (status, _) = get(&spoke, "/c4/shard-00000.bin").await;
+    assert_eq!(status, 200, "the door serves on");
+}
