@@ -333,6 +333,9 @@ async fn answered(door: std::net::SocketAddr, request: Vec<u8>, trickle: &'stati
                 return;
             }
         }
+        // Never closes its side: a server that sees a client's end of input closes
+        // without answering, which would pass for a refusal.
+        std::future::pending::<()>().await;
     });
     let mut answer = Vec::new();
     let closed = tokio::time::timeout(Duration::from_secs(60), read.read_to_end(&mut answer)).await;
