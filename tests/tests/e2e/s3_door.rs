@@ -377,3 +377,53 @@ async fn a_huge_header_and_a_client_that_sends_its_headers_slowly_are_cut_off_an
     let (status, _) = get(&spoke, "/c4/shard-00000.bin").await;
     assert_eq!(status, 200, "the door serves on");
 }
+
+/// A plain `GET target` with `Host: host` (no signature, on an open spoke).
+async fn get_from(spoke: &TestSpoke, host: &str, target: &str) -> (u16, Vec<u8>) {
+    let mut socket = tokio::net::TcpStream::connect(spoke.s3_addr.unwrap()).await.unwrap();
+    let request = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    socket.read_to_end(&mut answer).await.unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body =
+        answer.windows(4).position(|w| w == b"\r\n\r\n").map_or(Vec::new(), |at| answer[at + 4..].to_vec());
+    (status, body)
+}
+
+#[tokio::test]
+async fn with_s3_domain_a_bucket_is_addressed_by_its_host_name_and_by_its_path() {
+    // `--s3-domain s3.test`: `nested.s3.test/val/a.bin` (as a client configured for
+    // virtual-hosted style asks, behind DNS that sends *.s3.test to the spoke) and
+    // `s3.test/nested/val/a.bin` both read the dataset's shard.
+    let (root, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    nested_dataset(root.path());
+    let hub = TestHub::start(root.path()).await;
+    let mut options = spoke_options(&hub.endpoint);
+    options.s3.domains = vec!["s3.test".into()];
+    let spoke = TestSpoke::start_with_s3(&dir.path().join("cache"), options).await;
+    let port = spoke.s3_addr.unwrap().port();
+
+    let (status, body) = get_from(&spoke, &format!("nested.s3.test:{port}"), "/val/a.bin").await;
+    assert_eq!((status, &body[..]), (200, &b"val/a.bin"[..]), "{}", String::from_utf8_lossy(&body));
+    let (status, body) = get_from(&spoke, &format!("s3.test:{port}"), "/nested/val/b.bin").await;
+    assert_eq!((status, &body[..]), (200, &b"val/b.bin"[..]), "{}", String::from_utf8_lossy(&body));
+    // By the spoke's address (a client that knows no domain): path style, not a bucket
+    // named after the address.
+    let (status, body) = get_from(&spoke, &format!("127.0.0.1:{port}"), "/nested/val/a.bin").await;
+    assert_eq!((status, &body[..]), (200, &b"val/a.bin"[..]), "{}", String::from_utf8_lossy(&body));
+    // A listing by host name (in capitals: host names are case-insensitive), and a bucket
+    // that is no dataset.
+    let (status, body) =
+        get_from(&spoke, &format!("nested.s3.test:{port}"), "/?list-type=2&prefix=val/").await;
+    let listing = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200, "{listing}");
+    assert!(
+        listing.contains("<Key>val/a.bin</Key>") && listing.contains("<Key>val/b.bin</Key>"),
+        "{listing}"
+    );
+    let (status, body) = get_from(&spoke, &format!("nope.s3.test:{port}"), "/val/a.bin").await;
+    assert_eq!(status, 404, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("<Code>NoSuchBucket</Code>"));
+}

@@ -32,7 +32,11 @@ use std::{future::Future, path::Path, sync::Arc, time::Duration};
 
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use s3s::{host::MultiDomain, service::S3ServiceBuilder};
+use s3s::{
+    S3Result,
+    host::{MultiDomain, S3Host, VirtualHost},
+    service::S3ServiceBuilder,
+};
 use shardcache_reader::ReadService;
 use shardcache_serving::{auth::Authenticator, s3_keys::S3KeyBook, tls::ServerTls};
 use shardcache_transport::reload::Reloading;
@@ -125,9 +129,10 @@ impl S3Door {
             builder.set_auth(KeyAuth(keys));
         }
         if !options.domains.is_empty() {
-            let domains = MultiDomain::new(options.domains.iter().map(String::as_str))
+            // Checked as s3s checks domains (valid, none inside another), kept as our own.
+            MultiDomain::new(options.domains.iter().map(String::as_str))
                 .map_err(|e| Error::Config(format!("--s3-domain: {e}")))?;
-            builder.set_host(domains);
+            builder.set_host(Domains(options.domains.iter().map(|d| d.to_ascii_lowercase()).collect()));
         }
         Ok(Self { service: builder.build(), open })
     }
@@ -194,6 +199,33 @@ impl S3Door {
         if let Err(error) = served {
             tracing::debug!(%error, "S3 door: connection ended with an error");
         }
+    }
+}
+
+/// `--s3-domain`: a request whose host (its port aside) is `BUCKET.DOMAIN` names its bucket
+/// there; any other host (a domain itself, the spoke's address, a Service's name) is path
+/// style. s3s's own `MultiDomain` compares the host with its port, so behind `:9000` no
+/// bucket was ever found by its name, and it takes an unknown host for a bucket (a CNAME),
+/// so a client reaching the spoke at its address found its bucket to be that address.
+struct Domains(Vec<String>);
+
+impl S3Host for Domains {
+    fn parse_host_header<'a>(&'a self, host: &'a str) -> S3Result<VirtualHost<'a>> {
+        let name = match host.rsplit_once(':') {
+            // `[::1]:9000`, `host:9000`; not the colons inside a bare IPv6 address.
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => name,
+            _ => host,
+        };
+        // Host names are case-insensitive; the domains are kept in lower case.
+        let name = name.to_ascii_lowercase();
+        for domain in &self.0 {
+            if let Some(bucket) =
+                name.strip_suffix(domain.as_str()).and_then(|b| b.strip_suffix('.')).filter(|b| !b.is_empty())
+            {
+                return Ok(VirtualHost::new(domain.as_str()).with_bucket(bucket.to_owned()));
+            }
+        }
+        Ok(VirtualHost::new(name))
     }
 }
 
