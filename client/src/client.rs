@@ -76,7 +76,7 @@ pub(crate) type ServerSlot = Slot<Conn>;
 pub(crate) struct Conn {
     reader: ShardReaderClient<AuthChannel>,
     health: discovery::HealthClient,
-    /// The member's same-node door, once one of its answers names it (`local.rs`).
+    /// The member's same-node door, once one of its answers names it (`local/`).
     pub(crate) door: Arc<DoorSlot>,
     /// The token, for the door's questions (gRPC calls get it from the channel).
     credentials: Credentials,
@@ -98,7 +98,7 @@ pub struct Client {
     index_read: bool,
     /// Reads ask for the bytes as they are, never compressed ([`Client::plain`]).
     plain: bool,
-    /// Reads may go through a member's same-node door (`local.rs`); see [`Client::over_grpc`].
+    /// Reads may go through a member's same-node door (`local/`); see [`Client::over_grpc`].
     pub(crate) door: bool,
 }
 
@@ -132,7 +132,7 @@ impl Client {
     }
 
     /// Uses an existing channel and sends `credentials` with every request. Reads go
-    /// over that channel only, never through a spoke's same-node door (`local.rs`): a
+    /// over that channel only, never through a spoke's same-node door (`local/`): a
     /// spoke's clients of its hubs and peers are such clients, and a member of a group
     /// on the same machine as another (a test, a demo) reads it as across nodes.
     pub fn from_channel_with(
@@ -473,7 +473,7 @@ impl Ask for ServerSlot {
     }
 }
 
-/// `ranges` read through `member`'s same-node door when it has one at hand (`local.rs`);
+/// `ranges` read through `member`'s same-node door when it has one at hand (`local/`);
 /// [`Through::Grpc`]: read them over gRPC. A door that breaks is not used again.
 pub(crate) async fn through_door(
     member: &ServerSlot,

@@ -157,7 +157,7 @@ pub(crate) struct Resume {
     pub(crate) tried: Vec<String>,
 }
 
-/// A stream read through its owner's same-node door (`local.rs`): pieces of up to
+/// A stream read through its owner's same-node door (`local/`): pieces of up to
 /// [`DOOR_PIECE`] bytes (ending on their multiples), [`DOOR_AHEAD`] asked at once.
 #[derive(Debug)]
 pub(crate) struct DoorStream {

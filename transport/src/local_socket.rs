@@ -3,7 +3,7 @@
 //! Unix stream socket, with file descriptors passed beside an answer (`SCM_RIGHTS`).
 //!
 //! Both ends use it: the spoke answers (`spoke-cache`'s `serve/local_door.rs`), the SDK
-//! asks (`shardcache-client`'s `local.rs`). Descriptors arrive with the first bytes of
+//! asks (`shardcache-client`'s `local/`). Descriptors arrive with the first bytes of
 //! the answer they belong to; a reader collects every descriptor that comes while it
 //! reads one message, and more than [`MAX_FILES`] (the kernel would have closed the
 //! rest: `MSG_CTRUNC`) fails the read rather than hand out half an answer.

@@ -30,17 +30,7 @@ async fn s3_client(spoke: &TestSpoke, key: (&str, &str)) -> Client {
 /// The HTTP status and body of a plain `GET target` (no signature, or the one the
 /// target's query carries).
 async fn get(spoke: &TestSpoke, target: &str) -> (u16, Vec<u8>) {
-    let addr = spoke.s3_addr.unwrap();
-    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    socket.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    socket.read_to_end(&mut answer).await.unwrap();
-    let text = String::from_utf8_lossy(&answer);
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body =
-        answer.windows(4).position(|w| w == b"\r\n\r\n").map_or(Vec::new(), |at| answer[at + 4..].to_vec());
-    (status, body)
+    get_from(spoke, &spoke.s3_addr.unwrap().to_string(), target).await
 }
 
 fn status_of<E>(err: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> Option<u16> {
@@ -378,7 +368,8 @@ async fn a_huge_header_and_a_client_that_sends_its_headers_slowly_are_cut_off_an
     assert_eq!(status, 200, "the door serves on");
 }
 
-/// A plain `GET target` with `Host: host` (no signature, on an open spoke).
+/// A plain `GET target` with `Host: host` (no signature, or the one the target's query
+/// carries).
 async fn get_from(spoke: &TestSpoke, host: &str, target: &str) -> (u16, Vec<u8>) {
     let mut socket = tokio::net::TcpStream::connect(spoke.s3_addr.unwrap()).await.unwrap();
     let request = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
