@@ -125,6 +125,7 @@ impl<S: Source> ReadService<S> {
             version: meta.version.clone(),
             message_size: self.limits.message_size,
             record_size,
+            modified_ms: meta.modified_ms,
         }
     }
 }

@@ -26,6 +26,10 @@ pub struct ShardMeta {
     pub size: u64,
     /// Opaque version; equal versions mean equal bytes.
     pub version: String,
+    /// When the bytes last changed (ms since the Unix epoch), 0 when the storage does not
+    /// say. A new version may keep it (an S3 object rewritten within the same
+    /// millisecond): the version, not this, says whether bytes changed.
+    pub modified_ms: u64,
 }
 
 /// A shard's metadata with its dataset's record size (what `StatShard` answers).

@@ -181,7 +181,8 @@ impl LocalSource {
         if !opened.starts_with(&dir) {
             return Err(Error::OutsideDataset { what, dataset: dataset.to_string() });
         }
-        let meta = ShardMeta { name: shard.to_string(), size, version };
+        // The version read with the descriptor includes the mtime: `on_disk`'s is its.
+        let meta = ShardMeta { name: shard.to_string(), size, version, modified_ms: modified_ms(&on_disk) };
         Ok(LocalShard(Arc::new(OpenShard { file, meta, dataset: dataset.to_string() })))
     }
 
@@ -260,9 +261,12 @@ impl LocalSource {
                         continue; // dangling, or leading out of the dataset
                     };
                     match std::fs::metadata(&target) {
-                        Ok(m) if m.is_file() => {
-                            shards.push(ShardMeta { name, size: m.len(), version: version_of(&m) })
-                        }
+                        Ok(m) if m.is_file() => shards.push(ShardMeta {
+                            name,
+                            size: m.len(),
+                            version: version_of(&m),
+                            modified_ms: modified_ms(&m),
+                        }),
                         _ => continue,
                     }
                 }
@@ -289,6 +293,11 @@ fn version_of(m: &Metadata) -> String {
         ns(m.ctime(), m.ctime_nsec()),
         m.ino()
     )
+}
+
+/// A file's mtime in milliseconds since the Unix epoch (0 for one before it).
+fn modified_ms(m: &Metadata) -> u64 {
+    u64::try_from(m.mtime()).map_or(0, |secs| secs * 1000 + m.mtime_nsec() as u64 / 1_000_000)
 }
 
 /// `record_size` from a dataset's metadata file; 0 when absent or unreadable.

@@ -231,6 +231,7 @@ impl S3Source {
                     name: name.to_owned(),
                     size: object.size().unwrap_or_default().max(0) as u64,
                     version: etag_version(object.e_tag()),
+                    modified_ms: modified_ms(object.last_modified()),
                 });
             }
         }
@@ -258,6 +259,11 @@ impl S3Source {
         let Ok(body) = object.body.collect().await else { return 0 };
         super::parse_record_size(&body.into_bytes())
     }
+}
+
+/// An object's LastModified in milliseconds since the Unix epoch, 0 when not given.
+fn modified_ms(at: Option<&aws_sdk_s3::primitives::DateTime>) -> u64 {
+    at.and_then(|at| u64::try_from(at.to_millis().ok()?).ok()).unwrap_or(0)
 }
 
 /// The version of an object: its ETag without the quotes.
@@ -371,6 +377,7 @@ impl Storage for Arc<S3Source> {
             name: shard.to_string(),
             size: head.content_length().unwrap_or_default().max(0) as u64,
             version: etag_version(head.e_tag()),
+            modified_ms: modified_ms(head.last_modified()),
         };
         Ok(S3Shard(Arc::new(OpenObject {
             client: self.client.clone(),

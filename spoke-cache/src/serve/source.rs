@@ -57,7 +57,12 @@ impl CachedSource {
         let mut reader = reader_for(&self.0, context);
         let (entry, alongside) = self.0.entry_for(dataset, shard, reads, &reader).await?;
         reader.alongside = alongside;
-        let meta = ShardMeta { name: entry.shard.clone(), size: entry.size, version: entry.version.clone() };
+        let meta = ShardMeta {
+            name: entry.shard.clone(),
+            size: entry.size,
+            version: entry.version.clone(),
+            modified_ms: entry.modified_ms,
+        };
         Ok(CachedShard { cache: self.0.clone(), entry, meta, reader })
     }
 }
@@ -117,7 +122,12 @@ impl Source for CachedSource {
             shards: page
                 .shards
                 .into_iter()
-                .map(|s| ShardMeta { name: s.shard, size: s.size, version: s.version })
+                .map(|s| ShardMeta {
+                    name: s.shard,
+                    size: s.size,
+                    version: s.version,
+                    modified_ms: s.modified_ms,
+                })
                 .collect(),
         })
     }
@@ -174,7 +184,12 @@ impl CachedSource {
         let record_size = entries.first()?.record_size;
         let mut shards: Vec<ShardMeta> = entries
             .into_iter()
-            .map(|e| ShardMeta { name: e.shard.clone(), size: e.size, version: e.version.clone() })
+            .map(|e| ShardMeta {
+                name: e.shard.clone(),
+                size: e.size,
+                version: e.version.clone(),
+                modified_ms: e.modified_ms,
+            })
             .collect();
         shards.sort_by(|a, b| a.name.cmp(&b.name));
         Some(ShardPage::of(shards, Some(after), limit, record_size, true))

@@ -131,6 +131,7 @@ impl Catalog {
                 pinned: false,
                 validated_at_ms: now_ms(),
                 holder: String::new(),
+                modified_ms: info.modified_ms,
             };
             let now = self.started.elapsed().as_millis() as u64;
             let entry = Arc::new(Entry::new(key.0.clone(), key.1.clone(), record, now));

@@ -24,6 +24,8 @@ pub struct Entry {
     pub size: u64,
     pub chunk_size: u64,
     pub record_size: u32,
+    /// When the version's bytes last changed, ms since the Unix epoch (0: unknown).
+    pub modified_ms: u64,
     /// `policy::frequency::shard_hash` of the name: its chunks' keys in the admission
     /// filter, the same for every version.
     pub name_hash: u64,
@@ -66,6 +68,7 @@ impl Entry {
             size: record.size,
             chunk_size: u64::from(record.chunk_size),
             record_size: record.record_size,
+            modified_ms: record.modified_ms,
             name_hash,
             state: Mutex::new(EntryState {
                 record,

@@ -42,6 +42,10 @@ pub struct ShardRecord {
     /// (`policy::shares`): whose read first stored a chunk of it. Empty until then.
     #[prost(string, tag = "9")]
     pub holder: String,
+    /// When the version's bytes last changed, as the hub said (`ShardInfo.modified_ms`);
+    /// 0 when it did not say, or for a record written before this field.
+    #[prost(uint64, tag = "10")]
+    pub modified_ms: u64,
 }
 
 /// A chunk's number in its shard: chunk `n` holds bytes `[n x chunk size, (n + 1) x chunk

@@ -65,10 +65,19 @@ async fn listing_stat_and_reads_equal_the_objects() {
     let listed: Vec<_> = shards.iter().map(|s| s.shard.as_str()).collect();
     assert_eq!(listed, ["nested/shard-2.bin", "shard-0.bin", "shard-1.bin"]);
 
+    let s3 = moto.client().await;
     for (key, data) in &objects {
         let (dataset, shard) = key.strip_prefix("data/").unwrap().split_once('/').unwrap();
         let info = client.stat(dataset, shard).await.unwrap();
         assert_eq!(info.size, data.len() as u64);
+        // When it changed: the object's LastModified, in the stat and the listing (whole
+        // seconds: a HEAD's HTTP date has no finer ones).
+        let head = s3.head_object().bucket("shards").key(key).send().await.unwrap();
+        let modified = head.last_modified().unwrap().secs() as u64;
+        assert_eq!(info.modified_ms / 1000, modified, "{key}");
+        let listed = client.list_shards(dataset).await.unwrap();
+        let listed = listed.iter().find(|s| s.shard == shard).unwrap();
+        assert_eq!(listed.modified_ms / 1000, modified, "{key}");
         let streamed =
             client.stream_shard(dataset, shard, 0, None).await.unwrap().read_to_end().await.unwrap();
         assert_eq!(sha256(&streamed), sha256(data), "{key}");

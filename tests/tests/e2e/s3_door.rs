@@ -104,6 +104,23 @@ async fn an_s3_client_lists_and_reads_the_hubs_datasets_through_an_open_spoke() 
         s3.get_object().bucket("c4").key("shard-00000.bin").if_match("\"other\"").send().await.unwrap_err();
     assert_eq!(changed.code(), Some("PreconditionFailed"));
     s3.get_object().bucket("c4").key("shard-00000.bin").if_match(&etag).send().await.unwrap();
+    // Last-Modified is the file's mtime (whole seconds), in HEAD, GET and listings, and
+    // the time conditions compare it (`aws s3 sync` and HTTP caches go by it).
+    let mtime = std::fs::metadata(root.path().join("c4/shard-00000.bin")).unwrap().modified().unwrap();
+    let mtime = mtime.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let at = aws_sdk_s3::primitives::DateTime::from_secs;
+    assert_eq!(head.last_modified(), Some(&at(mtime)));
+    let listed = s3.list_objects_v2().bucket("c4").send().await.unwrap();
+    assert_eq!(listed.contents()[0].last_modified(), Some(&at(mtime)));
+    let get = || s3.get_object().bucket("c4").key("shard-00000.bin");
+    let unchanged = get().if_modified_since(at(mtime)).send().await.unwrap_err();
+    assert_eq!(status_of(&unchanged), Some(304));
+    let since_before = get().if_modified_since(at(mtime - 1)).send().await.unwrap();
+    assert_eq!(since_before.last_modified(), Some(&at(mtime)));
+    assert!(since_before.body.collect().await.unwrap().into_bytes() == shard[..]);
+    let changed_since = get().if_unmodified_since(at(mtime - 1)).send().await.unwrap_err();
+    assert_eq!(changed_since.code(), Some("PreconditionFailed"));
+    get().if_unmodified_since(at(mtime)).send().await.unwrap();
 
     // Warm: the last reads were hits, and nothing more came from the hub.
     spoke.settled().await;
@@ -158,6 +175,12 @@ async fn refuses_as_s3_does(s3: &Client, spoke: &TestSpoke) {
     let past =
         s3.get_object().bucket("c4").key("shard-00000.bin").range("bytes=2000000-").send().await.unwrap_err();
     assert_eq!((past.code(), status_of(&past)), (Some("InvalidRange"), Some(416)));
+    let inverted =
+        s3.get_object().bucket("c4").key("shard-00000.bin").range("bytes=500-100").send().await.unwrap_err();
+    // Not a range at all (RFC 9110: last before first): the request is refused as such.
+    assert_eq!((inverted.code(), status_of(&inverted)), (Some("InvalidArgument"), Some(400)));
+    let message = inverted.message().unwrap_or_default();
+    assert!(message.to_lowercase().contains("range"), "{message}");
     let absent = s3.get_object().bucket("c4").key("shard-00009.bin").send().await.unwrap_err();
     assert_eq!(absent.code(), Some("NoSuchKey"));
     let no_bucket = s3.get_object().bucket("nope").key("shard-00000.bin").send().await.unwrap_err();

@@ -47,6 +47,8 @@ pub struct Listed {
     pub key: String,
     pub size: u64,
     pub version: String,
+    /// Its Last-Modified, ms since the Unix epoch (0: unknown).
+    pub modified_ms: u64,
 }
 
 /// An S3 listing page.
@@ -200,8 +202,10 @@ mod tests {
 
     /// A hub listing of `names` (sorted), in pages of `size`, counting its calls.
     fn hub(names: &[&str], size: usize) -> (Vec<Listed>, usize) {
-        let mut all: Vec<Listed> =
-            names.iter().map(|n| Listed { key: (*n).to_owned(), size: 1, version: "v".into() }).collect();
+        let mut all: Vec<Listed> = names
+            .iter()
+            .map(|n| Listed { key: (*n).to_owned(), size: 1, version: "v".into(), modified_ms: 0 })
+            .collect();
         all.sort_by(|a, b| a.key.cmp(&b.key));
         (all, size)
     }

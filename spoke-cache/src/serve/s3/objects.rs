@@ -193,7 +193,7 @@ impl Objects {
         let listed = page
             .shards
             .into_iter()
-            .map(|s| Listed { key: s.shard, size: s.size, version: s.version })
+            .map(|s| Listed { key: s.shard, size: s.size, version: s.version, modified_ms: s.modified_ms })
             .collect();
         Ok((listed, more))
     }
@@ -209,27 +209,64 @@ fn etag(version: &str) -> ETag {
     ETag::Strong(version.replace('"', ""))
 }
 
-/// No hub says when a shard last changed (a version is not a time): every object is
-/// dated the epoch, and `If-Modified-Since`/`If-Unmodified-Since` are not evaluated
-/// (the object is served, as if modified).
-fn last_modified() -> Timestamp {
-    Timestamp::from(std::time::SystemTime::UNIX_EPOCH)
+/// An object's Last-Modified: when its storage says its bytes last changed (the hub's
+/// `modified_ms`), in whole seconds as HTTP dates are; the epoch when it does not say
+/// (a hub or a cached record older than the field).
+fn last_modified(modified_ms: u64) -> Timestamp {
+    let seconds = std::time::Duration::from_secs(modified_ms / 1000);
+    Timestamp::from(std::time::SystemTime::UNIX_EPOCH + seconds)
 }
 
-/// `If-Match` (412 unless the ETag matches) and `If-None-Match` (304 when it does).
-fn preconditions(
-    etag: &ETag,
-    if_match: Option<&ETagCondition>,
-    if_none_match: Option<&ETagCondition>,
-) -> S3Result<()> {
+/// The conditional headers of a `GetObject`'s or `HeadObject`'s input.
+macro_rules! conditions {
+    ($input:expr) => {
+        Conditions {
+            if_match: $input.if_match.as_ref(),
+            if_none_match: $input.if_none_match.as_ref(),
+            if_modified_since: $input.if_modified_since.as_ref(),
+            if_unmodified_since: $input.if_unmodified_since.as_ref(),
+        }
+    };
+}
+
+/// A request's conditional headers, as S3 and RFC 9110 evaluate them.
+#[derive(Default)]
+struct Conditions<'a> {
+    if_match: Option<&'a ETagCondition>,
+    if_none_match: Option<&'a ETagCondition>,
+    if_modified_since: Option<&'a Timestamp>,
+    if_unmodified_since: Option<&'a Timestamp>,
+}
+
+/// `If-Match` (412 unless the ETag matches; without it, `If-Unmodified-Since`: 412 when
+/// modified since) and `If-None-Match` (304 when the ETag matches; without it,
+/// `If-Modified-Since`: 304 unless modified since). A time is compared only where the
+/// hub said when the object changed: an unknown time never answers 304 (a client would
+/// keep bytes that may be old) nor 412.
+fn preconditions(etag: &ETag, modified_ms: u64, conditions: &Conditions<'_>) -> S3Result<()> {
     let matches = |condition: &ETagCondition| match condition {
         ETagCondition::Any => true,
         ETagCondition::ETag(tag) => tag.value() == etag.value(),
     };
-    if if_match.is_some_and(|c| !matches(c)) {
-        return Err(s3s::s3_error!(PreconditionFailed, "the object's ETag is {:?}", etag.value()));
+    let modified = (modified_ms > 0).then(|| last_modified(modified_ms));
+    let modified_after = |since: &Timestamp| modified.as_ref().map(|m| m > since);
+    let failed = match conditions.if_match {
+        Some(condition) => !matches(condition),
+        None => conditions.if_unmodified_since.and_then(modified_after).unwrap_or(false),
+    };
+    if failed {
+        return Err(s3s::s3_error!(
+            PreconditionFailed,
+            "the object's ETag is {:?}, last modified {} ms after the Unix epoch",
+            etag.value(),
+            modified_ms
+        ));
     }
-    if if_none_match.is_some_and(matches) {
+    let not_modified = match conditions.if_none_match {
+        Some(condition) => matches(condition),
+        None => conditions.if_modified_since.and_then(modified_after).is_some_and(|after| !after),
+    };
+    if not_modified {
         return Err(S3Error::new(S3ErrorCode::NotModified));
     }
     Ok(())
@@ -256,7 +293,7 @@ fn objects(
             key: Some(encode(o.key.clone())),
             size: Some(i64::try_from(o.size).unwrap_or(i64::MAX)),
             e_tag: Some(etag(&o.version)),
-            last_modified: Some(last_modified()),
+            last_modified: Some(last_modified(o.modified_ms)),
             storage_class: Some(dto::ObjectStorageClass::from_static(dto::ObjectStorageClass::STANDARD)),
             ..Default::default()
         })
@@ -297,8 +334,13 @@ impl S3 for Objects {
         // round trip to the hub before its first byte, not two (MosaicML Streaming's
         // first epoch through the door took 0.63-0.75x versitygw's time with two). Not
         // for a conditional GET: a revalidation answered 304 would read the head for nothing.
-        let whole =
-            req.input.range.is_none() && req.input.if_match.is_none() && req.input.if_none_match.is_none();
+        let input = &req.input;
+        let conditions = conditions!(input);
+        let conditional = conditions.if_match.is_some()
+            || conditions.if_none_match.is_some()
+            || conditions.if_modified_since.is_some()
+            || conditions.if_unmodified_since.is_some();
+        let whole = input.range.is_none() && !conditional;
         let (info, early) = if whole {
             let stream = StreamShardRequest {
                 dataset: bucket.clone(),
@@ -313,7 +355,7 @@ impl S3 for Objects {
             (self.stat(&req, &bucket, &key).await?, None)
         };
         let tag = etag(&info.version);
-        preconditions(&tag, req.input.if_match.as_ref(), req.input.if_none_match.as_ref())?;
+        preconditions(&tag, info.modified_ms, &conditions)?;
         let range = match &req.input.range {
             Some(range) => Some(range.check(info.size).map_err(|_| {
                 s3s::s3_error!(InvalidRange, "the range is not within the object's {} bytes", info.size)
@@ -355,7 +397,7 @@ impl S3 for Objects {
             content_type: Some("application/octet-stream".into()),
             accept_ranges: Some("bytes".into()),
             e_tag: Some(tag),
-            last_modified: Some(last_modified()),
+            last_modified: Some(last_modified(info.modified_ms)),
             ..Default::default()
         };
         Ok(S3Response::new(output))
@@ -368,13 +410,15 @@ impl S3 for Objects {
         let _admitted = self.admit()?;
         let info = self.stat(&req, &req.input.bucket, &req.input.key).await?;
         let tag = etag(&info.version);
-        preconditions(&tag, req.input.if_match.as_ref(), req.input.if_none_match.as_ref())?;
+        let input = &req.input;
+        let conditions = conditions!(input);
+        preconditions(&tag, info.modified_ms, &conditions)?;
         Ok(S3Response::new(dto::HeadObjectOutput {
             content_length: Some(i64::try_from(info.size).unwrap_or(i64::MAX)),
             content_type: Some("application/octet-stream".into()),
             accept_ranges: Some("bytes".into()),
             e_tag: Some(tag),
-            last_modified: Some(last_modified()),
+            last_modified: Some(last_modified(info.modified_ms)),
             ..Default::default()
         }))
     }
@@ -414,7 +458,8 @@ impl S3 for Objects {
             .into_iter()
             .map(|d| dto::Bucket {
                 name: Some(d.name),
-                creation_date: Some(last_modified()),
+                // No hub says when a dataset was made.
+                creation_date: Some(last_modified(0)),
                 ..Default::default()
             })
             .collect();
@@ -499,17 +544,59 @@ mod tests {
     fn if_match_and_if_none_match_compare_the_version() {
         let tag = etag("1f-abc");
         let cond = |text: &str| ETagCondition::parse_http_header(text.as_bytes()).unwrap();
-        assert!(preconditions(&tag, Some(&cond("\"1f-abc\"")), None).is_ok());
-        let err = preconditions(&tag, Some(&cond("\"other\"")), None).unwrap_err();
-        assert_eq!(err.code(), &S3ErrorCode::PreconditionFailed);
-        let err = preconditions(&tag, None, Some(&cond("\"1f-abc\""))).unwrap_err();
-        assert_eq!(err.code(), &S3ErrorCode::NotModified);
-        assert!(preconditions(&tag, None, Some(&cond("\"other\""))).is_ok());
-        assert_eq!(
-            preconditions(&tag, None, Some(&cond("*"))).unwrap_err().code(),
-            &S3ErrorCode::NotModified
-        );
+        let check = |if_match: Option<&str>, if_none_match: Option<&str>| {
+            let (if_match, if_none_match) = (if_match.map(cond), if_none_match.map(cond));
+            let conditions = Conditions {
+                if_match: if_match.as_ref(),
+                if_none_match: if_none_match.as_ref(),
+                ..Default::default()
+            };
+            preconditions(&tag, 0, &conditions).map_err(|e| e.code().clone())
+        };
+        assert!(check(Some("\"1f-abc\""), None).is_ok());
+        assert_eq!(check(Some("\"other\""), None).unwrap_err(), S3ErrorCode::PreconditionFailed);
+        assert_eq!(check(None, Some("\"1f-abc\"")).unwrap_err(), S3ErrorCode::NotModified);
+        assert!(check(None, Some("\"other\"")).is_ok());
+        assert_eq!(check(None, Some("*")).unwrap_err(), S3ErrorCode::NotModified);
         assert_eq!(etag("\"quoted\"").value(), "quoted");
+    }
+
+    #[test]
+    fn modified_since_compares_whole_seconds_and_yields_to_the_etag() {
+        let tag = etag("v");
+        let at = |secs: u64| Timestamp::from(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+        // Changed at 1000.5 s: HTTP dates say 1000 s.
+        let modified_ms = 1_000_500;
+        let check = |conditions: Conditions<'_>, modified_ms: u64| {
+            preconditions(&tag, modified_ms, &conditions).map_err(|e| e.code().clone())
+        };
+        fn since(t: &Timestamp) -> Conditions<'_> {
+            Conditions { if_modified_since: Some(t), ..Default::default() }
+        }
+        fn unmodified(t: &Timestamp) -> Conditions<'_> {
+            Conditions { if_unmodified_since: Some(t), ..Default::default() }
+        }
+        assert_eq!(check(since(&at(1000)), modified_ms).unwrap_err(), S3ErrorCode::NotModified);
+        assert!(check(since(&at(999)), modified_ms).is_ok());
+        assert!(check(unmodified(&at(1000)), modified_ms).is_ok());
+        assert_eq!(check(unmodified(&at(999)), modified_ms).unwrap_err(), S3ErrorCode::PreconditionFailed);
+        // Unknown (0): served, never 304 or 412.
+        assert!(check(since(&at(5_000_000_000)), 0).is_ok());
+        assert!(check(unmodified(&at(0)), 0).is_ok());
+        // An ETag condition decides over its time partner (RFC 9110 13.2.2; S3 alike).
+        let (other, same) = (
+            ETagCondition::parse_http_header(b"\"other\"").unwrap(),
+            ETagCondition::parse_http_header(b"\"v\"").unwrap(),
+        );
+        let newer = at(2000);
+        let none_match_other =
+            Conditions { if_none_match: Some(&other), if_modified_since: Some(&newer), ..Default::default() };
+        assert!(check(none_match_other, modified_ms).is_ok());
+        let older = at(10);
+        let match_same =
+            Conditions { if_match: Some(&same), if_unmodified_since: Some(&older), ..Default::default() };
+        assert!(check(match_same, modified_ms).is_ok());
+        assert_eq!(last_modified(modified_ms), at(1000));
     }
 
     #[test]
