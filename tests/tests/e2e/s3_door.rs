@@ -387,6 +387,18 @@ async fn a_huge_header_and_a_client_that_sends_its_headers_slowly_are_cut_off_an
     let text = String::from_utf8_lossy(&answer);
     assert!(!text.contains(" 200 "), "the slow client was served: {text}");
 
+    // A request without a body that claims another body's SHA-256 (versitygw's
+    // Authentication_incorrect_payload_hash): S3's 400, not a 500 a client retries.
+    // SHA-256 of no bytes ends in b855.
+    let claimed = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b854";
+    let lying = format!(
+        "PUT /c4/object?tagging HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nx-amz-content-sha256: {claimed}\r\nConnection: close\r\n\r\n"
+    );
+    let answer = answered(addr, lying.into_bytes(), b"").await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("<Code>XAmzContentSHA256Mismatch</Code>"), "{text}");
+
     let (status, _) = get(&spoke, "/c4/shard-00000.bin").await;
     assert_eq!(status, 200, "the door serves on");
 }

@@ -33,7 +33,7 @@ use std::{future::Future, path::Path, sync::Arc, time::Duration};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use s3s::{
-    S3Result,
+    S3Error, S3ErrorCode, S3Result,
     host::{MultiDomain, S3Host, VirtualHost},
     service::S3ServiceBuilder,
 };
@@ -184,6 +184,9 @@ impl S3Door {
         let service = service_fn(move |mut request: http::Request<Incoming>| {
             let door = self.clone();
             async move {
+                if let Some(refused) = payload_hash_mismatch(&request) {
+                    return refused.to_http_response().map_err(|e| s3s::HttpError::new(Box::new(e)));
+                }
                 if door.open {
                     unsigned(&mut request);
                 }
@@ -243,6 +246,32 @@ fn load_keys(path: &Path) -> Result<Reloading<S3KeyBook>> {
     let file = path.to_owned();
     Reloading::watch("S3 keys file", vec![file.clone()], move || S3KeyBook::load(&file))
         .map_err(|e| Error::Config(format!("--s3-keys: {e}")))
+}
+
+/// SHA-256 of no bytes: the `x-amz-content-sha256` of a request without a body.
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// S3's `XAmzContentSHA256Mismatch` (400) for a request without a body whose
+/// `x-amz-content-sha256` names another body's hash. s3s answers it `InternalError` (500),
+/// which clients retry as the server's fault. A request with a body is a write, which the
+/// door answers `NotImplemented` after s3s has checked its hash (writes: the next issue).
+fn payload_hash_mismatch(request: &http::Request<Incoming>) -> Option<S3Error> {
+    let headers = request.headers();
+    let declared = headers.get("x-amz-content-sha256")?.to_str().ok()?;
+    let is_hash = declared.len() == 64 && declared.bytes().all(|b| b.is_ascii_hexdigit());
+    let bodiless = !headers.contains_key(http::header::TRANSFER_ENCODING)
+        && headers.get(http::header::CONTENT_LENGTH).is_none_or(|length| length.as_bytes() == b"0");
+    if !is_hash || !bodiless || declared.eq_ignore_ascii_case(EMPTY_SHA256) {
+        return None;
+    }
+    let mut error = S3Error::with_message(
+        S3ErrorCode::Custom("XAmzContentSHA256Mismatch".into()),
+        format!(
+            "the x-amz-content-sha256 {declared} does not match the request's empty body, whose hash is {EMPTY_SHA256}"
+        ),
+    );
+    error.set_status_code(http::StatusCode::BAD_REQUEST);
+    Some(error)
 }
 
 /// An open door's request without its signature (header, or a presigned URL's query of
