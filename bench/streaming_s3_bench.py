@@ -8,12 +8,19 @@ cache (issue 60). Prints markdown tables; link bytes are the emulators' counters
 
 Rows:
 - versitygw's own speed on loopback (no emulator), measured first: above the link's rate;
-- epoch 1 of a job through the spoke (cold) and through versitygw, each over a 60 ms link
+- epoch 1 of a job through a lone spoke (cold) and through versitygw, each over a 60 ms link
   capped at --rate: samples/s and link bytes per dataset byte;
 - a second job with a fresh ``local`` directory (Streaming keeps its own copy, so the first
   job's second epoch would prove nothing) through the now warm spoke: 0 bytes over the link;
-- two nodes, each with its own spoke, the two a group: each node's job reads the whole
-  dataset through its own spoke's door; the link carries the dataset once, not twice.
+- two nodes, each with its own spoke, the two a group (two more spokes, cold): each node's
+  job reads the whole dataset through its own spoke's door, one after the other; the link
+  carries the dataset once, not twice. On this one machine, the group's second member
+  works on the same cores as node A's loader, which two nodes would not.
+
+Per row, where its time goes: the first sample's time, the loader's file downloads (each
+a HeadObject and a GetObject: how many, their mean and their sum; Streaming downloads one
+file at a time, a little ahead of the samples), and the CPU seconds of the loader and of
+the servers on its path (spokes, hub and its emulator; or versitygw and its emulator).
 
 Each job runs in its own process, as on its own node. The bench checks what it claims:
 every sample equals the one written, and the cold rows brought at least the dataset over
@@ -56,6 +63,12 @@ def start(args, prefix, env=None):
     return proc, line[len(prefix):]
 
 
+def cpu_seconds(pid):
+    """User and system CPU seconds of process ``pid`` so far (``/proc/PID/stat``)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,16 +105,30 @@ class Link:
 JOB = r"""
 import json, os, random, sys, time
 from streaming import StreamingDataset
+from streaming.base.storage import download
 remote, local = sys.argv[1], sys.argv[2]
+# Every file download (boto3's download_file: HeadObject, then GetObject) timed, to see
+# where an epoch's time goes.
+downloads = []
+timed = download.S3Downloader._download_file_impl
+def timing(self, remote, local, timeout):
+    began = time.time()
+    timed(self, remote, local, timeout)
+    downloads.append((began - started, time.time() - began))
+download.S3Downloader._download_file_impl = timing
 started = time.time()
 dataset = StreamingDataset(remote=remote, local=local, shuffle=False, batch_size=16)
 ids = []
 for s in dataset:
+    if not ids:
+        first = time.time() - started
     i = int(s["id"])
     assert s["data"] == random.Random(i).randbytes(SAMPLE_BYTES - i % 97), i
     ids.append(i)
 elapsed = time.time() - started
-print(json.dumps({"samples": len(ids), "ids_ok": sorted(ids) == list(range(len(ids))), "seconds": elapsed}))
+cpu = time.process_time()
+print(json.dumps({"samples": len(ids), "ids_ok": sorted(ids) == list(range(len(ids))), "seconds": elapsed,
+                  "first": first, "downloads": downloads, "cpu": cpu}))
 """.replace("SAMPLE_BYTES", str(SAMPLE_BYTES))
 
 
@@ -112,7 +139,7 @@ def job(endpoint, remote, local, key=("anykey", "anysecret")):
                          text=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["samples"] == SAMPLES and result["ids_ok"], result
-    return result["seconds"]
+    return result
 
 
 def main():
@@ -156,43 +183,66 @@ def main():
         gw_key = ("benchkey", "benchsecret")
 
         # versitygw on loopback, first: its speed against the link's.
-        seconds = job(f"http://127.0.0.1:{port}", "s3://mds/train", str(work / "local-gw-loop"), gw_key)
+        seconds = job(f"http://127.0.0.1:{port}", "s3://mds/train", str(work / "local-gw-loop"), gw_key)["seconds"]
         print(f"versitygw on loopback, no emulator: {SAMPLES / seconds:.0f} samples/s, "
               f"{dataset_bytes / seconds / 1e6:.0f} MB/s (the link: {args.rate}, {args.rtt})\n")
 
         hub_link = Link(binary("wan-proxy"), hub_addr.split()[0], args.rtt, args.rate, work)
         gw_link = Link(binary("wan-proxy"), f"127.0.0.1:{port}", args.rtt, args.rate, work)
         procs += [hub_link.proc, gw_link.proc]
+        # A lone spoke (one node: the epoch-1 target), and a group of two for the two-node rows.
         a_port, b_port = free_port(), free_port()
         members = f"http://127.0.0.1:{a_port},http://127.0.0.1:{b_port}"
-        spokes = []
-        for name, p in [("a", a_port), ("b", b_port)]:
+        doors, spoke_procs = {}, {}
+        for name, group in [("lone", []), ("a", [a_port]), ("b", [b_port])]:
+            listen = f"127.0.0.1:{group[0]}" if group else "127.0.0.1:0"
+            grouped = ["--peers", members, "--peer-self", f"http://{listen}"] if group else []
             proc, rest = start([binary("spoke-cache"), "--hub", f"http://{hub_link.addr}", "--cache-dir",
-                                str(work / f"cache-{name}"), "--listen", f"127.0.0.1:{p}", "--metrics-listen",
-                                "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--peers", members, "--peer-self",
-                                f"http://127.0.0.1:{p}"], "spoke-cache listening on ")
+                                str(work / f"cache-{name}"), "--listen", listen, "--metrics-listen",
+                                "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", *grouped], "spoke-cache listening on ")
             procs.append(proc)
-            spokes.append("http://" + rest.split(" s3 on ")[1].strip())
+            spoke_procs[name] = proc
+            doors[name] = "http://" + rest.split(" s3 on ")[1].strip()
 
-        print("| job | through | samples/s | link bytes / dataset bytes |")
-        print("|---|---|---|---|")
-        rows = []
-        for label, endpoint, link, local, key in [
-            ("epoch 1, cold", spokes[0], hub_link, "local-1", ("anykey", "anysecret")),
-            ("epoch 1, no cache", f"http://{gw_link.addr}", gw_link, "local-gw", gw_key),
-            ("a second job, fresh local", spokes[0], hub_link, "local-2", ("anykey", "anysecret")),
-            ("another node's job (group member b)", spokes[1], hub_link, "local-3", ("anykey", "anysecret")),
+        print("| job | through | samples/s | link bytes / dataset bytes | first sample | downloads: count, mean, sum | CPU s: loader; servers |")
+        print("|---|---|---|---|---|---|---|")
+        rows = {}
+        spoke_key = ("anykey", "anysecret")
+        for label, through, link, local in [
+            ("epoch 1, cold", "lone", hub_link, "local-1"),
+            ("epoch 1, no cache", "versitygw", gw_link, "local-gw"),
+            ("a second job, fresh local", "lone", hub_link, "local-2"),
+            ("node A's job, cold", "a", hub_link, "local-3"),
+            ("node B's job", "b", hub_link, "local-4"),
         ]:
-            before = link.to_client()
-            seconds = job(endpoint, "s3://mds/train", str(work / local), key)
+            # The servers on this row's path: a spoke or the group, the hub and its link; or
+            # versitygw and its link.
+            if through == "versitygw":
+                endpoint, key, servers = f"http://{gw_link.addr}", gw_key, [("versitygw", gw), ("link", gw_link.proc)]
+                name = "versitygw over the link"
+            else:
+                endpoint, key = doors[through], spoke_key
+                spokes = ["lone"] if through == "lone" else ["a", "b"]
+                servers = [("hub", hub), ("link", hub_link.proc), *((f"spoke {n}", spoke_procs[n]) for n in spokes)]
+                name = "a lone spoke's S3 door" if through == "lone" else f"group member {through}'s S3 door"
+            before, cpu_before = link.to_client(), [cpu_seconds(p.pid) for _, p in servers]
+            result = job(endpoint, "s3://mds/train", str(work / local), key)
+            seconds = result["seconds"]
             carried = link.to_client() - before
-            through = "versitygw over the link" if link is gw_link else "spoke's S3 door " + ("a" if endpoint == spokes[0] else "b")
-            rows.append((label, SAMPLES / seconds, carried / dataset_bytes))
-            print(f"| {label} | {through} | {SAMPLES / seconds:.0f} | {carried / dataset_bytes:.3f} |")
-        cold, none, second, other = rows
-        assert cold[2] >= 0.99, "the cold job brought the dataset over the link"
-        print(f"\nEpoch 1 through the spoke / with no cache: {cold[1] / none[1]:.2f}x samples/s. "
-              f"Both nodes' jobs together brought {cold[2] + other[2]:.3f} datasets over the link.")
+            servers_cpu = ", ".join(f"{n} {cpu_seconds(p.pid) - b:.2f}" for (n, p), b in zip(servers, cpu_before))
+            rows[label] = (SAMPLES / seconds, carried / dataset_bytes)
+            took = [d[1] for d in result["downloads"]]
+            downloads = f"{len(took)}, {1000 * sum(took) / max(len(took), 1):.0f} ms, {sum(took):.2f} s"
+            print(f"| {label} | {name} | {SAMPLES / seconds:.0f} | {carried / dataset_bytes:.3f} | "
+                  f"{result['first'] * 1000:.0f} ms | {downloads} | {result['cpu']:.2f}; {servers_cpu} |")
+        cold, none = rows["epoch 1, cold"], rows["epoch 1, no cache"]
+        for label in ["epoch 1, cold", "node A's job, cold"]:
+            assert rows[label][1] >= 0.99, f"{label}: the cold job brought the dataset over the link"
+        node_a, node_b = rows["node A's job, cold"], rows["node B's job"]
+        group = node_a[1] + node_b[1]
+        print(f"\nEpoch 1 through the spoke / with no cache: {cold[0] / none[0]:.2f}x samples/s "
+              f"(node A's, through the group: {node_a[0] / none[0]:.2f}x). "
+              f"Both nodes' jobs together brought {group:.3f} datasets over the link.")
     finally:
         for proc in procs:
             proc.kill()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make load`: ghz against a hub and a warm spoke on loopback, at several concurrencies,
-# then an overload run far past the spoke's --max-concurrency. Writes target/load/:
-# summary.md (RPS, p50/p95/p99, status codes and errors per run, the overload's RSS),
-# one ghz JSON per run and ghz's HTML report per call.
+# then an overload run far past the spoke's --max-concurrency, then S3 GETs (s3-bench:
+# the spoke's S3 door beside the SDK's gRPC stream and versitygw, the peer gateway).
+# Writes target/load/: summary.md (RPS, p50/p95/p99, status codes and errors per run,
+# the overload's RSS, the S3 table), one ghz JSON per run and ghz's HTML report per call.
 #
 # The ghz configs are deploy/ghz/*.json: all use server reflection except
 # read-range-protoset.json, which uses the compiled descriptor set (the module proxy
@@ -23,6 +24,12 @@ if [ -z "$GHZ" ]; then
     echo "installing ghz (go install github.com/bojand/ghz/cmd/ghz@latest)" >&2
     go install github.com/bojand/ghz/cmd/ghz@latest
   fi
+fi
+
+# The S3 peer row's gateway (a version the module proxy serves; s3-bench finds it in GOPATH).
+if [ ! -x "$(go env GOPATH)/bin/versitygw" ]; then
+  echo "installing versitygw (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0)" >&2
+  go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
 fi
 
 rm -rf "$OUT" && mkdir -p "$OUT"
@@ -122,6 +129,14 @@ health=$("$BIN/shardcache" --endpoint "http://$over" health || true)
   summarize spoke read-ranges "$OVERLOAD_CONCURRENCY" "$report"
   echo
   echo "Spoke RSS: ${before} MiB before, ${after} MiB after, peak ${peak} MiB; health afterwards: ${health:-no answer}."
+} >> "$summary"
+# S3: whole 16 MiB objects, warm, 1 and 16 readers (s3-bench checks every object's bytes,
+# that the door's were hits with nothing fetched, and that a 1 GiB object is streamed).
+{
+  echo
+  echo "## S3 GetObject: the spoke's S3 door, its SDK stream over gRPC, versitygw (s3-bench)"
+  echo
+  "$BIN/s3-bench"
 } >> "$summary"
 cat "$summary"
 python3 - "$report" "$health" <<'EOF'

@@ -8,6 +8,7 @@
 //! - [`orders`]: the orders a data loader reads in (uniform, block shuffles) and a reader
 //!   that reads them as the SDK's datasets do, with their plans (`order-bench`);
 //! - [`profile`]: CPU profiles (`perf record`) summarised by category;
+//! - [`s3`]: S3 clients of the spoke's door and of the peer gateway, versitygw;
 //! - [`demo`]: the seed demo's simulated trainer, readers, nginx peer and report.
 
 #![allow(clippy::unwrap_used)] // benchmark support: a failed setup should fail the run loudly
@@ -17,3 +18,4 @@ pub mod formats;
 pub mod measure;
 pub mod orders;
 pub mod profile;
+pub mod s3;

@@ -13,6 +13,10 @@
 //!   then the same straight from the hub over the same link (its baseline);
 //! - `sampler` (the same Python): the same reader with `sampler=shardcache.ShardSampler(ds)`,
 //!   which sends the spoke its order (a plan followed sample by sample);
+//! - `s3`: 16 KiB ranged `GetObject`s through the spoke's S3 door, 64 in flight, in a
+//!   shuffled order with no plan (as s3fs under a map-style dataset reads), then the same
+//!   straight from versitygw serving the same files behind an identical link (its
+//!   baseline, when versitygw is installed);
 //! - `tenants`: on a spoke with tokens, Alice trains on 64 MiB (half the cache) for an
 //!   epoch, then reads her next epoch while Bob scans 384 MiB (three times the cache)
 //!   once: Alice's hits in her second epoch, and what Bob's scan cost.
@@ -29,7 +33,7 @@
 //!
 //! ```sh
 //! cargo build --release --workspace --bins && target/release/link-bench [--readers sdk,mount]
-//! scripts/link-bench.sh   # all four, with the Python SDK built release
+//! scripts/link-bench.sh   # every reader, with the Python SDK built release
 //! ```
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
@@ -37,6 +41,7 @@
 use std::{os::unix::fs::FileExt, path::Path, time::Instant};
 
 use futures::{StreamExt, stream};
+use shardcache_bench::s3;
 use shardcache_client::{CacheClient, Client, ConnectOptions, Range};
 use shardcache_tests::{
     HubProcess, MountProcess, ProxyProcess, SpokeProcess, make_dataset, token_file,
@@ -49,6 +54,8 @@ const SHARDS: u32 = 16;
 const SHARD: u64 = 16 * MIB;
 const CAPACITY: u64 = SHARDS as u64 * SHARD / 2;
 const MOUNT_THREADS: usize = 64;
+/// Ranged `GetObject`s in flight at once (the mount's threads).
+const S3_IN_FLIGHT: usize = 64;
 
 /// One epoch of one reader.
 struct Row {
@@ -144,6 +151,26 @@ async fn read_batches(client: &Client, dataset: &str, files: &[Vec<u8>], order: 
         .await;
 }
 
+/// `order` read with one ranged `GetObject` a record, [`S3_IN_FLIGHT`] at once, from
+/// `bucket` through `s3`; checked against `files`.
+async fn ranged_gets(s3: &aws_sdk_s3::Client, bucket: &str, files: &[Vec<u8>], order: &[(u32, u64)]) {
+    stream::iter(order)
+        .map(|&(s, o)| {
+            let s3 = s3.clone();
+            async move {
+                let range = format!("bytes={o}-{}", o + RECORD - 1);
+                let got = s3.get_object().bucket(bucket).key(name(s)).range(range).send().await.unwrap();
+                (s, o, got.body.collect().await.unwrap().into_bytes())
+            }
+        })
+        .buffer_unordered(S3_IN_FLIGHT)
+        .for_each(|(s, o, got)| {
+            assert!(got == files[s as usize][o as usize..(o + RECORD) as usize], "shard {s} at {o}");
+            async {}
+        })
+        .await;
+}
+
 /// The hub behind the link, and a fresh spoke with room for half the dataset.
 struct Setup {
     _hub: HubProcess,
@@ -198,6 +225,46 @@ async fn sdk(setup: &Setup) -> Vec<Row> {
         let link = link_since(&setup.link, None, before).await;
         let read = order.len() as u64 * RECORD;
         rows.push(Row::half_size("SDK ReadRanges, no cache", epoch, read, link, seconds));
+    }
+    rows
+}
+
+/// The plan-less S3 reader through the spoke's door, then straight from versitygw over an
+/// identical link (no cache).
+async fn s3_reader(setup: &Setup) -> Vec<Row> {
+    let cache = tempfile::tempdir().unwrap();
+    let spoke = setup.spoke(cache.path(), &["--s3-listen", "127.0.0.1:0"]);
+    let control = CacheClient::connect(&spoke.endpoint).await.unwrap();
+    let door =
+        s3::client(format!("http://{}", spoke.s3_addr.clone().unwrap()), ("anykey", "anysecret")).await;
+    let mut rows = Vec::new();
+    for epoch in 1..=2 {
+        let order = shuffled(SHARDS, SHARD, 20 + u64::from(epoch));
+        let (before, started) = (settled(&setup.link, Some(&control)).await, Instant::now());
+        ranged_gets(&door, "c4", &setup.files, &order).await;
+        let seconds = started.elapsed().as_secs_f64();
+        let link = link_since(&setup.link, Some(&control), before).await;
+        let read = order.len() as u64 * RECORD;
+        rows.push(Row::half_size("S3 ranged GetObject, door", epoch, read, link, seconds));
+    }
+    // versitygw refuses bucket names under 3 characters: the same files, linked into `corpus`.
+    let peer_root = tempfile::tempdir_in(setup.root.path().parent().unwrap()).unwrap();
+    std::fs::create_dir(peer_root.path().join("corpus")).unwrap();
+    for s in 0..SHARDS {
+        let file = setup.root.path().join("c4").join(name(s));
+        std::fs::hard_link(file, peer_root.path().join("corpus").join(name(s))).unwrap();
+    }
+    let Some(peer) = s3::versitygw(peer_root.path()) else { return rows };
+    let peer_link = ProxyProcess::start(peer.addr, &["--rtt", "60ms", "--rate", "2Gbit"]);
+    let direct = s3::client(peer_link.endpoint.clone(), s3::VERSITYGW_KEY).await;
+    for epoch in 1..=2 {
+        let order = shuffled(SHARDS, SHARD, 20 + u64::from(epoch));
+        let (before, started) = (settled(&peer_link, None).await, Instant::now());
+        ranged_gets(&direct, "corpus", &setup.files, &order).await;
+        let seconds = started.elapsed().as_secs_f64();
+        let link = link_since(&peer_link, None, before).await;
+        let read = order.len() as u64 * RECORD;
+        rows.push(Row::half_size("S3 ranged GetObject, no cache (versitygw)", epoch, read, link, seconds));
     }
     rows
 }
@@ -390,7 +457,7 @@ async fn main() {
         args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1).cloned())
     };
     let python_bin = arg("--python");
-    let wanted = arg("--readers").unwrap_or_else(|| "sdk,mount,python,sampler,tenants".into());
+    let wanted = arg("--readers").unwrap_or_else(|| "sdk,mount,python,sampler,s3,tenants".into());
     let setup = Setup::new();
     let mut rows = Vec::new();
     for reader in wanted.split(',') {
@@ -408,8 +475,9 @@ async fn main() {
                 Some(bin) => rows.extend(python(&setup, bin, (true, true)).await),
                 None => eprintln!("sampler: skipped (give --python PY, or run scripts/link-bench.sh)"),
             },
+            "s3" => rows.extend(s3_reader(&setup).await),
             "tenants" => rows.extend(tenants(&setup).await),
-            other => panic!("unknown reader {other:?}: sdk, mount, python, sampler, tenants"),
+            other => panic!("unknown reader {other:?}: sdk, mount, python, sampler, s3, tenants"),
         }
     }
     println!(
@@ -433,6 +501,20 @@ async fn main() {
             (r.read / RECORD) as f64 / r.seconds,
             r.note
         );
+    }
+    // The plan-less S3 reader against the same reads with no cache (issue 60: >= 0.95x).
+    for epoch in 1..=2 {
+        let rate = |reader: &str| {
+            rows.iter().find(|r| r.reader == reader && r.epoch == epoch).map(|r| r.read as f64 / r.seconds)
+        };
+        if let (Some(door), Some(none)) =
+            (rate("S3 ranged GetObject, door"), rate("S3 ranged GetObject, no cache (versitygw)"))
+        {
+            println!(
+                "S3 ranged GetObject, epoch {epoch}: the door at {:.2}x no cache's samples/s",
+                door / none
+            );
+        }
     }
     // What the bench claims, checked: every first epoch went through a cold spoke.
     assert!(

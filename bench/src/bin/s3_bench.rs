@@ -18,16 +18,14 @@
 
 #![allow(clippy::unwrap_used)] // a benchmark: failing loudly is the right response
 
-use std::{
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use aws_sdk_s3::Client as S3Client;
 use futures::future::join_all;
-use hub_server::source::s3::{S3Options, client as s3_client};
-use shardcache_bench::measure::{cpu_seconds, peak_rss_mib, percentiles};
+use shardcache_bench::{
+    measure::{cpu_seconds, peak_rss_mib, percentiles},
+    s3::{VERSITYGW_KEY, client as s3, versitygw},
+};
 use shardcache_client::{CacheClient, Client};
 use shardcache_tests::{HubProcess, SpokeProcess, make_dataset, scrape_metrics};
 
@@ -73,57 +71,6 @@ impl Source {
             }
         }
     }
-}
-
-async fn s3(endpoint: String, key: (&str, &str)) -> S3Client {
-    s3_client(&S3Options {
-        endpoint: Some(endpoint),
-        region: Some("us-east-1".into()),
-        path_style: true,
-        static_credentials: Some((key.0.into(), key.1.into())),
-    })
-    .await
-}
-
-/// versitygw serving `root`'s folders as buckets, when it is installed.
-struct Versitygw {
-    child: Child,
-    endpoint: String,
-}
-
-impl Drop for Versitygw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn versitygw(root: &Path) -> Option<Versitygw> {
-    let gopath = Command::new("go").args(["env", "GOPATH"]).output().ok()?;
-    let binary = PathBuf::from(String::from_utf8_lossy(&gopath.stdout).trim()).join("bin/versitygw");
-    if !binary.exists() {
-        eprintln!(
-            "versitygw is not installed (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0): no peer row"
-        );
-        return None;
-    }
-    // versitygw takes a port, not a listener: one the kernel just gave out.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(binary)
-        .args(["--access", "benchkey", "--secret", "benchsecret", "--port", &format!("127.0.0.1:{port}")])
-        .args(["posix", root.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let endpoint = format!("http://127.0.0.1:{port}");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(Versitygw { child, endpoint });
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
 }
 
 async fn spoke_metric(spoke: &SpokeProcess, series: &str) -> f64 {
@@ -190,10 +137,7 @@ async fn main() {
     let mut sources =
         vec![(Source::Door(door.clone()), spoke.child.id()), (Source::Grpc(grpc), spoke.child.id())];
     if let Some(peer) = &peer {
-        sources.push((
-            Source::Versitygw(s3(peer.endpoint.clone(), ("benchkey", "benchsecret")).await),
-            peer.child.id(),
-        ));
+        sources.push((Source::Versitygw(s3(peer.endpoint.clone(), VERSITYGW_KEY).await), peer.child.id()));
     }
 
     println!("| readers | source | GB/s | object p50 | p99 | server CPU s/GiB | link bytes per byte read |");

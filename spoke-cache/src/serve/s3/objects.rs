@@ -78,7 +78,13 @@ impl S3Auth for KeyAuth {
             ));
         }
         let book = self.0.get();
-        let key = book.get(access_key).ok_or_else(|| s3s::s3_error!(InvalidAccessKeyId))?;
+        // S3's own words (clients and test suites compare them).
+        let key = book.get(access_key).ok_or_else(|| {
+            s3s::s3_error!(
+                InvalidAccessKeyId,
+                "The AWS Access Key Id you provided does not exist in our records."
+            )
+        })?;
         Ok(SecretKey::from(key.secret.as_str()))
     }
 }
