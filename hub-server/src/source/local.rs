@@ -295,9 +295,11 @@ fn version_of(m: &Metadata) -> String {
     )
 }
 
-/// A file's mtime in milliseconds since the Unix epoch (0 for one before it).
+/// A file's mtime in milliseconds since the Unix epoch (0 for one before it; saturated for
+/// one past what 64 bits of milliseconds hold: `touch` takes any date).
 fn modified_ms(m: &Metadata) -> u64 {
-    u64::try_from(m.mtime()).map_or(0, |secs| secs * 1000 + m.mtime_nsec() as u64 / 1_000_000)
+    let millis = u64::try_from(m.mtime_nsec()).unwrap_or(0) / 1_000_000;
+    u64::try_from(m.mtime()).map_or(0, |secs| secs.saturating_mul(1000).saturating_add(millis))
 }
 
 /// `record_size` from a dataset's metadata file; 0 when absent or unreadable.

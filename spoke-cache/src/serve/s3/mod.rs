@@ -253,8 +253,9 @@ const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495
 
 /// S3's `XAmzContentSHA256Mismatch` (400) for a request without a body whose
 /// `x-amz-content-sha256` names another body's hash. s3s answers it `InternalError` (500),
-/// which clients retry as the server's fault. A request with a body is a write, which the
-/// door answers `NotImplemented` after s3s has checked its hash (writes: the next issue).
+/// which clients retry as the server's fault. A request with a body (a write, answered
+/// `NotImplemented`) is left to s3s, which checks its hash as it reads it; the writes'
+/// issue owns that path.
 fn payload_hash_mismatch(request: &http::Request<Incoming>) -> Option<S3Error> {
     let headers = request.headers();
     let declared = headers.get("x-amz-content-sha256")?.to_str().ok()?;
