@@ -7,7 +7,7 @@
 //! with this workspace's toolchain); the operations (`objects.rs`) are the read
 //! service's gRPC calls, made in process, so a request through this door is checked,
 //! read, fetched and counted as the same request over gRPC. Listings: `listing.rs`;
-//! errors: `errors.rs`.
+//! ETags, Last-Modified and conditional headers: `conditions.rs`; errors: `errors.rs`.
 //!
 //! Who may read:
 //! - A spoke with `--token-file` needs `--s3-keys FILE` (`shardcache_serving::s3_keys`):
@@ -24,6 +24,7 @@
 //! at most [`MAX_HEAD_BYTES`] within [`HEAD_TIMEOUT`], and [`MAX_IN_FLIGHT`] requests
 //! at once; more get `SlowDown` (503), which S3 clients back off and retry.
 
+pub mod conditions;
 pub mod errors;
 pub mod listing;
 pub mod objects;

@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use s3s::{
-    S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result,
+    S3, S3Request, S3Response, S3Result,
     auth::{Credentials, S3Auth, SecretKey},
-    dto::{self, ETag, ETagCondition, StreamingBlob, Timestamp},
+    dto::{self, StreamingBlob},
 };
 use shardcache_proto::{
     job_headers::JOB_HEADER,
@@ -33,6 +33,7 @@ use shardcache_transport::reload::Reloading;
 use tonic::metadata::MetadataValue;
 
 use super::{
+    conditions::{Conditional, etag, last_modified},
     errors::{Subject, bad_bucket, bad_key, s3_error},
     listing::{self, HUB_PAGE, Listed, MAX_KEYS, Query},
 };
@@ -209,75 +210,6 @@ impl Objects {
     }
 }
 
-/// A shard's version as its ETag (stable across spokes and restarts: the hub's). The
-/// quotes HTTP puts around it cannot be inside it.
-fn etag(version: &str) -> ETag {
-    ETag::Strong(version.replace('"', ""))
-}
-
-/// An object's Last-Modified: when its storage says its bytes last changed (the hub's
-/// `modified_ms`), in whole seconds as HTTP dates are; the epoch when it does not say
-/// (a hub or a cached record older than the field).
-fn last_modified(modified_ms: u64) -> Timestamp {
-    let seconds = std::time::Duration::from_secs(modified_ms / 1000);
-    Timestamp::from(std::time::SystemTime::UNIX_EPOCH + seconds)
-}
-
-/// The conditional headers of a `GetObject`'s or `HeadObject`'s input.
-macro_rules! conditions {
-    ($input:expr) => {
-        Conditions {
-            if_match: $input.if_match.as_ref(),
-            if_none_match: $input.if_none_match.as_ref(),
-            if_modified_since: $input.if_modified_since.as_ref(),
-            if_unmodified_since: $input.if_unmodified_since.as_ref(),
-        }
-    };
-}
-
-/// A request's conditional headers, as S3 and RFC 9110 evaluate them.
-#[derive(Default)]
-struct Conditions<'a> {
-    if_match: Option<&'a ETagCondition>,
-    if_none_match: Option<&'a ETagCondition>,
-    if_modified_since: Option<&'a Timestamp>,
-    if_unmodified_since: Option<&'a Timestamp>,
-}
-
-/// `If-Match` (412 unless the ETag matches; without it, `If-Unmodified-Since`: 412 when
-/// modified since) and `If-None-Match` (304 when the ETag matches; without it,
-/// `If-Modified-Since`: 304 unless modified since). A time is compared only where the
-/// hub said when the object changed: an unknown time never answers 304 (a client would
-/// keep bytes that may be old) nor 412.
-fn preconditions(etag: &ETag, modified_ms: u64, conditions: &Conditions<'_>) -> S3Result<()> {
-    let matches = |condition: &ETagCondition| match condition {
-        ETagCondition::Any => true,
-        ETagCondition::ETag(tag) => tag.value() == etag.value(),
-    };
-    let modified = (modified_ms > 0).then(|| last_modified(modified_ms));
-    let modified_after = |since: &Timestamp| modified.as_ref().map(|m| m > since);
-    let failed = match conditions.if_match {
-        Some(condition) => !matches(condition),
-        None => conditions.if_unmodified_since.and_then(modified_after).unwrap_or(false),
-    };
-    if failed {
-        return Err(s3s::s3_error!(
-            PreconditionFailed,
-            "the object's ETag is {:?}, last modified {} ms after the Unix epoch",
-            etag.value(),
-            modified_ms
-        ));
-    }
-    let not_modified = match conditions.if_none_match {
-        Some(condition) => matches(condition),
-        None => conditions.if_modified_since.and_then(modified_after).is_some_and(|after| !after),
-    };
-    if not_modified {
-        return Err(S3Error::new(S3ErrorCode::NotModified));
-    }
-    Ok(())
-}
-
 /// `max-keys` as asked, at most S3's 1,000.
 fn max_keys(asked: Option<i32>) -> usize {
     asked.map_or(MAX_KEYS, |n| usize::try_from(n).unwrap_or(0).min(MAX_KEYS))
@@ -340,13 +272,8 @@ impl S3 for Objects {
         // round trip to the hub before its first byte, not two (MosaicML Streaming's
         // first epoch through the door took 0.63-0.75x versitygw's time with two). Not
         // for a conditional GET: a revalidation answered 304 would read the head for nothing.
-        let input = &req.input;
-        let conditions = conditions!(input);
-        let conditional = conditions.if_match.is_some()
-            || conditions.if_none_match.is_some()
-            || conditions.if_modified_since.is_some()
-            || conditions.if_unmodified_since.is_some();
-        let whole = input.range.is_none() && !conditional;
+        let conditions = req.input.conditions();
+        let whole = req.input.range.is_none() && !conditions.any();
         let (info, early) = if whole {
             let stream = StreamShardRequest {
                 dataset: bucket.clone(),
@@ -361,7 +288,7 @@ impl S3 for Objects {
             (self.stat(&req, &bucket, &key).await?, None)
         };
         let tag = etag(&info.version);
-        preconditions(&tag, info.modified_ms, &conditions)?;
+        conditions.check(&tag, info.modified_ms)?;
         let range = match &req.input.range {
             Some(range) => Some(range.check(info.size).map_err(|_| {
                 s3s::s3_error!(InvalidRange, "the range is not within the object's {} bytes", info.size)
@@ -416,9 +343,7 @@ impl S3 for Objects {
         let _admitted = self.admit()?;
         let info = self.stat(&req, &req.input.bucket, &req.input.key).await?;
         let tag = etag(&info.version);
-        let input = &req.input;
-        let conditions = conditions!(input);
-        preconditions(&tag, info.modified_ms, &conditions)?;
+        req.input.conditions().check(&tag, info.modified_ms)?;
         Ok(S3Response::new(dto::HeadObjectOutput {
             content_length: Some(i64::try_from(info.size).unwrap_or(i64::MAX)),
             content_type: Some("application/octet-stream".into()),
@@ -545,65 +470,6 @@ impl S3 for Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn if_match_and_if_none_match_compare_the_version() {
-        let tag = etag("1f-abc");
-        let cond = |text: &str| ETagCondition::parse_http_header(text.as_bytes()).unwrap();
-        let check = |if_match: Option<&str>, if_none_match: Option<&str>| {
-            let (if_match, if_none_match) = (if_match.map(cond), if_none_match.map(cond));
-            let conditions = Conditions {
-                if_match: if_match.as_ref(),
-                if_none_match: if_none_match.as_ref(),
-                ..Default::default()
-            };
-            preconditions(&tag, 0, &conditions).map_err(|e| e.code().clone())
-        };
-        assert!(check(Some("\"1f-abc\""), None).is_ok());
-        assert_eq!(check(Some("\"other\""), None).unwrap_err(), S3ErrorCode::PreconditionFailed);
-        assert_eq!(check(None, Some("\"1f-abc\"")).unwrap_err(), S3ErrorCode::NotModified);
-        assert!(check(None, Some("\"other\"")).is_ok());
-        assert_eq!(check(None, Some("*")).unwrap_err(), S3ErrorCode::NotModified);
-        assert_eq!(etag("\"quoted\"").value(), "quoted");
-    }
-
-    #[test]
-    fn modified_since_compares_whole_seconds_and_yields_to_the_etag() {
-        let tag = etag("v");
-        let at = |secs: u64| Timestamp::from(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
-        // Changed at 1000.5 s: HTTP dates say 1000 s.
-        let modified_ms = 1_000_500;
-        let check = |conditions: Conditions<'_>, modified_ms: u64| {
-            preconditions(&tag, modified_ms, &conditions).map_err(|e| e.code().clone())
-        };
-        fn since(t: &Timestamp) -> Conditions<'_> {
-            Conditions { if_modified_since: Some(t), ..Default::default() }
-        }
-        fn unmodified(t: &Timestamp) -> Conditions<'_> {
-            Conditions { if_unmodified_since: Some(t), ..Default::default() }
-        }
-        assert_eq!(check(since(&at(1000)), modified_ms).unwrap_err(), S3ErrorCode::NotModified);
-        assert!(check(since(&at(999)), modified_ms).is_ok());
-        assert!(check(unmodified(&at(1000)), modified_ms).is_ok());
-        assert_eq!(check(unmodified(&at(999)), modified_ms).unwrap_err(), S3ErrorCode::PreconditionFailed);
-        // Unknown (0): served, never 304 or 412.
-        assert!(check(since(&at(5_000_000_000)), 0).is_ok());
-        assert!(check(unmodified(&at(0)), 0).is_ok());
-        // An ETag condition decides over its time partner (RFC 9110 13.2.2; S3 alike).
-        let (other, same) = (
-            ETagCondition::parse_http_header(b"\"other\"").unwrap(),
-            ETagCondition::parse_http_header(b"\"v\"").unwrap(),
-        );
-        let newer = at(2000);
-        let none_match_other =
-            Conditions { if_none_match: Some(&other), if_modified_since: Some(&newer), ..Default::default() };
-        assert!(check(none_match_other, modified_ms).is_ok());
-        let older = at(10);
-        let match_same =
-            Conditions { if_match: Some(&same), if_unmodified_since: Some(&older), ..Default::default() };
-        assert!(check(match_same, modified_ms).is_ok());
-        assert_eq!(last_modified(modified_ms), at(1000));
-    }
 
     #[test]
     fn max_keys_is_at_most_a_thousand() {
