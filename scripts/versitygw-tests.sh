@@ -15,25 +15,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${BIN:-target/release}"
+source scripts/servers.sh
+ensure_versitygw
 VGW="$(go env GOPATH)/bin/versitygw"
-if [ ! -x "$VGW" ]; then
-  echo "installing versitygw (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0)" >&2
-  go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
-fi
 # versitygw's tests give the AWS SDK an http.Client of their own, to which the SDK
 # cannot add a CA bundle: with AWS_CA_BUNDLE set every test exits at its start.
 unset AWS_CA_BUNDLE
-
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 # The dataset the download bench reads: objects obj0 .. obj7 of 1 MiB.
 mkdir -p "$work/data/vgwbench"
@@ -43,17 +30,13 @@ keys=$("$BIN/shardcache" token s3-key --name vgw --file "$work/s3-keys" 2>/dev/n
 access=$(sed -n 's/^AWS_ACCESS_KEY_ID=//p' <<< "$keys")
 secret=$(sed -n 's/^AWS_SECRET_ACCESS_KEY=//p' <<< "$keys")
 
-"$BIN/hub-server" --root "$work/data" --listen 127.0.0.1:0 > "$work/hub.out" 2> "$work/hub.err" &
-pids+=($!)
-for _ in $(seq 1 100); do grep -q "listening on" "$work/hub.out" 2>/dev/null && break; sleep 0.1; done
-hub=$(sed -n 's/.*listening on \([0-9.:]*\).*/\1/p' "$work/hub.out" | head -1)
-"$BIN/spoke-cache" --hub "http://$hub" --cache-dir "$work/cache" --listen 127.0.0.1:0 \
-  --token-file "$work/tokens" --s3-listen 127.0.0.1:0 --s3-keys "$work/s3-keys" \
-  > "$work/spoke.out" 2> "$work/spoke.err" &
-pids+=($!)
-for _ in $(seq 1 100); do grep -q " s3 on " "$work/spoke.out" 2>/dev/null && break; sleep 0.1; done
+hub=$(start "$work/hub.out" "$BIN/hub-server" --root "$work/data" --listen 127.0.0.1:0)
+pids+=("$(cat "$work/hub.out.pid")")
+start "$work/spoke.out" "$BIN/spoke-cache" --hub "http://$hub" --cache-dir "$work/cache" --listen 127.0.0.1:0 \
+  --token-file "$work/tokens" --s3-listen 127.0.0.1:0 --s3-keys "$work/s3-keys" > /dev/null
+pids+=("$(cat "$work/spoke.out.pid")")
+# The spoke's line: "spoke-cache listening on ADDR ... s3 on DOOR".
 door=$(sed -n 's/.* s3 on \([0-9.:]*\).*/\1/p' "$work/spoke.out" | head -1)
-[ -n "$door" ] || { echo "the spoke did not start; see $work/spoke.err" >&2; cat "$work/spoke.err" >&2; exit 1; }
 
 tests=$("$VGW" test --help 2>&1 | awk '{print $1}' |
   grep -E '^(Authentication_|PresignedAuth_|GetObject_|HeadObject_|ListObjectsV2_|ListObjects_|HeadBucket_|GetBucketLocation_|ListBuckets_)' | sort -u)
